@@ -1,0 +1,42 @@
+# Every dependency is found as its Debian 12 package installs it (scripts/install-deps.sh).
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_path(CBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu /usr/include REQUIRED)
+
+find_package(spdlog REQUIRED)
+find_package(fmt REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 QUIET)
+find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
+find_package(CapnProto REQUIRED)
+find_package(RocksDB REQUIRED)
+find_package(Gloo REQUIRED PATHS /usr/share/cmake/Gloo)
+
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
+find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
+
+# Debian's CAF 0.17 ships no CMake config: headers in /usr/include/caf, libcaf_core/io.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY caf_core REQUIRED)
+find_library(CAF_IO_LIBRARY caf_io REQUIRED)
+add_library(caf::core INTERFACE IMPORTED)
+set_target_properties(caf::core PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${CAF_INCLUDE_DIR}"
+  INTERFACE_LINK_LIBRARIES "${CAF_CORE_LIBRARY};Threads::Threads")
+add_library(caf::io INTERFACE IMPORTED)
+set_target_properties(caf::io PROPERTIES INTERFACE_LINK_LIBRARIES "${CAF_IO_LIBRARY};caf::core")
+
+# CUDA is optional: the build never requires it.
+include(CheckLanguage)
+check_language(CUDA)
+set(DSACTOR_HAVE_CUDA OFF)
+if(CMAKE_CUDA_COMPILER)
+  set(DSACTOR_HAVE_CUDA ON)
+endif()

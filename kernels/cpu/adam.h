@@ -1,0 +1,48 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/cast.h"
+
+namespace dsactor::kernels::cpu {
+
+// Hyper-parameters with DeepSpeed's semantics (deepspeed/ops/adam/cpu_adam.py, FusedAdam):
+// adamw_mode = decoupled weight decay (param -= lr*wd*param) instead of L2 added to the grad.
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool adamw_mode = true;
+  bool bias_correction = true;
+};
+
+// Optional half-precision copy of the updated params, written in the same sweep.
+struct HalfCopy {
+  uint16_t* out = nullptr;
+  HalfKind kind = HalfKind::kBF16;
+};
+
+// One fused Adam/AdamW pass over n elements: g = grad * grad_multiplier (the product of
+// 1/loss_scale and the clip coefficient, computed once by the caller); update m, v, param;
+// write the half copy if asked. step is the 1-based count of steps including this one.
+// Dispatches at run time to AVX-512, AVX2 or scalar; all three give bit-identical results.
+void adam_step(float* param, float* m, float* v, const float* grad, size_t n, const AdamHyper& h,
+               int64_t step, float grad_multiplier, HalfCopy half = {});
+// The straightforward scalar reference that the SIMD paths are tested against.
+void adam_step_reference(float* param, float* m, float* v, const float* grad, size_t n,
+                         const AdamHyper& h, int64_t step, float grad_multiplier,
+                         HalfCopy half = {});
+// Which path adam_step uses on this CPU: "avx512", "avx2" or "scalar".
+const char* adam_isa();
+
+// Sum of squares (accumulated in double, fixed order: deterministic for a given n) and
+// whether any element is inf/NaN. For global-norm clipping and the fp16 overflow vote.
+struct GradStats {
+  double sum_squares = 0.0;
+  bool nonfinite = false;
+};
+GradStats grad_stats(const float* grad, size_t n);
+
+}  // namespace dsactor::kernels::cpu

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that dsactor's build, tests and demo need.
+# Idempotent: packages already present are skipped; waits on the apt lock instead of failing.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev clang-format
+  # test and benchmark frameworks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # math
+  libopenblas-openmp-dev
+  # runtime glue and wire
+  libcaf-dev libzmq3-dev cppzmq-dev libsodium-dev capnproto libcapnp-dev
+  # storage
+  librocksdb-dev liburing-dev
+  # collectives
+  libgloo-dev
+  # utilities
+  libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+  # benchmarks' references and the demo corpus
+  fio fortunes
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt_opts=(-o DPkg::Lock::Timeout=600 -y --no-install-recommends)
+if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+$sudo apt-get -o DPkg::Lock::Timeout=600 update
+$sudo apt-get "${apt_opts[@]}" install "${missing[@]}"
