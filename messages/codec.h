@@ -1,0 +1,343 @@
+#pragma once
+
+// The multipart wire codec between trainers and offload services (format: messages/README.md).
+//
+// A message is frame 0 = Cap'n Proto `Header` (messages/offload.capnp), and, for the kinds
+// that carry tensor bytes (SetParameters, PushGradients, FetchReply), frame 1 = the raw
+// payload, sent zero-copy. This header exposes only plain C++ structs: nothing outside
+// messages/ ever touches a capnp reader or builder.
+//
+// decode() is the trust boundary: it never throws and never crashes on any input, and
+// returns a typed error instead. encode() is called with our own values and throws
+// std::invalid_argument on a programming error (payload given for a kind without one, ...).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <zmq.hpp>
+
+namespace dsactor::messages {
+
+// Must equal `schemaVersion` in offload.capnp (checked by a static_assert in codec.cpp).
+inline constexpr uint16_t kSchemaVersion = 1;
+
+enum class DType : uint8_t { fp32 = 1, bf16 = 2, fp16 = 3 };
+// Bytes per element.
+constexpr size_t dtype_size(DType d) { return d == DType::fp32 ? 4 : 2; }
+std::string_view to_string(DType d);
+
+enum class OptimizerKind : uint8_t { adam = 0, adamw = 1 };
+
+// Codes an ErrorReply carries (mirrors wire ErrorCode).
+enum class ErrorCode : uint16_t {
+  malformed = 0,
+  unknownPartition = 1,
+  versionOrder = 2,
+  checksumMismatch = 3,
+  tooLarge = 4,
+  outOfMemory = 5,
+  notImplemented = 6,
+  internal = 7,
+  schemaMismatch = 8,
+};
+std::string_view to_string(ErrorCode c);
+
+// ---- per-kind bodies -------------------------------------------------------------------
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double lr = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct PartitionSpec {
+  uint64_t partition_id = 0;
+  uint64_t element_count = 0;
+  DType master_dtype = DType::fp32;
+  DType served_dtype = DType::bf16;
+  OptimizerConfig optimizer;
+  bool operator==(const PartitionSpec&) const = default;
+};
+
+struct PartitionVersion {
+  uint64_t partition_id = 0;
+  uint64_t version = 0;
+  bool operator==(const PartitionVersion&) const = default;
+};
+
+// Requests are sent trainer -> service; each has the reply named next to it, or ErrorReply.
+struct Register {
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  std::vector<PartitionSpec> partitions;
+  bool operator==(const Register&) const = default;
+};
+struct RegisterReply {
+  std::string service_id;
+  std::vector<PartitionVersion> partitions;
+  bool operator==(const RegisterReply&) const = default;
+};
+
+// Payload: element_count values of dtype.
+struct SetParameters {
+  uint64_t partition_id = 0;
+  uint64_t version = 0;
+  DType dtype = DType::fp32;
+  uint64_t element_count = 0;
+  bool operator==(const SetParameters&) const = default;
+};
+struct SetParametersReply {
+  uint64_t partition_id = 0;
+  uint64_t version = 0;
+  bool operator==(const SetParametersReply&) const = default;
+};
+
+// Payload: element_count gradient values of dtype.
+struct PushGradients {
+  uint64_t partition_id = 0;
+  uint64_t step = 0;
+  uint32_t micro_step = 0;
+  DType dtype = DType::fp32;
+  uint64_t element_count = 0;
+  bool operator==(const PushGradients&) const = default;
+};
+struct PushReply {
+  uint64_t partition_id = 0;
+  uint64_t step = 0;
+  uint32_t micro_step = 0;
+  double sum_squares = 0.0;
+  bool nonfinite = false;
+  bool operator==(const PushReply&) const = default;
+};
+
+struct CommitStep {
+  uint64_t step = 0;
+  double clip_coef = 1.0;
+  double loss_scale = 1.0;
+  double lr = 0.0;
+  bool operator==(const CommitStep&) const = default;
+};
+struct SkipStep {
+  uint64_t step = 0;
+  bool operator==(const SkipStep&) const = default;
+};
+struct CommitReply {
+  uint64_t step = 0;
+  bool applied = true;  // false answers a SkipStep
+  std::vector<PartitionVersion> partitions;
+  bool operator==(const CommitReply&) const = default;
+};
+
+struct FetchParameters {
+  uint64_t partition_id = 0;
+  uint64_t min_version = 0;
+  DType dtype = DType::bf16;
+  bool operator==(const FetchParameters&) const = default;
+};
+// Payload: element_count values of dtype.
+struct FetchReply {
+  uint64_t partition_id = 0;
+  uint64_t version = 0;
+  DType dtype = DType::bf16;
+  uint64_t element_count = 0;
+  bool operator==(const FetchReply&) const = default;
+};
+
+struct Stats {
+  bool operator==(const Stats&) const = default;
+};
+struct StatsReply {
+  uint64_t bytes_in_ram = 0;
+  uint64_t bytes_on_nvme = 0;
+  uint64_t partitions = 0;
+  uint64_t steps = 0;
+  bool operator==(const StatsReply&) const = default;
+};
+
+struct Checkpoint {
+  std::string tag;
+  std::string path;
+  bool operator==(const Checkpoint&) const = default;
+};
+struct CheckpointReply {
+  std::string tag;
+  uint64_t step = 0;
+  uint64_t bytes_written = 0;
+  bool operator==(const CheckpointReply&) const = default;
+};
+struct Restore {
+  std::string tag;
+  std::string path;
+  bool operator==(const Restore&) const = default;
+};
+struct RestoreReply {
+  std::string tag;
+  uint64_t step = 0;
+  std::vector<PartitionVersion> partitions;
+  bool operator==(const RestoreReply&) const = default;
+};
+
+// Heartbeats (zguide "Paranoid Pirate"): either side may ping, the other answers pong.
+struct Ping {
+  uint64_t nonce = 0;
+  bool operator==(const Ping&) const = default;
+};
+struct Pong {
+  uint64_t nonce = 0;
+  bool operator==(const Pong&) const = default;
+};
+
+struct ErrorReply {
+  ErrorCode code = ErrorCode::internal;
+  std::string message;
+  bool operator==(const ErrorReply&) const = default;
+};
+
+// Order matches the wire union ordinals; append only.
+using Body = std::variant<Register, RegisterReply, SetParameters, SetParametersReply,
+                          PushGradients, PushReply, CommitStep, SkipStep, CommitReply,
+                          FetchParameters, FetchReply, Stats, StatsReply, Checkpoint,
+                          CheckpointReply, Restore, RestoreReply, Ping, Pong, ErrorReply>;
+
+// Name of the body's kind ("pushGradients", ...), for logs and error messages.
+std::string_view kind_name(const Body& body);
+// True for SetParameters, PushGradients and FetchReply: the kinds with a frame 1.
+bool has_payload(const Body& body);
+// Payload dtype and element count of a payload kind; nullopt for the others.
+std::optional<std::pair<DType, uint64_t>> payload_shape(const Body& body);
+
+// Frame 0 in plain C++.
+struct Header {
+  uint64_t request_id = 0;
+  std::string job_id;
+  Body body;
+  bool operator==(const Header&) const = default;
+};
+
+// A decoded message. `payload` views frame 1 of the frames passed to decode(): it is
+// valid only as long as those zmq::message_t objects live and are not moved from
+// (a zmq message of <= 33 bytes stores its bytes inline).
+struct Message {
+  Header header;
+  std::span<const std::byte> payload;  // empty for kinds without a payload
+  uint32_t payload_crc32c = 0;         // as declared (and verified) in the header
+};
+
+// ---- decode --------------------------------------------------------------------------
+
+enum class DecodeErrc : uint8_t {
+  wrongFrameCount,  // 0 or > 2 frames, or the count does not fit the kind
+  badHeader,        // not a Cap'n Proto flat array, truncated, trailing bytes, limits hit
+  schemaMismatch,   // header.schemaVersion != kSchemaVersion
+  unknownKind,      // a union member this build does not know
+  tooLarge,         // header or payload above Limits
+  lengthMismatch,   // payload frame size != declared length, or != count * dtype size
+  badDtype,         // dtype missing or unknown
+  badField,         // an enum/text/list field out of range or above Limits
+  checksumMismatch  // crc32c(payload) != declared
+};
+std::string_view to_string(DecodeErrc c);
+// What a service answers in its ErrorReply when a request does not decode.
+ErrorCode reply_code(DecodeErrc c);
+
+struct DecodeError {
+  DecodeErrc code;
+  std::string message;
+};
+
+// Result of decode(): either a value or a DecodeError. Small on purpose (C++20 has no
+// std::expected); value()/error() on the wrong alternative throw std::bad_variant_access.
+template <class T>
+class Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}
+  Result(DecodeError error) : v_(std::move(error)) {}
+  bool ok() const { return v_.index() == 0; }
+  explicit operator bool() const { return ok(); }
+  T& value() { return std::get<0>(v_); }
+  const T& value() const { return std::get<0>(v_); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  const DecodeError& error() const { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, DecodeError> v_;
+};
+
+// Limits on what decode() accepts; defaults fit GPT-2 XL partitions with room to spare.
+struct Limits {
+  // Largest payload frame (a partition of one flat group). Default 2 GiB.
+  uint64_t max_payload_bytes = uint64_t{2} << 30;
+  // Largest header frame. A Register with 10k partition specs is ~0.7 MiB. Default 4 MiB.
+  size_t max_header_bytes = size_t{4} << 20;
+  // Cap'n Proto traversal limit in words, against amplification by shared pointers. The
+  // codec reads each object once, so 4x the largest header is generous.
+  uint64_t traversal_limit_words = (uint64_t{4} << 20) / 8 * 4;
+  // Cap'n Proto nesting limit; the schema nests 4 deep.
+  int nesting_limit = 16;
+  // Longest text field (job id, tags, paths, error messages).
+  size_t max_text_bytes = 64 * 1024;
+  // Longest list (partition specs / versions in one message).
+  size_t max_list_items = 1 << 20;
+  // Check crc32c of payloads (costs ~0.1 ms per MiB without SSE4.2, far less with it).
+  bool verify_checksum = true;
+};
+
+// Decodes one message made of its frames (no routing envelope; see split_envelope()).
+Result<Message> decode(std::span<const zmq::message_t> frames, const Limits& limits = {});
+
+// ---- encode --------------------------------------------------------------------------
+
+// Kinds without payload: one frame.
+std::vector<zmq::message_t> encode(const Header& header);
+
+// Payload kinds, zero-copy: frame 1 points at `payload`, and `owner` (whatever keeps those
+// bytes alive, e.g. the shared_ptr of a partition buffer) is held until ZeroMQ releases the
+// frame, possibly after send() returned. The payload must not change until then.
+// `crc32c`: pass a checksum already known (e.g. stored with the partition) to skip
+// computing it; a wrong one is caught by the receiver.
+std::vector<zmq::message_t> encode(const Header& header, std::span<const std::byte> payload,
+                                   std::shared_ptr<const void> owner,
+                                   std::optional<uint32_t> crc32c = std::nullopt);
+
+// Payload kinds, copying the payload into frame 1 (for small payloads or borrowed buffers).
+std::vector<zmq::message_t> encode_copy(const Header& header, std::span<const std::byte> payload,
+                                        std::optional<uint32_t> crc32c = std::nullopt);
+
+// ErrorReply for a request that did not decode (request id 0 when it was not readable).
+Header error_reply(uint64_t request_id, std::string job_id, const DecodeError& error);
+
+// ---- ROUTER / DEALER envelopes ---------------------------------------------------------
+//
+// A DEALER client sends [empty delimiter, header, payload?]; the service's ROUTER receives
+// [identity..., empty, header, payload?] and replies with the same routing frames in front.
+// The delimiter keeps the messages compatible with REQ/REP peers and proxies that append
+// identities.
+
+struct Envelope {
+  std::span<const zmq::message_t> routing;  // identities, without the delimiter
+  std::span<const zmq::message_t> body;     // what decode() takes
+};
+
+// Splits at the first empty frame. Errors (wrongFrameCount) when there is none.
+Result<Envelope> split_envelope(std::span<const zmq::message_t> frames);
+
+// [copies of routing..., empty, body...]: what a ROUTER sends back (routing from
+// split_envelope()) or, with empty routing, what a DEALER sends.
+std::vector<zmq::message_t> with_envelope(std::span<const zmq::message_t> routing,
+                                          std::vector<zmq::message_t> body);
+
+}  // namespace dsactor::messages

@@ -1,0 +1,218 @@
+# Wire schema between trainers and offload services (see messages/README.md).
+#
+# Every ZeroMQ message is [header] or [header, payload]: the header is one `Header`
+# (flat-array encoded), the payload the raw tensor bytes, never copied into a builder.
+# Only messages/codec.cpp reads or writes these types; everything else uses the plain
+# C++ structs of messages/codec.h.
+#
+# Evolution rules: add fields / union members only at the end with the next ordinal;
+# bump `schemaVersion` when a change alters the meaning of an existing field (a
+# receiver rejects any other version instead of guessing).
+
+@0xfb6b1d226c15016e;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("dsactor::messages::wire");
+
+const schemaVersion :UInt16 = 1;
+
+# Element types of payloads and partitions. `invalid` is ordinal 0 so that an unset
+# field decodes as invalid and is rejected, never silently taken as fp32.
+enum DType {
+  invalid @0;
+  fp32 @1;
+  bf16 @2;
+  fp16 @3;
+}
+
+enum OptimizerKind {
+  adam @0;
+  adamw @1;
+}
+
+enum ErrorCode {
+  malformed @0;          # header/frames do not parse or contradict themselves
+  unknownPartition @1;   # partition id not registered on this service
+  versionOrder @2;       # stale/duplicate step or micro-step, version not reachable
+  checksumMismatch @3;   # payload crc32c differs from the header's
+  tooLarge @4;           # payload or header above the receiver's limits
+  outOfMemory @5;        # the service cannot place the partition (RAM/NVMe full)
+  notImplemented @6;     # known kind the receiver does not serve
+  internal @7;           # bug or I/O failure on the receiver
+  schemaMismatch @8;     # header.schemaVersion differs from the receiver's
+}
+
+struct OptimizerConfig {
+  kind @0 :OptimizerKind;
+  lr @1 :Float64;
+  beta1 @2 :Float64 = 0.9;
+  beta2 @3 :Float64 = 0.999;
+  eps @4 :Float64 = 1e-8;
+  weightDecay @5 :Float64;
+  biasCorrection @6 :Bool = true;
+}
+
+struct PartitionSpec {
+  partitionId @0 :UInt64;
+  elementCount @1 :UInt64;
+  masterDtype @2 :DType;     # what the service keeps (normally fp32)
+  servedDtype @3 :DType;     # what FetchParameters returns by default
+  optimizer @4 :OptimizerConfig;
+}
+
+struct PartitionVersion {
+  partitionId @0 :UInt64;
+  version @1 :UInt64;        # step number of the last committed update
+}
+
+# ---- requests (trainer -> service) and their replies (service -> trainer) ----
+
+struct Register {
+  rank @0 :UInt32;
+  worldSize @1 :UInt32;
+  partitions @2 :List(PartitionSpec);
+}
+
+struct RegisterReply {
+  serviceId @0 :Text;
+  partitions @1 :List(PartitionVersion);   # current versions (non-zero after a restore)
+}
+
+# Payload: elementCount values of dtype (the partition's initial parameters).
+struct SetParameters {
+  partitionId @0 :UInt64;
+  version @1 :UInt64;
+  dtype @2 :DType;
+  elementCount @3 :UInt64;
+}
+
+struct SetParametersReply {
+  partitionId @0 :UInt64;
+  version @1 :UInt64;
+}
+
+# Payload: elementCount gradient values of dtype for one partition.
+struct PushGradients {
+  partitionId @0 :UInt64;
+  step @1 :UInt64;
+  microStep @2 :UInt32;
+  dtype @3 :DType;
+  elementCount @4 :UInt64;
+}
+
+struct PushReply {
+  partitionId @0 :UInt64;
+  step @1 :UInt64;
+  microStep @2 :UInt32;
+  sumSquares @3 :Float64;    # of the (unscaled) accumulated gradient partition
+  nonfinite @4 :Bool;        # any inf/nan seen
+}
+
+struct CommitStep {
+  step @0 :UInt64;
+  clipCoef @1 :Float64;
+  lossScale @2 :Float64;
+  lr @3 :Float64;
+}
+
+struct SkipStep {
+  step @0 :UInt64;
+}
+
+struct CommitReply {
+  step @0 :UInt64;
+  applied @1 :Bool;                        # false for a skipped step
+  partitions @2 :List(PartitionVersion);
+}
+
+struct FetchParameters {
+  partitionId @0 :UInt64;
+  minVersion @1 :UInt64;
+  dtype @2 :DType;
+}
+
+# Payload: elementCount values of dtype.
+struct FetchReply {
+  partitionId @0 :UInt64;
+  version @1 :UInt64;
+  dtype @2 :DType;
+  elementCount @3 :UInt64;
+}
+
+struct Stats {}
+
+struct StatsReply {
+  bytesInRam @0 :UInt64;
+  bytesOnNvme @1 :UInt64;
+  partitions @2 :UInt64;
+  steps @3 :UInt64;
+}
+
+struct Checkpoint {
+  tag @0 :Text;
+  path @1 :Text;
+}
+
+struct CheckpointReply {
+  tag @0 :Text;
+  step @1 :UInt64;
+  bytesWritten @2 :UInt64;
+}
+
+struct Restore {
+  tag @0 :Text;
+  path @1 :Text;
+}
+
+struct RestoreReply {
+  tag @0 :Text;
+  step @1 :UInt64;
+  partitions @2 :List(PartitionVersion);
+}
+
+struct Ping {
+  nonce @0 :UInt64;
+}
+
+struct Pong {
+  nonce @0 :UInt64;
+}
+
+struct ErrorReply {
+  code @0 :ErrorCode;
+  message @1 :Text;
+}
+
+# The envelope: frame 0 of every message.
+struct Header {
+  schemaVersion @0 :UInt16;
+  requestId @1 :UInt64;      # chosen by the requester, echoed in the reply
+  jobId @2 :Text;
+  # Describes frame 1 when the kind carries a payload (setParameters, pushGradients,
+  # fetchReply); both are zero otherwise.
+  payloadLength @3 :UInt64;
+  payloadCrc32c @4 :UInt32;
+
+  kind :union {
+    register @5 :Register;
+    registerReply @6 :RegisterReply;
+    setParameters @7 :SetParameters;
+    setParametersReply @8 :SetParametersReply;
+    pushGradients @9 :PushGradients;
+    pushReply @10 :PushReply;
+    commitStep @11 :CommitStep;
+    skipStep @12 :SkipStep;
+    commitReply @13 :CommitReply;
+    fetchParameters @14 :FetchParameters;
+    fetchReply @15 :FetchReply;
+    stats @16 :Stats;
+    statsReply @17 :StatsReply;
+    checkpoint @18 :Checkpoint;
+    checkpointReply @19 :CheckpointReply;
+    restore @20 :Restore;
+    restoreReply @21 :RestoreReply;
+    ping @22 :Ping;
+    pong @23 :Pong;
+    errorReply @24 :ErrorReply;
+  }
+}
