@@ -36,6 +36,11 @@ void adam_step_reference(float* param, float* m, float* v, const float* grad, si
                          HalfCopy half = {});
 // Which path adam_step uses on this CPU: "avx512", "avx2" or "scalar".
 const char* adam_isa();
+// adam_step forced onto one path ("avx512", "avx2" or "scalar"), so tests and benchmarks
+// can reach every path on one machine. Throws std::invalid_argument for an unknown name or
+// a path this CPU cannot run.
+void adam_step_isa(const char* isa, float* param, float* m, float* v, const float* grad, size_t n,
+                   const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half = {});
 
 // Sum of squares (accumulated in double, fixed order: deterministic for a given n) and
 // whether any element is inf/NaN. For global-norm clipping and the fp16 overflow vote.

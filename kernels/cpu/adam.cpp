@@ -1,0 +1,328 @@
+#include "kernels/cpu/adam.h"
+
+// GCC 12's AVX-512 intrinsic headers initialise their "undefined" vectors as `__Y = __Y`,
+// which -Wmaybe-uninitialized reports inside every caller (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/cpu/detail.h"
+
+namespace dsactor::kernels::cpu {
+
+// Bit-identity of the three paths: every multiply that feeds an add is written as an
+// explicit fused multiply-add (fmaf / _mm*_fmadd_ps), in DeepSpeed's order
+// (csrc/includes/cpu_adam.h, Step_AVX), and no other multiply feeds an add, so the
+// compiler has nothing left to contract differently between them. sqrt and division are
+// correctly rounded everywhere.
+
+namespace {
+
+// Per-step scalars, computed once in float the way DeepSpeed's Adam_Optimizer does.
+struct AdamConsts {
+  float gmul;
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float bc2_rsqrt;  // 1/sqrt(1 - beta2^step), or 1
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^step)
+  float l2_wd;          // weight_decay when added to the gradient (Adam mode), else 0
+  float neg_lr_wd;      // -lr*weight_decay when decoupled (AdamW mode), else 0
+  bool l2;
+  bool decoupled;
+};
+
+AdamConsts make_consts(const AdamHyper& h, int64_t step, float grad_multiplier) {
+  AdamConsts k{};
+  k.gmul = grad_multiplier;
+  k.beta1 = h.beta1;
+  k.beta2 = h.beta2;
+  k.one_minus_beta1 = 1.0f - h.beta1;
+  k.one_minus_beta2 = 1.0f - h.beta2;
+  float bc1 = 1.0f;
+  k.bc2_rsqrt = 1.0f;
+  if (h.bias_correction) {
+    const auto s = static_cast<double>(step);
+    const auto beta1_t = static_cast<float>(std::pow(static_cast<double>(h.beta1), s));
+    const auto beta2_t = static_cast<float>(std::pow(static_cast<double>(h.beta2), s));
+    bc1 = 1.0f - beta1_t;
+    k.bc2_rsqrt = 1.0f / std::sqrt(1.0f - beta2_t);
+  }
+  k.eps = h.eps;
+  k.neg_step_size = -1.0f * h.lr / bc1;
+  k.l2 = h.weight_decay > 0.0f && !h.adamw_mode;
+  k.decoupled = h.weight_decay > 0.0f && h.adamw_mode;
+  k.l2_wd = h.weight_decay;
+  k.neg_lr_wd = -1.0f * h.lr * h.weight_decay;
+  return k;
+}
+
+inline void adam_one(float& p, float& m, float& v, float grad, const AdamConsts& k) {
+  float g = grad * k.gmul;
+  if (k.l2) g = std::fma(p, k.l2_wd, g);
+  m = std::fma(g, k.one_minus_beta1, m * k.beta1);
+  v = std::fma(g * g, k.one_minus_beta2, v * k.beta2);
+  const float denom = std::fma(std::sqrt(v), k.bc2_rsqrt, k.eps);
+  const float upd = m / denom;
+  if (k.decoupled) p = std::fma(p, k.neg_lr_wd, p);
+  p = std::fma(upd, k.neg_step_size, p);
+}
+
+void adam_range_scalar(float* param, float* m, float* v, const float* grad, size_t lo, size_t hi,
+                       const AdamConsts& k, HalfCopy half) {
+  for (size_t i = lo; i < hi; ++i) {
+    adam_one(param[i], m[i], v[i], grad[i], k);
+    if (half.out != nullptr) {
+      half.out[i] =
+          half.kind == HalfKind::kBF16 ? float_to_bf16(param[i]) : float_to_fp16(param[i]);
+    }
+  }
+}
+
+// ---- AVX-512 ----
+
+__attribute__((target("avx512f"))) inline __m256i bf16_pack_avx512(__m512 p) {
+  const __m512i b = _mm512_castps_si512(p);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+template <bool kL2, bool kDecoupled, int kHalf>  // kHalf: 0 none, 1 bf16, 2 fp16
+__attribute__((target("avx512f"))) void adam_range_avx512(float* param, float* m, float* v,
+                                                          const float* grad, size_t lo, size_t hi,
+                                                          const AdamConsts& k, uint16_t* half) {
+  const __m512 gmul = _mm512_set1_ps(k.gmul);
+  const __m512 b1 = _mm512_set1_ps(k.beta1);
+  const __m512 omb1 = _mm512_set1_ps(k.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(k.beta2);
+  const __m512 omb2 = _mm512_set1_ps(k.one_minus_beta2);
+  const __m512 bc2 = _mm512_set1_ps(k.bc2_rsqrt);
+  const __m512 eps = _mm512_set1_ps(k.eps);
+  const __m512 nss = _mm512_set1_ps(k.neg_step_size);
+  const __m512 wd = _mm512_set1_ps(k.l2_wd);
+  const __m512 nlrwd = _mm512_set1_ps(k.neg_lr_wd);
+  size_t i = lo;
+  for (; i + 16 <= hi; i += 16) {
+    __m512 p = _mm512_loadu_ps(param + i);
+    __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), gmul);
+    __m512 mm = _mm512_loadu_ps(m + i);
+    __m512 vv = _mm512_loadu_ps(v + i);
+    if constexpr (kL2) g = _mm512_fmadd_ps(p, wd, g);
+    mm = _mm512_fmadd_ps(g, omb1, _mm512_mul_ps(mm, b1));
+    vv = _mm512_fmadd_ps(_mm512_mul_ps(g, g), omb2, _mm512_mul_ps(vv, b2));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vv), bc2, eps);
+    const __m512 upd = _mm512_div_ps(mm, denom);
+    if constexpr (kDecoupled) p = _mm512_fmadd_ps(p, nlrwd, p);
+    p = _mm512_fmadd_ps(upd, nss, p);
+    _mm512_storeu_ps(param + i, p);
+    _mm512_storeu_ps(m + i, mm);
+    _mm512_storeu_ps(v + i, vv);
+    if constexpr (kHalf == 1) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i), bf16_pack_avx512(p));
+    } else if constexpr (kHalf == 2) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i),
+                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+  HalfCopy tail_half{half, kHalf == 2 ? HalfKind::kFP16 : HalfKind::kBF16};
+  if constexpr (kHalf == 0) tail_half.out = nullptr;
+  adam_range_scalar(param, m, v, grad, i, hi, k, tail_half);
+}
+
+// ---- AVX2 + FMA ----
+
+__attribute__((target("avx2,fma,f16c"))) inline __m128i bf16_pack_avx2(__m256 p) {
+  const __m256i b = _mm256_castps_si256(p);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+  const __m256 nan = _mm256_cmp_ps(p, p, _CMP_UNORD_Q);
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(nan));
+  // Every lane is <= 0xffff, so unsigned saturation packs exactly.
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+template <bool kL2, bool kDecoupled, int kHalf>
+__attribute__((target("avx2,fma,f16c"))) void adam_range_avx2(float* param, float* m, float* v,
+                                                              const float* grad, size_t lo,
+                                                              size_t hi, const AdamConsts& k,
+                                                              uint16_t* half) {
+  const __m256 gmul = _mm256_set1_ps(k.gmul);
+  const __m256 b1 = _mm256_set1_ps(k.beta1);
+  const __m256 omb1 = _mm256_set1_ps(k.one_minus_beta1);
+  const __m256 b2 = _mm256_set1_ps(k.beta2);
+  const __m256 omb2 = _mm256_set1_ps(k.one_minus_beta2);
+  const __m256 bc2 = _mm256_set1_ps(k.bc2_rsqrt);
+  const __m256 eps = _mm256_set1_ps(k.eps);
+  const __m256 nss = _mm256_set1_ps(k.neg_step_size);
+  const __m256 wd = _mm256_set1_ps(k.l2_wd);
+  const __m256 nlrwd = _mm256_set1_ps(k.neg_lr_wd);
+  size_t i = lo;
+  for (; i + 8 <= hi; i += 8) {
+    __m256 p = _mm256_loadu_ps(param + i);
+    __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gmul);
+    __m256 mm = _mm256_loadu_ps(m + i);
+    __m256 vv = _mm256_loadu_ps(v + i);
+    if constexpr (kL2) g = _mm256_fmadd_ps(p, wd, g);
+    mm = _mm256_fmadd_ps(g, omb1, _mm256_mul_ps(mm, b1));
+    vv = _mm256_fmadd_ps(_mm256_mul_ps(g, g), omb2, _mm256_mul_ps(vv, b2));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vv), bc2, eps);
+    const __m256 upd = _mm256_div_ps(mm, denom);
+    if constexpr (kDecoupled) p = _mm256_fmadd_ps(p, nlrwd, p);
+    p = _mm256_fmadd_ps(upd, nss, p);
+    _mm256_storeu_ps(param + i, p);
+    _mm256_storeu_ps(m + i, mm);
+    _mm256_storeu_ps(v + i, vv);
+    if constexpr (kHalf == 1) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i), bf16_pack_avx2(p));
+    } else if constexpr (kHalf == 2) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i),
+                       _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+  HalfCopy tail_half{half, kHalf == 2 ? HalfKind::kFP16 : HalfKind::kBF16};
+  if constexpr (kHalf == 0) tail_half.out = nullptr;
+  adam_range_scalar(param, m, v, grad, i, hi, k, tail_half);
+}
+
+using RangeFn = void (*)(float*, float*, float*, const float*, size_t, size_t, const AdamConsts&,
+                         uint16_t*);
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    return Isa::kAvx2;
+  }
+  return Isa::kScalar;
+}
+
+template <bool kL2, bool kDecoupled, int kHalf>
+RangeFn pick_for(Isa isa) {
+  if (isa == Isa::kAvx512) return &adam_range_avx512<kL2, kDecoupled, kHalf>;
+  return &adam_range_avx2<kL2, kDecoupled, kHalf>;
+}
+
+template <bool kL2, bool kDecoupled>
+RangeFn pick_half(Isa isa, const HalfCopy& half) {
+  if (half.out == nullptr) return pick_for<kL2, kDecoupled, 0>(isa);
+  if (half.kind == HalfKind::kBF16) return pick_for<kL2, kDecoupled, 1>(isa);
+  return pick_for<kL2, kDecoupled, 2>(isa);
+}
+
+RangeFn pick(Isa isa, const AdamConsts& k, const HalfCopy& half) {
+  if (k.l2) return pick_half<true, false>(isa, half);
+  if (k.decoupled) return pick_half<false, true>(isa, half);
+  return pick_half<false, false>(isa, half);
+}
+
+// Below this many elements a second thread costs more than it saves.
+constexpr size_t kParallelMin = size_t{1} << 15;
+
+}  // namespace
+
+void adam_step_reference(float* param, float* m, float* v, const float* grad, size_t n,
+                         const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half) {
+  const AdamConsts k = make_consts(h, step, grad_multiplier);
+  adam_range_scalar(param, m, v, grad, 0, n, k, half);
+}
+
+namespace {
+
+void adam_step_on(Isa isa, float* param, float* m, float* v, const float* grad, size_t n,
+                  const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half) {
+  const AdamConsts k = make_consts(h, step, grad_multiplier);
+  if (isa == Isa::kScalar) {
+    detail::for_chunks(n, kParallelMin, 64, [&](size_t lo, size_t hi) {
+      adam_range_scalar(param, m, v, grad, lo, hi, k, half);
+    });
+    return;
+  }
+  const RangeFn fn = pick(isa, k, half);
+  detail::for_chunks(n, kParallelMin, 64,
+                     [&](size_t lo, size_t hi) { fn(param, m, v, grad, lo, hi, k, half.out); });
+}
+
+}  // namespace
+
+void adam_step(float* param, float* m, float* v, const float* grad, size_t n, const AdamHyper& h,
+               int64_t step, float grad_multiplier, HalfCopy half) {
+  adam_step_on(detect_isa(), param, m, v, grad, n, h, step, grad_multiplier, half);
+}
+
+void adam_step_isa(const char* isa, float* param, float* m, float* v, const float* grad, size_t n,
+                   const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half) {
+  const std::string_view name = isa == nullptr ? "" : isa;
+  const Isa best = detect_isa();
+  Isa want;
+  if (name == "scalar") {
+    want = Isa::kScalar;
+  } else if (name == "avx2") {
+    want = Isa::kAvx2;
+  } else if (name == "avx512") {
+    want = Isa::kAvx512;
+  } else {
+    throw std::invalid_argument("adam_step_isa: unknown isa '" + std::string(name) +
+                                "' (allowed: avx512, avx2, scalar)");
+  }
+  if (static_cast<int>(want) > static_cast<int>(best)) {
+    throw std::invalid_argument("adam_step_isa: this CPU cannot run the '" + std::string(name) +
+                                "' path (best available: " + adam_isa() + ")");
+  }
+  adam_step_on(want, param, m, v, grad, n, h, step, grad_multiplier, half);
+}
+
+const char* adam_isa() {
+  switch (detect_isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kScalar:
+      break;
+  }
+  return "scalar";
+}
+
+GradStats grad_stats(const float* grad, size_t n) {
+  // Fixed-size chunks, each summed with a fixed association order, then added in chunk
+  // order: the same result for any thread count. A square of a finite float cannot
+  // overflow a double, so the total is non-finite exactly when an element is inf/NaN.
+  constexpr size_t kChunk = 4096;
+  const size_t nchunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(nchunks, 0.0);
+  const auto nc = static_cast<int64_t>(nchunks);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t c = 0; c < nc; ++c) {
+    const size_t lo = static_cast<size_t>(c) * kChunk;
+    const size_t hi = std::min(n, lo + kChunk);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = lo; i < hi; ++i) {
+      const double x = static_cast<double>(grad[i]);
+      s += x * x;
+    }
+    partial[static_cast<size_t>(c)] = s;
+  }
+  GradStats st;
+  for (double s : partial) st.sum_squares += s;
+  st.nonfinite = !std::isfinite(st.sum_squares);
+  return st;
+}
+
+}  // namespace dsactor::kernels::cpu
+
+#pragma GCC diagnostic pop

@@ -1,0 +1,236 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/adam.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace dsactor::kernels::cpu {
+namespace {
+
+using test::bit_equal;
+using test::random_floats;
+using test::with_threads;
+
+struct State {
+  std::vector<float> p, m, v, g;
+  std::vector<uint16_t> half;
+};
+
+State make_state(size_t n, uint32_t seed) {
+  State s;
+  s.p = random_floats(n, seed, -1.0f, 1.0f);
+  s.m = random_floats(n, seed + 1, -0.01f, 0.01f);
+  s.v = random_floats(n, seed + 2, 0.0f, 1e-4f);
+  s.g = random_floats(n, seed + 3, -0.1f, 0.1f);
+  s.half.assign(n, 0);
+  return s;
+}
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> isas = {"scalar"};
+  const std::string best = adam_isa();
+  if (best == "avx2" || best == "avx512") isas.push_back("avx2");
+  if (best == "avx512") isas.push_back("avx512");
+  return isas;
+}
+
+struct Config {
+  bool adamw;
+  float wd;
+  bool bias_correction;
+  int half;  // 0 none, 1 bf16, 2 fp16
+};
+
+std::vector<Config> all_configs() {
+  std::vector<Config> cs;
+  for (bool adamw : {true, false})
+    for (float wd : {0.0f, 0.01f})
+      for (bool bc : {true, false})
+        for (int half : {0, 1, 2}) cs.push_back({adamw, wd, bc, half});
+  return cs;
+}
+
+AdamHyper hyper_for(const Config& c) {
+  AdamHyper h;
+  h.lr = 3e-3f;
+  h.beta1 = 0.9f;
+  h.beta2 = 0.95f;
+  h.eps = 1e-8f;
+  h.weight_decay = c.wd;
+  h.adamw_mode = c.adamw;
+  h.bias_correction = c.bias_correction;
+  return h;
+}
+
+HalfCopy half_for(int half, std::vector<uint16_t>& buf) {
+  if (half == 0) return {};
+  return {buf.data(), half == 1 ? HalfKind::kBF16 : HalfKind::kFP16};
+}
+
+// Every SIMD path (and the parallel dispatcher) must reproduce the scalar reference bit for
+// bit, for every mode, over several steps, on lengths around the vector widths.
+TEST(KernelAdam, AllPathsBitIdenticalToReference) {
+  for (const Config& c : all_configs()) {
+    const AdamHyper h = hyper_for(c);
+    for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{17},
+                     size_t{33}, size_t{100003}}) {
+      State ref = make_state(n, 1000 + static_cast<uint32_t>(n));
+      for (int64_t step = 1; step <= 3; ++step) {
+        adam_step_reference(ref.p.data(), ref.m.data(), ref.v.data(), ref.g.data(), n, h, step,
+                            0.5f, half_for(c.half, ref.half));
+      }
+      std::vector<std::string> isas = available_isas();
+      isas.push_back("dispatch");
+      for (const std::string& isa : isas) {
+        State s = make_state(n, 1000 + static_cast<uint32_t>(n));
+        for (int64_t step = 1; step <= 3; ++step) {
+          if (isa == "dispatch") {
+            adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, step, 0.5f,
+                      half_for(c.half, s.half));
+          } else {
+            adam_step_isa(isa.c_str(), s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, step,
+                          0.5f, half_for(c.half, s.half));
+          }
+        }
+        const std::string what =
+            isa + " n=" + std::to_string(n) + " adamw=" + std::to_string(c.adamw) +
+            " wd=" + std::to_string(c.wd) + " bc=" + std::to_string(c.bias_correction) +
+            " half=" + std::to_string(c.half);
+        ASSERT_TRUE(bit_equal(s.p, ref.p)) << what;
+        ASSERT_TRUE(bit_equal(s.m, ref.m)) << what;
+        ASSERT_TRUE(bit_equal(s.v, ref.v)) << what;
+        ASSERT_EQ(s.half, ref.half) << what;
+      }
+    }
+  }
+}
+
+TEST(KernelAdam, MillionsOfElementsBitIdentical) {
+  const size_t n = (size_t{3} << 20) + 13;
+  for (const Config& c : {Config{true, 0.1f, true, 1}, Config{false, 0.1f, true, 2}}) {
+    const AdamHyper h = hyper_for(c);
+    State ref = make_state(n, 5);
+    // Gradients spanning many magnitudes, so sqrt/div/rounding see varied inputs.
+    for (size_t i = 0; i < n; i += 3) ref.g[i] *= static_cast<float>(1 << (i % 20));
+    State s = ref;
+    adam_step_reference(ref.p.data(), ref.m.data(), ref.v.data(), ref.g.data(), n, h, 7, 0.25f,
+                        half_for(c.half, ref.half));
+    with_threads(2, [&] {
+      adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, 7, 0.25f,
+                half_for(c.half, s.half));
+    });
+    ASSERT_TRUE(bit_equal(s.p, ref.p));
+    ASSERT_TRUE(bit_equal(s.m, ref.m));
+    ASSERT_TRUE(bit_equal(s.v, ref.v));
+    ASSERT_EQ(s.half, ref.half);
+  }
+}
+
+// Textbook Adam/AdamW in double, DeepSpeed's formulas written out independently.
+void adam_double(std::vector<double>& p, std::vector<double>& m, std::vector<double>& v,
+                 const std::vector<float>& grad, const AdamHyper& h, int step, double mult) {
+  const double b1 = h.beta1, b2 = h.beta2;
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(b1, step) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(b2, step) : 1.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    double g = grad[i] * mult;
+    if (!h.adamw_mode && h.weight_decay > 0) g += h.weight_decay * p[i];
+    m[i] = b1 * m[i] + (1 - b1) * g;
+    v[i] = b2 * v[i] + (1 - b2) * g * g;
+    const double denom = std::sqrt(v[i]) / std::sqrt(bc2) + h.eps;
+    if (h.adamw_mode && h.weight_decay > 0) p[i] = p[i] * (1 - h.lr * h.weight_decay);
+    p[i] -= h.lr / bc1 * m[i] / denom;
+  }
+}
+
+TEST(KernelAdam, MatchesDoublePrecisionFormula) {
+  const size_t n = 4099;
+  for (const Config& c : all_configs()) {
+    if (c.half != 0) continue;
+    const AdamHyper h = hyper_for(c);
+    State s = make_state(n, 42);
+    std::vector<double> p(s.p.begin(), s.p.end()), m(s.m.begin(), s.m.end()),
+        v(s.v.begin(), s.v.end());
+    for (int step = 1; step <= 4; ++step) {
+      std::vector<float> g = random_floats(n, 100 + static_cast<uint32_t>(step), -0.1f, 0.1f);
+      adam_step(s.p.data(), s.m.data(), s.v.data(), g.data(), n, h, step, 0.5f);
+      adam_double(p, m, v, g, h, step, 0.5);
+    }
+    // Relative 1e-6, with absolute floors at the float rounding of the terms being summed
+    // (params are O(1), m's terms O(1e-2), v's O(1e-4)): results that cancel towards 0
+    // cannot be closer than that.
+    test::expect_close(s.p, p, 1e-7, 1e-6, "param");
+    test::expect_close(s.m, m, 2e-9, 1e-6, "m");
+    test::expect_close(s.v, v, 2e-11, 1e-6, "v");
+  }
+}
+
+TEST(KernelAdam, HalfCopyIsRoundedParam) {
+  const size_t n = 1001;
+  State s = make_state(n, 3);
+  AdamHyper h;
+  adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, 1, 1.0f,
+            {s.half.data(), HalfKind::kFP16});
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(s.half[i], float_to_fp16(s.p[i])) << i;
+  adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, 2, 1.0f,
+            {s.half.data(), HalfKind::kBF16});
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(s.half[i], float_to_bf16(s.p[i])) << i;
+}
+
+TEST(KernelAdam, FirstStepMovesByLearningRate) {
+  // With bias correction, step 1 from zero moments moves each param by lr*g/(|g|+eps),
+  // i.e. ~lr*sign(g): the first update is independent of the gradient's scale.
+  const size_t n = 64;
+  State s = make_state(n, 9);
+  std::fill(s.m.begin(), s.m.end(), 0.0f);
+  std::fill(s.v.begin(), s.v.end(), 0.0f);
+  const std::vector<float> p0 = s.p;
+  AdamHyper h;
+  h.lr = 0.01f;
+  adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, 1, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    const double g = s.g[i];
+    EXPECT_NEAR(p0[i] - s.p[i], 0.01 * g / (std::fabs(g) + 1e-8), 2e-7) << i;  // ulp(1) ~ 6e-8
+  }
+}
+
+TEST(KernelAdam, UnknownIsaThrows) {
+  State s = make_state(4, 1);
+  EXPECT_THROW(adam_step_isa("sse9", s.p.data(), s.m.data(), s.v.data(), s.g.data(), 4, AdamHyper{},
+                             1, 1.0f),
+               std::invalid_argument);
+}
+
+TEST(KernelGradStats, SumOfSquaresAndDeterminism) {
+  for (size_t n : {size_t{0}, size_t{5}, size_t{4096}, size_t{1000003}}) {
+    const std::vector<float> g = random_floats(n, 77, -2.0f, 2.0f);
+    long double want = 0;
+    for (float x : g) want += static_cast<long double>(x) * x;
+    GradStats a, b;
+    with_threads(1, [&] { a = grad_stats(g.data(), n); });
+    with_threads(2, [&] { b = grad_stats(g.data(), n); });
+    EXPECT_NEAR(a.sum_squares, static_cast<double>(want), 1e-12 * static_cast<double>(want));
+    EXPECT_FALSE(a.nonfinite);
+    EXPECT_EQ(std::memcmp(&a.sum_squares, &b.sum_squares, sizeof(double)), 0) << n;
+  }
+}
+
+TEST(KernelGradStats, FlagsInfAndNaN) {
+  std::vector<float> g = random_floats(100000, 1);
+  EXPECT_FALSE(grad_stats(g.data(), g.size()).nonfinite);
+  g[99999] = INFINITY;
+  EXPECT_TRUE(grad_stats(g.data(), g.size()).nonfinite);
+  g[99999] = 0.0f;
+  g[5] = -NAN;
+  EXPECT_TRUE(grad_stats(g.data(), g.size()).nonfinite);
+  g[5] = 3.0e38f;  // finite, large: its square fits a double
+  EXPECT_FALSE(grad_stats(g.data(), g.size()).nonfinite);
+}
+
+}  // namespace
+}  // namespace dsactor::kernels::cpu
