@@ -1,0 +1,526 @@
+// Wire codec: round trips of every kind, zero-copy payloads, every malformed class, and a
+// real ROUTER/DEALER loopback over tcp.
+
+#include <capnp/message.h>
+#include <capnp/schema.h>
+#include <capnp/serialize.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "messages/codec.h"
+#include "messages/offload.capnp.h"
+#include "messages/payload_crc.h"
+
+namespace dsactor::messages {
+namespace {
+
+std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng() & 0xFF);
+  return v;
+}
+
+std::vector<std::byte> frame_bytes(const zmq::message_t& m) {
+  const auto* p = static_cast<const std::byte*>(m.data());
+  return {p, p + m.size()};
+}
+
+// One header of every kind, with non-default values in every field so a field the codec
+// forgets shows up as a mismatch.
+std::vector<Header> every_kind() {
+  OptimizerConfig opt{OptimizerKind::adam, 3e-4, 0.85, 0.95, 1e-6, 0.1, false};
+  std::vector<PartitionVersion> versions{{7, 3}, {1ull << 40, 12}};
+  std::vector<Header> h;
+  auto add = [&](Body b) {
+    h.push_back(Header{100 + h.size(), "job-" + std::to_string(h.size()), std::move(b)});
+  };
+  add(Register{3, 8,
+               {PartitionSpec{11, 1024, DType::fp32, DType::bf16, opt},
+                PartitionSpec{12, 2048, DType::fp32, DType::fp16, OptimizerConfig{}}}});
+  add(RegisterReply{"offload-0@host", versions});
+  add(SetParameters{11, 0, DType::fp32, 256});
+  add(SetParametersReply{11, 0});
+  add(PushGradients{11, 5, 2, DType::bf16, 512});
+  add(PushReply{11, 5, 2, 12.5, true});
+  add(CommitStep{5, 0.5, 65536.0, 1e-4});
+  add(SkipStep{6});
+  add(CommitReply{5, false, versions});
+  add(FetchParameters{11, 4, DType::fp16});
+  add(FetchReply{11, 5, DType::fp16, 300});
+  add(Stats{});
+  add(StatsReply{1ull << 33, 1ull << 36, 48, 1000});
+  add(Checkpoint{"step1000", "/ckpt/run"});
+  add(CheckpointReply{"step1000", 1000, 123456789});
+  add(Restore{"step1000", "/ckpt/run"});
+  add(RestoreReply{"step1000", 1000, versions});
+  add(Ping{0xdeadbeef});
+  add(Pong{0xdeadbeef});
+  add(ErrorReply{ErrorCode::versionOrder, "step 4 < committed 5"});
+  return h;
+}
+
+size_t payload_bytes(const Header& h) {
+  auto shape = payload_shape(h.body);
+  return shape ? shape->second * dtype_size(shape->first) : 0;
+}
+
+std::vector<zmq::message_t> encode_any(const Header& h, const std::vector<std::byte>& payload) {
+  return has_payload(h.body) ? encode_copy(h, payload) : encode(h);
+}
+
+TEST(Codec, EveryKindRoundTrips) {
+  std::set<size_t> kinds;
+  for (const Header& h : every_kind()) {
+    SCOPED_TRACE(std::string(kind_name(h.body)));
+    kinds.insert(h.body.index());
+    const auto payload = random_bytes(payload_bytes(h), static_cast<uint32_t>(h.request_id));
+    auto frames = encode_any(h, payload);
+    ASSERT_EQ(frames.size(), has_payload(h.body) ? 2u : 1u);
+
+    auto msg = decode(frames);
+    ASSERT_TRUE(msg.ok()) << msg.error().message;
+    EXPECT_EQ(msg->header, h);
+    EXPECT_TRUE(std::equal(msg->payload.begin(), msg->payload.end(), payload.begin(),
+                           payload.end()));
+    if (has_payload(h.body)) {
+      EXPECT_EQ(msg->payload_crc32c, payload_crc32c(payload.data(), payload.size()));
+      EXPECT_EQ(msg->payload.data(), frames[1].data());  // a view, not a copy
+    }
+  }
+  EXPECT_EQ(kinds.size(), std::variant_size_v<Body>) << "every_kind() misses a kind";
+}
+
+TEST(Codec, DefaultsAndEmptyPayloadRoundTrip) {
+  // Zero-length payloads still travel as an (empty) frame 1.
+  Header h{0, "", PushGradients{0, 0, 0, DType::fp32, 0}};
+  auto frames = encode_copy(h, {});
+  ASSERT_EQ(frames.size(), 2u);
+  auto msg = decode(frames);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_EQ(msg->header, h);
+  EXPECT_TRUE(msg->payload.empty());
+
+  auto owner = std::make_shared<int>(0);
+  auto zc = encode(h, {}, owner);
+  ASSERT_TRUE(decode(zc).ok());
+}
+
+TEST(Codec, ZeroCopyPayloadKeepsOwnerAlive) {
+  auto buffer = std::make_shared<std::vector<std::byte>>(random_bytes(64 * 1024, 1));
+  std::weak_ptr<std::vector<std::byte>> watch = buffer;
+  const std::byte* source = buffer->data();
+  Header h{9, "job", FetchReply{4, 2, DType::bf16, 32 * 1024}};
+
+  auto frames = encode(h, std::span<const std::byte>(*buffer), buffer);
+  EXPECT_EQ(frames[1].data(), static_cast<const void*>(source));
+  buffer.reset();
+  EXPECT_FALSE(watch.expired()) << "the frame must keep the payload alive";
+
+  auto msg = decode(frames);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_EQ(msg->payload.data(), source);
+  EXPECT_EQ(msg->payload_crc32c, payload_crc32c(source, 64 * 1024));
+
+  frames.clear();
+  EXPECT_TRUE(watch.expired()) << "releasing the frame must release the owner";
+}
+
+TEST(Codec, KnownChecksumIsSentAsGiven) {
+  const auto payload = random_bytes(1024, 2);
+  Header h{1, "job", SetParameters{1, 0, DType::fp32, 256}};
+  const uint32_t good = payload_crc32c(payload.data(), payload.size());
+  ASSERT_TRUE(decode(encode_copy(h, payload, good)).ok());
+  // A stale stored checksum is the receiver's to catch: end-to-end integrity.
+  auto bad = decode(encode_copy(h, payload, good ^ 1u));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, DecodeErrc::checksumMismatch);
+}
+
+TEST(Codec, EncodeRejectsProgrammingErrors) {
+  const auto payload = random_bytes(64, 3);
+  auto owner = std::make_shared<int>(0);
+  EXPECT_THROW(encode(Header{1, "j", Stats{}}, payload, owner), std::invalid_argument);
+  EXPECT_THROW(encode(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}}),
+               std::invalid_argument);
+  EXPECT_THROW(encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 15}}, payload),
+               std::invalid_argument);
+  EXPECT_THROW(encode(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}}, payload, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(encode(Header{1, std::string("a\0b", 3), Stats{}}), std::invalid_argument);
+  // Huge count whose byte size wraps around 2^64 to the real payload size.
+  EXPECT_THROW(
+      encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, (1ull << 62) + 16}}, payload),
+      std::invalid_argument);
+}
+
+// ---- malformed input ------------------------------------------------------------------
+
+// Raw capnp header, for the cases encode() refuses to produce.
+template <class Fill>
+zmq::message_t forged(Fill fill, uint64_t payload_length = 0, uint32_t crc = 0) {
+  capnp::MallocMessageBuilder b;
+  auto h = b.initRoot<wire::Header>();
+  h.setSchemaVersion(kSchemaVersion);
+  h.setRequestId(1);
+  h.setJobId("job");
+  h.setPayloadLength(payload_length);
+  h.setPayloadCrc32c(crc);
+  fill(h);
+  auto flat = capnp::messageToFlatArray(b);
+  return zmq::message_t(flat.asBytes().begin(), flat.asBytes().size());
+}
+
+DecodeErrc error_of(std::span<const zmq::message_t> frames, const Limits& limits = {}) {
+  auto r = decode(frames, limits);
+  EXPECT_FALSE(r.ok()) << "decoded a malformed message";
+  if (r.ok()) return DecodeErrc::badField;  // any value; the EXPECT above already failed
+  EXPECT_FALSE(r.error().message.empty());
+  return r.error().code;
+}
+
+std::vector<zmq::message_t> one(zmq::message_t m) {
+  std::vector<zmq::message_t> v;
+  v.push_back(std::move(m));
+  return v;
+}
+
+std::vector<zmq::message_t> two(zmq::message_t a, const std::vector<std::byte>& payload) {
+  std::vector<zmq::message_t> v;
+  v.push_back(std::move(a));
+  v.emplace_back(payload.data(), payload.size());
+  return v;
+}
+
+TEST(CodecMalformed, TruncatedHeader) {
+  auto good = encode(every_kind()[0]);  // Register: a multi-word header
+  const auto bytes = frame_bytes(good[0]);
+  ASSERT_GE(bytes.size(), 64u);
+  for (size_t cut : {size_t{0}, size_t{4}, size_t{8}, size_t{16}, bytes.size() / 2,
+                     bytes.size() - 8, bytes.size() - 1}) {
+    SCOPED_TRACE(cut);
+    auto frames = one(zmq::message_t(bytes.data(), cut));
+    EXPECT_EQ(error_of(frames), DecodeErrc::badHeader);
+  }
+}
+
+TEST(CodecMalformed, TrailingBytesAfterHeader) {
+  auto bytes = frame_bytes(encode(Header{1, "j", Ping{1}})[0]);
+  bytes.resize(bytes.size() + 8);
+  EXPECT_EQ(error_of(one(zmq::message_t(bytes.data(), bytes.size()))), DecodeErrc::badHeader);
+}
+
+TEST(CodecMalformed, GarbageBytes) {
+  for (uint32_t seed = 0; seed < 200; ++seed) {
+    auto bytes = random_bytes(8 * (1 + seed % 40), seed);
+    auto frames = one(zmq::message_t(bytes.data(), bytes.size()));
+    auto r = decode(frames);
+    EXPECT_FALSE(r.ok()) << "seed " << seed;  // random words never form a valid Header
+  }
+  std::vector<std::byte> ff(256, std::byte{0xFF});
+  EXPECT_EQ(error_of(one(zmq::message_t(ff.data(), ff.size()))), DecodeErrc::badHeader);
+}
+
+TEST(CodecMalformed, WrongFrameCount) {
+  EXPECT_EQ(error_of({}), DecodeErrc::wrongFrameCount);
+
+  const auto payload = random_bytes(64, 4);
+  Header push{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}};
+  auto frames = encode_copy(push, payload);
+  EXPECT_EQ(error_of(std::span(frames).first(1)), DecodeErrc::wrongFrameCount);
+  frames.emplace_back(payload.data(), payload.size());
+  EXPECT_EQ(error_of(frames), DecodeErrc::wrongFrameCount);
+
+  auto stats = encode(Header{1, "j", Stats{}});
+  stats.emplace_back(payload.data(), payload.size());
+  EXPECT_EQ(error_of(stats), DecodeErrc::wrongFrameCount);
+}
+
+TEST(CodecMalformed, PayloadLengthMismatch) {
+  const auto payload = random_bytes(64, 5);
+  auto frames = encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}}, payload);
+  frames[1] = zmq::message_t(payload.data(), 60);
+  EXPECT_EQ(error_of(frames), DecodeErrc::lengthMismatch);
+
+  // Declared length agrees with the frame, but not with element count * dtype size.
+  auto fill = [](uint64_t count) {
+    return [count](wire::Header::Builder h) {
+      auto p = h.getKind().initPushGradients();
+      p.setDtype(wire::DType::BF16);
+      p.setElementCount(count);
+    };
+  };
+  const uint32_t crc = payload_crc32c(payload.data(), payload.size());
+  EXPECT_EQ(error_of(two(forged(fill(31), 64, crc), payload)), DecodeErrc::lengthMismatch);
+  // A count whose byte size wraps around 2^64 to 64.
+  EXPECT_EQ(error_of(two(forged(fill((1ull << 63) + 32), 64, crc), payload)),
+            DecodeErrc::lengthMismatch);
+  EXPECT_TRUE(decode(two(forged(fill(32), 64, crc), payload)).ok());
+
+  // A kind without payload that declares one.
+  auto stats = one(forged([](wire::Header::Builder h) { h.getKind().initStats(); }, 8));
+  EXPECT_EQ(error_of(stats), DecodeErrc::lengthMismatch);
+}
+
+TEST(CodecMalformed, ChecksumMismatch) {
+  auto payload = random_bytes(4096, 6);
+  auto frames = encode_copy(Header{1, "j", FetchReply{1, 1, DType::fp16, 2048}}, payload);
+  static_cast<std::byte*>(frames[1].data())[1234] ^= std::byte{0x10};
+  EXPECT_EQ(error_of(frames), DecodeErrc::checksumMismatch);
+
+  Limits no_check;
+  no_check.verify_checksum = false;
+  EXPECT_TRUE(decode(frames, no_check).ok());
+}
+
+TEST(CodecMalformed, OversizedPayloadAndHeader) {
+  const auto payload = random_bytes(4096, 7);
+  auto frames = encode_copy(Header{1, "j", SetParameters{1, 1, DType::fp32, 1024}}, payload);
+  Limits small;
+  small.max_payload_bytes = 1024;
+  EXPECT_EQ(error_of(frames, small), DecodeErrc::tooLarge);
+
+  // Declared length far above the limit, even with a matching (short) frame.
+  auto fill = [](wire::Header::Builder h) {
+    auto p = h.getKind().initSetParameters();
+    p.setDtype(wire::DType::FP32);
+    p.setElementCount(1ull << 40);
+  };
+  EXPECT_EQ(error_of(two(forged(fill, 4ull << 40), payload)), DecodeErrc::tooLarge);
+
+  Limits tiny_header;
+  tiny_header.max_header_bytes = 16;
+  EXPECT_EQ(error_of(encode(every_kind()[0]), tiny_header), DecodeErrc::tooLarge);
+}
+
+TEST(CodecMalformed, BadDtype) {
+  const auto payload = random_bytes(64, 8);
+  const uint32_t crc = payload_crc32c(payload.data(), payload.size());
+  for (uint16_t raw : {uint16_t{0}, uint16_t{4}, uint16_t{999}}) {
+    SCOPED_TRACE(raw);
+    auto fill = [raw](wire::Header::Builder h) {
+      auto p = h.getKind().initPushGradients();
+      p.setDtype(static_cast<wire::DType>(raw));
+      p.setElementCount(16);
+    };
+    EXPECT_EQ(error_of(two(forged(fill, 64, crc), payload)), DecodeErrc::badDtype);
+  }
+  auto reg = [](wire::Header::Builder h) {
+    auto parts = h.getKind().initRegister().initPartitions(1);
+    parts[0].setMasterDtype(wire::DType::FP32);  // served dtype left unset
+  };
+  EXPECT_EQ(error_of(one(forged(reg))), DecodeErrc::badDtype);
+}
+
+TEST(CodecMalformed, SchemaMismatch) {
+  auto frames =
+      one(forged([](wire::Header::Builder h) { h.setSchemaVersion(kSchemaVersion + 1); }));
+  EXPECT_EQ(error_of(frames), DecodeErrc::schemaMismatch);
+  auto unset = one(forged([](wire::Header::Builder h) {
+    h.setSchemaVersion(0);
+    h.getKind().initPing();
+  }));
+  EXPECT_EQ(error_of(unset), DecodeErrc::schemaMismatch);
+}
+
+TEST(CodecMalformed, UnknownKind) {
+  // A union member from a newer schema: set the discriminant past the last known ordinal.
+  auto node = capnp::Schema::from<wire::Header::Kind>().getProto().getStruct();
+  // In 16-bit units of the data section; the union lives in the `kind` group node.
+  const uint32_t offset = node.getDiscriminantOffset();
+  ASSERT_GT(node.getDiscriminantCount(), 0u);
+  capnp::MallocMessageBuilder b;
+  auto h = b.initRoot<wire::Header>();
+  h.setSchemaVersion(kSchemaVersion);
+  h.getKind().initPing();
+  auto data = b.getRoot<capnp::AnyStruct>().getDataSection();
+  ASSERT_GE(data.size(), offset * 2 + 2);
+  const uint16_t unknown = 200;
+  std::memcpy(data.begin() + offset * 2, &unknown, 2);
+  auto flat = capnp::messageToFlatArray(b);
+  auto frames = one(zmq::message_t(flat.asBytes().begin(), flat.asBytes().size()));
+  EXPECT_EQ(error_of(frames), DecodeErrc::unknownKind);
+  EXPECT_EQ(reply_code(DecodeErrc::unknownKind), ErrorCode::notImplemented);
+}
+
+TEST(CodecMalformed, FieldsOutOfRange) {
+  auto bad_opt = [](wire::Header::Builder h) {
+    auto parts = h.getKind().initRegister().initPartitions(1);
+    parts[0].setMasterDtype(wire::DType::FP32);
+    parts[0].setServedDtype(wire::DType::BF16);
+    parts[0].initOptimizer().setKind(static_cast<wire::OptimizerKind>(7));
+  };
+  EXPECT_EQ(error_of(one(forged(bad_opt))), DecodeErrc::badField);
+
+  Limits limits;
+  limits.max_text_bytes = 8;
+  EXPECT_EQ(error_of(encode(Header{1, "a-very-long-job-id", Stats{}}), limits),
+            DecodeErrc::badField);
+  limits = {};
+  limits.max_list_items = 1;
+  EXPECT_EQ(error_of(encode(every_kind()[0]), limits), DecodeErrc::badField);  // 2 specs
+}
+
+TEST(CodecMalformed, TraversalLimit) {
+  Register reg;
+  reg.partitions.resize(1000);
+  auto frames = encode(Header{1, "j", reg});
+  ASSERT_TRUE(decode(frames).ok());
+  Limits limits;
+  limits.traversal_limit_words = 64;
+  EXPECT_EQ(error_of(frames, limits), DecodeErrc::badHeader);
+}
+
+TEST(CodecMalformed, UnknownErrorCodeStaysReadable) {
+  auto frames = one(forged([](wire::Header::Builder h) {
+    auto e = h.getKind().initErrorReply();
+    e.setCode(static_cast<wire::ErrorCode>(77));
+    e.setMessage("from the future");
+  }));
+  auto msg = decode(frames);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  const auto& e = std::get<ErrorReply>(msg->header.body);
+  EXPECT_EQ(e.code, ErrorCode::internal);
+  EXPECT_NE(e.message.find("77"), std::string::npos);
+  EXPECT_NE(e.message.find("from the future"), std::string::npos);
+}
+
+TEST(Codec, UnalignedHeaderFrame) {
+  // zmq gives no alignment guarantee for frame data; decode must copy before reading.
+  auto good = frame_bytes(encode(every_kind()[0])[0]);
+  std::vector<std::byte> storage(good.size() + 1);
+  std::memcpy(storage.data() + 1, good.data(), good.size());
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(storage.data() + 1, good.size(), [](void*, void*) {}, nullptr);
+  ASSERT_NE(reinterpret_cast<uintptr_t>(frames[0].data()) % 8, 0u);
+  auto msg = decode(frames);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_EQ(msg->header, every_kind()[0]);
+}
+
+TEST(Codec, ErrorReplyForUndecodableRequest) {
+  auto reply = error_reply(42, "job", DecodeError{DecodeErrc::checksumMismatch, "crc 1 != 2"});
+  auto msg = decode(encode(reply));
+  ASSERT_TRUE(msg.ok());
+  EXPECT_EQ(msg->header.request_id, 42u);
+  const auto& e = std::get<ErrorReply>(msg->header.body);
+  EXPECT_EQ(e.code, ErrorCode::checksumMismatch);
+  EXPECT_EQ(e.message, "checksumMismatch: crc 1 != 2");
+  EXPECT_EQ(reply_code(DecodeErrc::tooLarge), ErrorCode::tooLarge);
+  EXPECT_EQ(reply_code(DecodeErrc::badHeader), ErrorCode::malformed);
+  EXPECT_EQ(reply_code(DecodeErrc::schemaMismatch), ErrorCode::schemaMismatch);
+}
+
+// ---- checksum -------------------------------------------------------------------------
+
+TEST(PayloadCrc, KnownVectorAndPaths) {
+  const char* check = "123456789";
+  EXPECT_EQ(payload_crc32c(check, 9), 0xE3069283u);  // CRC-32C check value
+  EXPECT_EQ(payload_crc32c_software(check, 9), 0xE3069283u);
+  EXPECT_EQ(payload_crc32c(nullptr, 0), 0u);
+  const auto data = random_bytes(10000, 9);
+  for (size_t off : {0, 1, 3, 7}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 4096, 9990}) {
+      EXPECT_EQ(payload_crc32c(data.data() + off, n), payload_crc32c_software(data.data() + off, n))
+          << off << " " << n;
+    }
+  }
+  // Extendable: crc(a ++ b) == crc(b, crc(a)).
+  EXPECT_EQ(payload_crc32c(data.data(), 10000),
+            payload_crc32c(data.data() + 3333, 6667, payload_crc32c(data.data(), 3333)));
+}
+
+// ---- envelopes and sockets ------------------------------------------------------------
+
+TEST(Envelope, SplitAndRebuild) {
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back("id-1", 4);
+  frames.emplace_back("id-2", 4);
+  frames.emplace_back();
+  for (auto& f : encode(Header{5, "j", Ping{1}})) frames.push_back(std::move(f));
+  auto env = split_envelope(frames);
+  ASSERT_TRUE(env.ok());
+  ASSERT_EQ(env->routing.size(), 2u);
+  EXPECT_EQ(env->routing[1].to_string_view(), "id-2");
+  ASSERT_EQ(env->body.size(), 1u);
+  ASSERT_TRUE(decode(env->body).ok());
+
+  auto reply = with_envelope(env->routing, encode(Header{5, "j", Pong{1}}));
+  ASSERT_EQ(reply.size(), 4u);
+  EXPECT_EQ(reply[0].to_string_view(), "id-1");
+  EXPECT_EQ(reply[2].size(), 0u);
+  EXPECT_EQ(frames[0].to_string_view(), "id-1");  // source untouched
+
+  auto no_delim = encode(Header{5, "j", Ping{1}});
+  auto bad = split_envelope(no_delim);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, DecodeErrc::wrongFrameCount);
+}
+
+TEST(Loopback, RouterDealerPushOverTcp) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  for (auto* s : {&router, &dealer}) {
+    s->set(zmq::sockopt::rcvtimeo, 10000);  // a lost message fails the test, never hangs it
+    s->set(zmq::sockopt::sndtimeo, 10000);
+    s->set(zmq::sockopt::linger, 0);
+  }
+  router.bind("tcp://127.0.0.1:*");
+  dealer.connect(router.get(zmq::sockopt::last_endpoint));
+
+  constexpr size_t kBytes = 4u << 20;
+  auto grads = std::make_shared<std::vector<std::byte>>(random_bytes(kBytes, 10));
+  std::weak_ptr<std::vector<std::byte>> watch = grads;
+  const Header push{77, "gpt2-ci", PushGradients{3, 12, 1, DType::fp32, kBytes / 4}};
+  {
+    auto out = with_envelope({}, encode(push, std::span<const std::byte>(*grads), grads));
+    ASSERT_TRUE(zmq::send_multipart(dealer, out));
+  }
+  const std::vector<std::byte> expected = *grads;
+  grads.reset();  // only the in-flight frame may keep the buffer now
+
+  std::vector<zmq::message_t> in;
+  ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(in)));
+  ASSERT_EQ(in.size(), 4u);  // identity, delimiter, header, payload
+  auto env = split_envelope(in);
+  ASSERT_TRUE(env.ok());
+  auto msg = decode(env->body);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_EQ(msg->header, push);
+  ASSERT_EQ(msg->payload.size(), kBytes);
+  EXPECT_EQ(std::memcmp(msg->payload.data(), expected.data(), kBytes), 0);
+  // ZeroMQ closes the sent frame on its I/O thread shortly after the last byte left.
+  for (int i = 0; i < 2000 && !watch.expired(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(watch.expired()) << "sent payload frame still holds its owner";
+
+  auto reply = with_envelope(env->routing,
+                             encode(Header{77, "gpt2-ci", PushReply{3, 12, 1, 42.0, false}}));
+  ASSERT_TRUE(zmq::send_multipart(router, reply));
+
+  std::vector<zmq::message_t> back;
+  ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(back)));
+  auto benv = split_envelope(back);
+  ASSERT_TRUE(benv.ok());
+  EXPECT_TRUE(benv->routing.empty());
+  auto ack = decode(benv->body);
+  ASSERT_TRUE(ack.ok()) << ack.error().message;
+  EXPECT_EQ(ack->header.request_id, 77u);
+  EXPECT_EQ(std::get<PushReply>(ack->header.body).sum_squares, 42.0);
+}
+
+}  // namespace
+}  // namespace dsactor::messages
