@@ -1,8 +1,44 @@
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <exception>
+#include <thread>
+
+#include "cli/commands.h"
+#include "trainer/config/ds_config.h"
 
 int main(int argc, char** argv) {
+  // Logs go to stderr so stdout carries only results (samples, --json objects).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("dsactor"));
+  spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
+  if (const char* level = std::getenv("DSACTOR_LOG")) spdlog::set_level(spdlog::level::from_str(level));
+
   CLI::App app{"dsactor: ZeRO-3 / ZeRO-Infinity training with every memory tier as a service"};
   app.require_subcommand(1);
-  CLI11_PARSE(app, argc, argv);
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  app.add_option("--threads", threads, "threads for kernels and BLAS (same count + seed = same bits)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.parse_complete_callback([&] { dsactor::cli::set_threads(threads); });
+  dsactor::cli::add_train_command(app);
+  dsactor::cli::add_eval_command(app);
+  dsactor::cli::add_generate_command(app);
+  dsactor::cli::add_export_command(app);
+  dsactor::cli::add_report_command(app);
+  dsactor::cli::add_bench_command(app);
+  dsactor::cli::add_start_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const dsactor::trainer::ConfigError& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
   return 0;
 }

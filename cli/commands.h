@@ -1,0 +1,19 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace dsactor::cli {
+
+// Each registers one subcommand (with its --help) and its callback on the app.
+void add_train_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_export_command(CLI::App& app);
+void add_report_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+// `dsactor start --role offload|trainer|coordinator`: one role of a deployment, by hand.
+void add_start_command(CLI::App& app);
+
+// Threads for OpenMP kernels and OpenBLAS; same count + same seed = bit-identical runs.
+void set_threads(int threads);
+
+}  // namespace dsactor::cli
