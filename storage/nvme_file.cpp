@@ -537,38 +537,35 @@ void NvmeFile::stream_update(std::span<const Extent> extents,
   }
   std::vector<std::optional<Ticket>> reads(kBuffers), writes(kBuffers);
   auto buf = [&](size_t i) { return im.stream_buffers[i % kBuffers].data(); };
+  // Takes the ticket out before waiting, so a failed wait is not waited again below.
+  auto finish = [&](std::optional<Ticket>& slot) {
+    if (!slot) return;
+    const Ticket t = *slot;
+    slot.reset();
+    wait(t);
+  };
   auto start_read = [&](size_t i) {
     // Extent i reads into the buffer that held extent i-3, whose write-back must be done.
-    if (auto& w = writes[i % kBuffers]) {
-      wait(*w);
-      w.reset();
-    }
+    finish(writes[i % kBuffers]);
     reads[i % kBuffers] = submit_read(extents[i].offset, buf(i), extents[i].bytes);
   };
   try {
     start_read(0);
     for (size_t i = 0; i < extents.size(); ++i) {
       if (i + 1 < extents.size()) start_read(i + 1);
-      wait(*reads[i % kBuffers]);
-      reads[i % kBuffers].reset();
+      finish(reads[i % kBuffers]);
       fn(i, std::span<std::byte>(buf(i), extents[i].bytes));
       if (write_back) {
         writes[i % kBuffers] = submit_write(extents[i].offset, buf(i), extents[i].bytes);
       }
     }
-    for (auto& w : writes) {
-      if (w) {
-        wait(*w);
-        w.reset();
-      }
-    }
+    for (auto& w : writes) finish(w);
   } catch (...) {
     // The buffers are reused by the next call: nothing may still be in flight on them.
     for (auto* list : {&reads, &writes}) {
       for (auto& t : *list) {
-        if (!t) continue;
         try {
-          wait(*t);
+          finish(t);
         } catch (const std::exception& e) {
           spdlog::error("NvmeFile {}: while unwinding stream_update: {}", im.path.string(),
                         e.what());

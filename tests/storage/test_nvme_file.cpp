@@ -316,6 +316,11 @@ TEST_F(NvmeFileTest, StreamUpdateMatchesSynchronousPath) {
     streamed.stream_update(extents, [&](size_t i, std::span<std::byte> bytes) {
       EXPECT_EQ(i, calls++);
       ASSERT_EQ(bytes.size(), extents[i].bytes);
+      // In flight while fn(i) runs: the read of extent i+1 and the write of extent i-1;
+      // at the last extent, with no read to start, the writes of i-1 and i-2.
+      const size_t n = extents.size();
+      const size_t expected = i + 1 < n ? 1 + size_t{i >= 1} : std::min<size_t>(i, 2);
+      EXPECT_EQ(streamed.outstanding(), expected) << "extent " << i;
       update(i, bytes);
     });
     EXPECT_EQ(calls, extents.size());
