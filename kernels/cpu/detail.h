@@ -29,14 +29,22 @@ void for_chunks(size_t n, size_t serial_below, size_t align, F&& f) {
   }
 }
 
-// exp(x) written so loops over it vectorize (glibc's expf/tanhf do not without
-// -ffast-math). Cody-Waite reduction + Cephes' degree-6 polynomial: ~1-2 ulp over the
-// range that matters here (softmax arguments <= 0, GELU's tanh). Inputs are clamped to
-// [-87, 88.3], so exp of very negative x gives ~1e-38 instead of 0.
+// exp(x) written so that loops calling it vectorize (glibc's expf does not without
+// -ffast-math): Cody-Waite reduction + Cephes' degree-6 polynomial, <= ~1.5 ulp on
+// [-87, 88.5]; below -87 it returns 0, above 88.5 FLT_MAX (saturating rather than inf,
+// so that callers forming e/(1+e) get 1, not inf/inf), NaN stays NaN. The range limits are
+// applied with integer clamps and bit masks rather than float selects: under the default
+// -ftrapping-math GCC will not if-convert a float select, and would sink the polynomial
+// into a branch, which stops vectorization.
 inline float exp_vec(float x) {
-  x = std::min(std::max(x, -87.0f), 88.3f);
-  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to int
-  float r = x - k * 0.693359375f;
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float tm = x * 1.44269504088896341f + kMagic;
+  // round(x*log2(e)) read from the mantissa bits; wraps harmlessly out of range, then clamped.
+  int32_t ki = static_cast<int32_t>(std::bit_cast<uint32_t>(tm) - std::bit_cast<uint32_t>(kMagic));
+  ki = ki < -126 ? -126 : ki;
+  ki = ki > 127 ? 127 : ki;
+  const float k = static_cast<float>(ki);
+  float r = x - k * 0.693359375f;  // ln2 split in two so k*ln2_hi is exact
   r = r - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -44,16 +52,12 @@ inline float exp_vec(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float y = p * (r * r) + r + 1.0f;
-  const int32_t ki = static_cast<int32_t>(k);
-  return y * std::bit_cast<float>(static_cast<uint32_t>(ki + 127) << 23);
-}
-
-// tanh with ~1e-7 absolute error (relative error is larger near 0, which GELU absorbs
-// because tanh is added to 1 there).
-inline float tanh_vec(float x) {
-  const float e = exp_vec(2.0f * x);
-  return 1.0f - 2.0f / (e + 1.0f);
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(ki + 127) << 23);
+  const float y = (p * (r * r) + r + 1.0f) * scale;
+  const uint32_t under = 0u - static_cast<uint32_t>(x < -87.0f);
+  const uint32_t over = 0u - static_cast<uint32_t>(x > 88.5f);
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(y) & ~(under | over)) |
+                              (over & 0x7f7fffffu));
 }
 
 }  // namespace dsactor::kernels::cpu::detail

@@ -17,7 +17,8 @@ void gelu_forward(float* out, const float* inp, size_t n) {
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
     const float cube = kCubeCoef * x * x * x;
-    out[i] = 0.5f * x * (1.0f + detail::tanh_vec(kGeluScale * (x + cube)));
+    // 0.5 x (1 + tanh(u)) == x * sigmoid(2u): no cancellation in the negative tail.
+    out[i] = x / (1.0f + detail::exp_vec(-2.0f * kGeluScale * (x + cube)));
   }
 }
 
@@ -27,10 +28,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
     const float cube = kCubeCoef * x * x * x;
-    const float th = detail::tanh_vec(kGeluScale * (x + cube));
-    const float sech2 = 1.0f - th * th;  // 1/cosh^2
-    const float local_grad =
-        0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kCubeCoef * x * x);
+    // With sg = sigmoid(2u): 0.5 (1 + tanh u) = sg and 0.5 sech^2 u = 2 sg (1 - sg), where
+    // 1 - sg = en * sg is formed without cancellation.
+    const float en = detail::exp_vec(-2.0f * kGeluScale * (x + cube));
+    const float sg = 1.0f / (1.0f + en);
+    const float half_sech2 = 2.0f * sg * (en * sg);
+    const float local_grad = sg + x * half_sech2 * kGeluScale * (1.0f + 3.0f * kCubeCoef * x * x);
     dinp[i] += local_grad * dout[i];
   }
 }
