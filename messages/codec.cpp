@@ -4,6 +4,7 @@
 #include <capnp/serialize.h>
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -93,6 +94,10 @@ std::string text(capnp::Text::Reader t, const Limits& limits, const char* field)
   if (t.size() > limits.max_text_bytes)
     fail(DecodeErrc::badField, std::string(field) + ": text of " + std::to_string(t.size()) +
                                    " bytes exceeds max_text_bytes");
+  // Interior NULs are legal in capnp Text but not in anything we name with it (paths,
+  // tags); refusing them also keeps decode -> encode -> decode an identity.
+  if (std::memchr(t.cStr(), '\0', t.size()) != nullptr)
+    fail(DecodeErrc::badField, std::string(field) + ": text contains a NUL byte");
   return std::string(t.cStr(), t.size());
 }
 
@@ -255,10 +260,16 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
     fail(DecodeErrc::schemaMismatch, "schema version " + std::to_string(h.getSchemaVersion()) +
                                          ", this build speaks " + std::to_string(kSchemaVersion));
 
+  // Cap'n Proto lets a struct list shrink its elements to zero words, so a 100-byte header
+  // could declare a million list items and make us allocate megabytes. Our encoder spends
+  // at least one word per item, so no honest list is longer than the header has words.
+  Limits body_limits = limits;
+  body_limits.max_list_items = std::min(limits.max_list_items, words.size());
+
   Message msg;
   msg.header.request_id = h.getRequestId();
   msg.header.job_id = text(h.getJobId(), limits, "jobId");
-  msg.header.body = decode_body(h, limits);
+  msg.header.body = decode_body(h, body_limits);
 
   const uint64_t declared = h.getPayloadLength();
   const auto shape = payload_shape(msg.header.body);

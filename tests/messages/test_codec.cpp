@@ -1,7 +1,9 @@
 // Wire codec: round trips of every kind, zero-copy payloads, every malformed class, and a
 // real ROUTER/DEALER loopback over tcp.
 
+#include <capnp/any.h>
 #include <capnp/message.h>
+#include <capnp/orphan.h>
 #include <capnp/schema.h>
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>
@@ -371,6 +373,21 @@ TEST(CodecMalformed, FieldsOutOfRange) {
   limits = {};
   limits.max_list_items = 1;
   EXPECT_EQ(error_of(encode(every_kind()[0]), limits), DecodeErrc::badField);  // 2 specs
+}
+
+TEST(CodecMalformed, ZeroSizedListElementsDoNotAmplify) {
+  // Found by fuzz_decode: capnp may encode a struct list as a list of zero-word elements,
+  // so a tiny header can claim ~a million items. Each would become 16 bytes in memory.
+  capnp::MallocMessageBuilder b;
+  auto h = b.initRoot<wire::Header>();
+  h.setSchemaVersion(kSchemaVersion);
+  auto reply = h.getKind().initRegisterReply();
+  auto voids = b.getOrphanage().newOrphan<capnp::List<capnp::Void>>(100000);
+  capnp::toAny(reply).getPointerSection()[1].adopt(kj::mv(voids));  // partitions @1
+  auto flat = capnp::messageToFlatArray(b);
+  ASSERT_LT(flat.size(), 16u);
+  auto frames = one(zmq::message_t(flat.asBytes().begin(), flat.asBytes().size()));
+  EXPECT_EQ(error_of(frames), DecodeErrc::badField);
 }
 
 TEST(CodecMalformed, TraversalLimit) {
