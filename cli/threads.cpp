@@ -1,0 +1,14 @@
+#include <omp.h>
+
+#include "cli/commands.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace dsactor::cli {
+
+void set_threads(int threads) {
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+}  // namespace dsactor::cli
