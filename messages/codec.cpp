@@ -74,8 +74,8 @@ DType from_wire(wire::DType d, const char* field) {
     case wire::DType::FP16:
       return DType::fp16;
     default:
-      fail(DecodeErrc::badDtype, std::string(field) + ": invalid dtype " +
-                                     std::to_string(static_cast<unsigned>(d)));
+      fail(DecodeErrc::badDtype,
+           std::string(field) + ": invalid dtype " + std::to_string(static_cast<unsigned>(d)));
   }
 }
 
@@ -104,8 +104,8 @@ std::string text(capnp::Text::Reader t, const Limits& limits, const char* field)
 template <class List>
 void check_list(const List& list, const Limits& limits, const char* field) {
   if (list.size() > limits.max_list_items)
-    fail(DecodeErrc::badField, std::string(field) + ": " + std::to_string(list.size()) +
-                                   " items exceed max_list_items");
+    fail(DecodeErrc::badField,
+         std::string(field) + ": " + std::to_string(list.size()) + " items exceed max_list_items");
 }
 
 std::vector<PartitionVersion> versions(capnp::List<wire::PartitionVersion>::Reader list,
@@ -237,8 +237,8 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
   const zmq::message_t& head = frames[0];
   const size_t head_size = head.size();
   if (head_size > limits.max_header_bytes)
-    fail(DecodeErrc::tooLarge, "header of " + std::to_string(head_size) +
-                                   " bytes exceeds max_header_bytes");
+    fail(DecodeErrc::tooLarge,
+         "header of " + std::to_string(head_size) + " bytes exceeds max_header_bytes");
   if (head_size == 0 || head_size % sizeof(capnp::word) != 0)
     fail(DecodeErrc::badHeader,
          "header of " + std::to_string(head_size) + " bytes is not a whole number of words");
@@ -288,8 +288,8 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
          std::string(kind_name(msg.header.body)) + " needs a payload frame");
   const zmq::message_t& body = frames[1];
   if (declared > limits.max_payload_bytes || body.size() > limits.max_payload_bytes)
-    fail(DecodeErrc::tooLarge, "payload of " + std::to_string(std::max<uint64_t>(
-                                                   declared, body.size())) +
+    fail(DecodeErrc::tooLarge, "payload of " +
+                                   std::to_string(std::max<uint64_t>(declared, body.size())) +
                                    " bytes exceeds max_payload_bytes");
   if (body.size() != declared)
     fail(DecodeErrc::lengthMismatch, "payload frame has " + std::to_string(body.size()) +
@@ -297,9 +297,9 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
   const auto [dtype, count] = *shape;
   // Division, not count * size, so a huge element count cannot wrap around.
   if (declared % dtype_size(dtype) != 0 || count != declared / dtype_size(dtype))
-    fail(DecodeErrc::lengthMismatch,
-         std::to_string(count) + " elements of " + std::string(to_string(dtype)) +
-             " do not fill " + std::to_string(declared) + " bytes");
+    fail(DecodeErrc::lengthMismatch, std::to_string(count) + " elements of " +
+                                         std::string(to_string(dtype)) + " do not fill " +
+                                         std::to_string(declared) + " bytes");
 
   msg.payload = {static_cast<const std::byte*>(body.data()), body.size()};
   msg.payload_crc32c = h.getPayloadCrc32c();
@@ -307,8 +307,7 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
     const uint32_t actual = payload_crc32c(msg.payload.data(), msg.payload.size());
     if (actual != msg.payload_crc32c)
       fail(DecodeErrc::checksumMismatch, "payload crc32c " + std::to_string(actual) +
-                                             " != declared " +
-                                             std::to_string(msg.payload_crc32c));
+                                             " != declared " + std::to_string(msg.payload_crc32c));
   }
   return msg;
 }
@@ -330,134 +329,134 @@ kj::StringPtr text_ptr(const std::string& s) {
 }
 
 void build_body(wire::Header::Kind::Builder k, const Body& body) {
-  std::visit(
-      Overloaded{
-          [&](const Register& r) {
-            auto b = k.initRegister();
-            b.setRank(r.rank);
-            b.setWorldSize(r.world_size);
-            auto parts = b.initPartitions(static_cast<unsigned>(r.partitions.size()));
-            for (size_t i = 0; i < r.partitions.size(); ++i) {
-              const PartitionSpec& s = r.partitions[i];
-              auto p = parts[i];
-              p.setPartitionId(s.partition_id);
-              p.setElementCount(s.element_count);
-              p.setMasterDtype(to_wire(s.master_dtype));
-              p.setServedDtype(to_wire(s.served_dtype));
-              auto o = p.initOptimizer();
-              o.setKind(to_wire(s.optimizer.kind));
-              o.setLr(s.optimizer.lr);
-              o.setBeta1(s.optimizer.beta1);
-              o.setBeta2(s.optimizer.beta2);
-              o.setEps(s.optimizer.eps);
-              o.setWeightDecay(s.optimizer.weight_decay);
-              o.setBiasCorrection(s.optimizer.bias_correction);
-            }
-          },
-          [&](const RegisterReply& r) {
-            auto b = k.initRegisterReply();
-            b.setServiceId(text_ptr(r.service_id));
-            set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())),
-                         r.partitions);
-          },
-          [&](const SetParameters& r) {
-            auto b = k.initSetParameters();
-            b.setPartitionId(r.partition_id);
-            b.setVersion(r.version);
-            b.setDtype(to_wire(r.dtype));
-            b.setElementCount(r.element_count);
-          },
-          [&](const SetParametersReply& r) {
-            auto b = k.initSetParametersReply();
-            b.setPartitionId(r.partition_id);
-            b.setVersion(r.version);
-          },
-          [&](const PushGradients& r) {
-            auto b = k.initPushGradients();
-            b.setPartitionId(r.partition_id);
-            b.setStep(r.step);
-            b.setMicroStep(r.micro_step);
-            b.setDtype(to_wire(r.dtype));
-            b.setElementCount(r.element_count);
-          },
-          [&](const PushReply& r) {
-            auto b = k.initPushReply();
-            b.setPartitionId(r.partition_id);
-            b.setStep(r.step);
-            b.setMicroStep(r.micro_step);
-            b.setSumSquares(r.sum_squares);
-            b.setNonfinite(r.nonfinite);
-          },
-          [&](const CommitStep& r) {
-            auto b = k.initCommitStep();
-            b.setStep(r.step);
-            b.setClipCoef(r.clip_coef);
-            b.setLossScale(r.loss_scale);
-            b.setLr(r.lr);
-          },
-          [&](const SkipStep& r) { k.initSkipStep().setStep(r.step); },
-          [&](const CommitReply& r) {
-            auto b = k.initCommitReply();
-            b.setStep(r.step);
-            b.setApplied(r.applied);
-            set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())),
-                         r.partitions);
-          },
-          [&](const FetchParameters& r) {
-            auto b = k.initFetchParameters();
-            b.setPartitionId(r.partition_id);
-            b.setMinVersion(r.min_version);
-            b.setDtype(to_wire(r.dtype));
-          },
-          [&](const FetchReply& r) {
-            auto b = k.initFetchReply();
-            b.setPartitionId(r.partition_id);
-            b.setVersion(r.version);
-            b.setDtype(to_wire(r.dtype));
-            b.setElementCount(r.element_count);
-          },
-          [&](const Stats&) { k.initStats(); },
-          [&](const StatsReply& r) {
-            auto b = k.initStatsReply();
-            b.setBytesInRam(r.bytes_in_ram);
-            b.setBytesOnNvme(r.bytes_on_nvme);
-            b.setPartitions(r.partitions);
-            b.setSteps(r.steps);
-          },
-          [&](const Checkpoint& r) {
-            auto b = k.initCheckpoint();
-            b.setTag(text_ptr(r.tag));
-            b.setPath(text_ptr(r.path));
-          },
-          [&](const CheckpointReply& r) {
-            auto b = k.initCheckpointReply();
-            b.setTag(text_ptr(r.tag));
-            b.setStep(r.step);
-            b.setBytesWritten(r.bytes_written);
-          },
-          [&](const Restore& r) {
-            auto b = k.initRestore();
-            b.setTag(text_ptr(r.tag));
-            b.setPath(text_ptr(r.path));
-          },
-          [&](const RestoreReply& r) {
-            auto b = k.initRestoreReply();
-            b.setTag(text_ptr(r.tag));
-            b.setStep(r.step);
-            set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())),
-                         r.partitions);
-          },
-          [&](const Ping& r) { k.initPing().setNonce(r.nonce); },
-          [&](const Pong& r) { k.initPong().setNonce(r.nonce); },
-          [&](const ErrorReply& r) {
-            auto b = k.initErrorReply();
-            const auto raw = static_cast<uint16_t>(r.code);
-            if (raw > kMaxErrorCode) throw std::invalid_argument("encode: invalid ErrorCode");
-            b.setCode(static_cast<wire::ErrorCode>(raw));
-            b.setMessage(text_ptr(r.message));
-          },
-      },
-      body);
+  std::visit(Overloaded{
+                 [&](const Register& r) {
+                   auto b = k.initRegister();
+                   b.setRank(r.rank);
+                   b.setWorldSize(r.world_size);
+                   auto parts = b.initPartitions(static_cast<unsigned>(r.partitions.size()));
+                   for (size_t i = 0; i < r.partitions.size(); ++i) {
+                     const PartitionSpec& s = r.partitions[i];
+                     auto p = parts[i];
+                     p.setPartitionId(s.partition_id);
+                     p.setElementCount(s.element_count);
+                     p.setMasterDtype(to_wire(s.master_dtype));
+                     p.setServedDtype(to_wire(s.served_dtype));
+                     auto o = p.initOptimizer();
+                     o.setKind(to_wire(s.optimizer.kind));
+                     o.setLr(s.optimizer.lr);
+                     o.setBeta1(s.optimizer.beta1);
+                     o.setBeta2(s.optimizer.beta2);
+                     o.setEps(s.optimizer.eps);
+                     o.setWeightDecay(s.optimizer.weight_decay);
+                     o.setBiasCorrection(s.optimizer.bias_correction);
+                   }
+                 },
+                 [&](const RegisterReply& r) {
+                   auto b = k.initRegisterReply();
+                   b.setServiceId(text_ptr(r.service_id));
+                   set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())),
+                                r.partitions);
+                 },
+                 [&](const SetParameters& r) {
+                   auto b = k.initSetParameters();
+                   b.setPartitionId(r.partition_id);
+                   b.setVersion(r.version);
+                   b.setDtype(to_wire(r.dtype));
+                   b.setElementCount(r.element_count);
+                 },
+                 [&](const SetParametersReply& r) {
+                   auto b = k.initSetParametersReply();
+                   b.setPartitionId(r.partition_id);
+                   b.setVersion(r.version);
+                 },
+                 [&](const PushGradients& r) {
+                   auto b = k.initPushGradients();
+                   b.setPartitionId(r.partition_id);
+                   b.setStep(r.step);
+                   b.setMicroStep(r.micro_step);
+                   b.setDtype(to_wire(r.dtype));
+                   b.setElementCount(r.element_count);
+                 },
+                 [&](const PushReply& r) {
+                   auto b = k.initPushReply();
+                   b.setPartitionId(r.partition_id);
+                   b.setStep(r.step);
+                   b.setMicroStep(r.micro_step);
+                   b.setSumSquares(r.sum_squares);
+                   b.setNonfinite(r.nonfinite);
+                 },
+                 [&](const CommitStep& r) {
+                   auto b = k.initCommitStep();
+                   b.setStep(r.step);
+                   b.setClipCoef(r.clip_coef);
+                   b.setLossScale(r.loss_scale);
+                   b.setLr(r.lr);
+                 },
+                 [&](const SkipStep& r) { k.initSkipStep().setStep(r.step); },
+                 [&](const CommitReply& r) {
+                   auto b = k.initCommitReply();
+                   b.setStep(r.step);
+                   b.setApplied(r.applied);
+                   set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())),
+                                r.partitions);
+                 },
+                 [&](const FetchParameters& r) {
+                   auto b = k.initFetchParameters();
+                   b.setPartitionId(r.partition_id);
+                   b.setMinVersion(r.min_version);
+                   b.setDtype(to_wire(r.dtype));
+                 },
+                 [&](const FetchReply& r) {
+                   auto b = k.initFetchReply();
+                   b.setPartitionId(r.partition_id);
+                   b.setVersion(r.version);
+                   b.setDtype(to_wire(r.dtype));
+                   b.setElementCount(r.element_count);
+                 },
+                 [&](const Stats&) { k.initStats(); },
+                 [&](const StatsReply& r) {
+                   auto b = k.initStatsReply();
+                   b.setBytesInRam(r.bytes_in_ram);
+                   b.setBytesOnNvme(r.bytes_on_nvme);
+                   b.setPartitions(r.partitions);
+                   b.setSteps(r.steps);
+                 },
+                 [&](const Checkpoint& r) {
+                   auto b = k.initCheckpoint();
+                   b.setTag(text_ptr(r.tag));
+                   b.setPath(text_ptr(r.path));
+                 },
+                 [&](const CheckpointReply& r) {
+                   auto b = k.initCheckpointReply();
+                   b.setTag(text_ptr(r.tag));
+                   b.setStep(r.step);
+                   b.setBytesWritten(r.bytes_written);
+                 },
+                 [&](const Restore& r) {
+                   auto b = k.initRestore();
+                   b.setTag(text_ptr(r.tag));
+                   b.setPath(text_ptr(r.path));
+                 },
+                 [&](const RestoreReply& r) {
+                   auto b = k.initRestoreReply();
+                   b.setTag(text_ptr(r.tag));
+                   b.setStep(r.step);
+                   set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())),
+                                r.partitions);
+                 },
+                 [&](const Ping& r) { k.initPing().setNonce(r.nonce); },
+                 [&](const Pong& r) { k.initPong().setNonce(r.nonce); },
+                 [&](const ErrorReply& r) {
+                   auto b = k.initErrorReply();
+                   const auto raw = static_cast<uint16_t>(r.code);
+                   if (raw > kMaxErrorCode)
+                     throw std::invalid_argument("encode: invalid ErrorCode");
+                   b.setCode(static_cast<wire::ErrorCode>(raw));
+                   b.setMessage(text_ptr(r.message));
+                 },
+             },
+             body);
 }
 
 zmq::message_t header_frame(const Header& header, uint64_t payload_length, uint32_t crc) {
@@ -484,7 +483,9 @@ void check_payload_fits(const Header& header, std::span<const std::byte> payload
     throw std::invalid_argument("encode: element count * dtype size != payload bytes");
 }
 
-void free_owner(void* /*data*/, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
+void free_owner(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<const void>*>(hint);
+}
 
 }  // namespace
 
@@ -566,12 +567,26 @@ ErrorCode reply_code(DecodeErrc c) {
 }
 
 std::string_view kind_name(const Body& body) {
-  static constexpr std::string_view kNames[] = {
-      "register",     "registerReply",  "setParameters", "setParametersReply",
-      "pushGradients", "pushReply",     "commitStep",    "skipStep",
-      "commitReply",  "fetchParameters", "fetchReply",   "stats",
-      "statsReply",   "checkpoint",     "checkpointReply", "restore",
-      "restoreReply", "ping",           "pong",          "errorReply"};
+  static constexpr std::string_view kNames[] = {"register",
+                                                "registerReply",
+                                                "setParameters",
+                                                "setParametersReply",
+                                                "pushGradients",
+                                                "pushReply",
+                                                "commitStep",
+                                                "skipStep",
+                                                "commitReply",
+                                                "fetchParameters",
+                                                "fetchReply",
+                                                "stats",
+                                                "statsReply",
+                                                "checkpoint",
+                                                "checkpointReply",
+                                                "restore",
+                                                "restoreReply",
+                                                "ping",
+                                                "pong",
+                                                "errorReply"};
   static_assert(std::size(kNames) == std::variant_size_v<Body>);
   return body.valueless_by_exception() ? "valueless" : kNames[body.index()];
 }
@@ -585,7 +600,9 @@ std::optional<std::pair<DType, uint64_t>> payload_shape(const Body& body) {
   return std::nullopt;
 }
 
-bool has_payload(const Body& body) { return payload_shape(body).has_value(); }
+bool has_payload(const Body& body) {
+  return payload_shape(body).has_value();
+}
 
 // ---- decode ---------------------------------------------------------------------------
 
@@ -663,9 +680,8 @@ Result<Envelope> split_envelope(std::span<const zmq::message_t> frames) {
   for (size_t i = 0; i < frames.size(); ++i) {
     if (frames[i].size() == 0) return Envelope{frames.first(i), frames.subspan(i + 1)};
   }
-  return DecodeError{DecodeErrc::wrongFrameCount, "no empty delimiter frame in " +
-                                                      std::to_string(frames.size()) +
-                                                      " frames"};
+  return DecodeError{DecodeErrc::wrongFrameCount,
+                     "no empty delimiter frame in " + std::to_string(frames.size()) + " frames"};
 }
 
 std::vector<zmq::message_t> with_envelope(std::span<const zmq::message_t> routing,

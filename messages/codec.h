@@ -31,7 +31,9 @@ inline constexpr uint16_t kSchemaVersion = 1;
 
 enum class DType : uint8_t { fp32 = 1, bf16 = 2, fp16 = 3 };
 // Bytes per element.
-constexpr size_t dtype_size(DType d) { return d == DType::fp32 ? 4 : 2; }
+constexpr size_t dtype_size(DType d) {
+  return d == DType::fp32 ? 4 : 2;
+}
 std::string_view to_string(DType d);
 
 enum class OptimizerKind : uint8_t { adam = 0, adamw = 1 };
@@ -207,10 +209,10 @@ struct ErrorReply {
 };
 
 // Order matches the wire union ordinals; append only.
-using Body = std::variant<Register, RegisterReply, SetParameters, SetParametersReply,
-                          PushGradients, PushReply, CommitStep, SkipStep, CommitReply,
-                          FetchParameters, FetchReply, Stats, StatsReply, Checkpoint,
-                          CheckpointReply, Restore, RestoreReply, Ping, Pong, ErrorReply>;
+using Body = std::variant<Register, RegisterReply, SetParameters, SetParametersReply, PushGradients,
+                          PushReply, CommitStep, SkipStep, CommitReply, FetchParameters, FetchReply,
+                          Stats, StatsReply, Checkpoint, CheckpointReply, Restore, RestoreReply,
+                          Ping, Pong, ErrorReply>;
 
 // Name of the body's kind ("pushGradients", ...), for logs and error messages.
 std::string_view kind_name(const Body& body);

@@ -49,7 +49,9 @@ __attribute__((target("sse4.2"))) uint32_t raw_hardware(const unsigned char* p, 
   return c;
 }
 
-bool have_sse42() { return __builtin_cpu_supports("sse4.2"); }
+bool have_sse42() {
+  return __builtin_cpu_supports("sse4.2");
+}
 #endif
 
 }  // namespace

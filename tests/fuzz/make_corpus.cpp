@@ -21,9 +21,13 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   const std::vector<PartitionVersion> versions{{1, 2}, {3, 4}};
   const std::vector<Body> bodies{
-      Register{0, 2,
+      Register{0,
+               2,
                {PartitionSpec{1, 8, DType::fp32, DType::bf16, {}},
-                PartitionSpec{2, 4, DType::fp32, DType::fp16,
+                PartitionSpec{2,
+                              4,
+                              DType::fp32,
+                              DType::fp16,
                               {OptimizerKind::adam, 1e-3, 0.9, 0.99, 1e-8, 0.0, false}}}},
       RegisterReply{"svc", versions},
       SetParameters{1, 0, DType::fp32, 8},
@@ -48,7 +52,8 @@ int main(int argc, char** argv) {
   int n = 0;
   auto write = [&](const std::vector<uint8_t>& bytes) {
     std::ofstream out(dir + "/seed-" + std::to_string(n++), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     if (!out) {
       std::perror("make_corpus: write");
       std::exit(1);

@@ -15,6 +15,9 @@ case "$(basename "$cxx")" in
   clang++*) ;;
   *) cxx=clang++ ;;  # the parent build's g++ cannot link libFuzzer
 esac
+# A full path, so "clang++" and "/usr/bin/clang++" do not alternate in the cache (a
+# compiler change makes CMake start the build dir over).
+cxx="$(command -v "$cxx")" || { echo "run_fuzz.sh: $cxx not found" >&2; exit 1; }
 
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi

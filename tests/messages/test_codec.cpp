@@ -49,7 +49,8 @@ std::vector<Header> every_kind() {
   auto add = [&](Body b) {
     h.push_back(Header{100 + h.size(), "job-" + std::to_string(h.size()), std::move(b)});
   };
-  add(Register{3, 8,
+  add(Register{3,
+               8,
                {PartitionSpec{11, 1024, DType::fp32, DType::bf16, opt},
                 PartitionSpec{12, 2048, DType::fp32, DType::fp16, OptimizerConfig{}}}});
   add(RegisterReply{"offload-0@host", versions});
@@ -95,8 +96,8 @@ TEST(Codec, EveryKindRoundTrips) {
     auto msg = decode(frames);
     ASSERT_TRUE(msg.ok()) << msg.error().message;
     EXPECT_EQ(msg->header, h);
-    EXPECT_TRUE(std::equal(msg->payload.begin(), msg->payload.end(), payload.begin(),
-                           payload.end()));
+    EXPECT_TRUE(
+        std::equal(msg->payload.begin(), msg->payload.end(), payload.begin(), payload.end()));
     if (has_payload(h.body)) {
       EXPECT_EQ(msg->payload_crc32c, payload_crc32c(payload.data(), payload.size()));
       EXPECT_EQ(msg->payload.data(), frames[1].data());  // a view, not a copy
@@ -420,7 +421,8 @@ TEST(Codec, UnalignedHeaderFrame) {
   std::vector<std::byte> storage(good.size() + 1);
   std::memcpy(storage.data() + 1, good.data(), good.size());
   std::vector<zmq::message_t> frames;
-  frames.emplace_back(storage.data() + 1, good.size(), [](void*, void*) {}, nullptr);
+  frames.emplace_back(
+      storage.data() + 1, good.size(), [](void*, void*) {}, nullptr);
   ASSERT_NE(reinterpret_cast<uintptr_t>(frames[0].data()) % 8, 0u);
   auto msg = decode(frames);
   ASSERT_TRUE(msg.ok()) << msg.error().message;
@@ -524,8 +526,8 @@ TEST(Loopback, RouterDealerPushOverTcp) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_TRUE(watch.expired()) << "sent payload frame still holds its owner";
 
-  auto reply = with_envelope(env->routing,
-                             encode(Header{77, "gpt2-ci", PushReply{3, 12, 1, 42.0, false}}));
+  auto reply =
+      with_envelope(env->routing, encode(Header{77, "gpt2-ci", PushReply{3, 12, 1, 42.0, false}}));
   ASSERT_TRUE(zmq::send_multipart(router, reply));
 
   std::vector<zmq::message_t> back;
