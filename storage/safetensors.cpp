@@ -57,17 +57,15 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   throw SafetensorsError(fmt::format("safetensors file {}: {}", path.string(), what));
 }
 
-std::vector<std::byte> read_whole_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) fail(path, "cannot stat: " + ec.message());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open for reading");
-  std::vector<std::byte> buf(size);
-  in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(size));
-  if (static_cast<uint64_t>(in.gcount()) != size)
-    fail(path, fmt::format("read {} of {} bytes", in.gcount(), size));
-  return buf;
+// Reads [offset, offset + n) of an open stream; the file size was checked beforehand, so a
+// short read means the file changed underneath us.
+void read_at(std::ifstream& in, const std::filesystem::path& path, uint64_t offset, void* out,
+             uint64_t n) {
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
+  if (!in || static_cast<uint64_t>(in.gcount()) != n)
+    fail(path, fmt::format("short read of {} bytes at offset {} (file changed while reading?)", n,
+                           offset));
 }
 
 uint64_t load_le_u64(const std::byte* p) {
@@ -182,19 +180,29 @@ void write_safetensors(const std::filesystem::path& path,
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
-  const std::vector<std::byte> buf = read_whole_file(path);
-  if (buf.size() < 8)
-    fail(path, fmt::format("truncated: {} bytes, but the 8-byte header length alone needs 8",
-                           buf.size()));
-  const uint64_t header_len = load_le_u64(buf.data());
-  if (header_len > buf.size() - 8)
+  // Header first, then each tensor straight into its own buffer: peak memory is the
+  // tensors once, not the file plus the tensors.
+  std::error_code ec;
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  if (ec) fail(path, "cannot stat: " + ec.message());
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot open for reading");
+  if (file_size < 8)
+    fail(path,
+         fmt::format("truncated: {} bytes, but the 8-byte header length alone needs 8", file_size));
+  std::byte len_bytes[8];
+  read_at(in, path, 0, len_bytes, 8);
+  const uint64_t header_len = load_le_u64(len_bytes);
+  if (header_len > file_size - 8)
     fail(path, fmt::format("header length {} exceeds the {} bytes after the length field "
                            "(truncated file or corrupt length)",
-                           header_len, buf.size() - 8));
+                           header_len, file_size - 8));
   if (header_len > kMaxHeaderBytes)
     fail(path,
          fmt::format("header length {} is above the {} byte limit", header_len, kMaxHeaderBytes));
-  const auto* hbegin = reinterpret_cast<const char*>(buf.data() + 8);
+  std::string header_text(header_len, '\0');
+  read_at(in, path, 8, header_text.data(), header_len);
+  const char* hbegin = header_text.data();
   if (header_len == 0 || hbegin[0] != '{')
     fail(path, "header does not start with '{' (not a safetensors file?)");
 
@@ -256,7 +264,7 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
 
   // The data region must be tiled exactly, as the reference reader demands: holes would be
   // unaccounted bytes and overlaps would alias two tensors.
-  const uint64_t data_size = buf.size() - 8 - header_len;
+  const uint64_t data_size = file_size - 8 - header_len;
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -280,12 +288,13 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
                            "tensors cover {})",
                            data_size - cursor, data_size, cursor));
 
-  const std::byte* data = buf.data() + 8 + header_len;
+  const uint64_t data_start = 8 + header_len;
   for (Entry& e : entries) {
     TensorData t;
     t.dtype = std::move(e.dtype);
     t.shape = std::move(e.shape);
-    t.bytes.assign(data + e.begin, data + e.end);
+    t.bytes.resize(e.end - e.begin);
+    if (!t.bytes.empty()) read_at(in, path, data_start + e.begin, t.bytes.data(), t.bytes.size());
     out.tensors.emplace(e.name, std::move(t));
   }
   return out;
