@@ -511,7 +511,9 @@ TEST_F(DsConfigFiles, MissingFile) {
 
 TEST(Yaml, ScalarsAreTypedLikeYaml12CoreAndQuotedStaysString) {
   const json j = yaml_text_to_json(
-      "a: 2e8\nb: '2e8'\nc: true\nd: ~\ne: [1, 2.5]\nf: cpu\ng: 0x10\nh: -3\n", "t.yaml");
+      "a: 2e8\nb: '2e8'\nc: true\nd: ~\ne: [1, 2.5]\nf: cpu\ng: 0x10\nh: -3\ni: .5\nj: 1e\n"
+      "k: 1.5e-3\nl: \"true\"\nm: 9\n",
+      "t.yaml");
   EXPECT_TRUE(j["a"].is_number_float());
   EXPECT_EQ(j["a"].get<double>(), 2e8);
   EXPECT_TRUE(j["b"].is_string());
@@ -521,8 +523,14 @@ TEST(Yaml, ScalarsAreTypedLikeYaml12CoreAndQuotedStaysString) {
   EXPECT_EQ(j["f"], "cpu");
   EXPECT_EQ(j["g"], 16);
   EXPECT_EQ(j["h"], -3);
+  EXPECT_EQ(j["i"], 0.5);
+  EXPECT_EQ(j["j"], "1e");  // not a YAML float: stays a string
+  EXPECT_EQ(j["k"], 1.5e-3);
+  EXPECT_EQ(j["l"], "true");
+  EXPECT_TRUE(j["m"].is_number_integer());
   EXPECT_THROW(yaml_text_to_json("a: [1, 2\n", "t.yaml"), ConfigError);
   EXPECT_THROW(yaml_text_to_json("a: 1\na: 2\n", "t.yaml"), ConfigError);
+  EXPECT_THROW(yaml_text_to_json("? [1, 2]\n: x\n", "t.yaml"), ConfigError);
 }
 
 // ---------------- reference page ----------------

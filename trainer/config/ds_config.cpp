@@ -7,7 +7,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -1510,26 +1509,58 @@ void apply_defaults(DsConfig& c) {
   }
 }
 
+bool all_digits(std::string_view s, int base) {
+  if (s.empty()) return false;
+  for (char ch : s) {
+    const bool ok = base == 16  ? std::isxdigit(static_cast<unsigned char>(ch)) != 0
+                    : base == 8 ? ch >= '0' && ch <= '7'
+                                : ch >= '0' && ch <= '9';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?, the YAML 1.2 core float (so 2e8 is one).
+bool is_yaml_float(std::string_view s) {
+  size_t i = 0;
+  auto digits = [&] {
+    const size_t b = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i - b;
+  };
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  const size_t int_digits = digits();
+  size_t frac_digits = 0;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    frac_digits = digits();
+  }
+  if (int_digits == 0 && frac_digits == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == s.size();
+}
+
 // YAML 1.2 core-schema typing of a plain (unquoted) scalar.
 json yaml_scalar(const std::string& s) {
-  static const std::regex kNull("~|null|Null|NULL|");
-  static const std::regex kTrue("true|True|TRUE");
-  static const std::regex kFalse("false|False|FALSE");
-  static const std::regex kInt("[-+]?[0-9]+");
-  static const std::regex kHex("0x[0-9a-fA-F]+");
-  static const std::regex kOct("0o[0-7]+");
-  static const std::regex kFloat("[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?");
-  if (std::regex_match(s, kNull)) return nullptr;
-  if (std::regex_match(s, kTrue)) return true;
-  if (std::regex_match(s, kFalse)) return false;
+  if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  const std::string_view unsigned_part =
+      !s.empty() && (s[0] == '+' || s[0] == '-') ? std::string_view(s).substr(1) : s;
   try {
-    if (std::regex_match(s, kInt)) return std::stoll(s);
-    if (std::regex_match(s, kHex)) return std::stoll(s.substr(2), nullptr, 16);
-    if (std::regex_match(s, kOct)) return std::stoll(s.substr(2), nullptr, 8);
+    if (all_digits(unsigned_part, 10)) return std::stoll(s);
+    if (s.rfind("0x", 0) == 0 && all_digits(std::string_view(s).substr(2), 16))
+      return std::stoll(s.substr(2), nullptr, 16);
+    if (s.rfind("0o", 0) == 0 && all_digits(std::string_view(s).substr(2), 8))
+      return std::stoll(s.substr(2), nullptr, 8);
   } catch (const std::out_of_range&) {
-    return std::stod(s);
+    return std::stod(s);  // beyond int64: keep it as a number; range checks report it
   }
-  if (std::regex_match(s, kFloat)) return std::stod(s);
+  if (is_yaml_float(s)) return std::stod(s);
   if (s == ".inf" || s == ".Inf" || s == ".INF" || s == "+.inf")
     return std::numeric_limits<double>::infinity();
   if (s == "-.inf" || s == "-.Inf" || s == "-.INF") return -std::numeric_limits<double>::infinity();
@@ -1631,14 +1662,13 @@ DsConfig parse_ds_config(const nlohmann::json& j, const std::string& source, int
 }
 
 nlohmann::json yaml_text_to_json(const std::string& yaml_text, const std::string& source) {
-  YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    return yaml_to_json(YAML::Load(yaml_text), source);
   } catch (const YAML::Exception& e) {
+    // Also covers non-scalar map keys, which have no JSON equivalent.
     throw ConfigError(fmt::format("{}:{}:{}: invalid YAML: {}", source, e.mark.line + 1,
                                   e.mark.column + 1, e.msg));
   }
-  return yaml_to_json(root, source);
 }
 
 DsConfig load_ds_config(const std::filesystem::path& file, int world_size) {
