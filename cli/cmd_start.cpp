@@ -1,17 +1,94 @@
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "cli/commands.h"
+#include "offload_service/service.h"
 
 namespace dsactor::cli {
 
+namespace {
+
+struct StartArgs {
+  std::string role;
+  std::string nvme;
+  std::string listen = "tcp://127.0.0.1:5555";
+  uint64_t memory_limit = 0;
+  size_t aio_block_size = size_t{1} << 20;
+  unsigned aio_queue_depth = 8;
+  bool no_mlock = false;
+};
+
+int run_offload(const StartArgs& a) {
+  // Block the stop signals before any thread exists, so every thread inherits the mask
+  // and only sigwait() below ever sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  offload::ServiceOptions o;
+  o.listen = a.listen;
+  o.store.memory_limit = a.memory_limit;
+  o.store.lock_memory = !a.no_mlock;
+  o.store.nvme.block_size = a.aio_block_size;
+  o.store.nvme.queue_depth = a.aio_queue_depth;
+  if (!a.nvme.empty()) o.store.nvme_dir = a.nvme;
+  o.store.service_id = "offload@" + a.listen;
+  offload::OffloadService service(o);
+  spdlog::info("offload service listening on {} ({} tier{})", service.endpoint(),
+               a.nvme.empty() ? "RAM" : "NVMe",
+               a.nvme.empty() ? "" : ": " + a.nvme);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("offload service: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  service.stop();
+  spdlog::info("offload service stopped");
+  return 0;
+}
+
+}  // namespace
+
 void add_start_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("start", "run one role of a deployment (offload, trainer)");
-  auto role = std::make_shared<std::string>();
-  cmd->add_option("--role", *role, "offload | trainer")->required();
-  cmd->callback([role] {
-    throw std::runtime_error("not implemented: dsactor start --role " + *role +
-                             " (the offload service and the service-driven trainer are being built)");
+  auto a = std::make_shared<StartArgs>();
+  cmd->add_option("--role", a->role, "offload | trainer")->required();
+  cmd->add_option("--nvme", a->nvme,
+                  "offload: directory of the NVMe tier (partitions.dat + RocksDB metadata); "
+                  "a restart on the same directory serves the same state");
+  cmd->add_option("--listen", a->listen, "offload: ZeroMQ ROUTER endpoint")->capture_default_str();
+  cmd->add_option("--memory-limit", a->memory_limit,
+                  "offload: bytes of RAM partitions may take (0 = physical memory); "
+                  "suffixes K/M/G (powers of 1024) accepted")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--aio-block-size", a->aio_block_size,
+                  "offload: io_uring request size and streaming chunk (multiple of 4096)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--aio-queue-depth", a->aio_queue_depth, "offload: io_uring requests in flight")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
+  cmd->add_flag("--no-mlock", a->no_mlock, "offload: do not try to mlock RAM buffers");
+  cmd->callback([a] {
+    if (a->role == "offload") {
+      const int rc = run_offload(*a);
+      if (rc != 0) throw std::runtime_error("offload service exited with " + std::to_string(rc));
+      return;
+    }
+    if (a->role == "trainer") {
+      throw std::runtime_error(
+          "dsactor start --role trainer: not implemented yet (issue: ZeRO stages 1-3 with offload)");
+    }
+    throw std::runtime_error("dsactor start: unknown role '" + a->role +
+                             "' (expected offload or trainer)");
   });
 }
 

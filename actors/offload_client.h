@@ -1,0 +1,94 @@
+#pragma once
+
+// Synchronous client of an offload service: one ZeroMQ DEALER socket, one request in
+// flight, request ids matched against replies (a late reply to a request that timed out
+// is discarded). Used by tests and tools now and by the trainer's service_client later.
+// Not thread-safe (one socket, one owner).
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "messages/codec.h"
+
+namespace dsactor::actors {
+
+// The service answered with an ErrorReply.
+class OffloadError : public std::runtime_error {
+ public:
+  OffloadError(messages::ErrorCode code, const std::string& message);
+  messages::ErrorCode code() const { return code_; }
+
+ private:
+  messages::ErrorCode code_;
+};
+
+// No reply within the timeout (service down, unreachable or stuck).
+class OffloadTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct FetchedParameters {
+  messages::FetchReply reply;
+  zmq::message_t frame;  // owns the bytes
+  std::span<const std::byte> bytes() const {
+    return {static_cast<const std::byte*>(frame.data()), frame.size()};
+  }
+};
+
+class OffloadClient {
+ public:
+  // Connects a DEALER to `endpoint` (connecting never blocks; the first call waits up to
+  // `timeout` for the service). job_id goes into every header.
+  OffloadClient(std::string endpoint, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                std::string job_id = "default");
+  ~OffloadClient();
+  OffloadClient(const OffloadClient&) = delete;
+  OffloadClient& operator=(const OffloadClient&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  messages::RegisterReply register_partitions(uint32_t rank, uint32_t world_size,
+                                              std::vector<messages::PartitionSpec> specs);
+  // Payload sends: with an `owner` the bytes go zero-copy and owner is held until ZeroMQ
+  // lets go of them; without, they are copied into the frame (the caller's buffer may
+  // then change as soon as the call returns).
+  messages::SetParametersReply set_parameters(uint64_t partition_id, uint64_t version,
+                                              messages::DType dtype,
+                                              std::span<const std::byte> values,
+                                              std::shared_ptr<const void> owner = nullptr);
+  messages::PushReply push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
+                                     messages::DType dtype, std::span<const std::byte> grads,
+                                     std::shared_ptr<const void> owner = nullptr);
+  messages::CommitReply commit(const messages::CommitStep& commit);
+  messages::CommitReply skip(uint64_t step);
+  FetchedParameters fetch(uint64_t partition_id, uint64_t min_version, messages::DType dtype);
+  messages::StatsReply stats();
+
+  // One round trip with any body; returns the reply (ErrorReply included, not thrown).
+  // The reply's payload frame, if any, lands in *payload when given.
+  messages::Header call(messages::Body body, std::span<const std::byte> payload = {},
+                        std::shared_ptr<const void> owner = nullptr,
+                        zmq::message_t* payload_frame = nullptr);
+
+ private:
+  template <class T>
+  T expect(messages::Header reply, const char* what);
+
+  std::string endpoint_;
+  std::chrono::milliseconds timeout_;
+  std::string job_id_;
+  uint64_t next_id_ = 1;
+  zmq::context_t context_;
+  zmq::socket_t socket_;
+};
+
+}  // namespace dsactor::actors

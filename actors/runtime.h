@@ -1,0 +1,33 @@
+#pragma once
+
+// CAF actor-system setup shared by every role, and the message types actors of different
+// folders exchange. Only local (in-process) messages: nothing here is serialized, so the
+// types are declared unsafe-but-allowed instead of being announced to a serializer.
+
+#include <cstddef>
+#include <memory>
+
+#include <caf/all.hpp>
+
+namespace dsactor::actors {
+
+// Knobs of the actor system. Blocking work (ZeroMQ polling, the optimizer pass, I/O)
+// runs on detached actors with their own threads, so the scheduler stays small.
+struct RuntimeOptions {
+  // Scheduler worker threads for event-based actors. Default: 2.
+  size_t scheduler_threads = 2;
+};
+
+// An actor system and the config it was built from (CAF needs the config to outlive it).
+class Runtime {
+ public:
+  explicit Runtime(const RuntimeOptions& options = {});
+  ~Runtime();
+  caf::actor_system& system() { return *system_; }
+
+ private:
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+};
+
+}  // namespace dsactor::actors

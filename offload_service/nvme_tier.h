@@ -1,0 +1,90 @@
+#pragma once
+
+// The NVMe tier of the partition store: one preallocated data file (DIR/partitions.dat)
+// holding each partition's master, m and v, and a RocksDB metadata store (DIR/metadata)
+// mapping partition -> extent, version, crc32c.
+//
+// Layout of one partition's extent: chunks of C = block_size / 4 elements, each chunk
+// [master | m | v] with every section padded to 4 KiB, so one chunk is one contiguous
+// aligned transfer that carries everything the optimizer needs for those elements. The
+// crc32c covers the whole extent, chunk after chunk.
+//
+// Every rewrite (SetParameters, CommitStep) streams from the current extent into a fresh
+// one (read-ahead of two chunks, write-behind of one) and only then switches the record:
+// a corrupt source is detected by its crc when the pass ends and the fresh extent is
+// dropped, so corrupt bytes are never written back under a new crc, and a crash mid-pass
+// leaves the previous version intact.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "storage/metadata_store.h"
+#include "storage/nvme_file.h"
+
+namespace dsactor::offload {
+
+// A stored extent failed its crc32c.
+class ChecksumError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct NvmeLocation {
+  storage::Extent extent;
+  uint32_t crc32c = 0;
+};
+
+class NvmeTier {
+ public:
+  // One chunk of a partition in a streaming pass: elements [first, first + count).
+  struct Chunk {
+    uint64_t first = 0;
+    uint64_t count = 0;
+    float* master = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+  };
+  using ChunkFn = std::function<void(const Chunk&)>;
+
+  NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions& options);
+  ~NvmeTier();
+
+  storage::MetadataStore& metadata() { return *meta_; }
+  const std::string& file_name() const { return file_name_; }
+  uint64_t chunk_elements() const { return chunk_elems_; }
+  // Extent bytes of a partition of n elements.
+  uint64_t extent_bytes(uint64_t n) const;
+  uint64_t used_bytes() const { return alloc_.used_bytes(); }
+
+  // Marks an extent from a reloaded record as used.
+  void adopt(const storage::Extent& extent);
+  void release(const storage::Extent& extent);
+
+  // A fresh extent for n elements, all zero (written), with its crc.
+  NvmeLocation create(uint64_t n);
+  // A fresh extent for n elements whose chunks fn fills (they arrive zeroed).
+  NvmeLocation write_new(uint64_t n, const ChunkFn& fn);
+  // Streams `from` (n elements) through fn into a fresh extent; returns it. Throws
+  // ChecksumError (fresh extent released) when `from` does not match its crc. `from`
+  // stays allocated: the caller releases it once the new record is durable.
+  NvmeLocation rewrite(const NvmeLocation& from, uint64_t n, const ChunkFn& fn);
+  // Reads and verifies `from`, calling fn per chunk (read-only).
+  void read(const NvmeLocation& from, uint64_t n, const ChunkFn& fn);
+
+ private:
+  storage::Extent allocate(uint64_t bytes);
+  NvmeLocation stream(const NvmeLocation* from, uint64_t n, const ChunkFn& fn, bool write);
+
+  std::string file_name_;
+  std::unique_ptr<storage::MetadataStore> meta_;
+  std::unique_ptr<storage::NvmeFile> file_;
+  storage::ExtentAllocator alloc_;
+  uint64_t chunk_elems_;
+  storage::AlignedBuffer ring_;  // 3 chunk buffers, registered with the ring
+};
+
+}  // namespace dsactor::offload

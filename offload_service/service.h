@@ -1,0 +1,44 @@
+#pragma once
+
+// The offload service process minus main(): a CAF actor system with the ZeroMQ gateway
+// (actors/gateway.h) in front of one partition-store actor that owns the PartitionStore.
+// The store actor is detached (own thread) because its handlers run the optimizer pass
+// and NVMe I/O, which would otherwise block the scheduler's few threads.
+
+#include <memory>
+#include <string>
+
+#include "messages/codec.h"
+#include "offload_service/partition_store.h"
+
+namespace dsactor::offload {
+
+struct ServiceOptions {
+  StoreOptions store;
+  // ROUTER endpoint; "tcp://127.0.0.1:*" binds a free port (see OffloadService::endpoint()).
+  std::string listen = "tcp://127.0.0.1:5555";
+  // What the gateway's decoder accepts.
+  messages::Limits limits;
+};
+
+class OffloadService {
+ public:
+  // Opens the store and starts serving; throws std::runtime_error when the store or the
+  // listen address cannot be used.
+  explicit OffloadService(ServiceOptions options);
+  // stop().
+  ~OffloadService();
+  OffloadService(const OffloadService&) = delete;
+  OffloadService& operator=(const OffloadService&) = delete;
+
+  const std::string& endpoint() const;
+  // Stops accepting requests, lets the store actor finish the one it is running, and
+  // shuts the actor system down; idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsactor::offload
