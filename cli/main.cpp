@@ -22,12 +22,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.parse_complete_callback([&] { dsactor::cli::set_threads(threads); });
-  // LEAD-STASH dsactor::cli::add_train_command(app);
-  // LEAD-STASH dsactor::cli::add_eval_command(app);
-  // LEAD-STASH dsactor::cli::add_generate_command(app);
-  // LEAD-STASH dsactor::cli::add_export_command(app);
+  dsactor::cli::add_train_command(app);
+  dsactor::cli::add_eval_command(app);
+  dsactor::cli::add_generate_command(app);
+  dsactor::cli::add_export_command(app);
   dsactor::cli::add_report_command(app);
-  // LEAD-STASH dsactor::cli::add_bench_command(app);
+  dsactor::cli::add_bench_command(app);
   dsactor::cli::add_start_command(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,71 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/progress_bar.h"
+#include "trainer/data/byte_tokenizer.h"
+#include "trainer/inference.h"
+#include "trainer/train_run.h"
+
+namespace dsactor::cli {
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "train a GPT model in this process (ZeRO stage 0)");
+  auto o = std::make_shared<trainer::TrainOptions>();
+  auto sample = std::make_shared<int>(200);
+  cmd->add_option("--config", o->config, "DeepSpeed config (.json or .yaml)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--model", o->model, "preset (" + trainer::model_presets_help() + ") or model YAML")
+      ->capture_default_str();
+  cmd->add_option("--data", o->data, "text file or directory (byte tokens), or llm.c token file")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--init", o->init, "start from these safetensors weights")->check(CLI::ExistingFile);
+  cmd->add_option("--resume", o->resume, "continue from a checkpoint dir (or an --out dir)")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--out", o->out, "output dir: checkpoint/ and monitor files")->capture_default_str();
+  cmd->add_option("--steps", o->steps,
+                  "total optimizer steps to reach (default: scheduler total_num_steps, else 100)");
+  cmd->add_option("--seq", o->seq_len, "sequence length T (default: the model's block_size)");
+  cmd->add_flag("--no-shuffle{false}", o->shuffle, "batches in file order (llm.c convention)");
+  cmd->add_option("--seed", o->seed, "seed for weights and batch order")->capture_default_str();
+  cmd->add_option("--val-fraction", o->val_fraction, "tail of the data held out for validation")
+      ->check(CLI::Range(0.0, 0.9))
+      ->capture_default_str();
+  cmd->add_option("--eval-every", o->eval_every, "validate every N steps (0: at the end)");
+  cmd->add_option("--eval-batches", o->eval_batches, "validation batches")->capture_default_str();
+  cmd->add_option("--save-every", o->save_every, "checkpoint every N steps (0: at the end)");
+  cmd->add_option("--sample", *sample, "tokens to generate after training (byte models)")
+      ->capture_default_str();
+  cmd->callback([o, sample] {
+    ProgressBar bar;
+    trainer::TrainCallbacks cb;
+    cb.on_step = [&bar](const trainer::TrainProgress& p) {
+      bar.update(p.step.global_step, p.target_steps,
+                 fmt::format("loss {:.4f} | {:.0f} tok/s", p.step.loss, p.tokens_per_second),
+                 p.elapsed_seconds);
+    };
+    cb.on_eval = [&bar](int64_t step, float v) {
+      bar.finish();
+      spdlog::info("step {}: val loss {:.4f}", step, v);
+    };
+    const auto s = trainer::run_training(*o, cb);
+    bar.finish();
+    fmt::print("trained {} steps ({} skipped), final train loss {:.4f}, val loss {:.4f}, {:.0f} "
+               "tokens/s\n",
+               s.steps, s.skipped_steps, s.last_train_loss, s.val_loss, s.tokens_per_second);
+    fmt::print("byte-unigram entropy of the training data: {:.4f} nats/token\n",
+               s.unigram_entropy);
+    if (*sample > 0 && s.model.vocab_size == 256) {
+      auto w = trainer::load_checkpoint_weights(s.checkpoint);
+      trainer::GptModel model(w.config);
+      auto out = trainer::generate_tokens(model, w.params, trainer::encode_bytes("\n"), *sample,
+                                          0.8f, 40, o->seed);
+      fmt::print("--- sample ---\n{}\n--------------\n", trainer::decode_bytes(out));
+    }
+    fmt::print("checkpoint: {}\n", s.checkpoint.string());
+  });
+}
+
+}  // namespace dsactor::cli

@@ -1,0 +1,262 @@
+#include "trainer/engine/engine.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include "kernels/cpu/cast.h"
+#include "storage/checkpoint.h"
+#include "trainer/config/lr_schedule.h"
+#include "trainer/data/batch_loader.h"
+#include "trainer/inference.h"
+
+namespace dsactor::trainer {
+
+namespace k = dsactor::kernels::cpu;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+Precision precision_of(const DsConfig& c) {
+  if (c.fp16.enabled) return Precision::kFp16;
+  if (c.bf16.enabled) return Precision::kBf16;
+  return Precision::kFp32;
+}
+
+k::HalfKind half_kind(Precision p) {
+  return p == Precision::kFp16 ? k::HalfKind::kFP16 : k::HalfKind::kBF16;
+}
+
+k::AdamHyper adam_from(const OptimizerConfig& o) {
+  k::AdamHyper h;
+  if (!o.present) return h;  // DeepSpeed's FusedAdam defaults
+  h.lr = static_cast<float>(o.lr);
+  h.beta1 = static_cast<float>(o.betas[0]);
+  h.beta2 = static_cast<float>(o.betas[1]);
+  h.eps = static_cast<float>(o.eps);
+  h.weight_decay = static_cast<float>(o.weight_decay);
+  h.adamw_mode = o.adam_w_mode;
+  h.bias_correction = o.bias_correction;
+  return h;
+}
+
+}  // namespace
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kFp16: return "fp16";
+    case Precision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+void check_supported(const DsConfig& c) {
+  const auto& z = c.zero_optimization;
+  if (z.stage != 0)
+    throw ConfigError(fmt::format(
+        "{}: zero_optimization.stage = {} is not implemented yet in dsactor's trainer; only "
+        "stage 0 runs today (stages 1-3 with offload services are the next milestone). Set "
+        "\"stage\": 0 to train in one process.",
+        c.source, z.stage));
+  if (z.offload_optimizer.enabled() || z.offload_param.enabled())
+    throw ConfigError(fmt::format(
+        "{}: zero_optimization.offload_optimizer / offload_param is not implemented yet in "
+        "dsactor's trainer; set \"device\": \"none\" (offload needs ZeRO stages 1-3).",
+        c.source));
+  if (c.world_size != 1)
+    throw ConfigError(fmt::format("{}: world_size {} is not implemented yet: data-parallel "
+                                  "trainers are a later milestone",
+                                  c.source, c.world_size));
+}
+
+Engine::Engine(const GptConfig& model, const DsConfig& config, uint64_t seed)
+    : gpt_(model),
+      config_(config),
+      precision_(precision_of(config)),
+      model_(model),
+      master_(BlockSet::zeros(model_.layouts())),
+      grads_(BlockSet::zeros(model_.layouts())),
+      adam_m_(BlockSet::zeros(model_.layouts())),
+      adam_v_(BlockSet::zeros(model_.layouts())),
+      adam_(adam_from(config.optimizer)),
+      scaler_(config.fp16) {
+  check_supported(config);
+  if (precision_ != Precision::kFp32) working_ = BlockSet::zeros(model_.layouts());
+  init_gpt_weights(gpt_, model_.layouts(), master_, seed);
+  refresh_working_params();
+}
+
+void Engine::refresh_working_params() {
+  if (precision_ == Precision::kFp32) return;
+  working_.copy_from(master_);
+  for (auto& b : working_.blocks) k::round_through_half(b.data(), b.size(), half_kind(precision_));
+}
+
+double Engine::current_lr() const {
+  return learning_rate(config_.scheduler, adam_.lr, optimizer_steps_);
+}
+
+StepResult Engine::train_step(BatchLoader& loader) {
+  const int B = static_cast<int>(config_.train_micro_batch_size_per_gpu);
+  const int T = loader.seq_len();
+  const int64_t gas = config_.gradient_accumulation_steps;
+  BlockSet& params = compute_params();
+  inputs_.resize(static_cast<size_t>(B) * T);
+  targets_.resize(static_cast<size_t>(B) * T);
+
+  StepResult r;
+  r.loss_scale = scaler_.scale();
+  r.lr = current_lr();
+  grads_.zero();
+  // The loss of a step is the mean over all B*T*gas positions; the scale rides on dloss so
+  // fp16 gradients are computed scaled, exactly as DeepSpeed's backward(loss * scale).
+  const float dloss = static_cast<float>(r.loss_scale / (static_cast<double>(B) * T * gas));
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < gas; ++micro) {
+    loader.next(inputs_.data(), targets_.data());
+    const auto t0 = Clock::now();
+    loss_sum += model_.forward_backward(params, grads_, inputs_.data(), targets_.data(), B, T,
+                                        dloss);
+    r.forward_seconds += model_.last_forward_seconds();
+    r.backward_seconds += seconds_since(t0) - model_.last_forward_seconds();
+  }
+  r.loss = static_cast<float>(loss_sum / static_cast<double>(gas));
+
+  const auto t_opt = Clock::now();
+  // Half precision: the gradients a half-precision model would hold. In fp16 a value past
+  // 65504 becomes inf here, which is how overflow (and a skipped step) really happens.
+  bool nonfinite = false;
+  if (precision_ != Precision::kFp32)
+    for (auto& g : grads_.blocks)
+      nonfinite |= k::round_through_half(g.data(), g.size(), half_kind(precision_));
+  double sum_squares = 0;
+  for (const auto& g : grads_.blocks) {
+    const auto s = k::grad_stats(g.data(), g.size());
+    sum_squares += s.sum_squares;
+    nonfinite |= s.nonfinite;
+  }
+  ++global_step_;
+  if (nonfinite && precision_ != Precision::kFp16)
+    throw std::runtime_error(fmt::format(
+        "non-finite gradient at step {} in {} training (loss {}): the run diverged; lower "
+        "the lr or enable gradient_clipping",
+        global_step_, precision_name(precision_), r.loss));
+  if (precision_ == Precision::kFp16) scaler_.update(nonfinite);
+  if (nonfinite) {
+    ++skipped_steps_;
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::infinity();
+    r.global_step = global_step_;
+    r.optimizer_seconds = seconds_since(t_opt);
+    spdlog::info("step {}: fp16 gradient overflow, step skipped; loss scale {} -> {}",
+                 global_step_, r.loss_scale, scaler_.scale());
+    return r;
+  }
+  // DeepSpeed's fp16 optimizer: combined_scale = loss_scale, raised by the clip factor when
+  // the unscaled norm exceeds gradient_clipping; gradients are divided by it inside Adam.
+  const double norm = std::sqrt(sum_squares) / r.loss_scale;
+  double combined_scale = r.loss_scale;
+  if (config_.gradient_clipping > 0) {
+    const double clip = (norm + 1e-6) / config_.gradient_clipping;
+    if (clip > 1) combined_scale = clip * r.loss_scale;
+  }
+  r.grad_norm = norm;
+  const float multiplier = static_cast<float>(1.0 / combined_scale);
+  k::AdamHyper h = adam_;
+  h.lr = static_cast<float>(r.lr);
+  ++optimizer_steps_;
+  for (size_t b = 0; b < master_.blocks.size(); ++b) {
+    k::adam_step(master_.blocks[b].data(), adam_m_.blocks[b].data(), adam_v_.blocks[b].data(),
+                 grads_.blocks[b].data(), master_.blocks[b].size(), h, optimizer_steps_,
+                 multiplier);
+  }
+  refresh_working_params();
+  r.optimizer_seconds = seconds_since(t_opt);
+  r.global_step = global_step_;
+  return r;
+}
+
+float Engine::evaluate(BatchLoader& loader, int batches) {
+  return evaluate_loss(model_, compute_params(), loader, batches);
+}
+
+void Engine::save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const {
+  storage::CheckpointWriter w(dir);
+  const auto& layouts = model_.layouts();
+  for (size_t b = 0; b < layouts.size(); ++b) {
+    const int64_t n = static_cast<int64_t>(master_.blocks[b].size());
+    w.add_tensor("params/" + layouts[b].name, "F32", {n}, master_.blocks[b].data(),
+                 master_.blocks[b].bytes());
+    w.add_tensor("adam_m/" + layouts[b].name, "F32", {n}, adam_m_.blocks[b].data(),
+                 adam_m_.blocks[b].bytes());
+    w.add_tensor("adam_v/" + layouts[b].name, "F32", {n}, adam_v_.blocks[b].data(),
+                 adam_v_.blocks[b].bytes());
+  }
+  nlohmann::json state;
+  state["model"] = {{"n_layer", gpt_.n_layer},
+                    {"n_head", gpt_.n_head},
+                    {"n_embd", gpt_.n_embd},
+                    {"vocab_size", gpt_.vocab_size},
+                    {"block_size", gpt_.block_size}};
+  state["precision"] = precision_name(precision_);
+  state["global_step"] = global_step_;
+  state["optimizer_steps"] = optimizer_steps_;
+  state["skipped_steps"] = skipped_steps_;
+  state["loss_scaler"] = scaler_.state();
+  state["extra"] = extra;
+  w.set_state(std::move(state));
+  w.commit();
+}
+
+nlohmann::json Engine::load_checkpoint(const std::filesystem::path& dir) {
+  storage::CheckpointReader r(dir);
+  const auto& state = r.state();
+  const GptConfig saved = model_of_checkpoint(state, dir);
+  if (!(saved == gpt_))
+    throw std::runtime_error(fmt::format(
+        "{}: checkpoint holds a model with n_layer={} n_head={} n_embd={} vocab_size={} "
+        "block_size={}, but this run builds n_layer={} n_head={} n_embd={} vocab_size={} "
+        "block_size={}",
+        dir.string(), saved.n_layer, saved.n_head, saved.n_embd, saved.vocab_size,
+        saved.block_size, gpt_.n_layer, gpt_.n_head, gpt_.n_embd, gpt_.vocab_size,
+        gpt_.block_size));
+  // Read everything into fresh buffers first so a bad tensor leaves this engine untouched.
+  const auto& layouts = model_.layouts();
+  BlockSet p = BlockSet::zeros(layouts), m = BlockSet::zeros(layouts), v = BlockSet::zeros(layouts);
+  for (size_t b = 0; b < layouts.size(); ++b) {
+    r.read_tensor("params/" + layouts[b].name, p.blocks[b].data(), p.blocks[b].bytes(), "F32");
+    r.read_tensor("adam_m/" + layouts[b].name, m.blocks[b].data(), m.blocks[b].bytes(), "F32");
+    r.read_tensor("adam_v/" + layouts[b].name, v.blocks[b].data(), v.blocks[b].bytes(), "F32");
+  }
+  LossScaler scaler = scaler_;
+  int64_t global = 0, opt = 0, skipped = 0;
+  try {
+    global = state.at("global_step").get<int64_t>();
+    opt = state.at("optimizer_steps").get<int64_t>();
+    skipped = state.at("skipped_steps").get<int64_t>();
+    scaler.restore(state.at("loss_scaler"));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(
+        fmt::format("{}: checkpoint state is incomplete: {}", dir.string(), e.what()));
+  }
+  master_ = std::move(p);
+  adam_m_ = std::move(m);
+  adam_v_ = std::move(v);
+  scaler_ = scaler;
+  global_step_ = global;
+  optimizer_steps_ = opt;
+  skipped_steps_ = skipped;
+  refresh_working_params();
+  return state.value("extra", nlohmann::json::object());
+}
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,88 @@
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/adam.h"
+#include "trainer/config/ds_config.h"
+#include "trainer/config/loss_scaler.h"
+#include "trainer/model/gpt.h"
+
+namespace dsactor::trainer {
+
+class BatchLoader;
+
+enum class Precision { kFp32, kFp16, kBf16 };
+const char* precision_name(Precision p);
+
+// What one optimizer step did, for logs, monitors and tests.
+struct StepResult {
+  int64_t global_step = 0;  // steps attempted so far, skipped ones included (DeepSpeed's)
+  float loss = 0;           // mean over the micro-steps
+  double grad_norm = 0;     // global L2 norm of the unscaled gradient
+  double lr = 0;            // the lr this step used (or would have used, if skipped)
+  double loss_scale = 1;    // the scale the backward ran with
+  bool skipped = false;     // fp16 overflow: no parameter changed
+  double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
+};
+
+// The ZeRO stage-0 engine: one process holds the whole model, its gradients and the Adam
+// state, and runs DeepSpeed's step: gradient accumulation over micro-steps, loss scaling,
+// global-norm clipping, Adam/AdamW with the scheduled lr. Every other mode is checked
+// against this one.
+class Engine {
+ public:
+  Engine(const GptConfig& model, const DsConfig& config, uint64_t seed);
+
+  // Runs gradient_accumulation_steps micro-steps from `loader` and one optimizer step.
+  StepResult train_step(BatchLoader& loader);
+  // Mean loss over `batches` batches from `loader` (no gradients).
+  float evaluate(BatchLoader& loader, int batches);
+
+  // Checkpoint: master weights, Adam moments, and the engine's state; `extra` (data cursor,
+  // ...) is stored beside it. Loading checks the model shape and every tensor's crc32c.
+  void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const;
+  nlohmann::json load_checkpoint(const std::filesystem::path& dir);  // returns `extra`
+
+  GptModel& model() { return model_; }
+  // The weights forward/backward read: the master in fp32, its half-rounded copy otherwise.
+  BlockSet& compute_params() { return precision_ == Precision::kFp32 ? master_ : working_; }
+  BlockSet& master_params() { return master_; }
+  const BlockSet& master_params() const { return master_; }
+  // Called after the master weights changed outside a step (import, load).
+  void refresh_working_params();
+
+  const DsConfig& config() const { return config_; }
+  Precision precision() const { return precision_; }
+  int64_t global_step() const { return global_step_; }
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+  double current_lr() const;
+  const LossScaler& loss_scaler() const { return scaler_; }
+
+ private:
+  GptConfig gpt_;
+  DsConfig config_;
+  Precision precision_;
+  GptModel model_;
+  BlockSet master_;   // fp32 master weights
+  BlockSet working_;  // what forward/backward read: master rounded to bf16/fp16 (half modes)
+  BlockSet grads_, adam_m_, adam_v_;
+  kernels::cpu::AdamHyper adam_;
+  LossScaler scaler_;
+  int64_t global_step_ = 0;
+  int64_t optimizer_steps_ = 0;  // Adam's step count and the scheduler's iteration
+  int64_t skipped_steps_ = 0;
+  std::vector<int32_t> inputs_, targets_;
+};
+
+// Refuses, with a message that says so, what this engine cannot run yet (ZeRO stages 1-3,
+// offload). Called at start-up before any work.
+void check_supported(const DsConfig& config);
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,36 @@
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/model/gpt.h"
+
+namespace dsactor::trainer {
+
+class BatchLoader;
+
+// The model shape recorded in a checkpoint's state; errors name the directory.
+GptConfig model_of_checkpoint(const nlohmann::json& state, const std::filesystem::path& dir);
+
+// The fp32 master weights of a training checkpoint, crc-checked, without its optimizer state.
+struct LoadedWeights {
+  GptConfig config;
+  BlockSet params;
+};
+LoadedWeights load_checkpoint_weights(const std::filesystem::path& dir);
+// A Hugging Face style safetensors file written by `dsactor export` (config in __metadata__).
+LoadedWeights load_safetensors_weights(const std::filesystem::path& file);
+
+// Mean loss over the next `batches` batches of `loader` (no gradients).
+float evaluate_loss(GptModel& model, BlockSet& params, BatchLoader& loader, int batches);
+
+// Continues `prompt` by `new_tokens` tokens: greedy at temperature 0, otherwise sampling from
+// softmax(logits / temperature) restricted to the top_k most likely tokens (0 = all).
+// Deterministic for a seed.
+std::vector<int32_t> generate_tokens(GptModel& model, BlockSet& params,
+                                     std::vector<int32_t> prompt, int new_tokens,
+                                     float temperature, int top_k, uint64_t seed);
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,138 @@
+#include "trainer/train_run.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include "trainer/data/batch_loader.h"
+#include "trainer/data/byte_tokenizer.h"
+#include "trainer/model/hf_weights.h"
+#include "trainer/monitor/csv_monitor.h"
+
+namespace dsactor::trainer {
+
+std::filesystem::path find_checkpoint(const std::filesystem::path& dir) {
+  if (std::filesystem::exists(dir / "manifest.json")) return dir;
+  if (std::filesystem::exists(dir / "checkpoint" / "manifest.json")) return dir / "checkpoint";
+  throw std::invalid_argument(fmt::format(
+      "{}: no checkpoint here (looked for {} and {})", dir.string(),
+      (dir / "manifest.json").string(), (dir / "checkpoint" / "manifest.json").string()));
+}
+
+double unigram_entropy(const std::vector<int32_t>& tokens) {
+  std::map<int32_t, int64_t> counts;
+  for (int32_t t : tokens) ++counts[t];
+  double h = 0;
+  for (const auto& [_, n] : counts) {
+    const double p = static_cast<double>(n) / static_cast<double>(tokens.size());
+    h -= p * std::log(p);
+  }
+  return h;
+}
+
+TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
+  const DsConfig config = load_ds_config(o.config);
+  check_supported(config);
+  const GptConfig gpt = resolve_model(o.model);
+  const int T = o.seq_len.value_or(gpt.block_size);
+  if (T < 1 || T > gpt.block_size)
+    throw std::invalid_argument(
+        fmt::format("--seq {} is outside [1, block_size {}] of the model", T, gpt.block_size));
+  const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
+
+  const DataSplit split = split_train_val(load_tokens(o.data), o.val_fraction);
+  for (int32_t t : split.train)
+    if (t >= gpt.vocab_size)
+      throw std::invalid_argument(fmt::format("{}: token {} does not fit the model's vocab_size {}",
+                                              o.data.string(), t, gpt.vocab_size));
+  BatchLoader train(&split.train, B, T, o.shuffle, o.seed);
+  spdlog::info("data {}: {} train tokens, {} val tokens; micro-batch {} x {} tokens, {} micro-steps",
+               o.data.string(), split.train.size(), split.val.size(), B, T,
+               config.gradient_accumulation_steps);
+
+  Engine engine(gpt, config, o.seed);
+  if (o.init) {
+    import_hf_safetensors(*o.init, gpt, engine.master_params());
+    engine.refresh_working_params();
+    spdlog::info("initial weights from {}", o.init->string());
+  }
+  if (o.resume) {
+    const auto dir = find_checkpoint(*o.resume);
+    const auto extra = engine.load_checkpoint(dir);
+    train.restore(extra.at("train_cursor"));
+    spdlog::info("resumed from {} at step {}", dir.string(), engine.global_step());
+  }
+  int64_t target = o.steps.value_or(0);
+  if (!o.steps) {
+    target = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : 100;
+  }
+
+  std::unique_ptr<CsvMonitor> csv;
+  if (config.csv_monitor.enabled)
+    csv = std::make_unique<CsvMonitor>(config.csv_monitor.output_path.empty()
+                                           ? o.out / "monitor"
+                                           : std::filesystem::path(config.csv_monitor.output_path),
+                                       config.csv_monitor.job_name);
+
+  const bool have_val = split.val.size() > static_cast<size_t>(B) * T + 1;
+  auto validate = [&]() -> float {
+    if (!have_val) return 0.0f;
+    BatchLoader val(&split.val, B, T, /*shuffle=*/false, o.seed);
+    const int n = static_cast<int>(std::min<int64_t>(o.eval_batches, val.batches_per_epoch()));
+    return engine.evaluate(val, std::max(n, 1));
+  };
+  const auto save = [&]() {
+    const auto dir = o.out / "checkpoint";
+    engine.save_checkpoint(dir, {{"train_cursor", train.cursor()},
+                                 {"data", o.data.string()},
+                                 {"seed", o.seed}});
+    return dir;
+  };
+
+  TrainSummary s;
+  s.model = gpt;
+  s.unigram_entropy = unigram_entropy(split.train);
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  while (engine.global_step() < target) {
+    const StepResult r = engine.train_step(train);
+    tokens += static_cast<int64_t>(B) * T * config.gradient_accumulation_steps;
+    s.last_train_loss = r.loss;
+    TrainProgress p{r, target, 0, 0};
+    p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.tokens_per_second = tokens / std::max(p.elapsed_seconds, 1e-9);
+    if (csv) {
+      csv->write("Train/Samples/train_loss", r.global_step, r.loss);
+      csv->write("Train/Samples/lr", r.global_step, r.lr);
+      csv->write("Train/Samples/grad_norm", r.global_step, r.grad_norm);
+      if (engine.precision() == Precision::kFp16)
+        csv->write("Train/Samples/loss_scale", r.global_step, r.loss_scale);
+    }
+    if (cb.on_step) cb.on_step(p);
+    if (config.steps_per_print > 0 && r.global_step % config.steps_per_print == 0)
+      spdlog::info("step {}/{} loss {:.4f} lr {:.3e} grad_norm {:.3f}{} {:.0f} tok/s",
+                   r.global_step, target, r.loss, r.lr, r.grad_norm,
+                   r.skipped ? " (skipped: fp16 overflow)" : "", p.tokens_per_second);
+    if (o.eval_every > 0 && r.global_step % o.eval_every == 0 && have_val) {
+      const float v = validate();
+      if (csv) csv->write("Eval/Samples/val_loss", r.global_step, v);
+      if (cb.on_eval) cb.on_eval(r.global_step, v);
+    }
+    if (o.save_every > 0 && r.global_step % o.save_every == 0) save();
+    s.tokens_per_second = p.tokens_per_second;
+  }
+  s.val_loss = validate();
+  if (csv && have_val) csv->write("Eval/Samples/val_loss", engine.global_step(), s.val_loss);
+  if (cb.on_eval && have_val) cb.on_eval(engine.global_step(), s.val_loss);
+  s.steps = engine.global_step();
+  s.skipped_steps = engine.skipped_steps();
+  s.checkpoint = save();
+  return s;
+}
+
+}  // namespace dsactor::trainer
