@@ -1,0 +1,305 @@
+// The real `dsactor start --role offload` process on 127.0.0.1, driven by OffloadClient
+// and by a raw DEALER sending hostile messages: results against the scalar Adam
+// reference, skip on overflow, restart on the same --nvme directory, a flipped byte in an
+// extent, the memory limit, and a clean stop on SIGTERM.
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <zmq_addon.hpp>
+
+#include "actors/offload_client.h"
+#include "messages/offload.capnp.h"
+#include "storage/metadata_store.h"
+#include "tests/offload/offload_test_util.h"
+
+namespace dsactor::offload::test {
+namespace {
+
+namespace msg = dsactor::messages;
+using actors::OffloadClient;
+using actors::OffloadError;
+using msg::DType;
+using msg::ErrorCode;
+using namespace std::chrono_literals;
+
+msg::PartitionSpec spec(uint64_t id, uint64_t n) {
+  msg::PartitionSpec s;
+  s.partition_id = id;
+  s.element_count = n;
+  s.served_dtype = DType::bf16;
+  s.optimizer = {msg::OptimizerKind::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01, true};
+  return s;
+}
+
+std::vector<RefPartition> setup(OffloadClient& c, std::vector<msg::PartitionSpec> specs) {
+  auto reg = c.register_partitions(0, 1, specs);
+  EXPECT_EQ(reg.partitions.size(), specs.size());
+  std::vector<RefPartition> ref;
+  for (auto& s : specs) {
+    ref.emplace_back(s, random_floats(s.element_count, 11 + s.partition_id));
+    c.set_parameters(s.partition_id, 0, DType::fp32, bytes_of(ref.back().master));
+  }
+  return ref;
+}
+
+void train(OffloadClient& c, std::vector<RefPartition>& ref, uint64_t step, int micro,
+           uint32_t seed) {
+  for (int k = 0; k < micro; ++k) {
+    for (auto& p : ref) {
+      auto g = random_floats(p.master.size(), seed++, 512.0f);
+      p.accumulate(g, k == 0);
+      auto r = c.push_gradients(p.spec.partition_id, step, k, DType::fp32, bytes_of(g));
+      EXPECT_EQ(r.sum_squares, kernels::cpu::grad_stats(p.grad.data(), p.grad.size()).sum_squares);
+    }
+  }
+  const msg::CommitStep commit{step, 0.25, 512.0, 2e-3};
+  auto cr = c.commit(commit);
+  EXPECT_TRUE(cr.applied);
+  for (auto& p : ref) p.step(commit.clip_coef, commit.loss_scale, commit.lr);
+}
+
+void check(OffloadClient& c, const std::vector<RefPartition>& ref, uint64_t version) {
+  for (auto& p : ref) {
+    auto f32 = c.fetch(p.spec.partition_id, version, DType::fp32);
+    EXPECT_EQ(f32.reply.version, version);
+    expect_bits_equal(p.master, f32.bytes(), "fp32 fetch");
+    expect_bf16_equal(p.master, c.fetch(p.spec.partition_id, version, DType::bf16).bytes(),
+                      "bf16 fetch");
+  }
+}
+
+TEST(OffloadService, TrainsLikeTheReferenceSkipsOnOverflowAndStopsCleanly) {
+  TempDir tmp;
+  ServiceProcess svc({}, tmp.path);
+  OffloadClient c(svc.endpoint(), 10s);
+  auto ref = setup(c, {spec(10, 300000), spec(11, 4097)});
+  train(c, ref, 1, 3, 1);
+  check(c, ref, 1);
+  train(c, ref, 2, 2, 50);
+  check(c, ref, 2);
+
+  // fp16 overflow: the push reports it, the step is skipped, nothing changes.
+  std::vector<float> g(4097, 1.0f);
+  g[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(c.push_gradients(11, 3, 0, DType::fp32, bytes_of(g)).nonfinite);
+  auto skipped = c.skip(3);
+  EXPECT_FALSE(skipped.applied);
+  check(c, ref, 2);
+  train(c, ref, 4, 1, 99);
+  check(c, ref, 4);
+  EXPECT_EQ(c.stats().steps, 3u);
+
+  EXPECT_EQ(svc.stop(), 0);
+  EXPECT_NE(svc.log().find("offload service stopped"), std::string::npos) << svc.log();
+}
+
+TEST(OffloadService, NvmeRestartServesSameStateAndCorruptionIsRefused) {
+  TempDir tmp;
+  const auto dir = tmp.path / "nvme";
+  std::vector<RefPartition> ref;
+  {
+    ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path);
+    OffloadClient c(svc.endpoint(), 10s);
+    ref = setup(c, {spec(1, 100000), spec(2, 20000)});
+    train(c, ref, 1, 2, 5);
+    check(c, ref, 1);
+    EXPECT_EQ(svc.stop(), 0);
+  }
+  {
+    ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path);
+    OffloadClient c(svc.endpoint(), 10s);
+    check(c, ref, 1);
+    EXPECT_EQ(c.stats().partitions, 2u);
+    train(c, ref, 2, 1, 8);
+    check(c, ref, 2);
+    EXPECT_EQ(svc.stop(), 0);
+  }
+  uint64_t offset;
+  {
+    storage::MetadataStore meta(dir / "metadata");
+    offset = meta.get({"default", 1})->offset;
+  }
+  {
+    std::fstream f(dir / "partitions.dat", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(offset + 123);
+    f.put('\x5a');
+  }
+  ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path);
+  OffloadClient c(svc.endpoint(), 10s);
+  try {
+    c.fetch(1, 0, DType::bf16);
+    ADD_FAILURE() << "a corrupt extent was served";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::checksumMismatch) << e.what();
+  }
+  expect_bits_equal(ref[1].master, c.fetch(2, 2, DType::fp32).bytes(), "intact partition");
+  EXPECT_EQ(svc.stop(), 0);
+}
+
+// Sends frames on a raw DEALER and returns the decoded reply header (or nullopt when the
+// service does not answer within 1 s, e.g. for a message it cannot route back).
+std::optional<msg::Header> raw_call(zmq::socket_t& s, std::vector<zmq::message_t> frames) {
+  zmq::send_multipart(s, frames);
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, 1000ms) == 0) return std::nullopt;
+  std::vector<zmq::message_t> reply;
+  (void)zmq::recv_multipart(s, std::back_inserter(reply));
+  auto env = msg::split_envelope(reply);
+  if (!env) return std::nullopt;
+  auto d = msg::decode(env->body);
+  if (!d) return std::nullopt;
+  return d->header;
+}
+
+// Re-encodes header frame `f` after `edit` changed its Cap'n Proto fields.
+template <class Edit>
+zmq::message_t forge(const zmq::message_t& f, Edit edit) {
+  kj::ArrayPtr<const capnp::word> words(static_cast<const capnp::word*>(f.data()),
+                                        f.size() / sizeof(capnp::word));
+  capnp::FlatArrayMessageReader reader(words);
+  capnp::MallocMessageBuilder builder;
+  builder.setRoot(reader.getRoot<msg::wire::Header>());
+  edit(builder.getRoot<msg::wire::Header>());
+  auto flat = capnp::messageToFlatArray(builder);
+  return zmq::message_t(flat.asBytes().begin(), flat.asBytes().size());
+}
+
+std::vector<zmq::message_t> enveloped(std::vector<zmq::message_t> body) {
+  return msg::with_envelope({}, std::move(body));
+}
+
+ErrorCode error_code(const std::optional<msg::Header>& h) {
+  if (!h) return ErrorCode(255);
+  auto* e = std::get_if<msg::ErrorReply>(&h->body);
+  return e ? e->code : ErrorCode(254);
+}
+
+TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
+  TempDir tmp;
+  ServiceProcess svc({}, tmp.path);
+  OffloadClient c(svc.endpoint(), 10s);
+  auto ref = setup(c, {spec(1, 5000)});
+
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(svc.endpoint());
+
+  // Garbage header.
+  {
+    std::vector<zmq::message_t> f;
+    f.emplace_back(std::string("this is not capnp at all"));
+    EXPECT_EQ(error_code(raw_call(s, enveloped(std::move(f)))), ErrorCode::malformed);
+  }
+  // Wrong frame count: a header plus four payload frames.
+  {
+    auto f = msg::encode(msg::Header{1, "default", msg::Stats{}});
+    for (int i = 0; i < 4; ++i) f.emplace_back(std::string("x"));
+    EXPECT_EQ(error_code(raw_call(s, enveloped(std::move(f)))), ErrorCode::malformed);
+  }
+  // Declared length far beyond the payload: a forged header claiming 2^40 elements.
+  std::vector<float> g(5000, 1.0f);
+  {
+    auto f = msg::encode_copy(
+        msg::Header{2, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}}, bytes_of(g));
+    f[0] = forge(f[0], [](msg::wire::Header::Builder h) {
+      h.setPayloadLength(uint64_t{1} << 42);
+      h.getKind().getPushGradients().setElementCount(uint64_t{1} << 40);
+    });
+    const auto code = error_code(raw_call(s, enveloped(std::move(f))));
+    EXPECT_TRUE(code == ErrorCode::malformed || code == ErrorCode::tooLarge) << int(code);
+  }
+  // Truncated payload frame.
+  {
+    auto f = msg::encode_copy(
+        msg::Header{7, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}}, bytes_of(g));
+    f[1] = zmq::message_t(f[1].data(), 100);
+    EXPECT_EQ(error_code(raw_call(s, enveloped(std::move(f)))), ErrorCode::malformed);
+  }
+  // Payload changed after the crc was computed.
+  {
+    auto f = msg::encode_copy(msg::Header{3, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}},
+                              bytes_of(g));
+    static_cast<char*>(f[1].data())[10] ^= 1;
+    EXPECT_EQ(error_code(raw_call(s, enveloped(std::move(f)))), ErrorCode::checksumMismatch);
+  }
+  // No delimiter at all: nothing can be routed back, the message is dropped.
+  {
+    std::vector<zmq::message_t> f;
+    f.emplace_back(std::string("junk"));
+    f.emplace_back(std::string("more junk"));
+    EXPECT_FALSE(raw_call(s, std::move(f)).has_value());
+  }
+  // Well-formed but wrong for the service's state.
+  EXPECT_EQ(error_code(raw_call(
+                s, enveloped(msg::encode_copy(
+                       msg::Header{4, "default", msg::PushGradients{99, 1, 0, DType::fp32, 5000}},
+                       bytes_of(g))))),
+            ErrorCode::unknownPartition);
+  EXPECT_EQ(error_code(raw_call(
+                s, enveloped(msg::encode_copy(
+                       msg::Header{5, "default", msg::PushGradients{1, 7, 0, DType::fp32, 5000}},
+                       bytes_of(g))))),
+            ErrorCode::versionOrder);
+  EXPECT_EQ(error_code(raw_call(s, enveloped(msg::encode(
+                                       msg::Header{6, "default", msg::CommitStep{1, 1, 1, 1}})))),
+            ErrorCode::versionOrder);
+  try {
+    c.push_gradients(1, 1, 3, DType::fp32, bytes_of(g));
+    ADD_FAILURE() << "out-of-order micro-step accepted";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::versionOrder);
+  }
+  // Random frames of random sizes.
+  std::mt19937 rng(5);
+  for (int i = 0; i < 50; ++i) {
+    std::vector<zmq::message_t> f;
+    const int nf = 1 + rng() % 3;
+    for (int k = 0; k < nf; ++k) {
+      std::string b(rng() % 200, '\0');
+      for (auto& ch : b) ch = static_cast<char>(rng());
+      f.emplace_back(b);
+    }
+    zmq::send_multipart(s, enveloped(std::move(f)));
+  }
+
+  // A well-formed client is still served correctly.
+  train(c, ref, 1, 2, 40);
+  check(c, ref, 1);
+  EXPECT_EQ(svc.stop(), 0);
+}
+
+TEST(OffloadService, MemoryLimitRefusalNamesAskedAndFree) {
+  TempDir tmp;
+  ServiceProcess svc({"--memory-limit", "1M"}, tmp.path);
+  OffloadClient c(svc.endpoint(), 10s);
+  auto ref = setup(c, {spec(1, 20000)});
+  try {
+    c.register_partitions(0, 1, {spec(2, 1 << 20)});
+    ADD_FAILURE() << "registration beyond the limit accepted";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::outOfMemory);
+    EXPECT_NE(std::string(e.what()).find("asks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("free"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c.stats().partitions, 1u);
+  train(c, ref, 1, 1, 3);
+  check(c, ref, 1);
+  EXPECT_EQ(svc.stop(), 0);
+}
+
+TEST(OffloadClient, TimeoutNamesTheEndpoint) {
+  OffloadClient c("tcp://127.0.0.1:1", 200ms);
+  try {
+    c.stats();
+    ADD_FAILURE() << "no timeout";
+  } catch (const actors::OffloadTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("tcp://127.0.0.1:1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dsactor::offload::test
