@@ -205,6 +205,8 @@ struct CheckpointConfig {
   bool parallel_write_pipeline_stage = false;
 };
 
+// Member initializers are placeholders: DeepSpeed's defaults live in the key table and are
+// applied by parse_ds_config, so build a DsConfig by parsing, never by default construction.
 struct DsConfig {
   std::string source;  // the file (or label) this was parsed from, for later messages
   int world_size = 1;
