@@ -18,7 +18,9 @@ ReplySink::ReplySink() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
 }
 
-ReplySink::~ReplySink() { ::close(fd_); }
+ReplySink::~ReplySink() {
+  ::close(fd_);
+}
 
 void ReplySink::push(std::vector<zmq::message_t> frames) {
   {
@@ -142,8 +144,8 @@ Gateway::Gateway(caf::actor_system& system, zmq::context_t& context, GatewayOpti
   s.counters = counters_;
   s.router = zmq::socket_t(context, zmq::socket_type::router);
   const auto& lim = s.options.limits;
-  s.router.set(zmq::sockopt::maxmsgsize,
-               static_cast<int64_t>(std::max<uint64_t>(lim.max_payload_bytes, lim.max_header_bytes)));
+  s.router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(std::max<uint64_t>(
+                                             lim.max_payload_bytes, lim.max_header_bytes)));
   s.router.set(zmq::sockopt::linger, 1000);
   // Unbounded queues: a trainer's pushes are bounded by its own buckets, and a ROUTER at
   // its high-water mark would silently drop replies.
@@ -169,7 +171,9 @@ Gateway::Gateway(caf::actor_system& system, zmq::context_t& context, GatewayOpti
   });
 }
 
-Gateway::~Gateway() { stop(); }
+Gateway::~Gateway() {
+  stop();
+}
 
 void Gateway::stop() {
   if (!done_.valid()) return;

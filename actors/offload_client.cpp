@@ -42,7 +42,8 @@ msg::Header OffloadClient::call(msg::Body body, std::span<const std::byte> paylo
 
   const auto deadline = Clock::now() + timeout_;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
       throw OffloadTimeout("offload service at " + endpoint_ + " did not answer " +
@@ -56,8 +57,8 @@ msg::Header OffloadClient::call(msg::Body body, std::span<const std::byte> paylo
     if (!env) continue;
     auto decoded = msg::decode(env->body);
     if (!decoded) {
-      throw std::runtime_error("offload service at " + endpoint_ + " sent an undecodable reply: " +
-                               decoded.error().message);
+      throw std::runtime_error("offload service at " + endpoint_ +
+                               " sent an undecodable reply: " + decoded.error().message);
     }
     // Replies to earlier requests that timed out, or the gateway's answers to a request
     // it could not read (id 0) while we wait for a newer one: skip them.
@@ -124,6 +125,8 @@ FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_versi
   return out;
 }
 
-msg::StatsReply OffloadClient::stats() { return expect<msg::StatsReply>(call(msg::Stats{}), "stats"); }
+msg::StatsReply OffloadClient::stats() {
+  return expect<msg::StatsReply>(call(msg::Stats{}), "stats");
+}
 
 }  // namespace dsactor::actors

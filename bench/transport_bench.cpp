@@ -45,7 +45,9 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
         auto owner = new std::shared_ptr<storage::AlignedBuffer>(server_buf);
         out.emplace_back(
             server_buf->data(), bytes,
-            [](void*, void* hint) { delete static_cast<std::shared_ptr<storage::AlignedBuffer>*>(hint); },
+            [](void*, void* hint) {
+              delete static_cast<std::shared_ptr<storage::AlignedBuffer>*>(hint);
+            },
             owner);
       } else {
         out.emplace_back(std::string("ok"));
@@ -64,7 +66,9 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
       auto owner = new std::shared_ptr<storage::AlignedBuffer>(buf);
       out.emplace_back(
           buf->data(), bytes,
-          [](void*, void* hint) { delete static_cast<std::shared_ptr<storage::AlignedBuffer>*>(hint); },
+          [](void*, void* hint) {
+            delete static_cast<std::shared_ptr<storage::AlignedBuffer>*>(hint);
+          },
           owner);
     }
     zmq::send_multipart(dealer, out);

@@ -43,8 +43,7 @@ int run_offload(const StartArgs& a) {
   o.store.service_id = "offload@" + a.listen;
   offload::OffloadService service(o);
   spdlog::info("offload service listening on {} ({} tier{})", service.endpoint(),
-               a.nvme.empty() ? "RAM" : "NVMe",
-               a.nvme.empty() ? "" : ": " + a.nvme);
+               a.nvme.empty() ? "RAM" : "NVMe", a.nvme.empty() ? "" : ": " + a.nvme);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -85,7 +84,8 @@ void add_start_command(CLI::App& app) {
     }
     if (a->role == "trainer") {
       throw std::runtime_error(
-          "dsactor start --role trainer: not implemented yet (issue: ZeRO stages 1-3 with offload)");
+          "dsactor start --role trainer: not implemented yet (issue: ZeRO stages 1-3 with "
+          "offload)");
     }
     throw std::runtime_error("dsactor start: unknown role '" + a->role +
                              "' (expected offload or trainer)");

@@ -49,7 +49,9 @@ void NvmeTier::adopt(const Extent& extent) {
   alloc_.mark_used(extent);
 }
 
-void NvmeTier::release(const Extent& extent) { alloc_.free(extent); }
+void NvmeTier::release(const Extent& extent) {
+  alloc_.free(extent);
+}
 
 Extent NvmeTier::allocate(uint64_t bytes) {
   if (auto e = alloc_.allocate(bytes)) return *e;
@@ -62,7 +64,9 @@ Extent NvmeTier::allocate(uint64_t bytes) {
   return *e;
 }
 
-NvmeLocation NvmeTier::create(uint64_t n) { return stream(nullptr, n, {}, true); }
+NvmeLocation NvmeTier::create(uint64_t n) {
+  return stream(nullptr, n, {}, true);
+}
 
 NvmeLocation NvmeTier::write_new(uint64_t n, const ChunkFn& fn) {
   return stream(nullptr, n, fn, true);
@@ -76,8 +80,7 @@ void NvmeTier::read(const NvmeLocation& from, uint64_t n, const ChunkFn& fn) {
   stream(&from, n, fn, false);
 }
 
-NvmeLocation NvmeTier::stream(const NvmeLocation* from, uint64_t n, const ChunkFn& fn,
-                              bool write) {
+NvmeLocation NvmeTier::stream(const NvmeLocation* from, uint64_t n, const ChunkFn& fn, bool write) {
   using Ticket = storage::NvmeFile::Ticket;
   const uint64_t C = chunk_elems_;
   const uint64_t chunks = (n + C - 1) / C;

@@ -44,21 +44,25 @@ struct Refusal : std::runtime_error {
 
 using BufPtr = std::shared_ptr<AlignedBuffer>;
 
-bool is_half(DType d) { return d != DType::fp32; }
-kc::HalfKind half_kind(DType d) { return d == DType::fp16 ? kc::HalfKind::kFP16 : kc::HalfKind::kBF16; }
+bool is_half(DType d) {
+  return d != DType::fp32;
+}
+kc::HalfKind half_kind(DType d) {
+  return d == DType::fp16 ? kc::HalfKind::kFP16 : kc::HalfKind::kBF16;
+}
 
 struct Partition {
   msg::PartitionSpec spec;
-  uint64_t version = 0;      // step of the last committed update (or SetParameters' version)
-  int64_t adam_steps = 0;    // updates applied: Adam's bias-correction step count
-  BufPtr master, m, v;       // RAM tier
+  uint64_t version = 0;             // step of the last committed update (or SetParameters' version)
+  int64_t adam_steps = 0;           // updates applied: Adam's bias-correction step count
+  BufPtr master, m, v;              // RAM tier
   std::optional<NvmeLocation> loc;  // NVMe tier
-  BufPtr half;               // served copy when spec.served_dtype is a half type
-  bool half_valid = true;    // NVMe after a restart: rebuilt (crc-checked) on first use
+  BufPtr half;                      // served copy when spec.served_dtype is a half type
+  bool half_valid = true;           // NVMe after a restart: rebuilt (crc-checked) on first use
   std::optional<uint32_t> half_crc, master_crc;  // crc of the served bytes, per version
-  std::unique_ptr<AlignedBuffer> grad;            // fp32 accumulation, allocated on first push
-  uint32_t micro_steps = 0;  // micro-steps accumulated for the job's next step
-  uint64_t ram_bytes = 0;    // charged against the memory limit
+  std::unique_ptr<AlignedBuffer> grad;           // fp32 accumulation, allocated on first push
+  uint32_t micro_steps = 0;                      // micro-steps accumulated for the job's next step
+  uint64_t ram_bytes = 0;                        // charged against the memory limit
 
   uint64_t n() const { return spec.element_count; }
 };
@@ -66,7 +70,7 @@ struct Partition {
 struct Job {
   std::vector<uint64_t> order;  // registration order = forward block order
   std::map<uint64_t, Partition> parts;
-  uint64_t step = 0;            // last step committed or skipped
+  uint64_t step = 0;  // last step committed or skipped
 };
 
 uint64_t physical_memory() {
@@ -278,9 +282,9 @@ struct PartitionStore::Impl {
         refuse(ErrorCode::tooLarge, id + ": " + std::to_string(s.element_count) + " elements");
       }
       if (s.master_dtype != DType::fp32) {
-        refuse(ErrorCode::notImplemented,
-               id + ": not implemented: master dtype " + std::string(msg::to_string(s.master_dtype)) +
-                   " (masters are fp32)");
+        refuse(ErrorCode::notImplemented, id + ": not implemented: master dtype " +
+                                              std::string(msg::to_string(s.master_dtype)) +
+                                              " (masters are fp32)");
       }
       const auto& o = s.optimizer;
       if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0 &&
@@ -305,10 +309,10 @@ struct PartitionStore::Impl {
     }
     const uint64_t free = limit > ram_used ? limit - ram_used : 0;
     if (need > free) {
-      refuse(ErrorCode::outOfMemory,
-             "register of " + std::to_string(fresh.size()) + " partitions asks " + fmt_bytes(need) +
-                 " of RAM; " + fmt_bytes(free) + " free of the " + fmt_bytes(limit) + " limit" +
-                 (nvme ? "" : " (no --nvme tier to spill to)"));
+      refuse(ErrorCode::outOfMemory, "register of " + std::to_string(fresh.size()) +
+                                         " partitions asks " + fmt_bytes(need) + " of RAM; " +
+                                         fmt_bytes(free) + " free of the " + fmt_bytes(limit) +
+                                         " limit" + (nvme ? "" : " (no --nvme tier to spill to)"));
     }
     // Build every new partition before touching the job, so a failure leaves it as it was.
     std::vector<Partition> made;
@@ -441,8 +445,8 @@ struct PartitionStore::Impl {
     Job& job = jobs.at(m.header.job_id);
     const std::string id = "partition " + std::to_string(g.partition_id);
     if (g.element_count != p.n()) {
-      refuse(ErrorCode::malformed, id + " has " + std::to_string(p.n()) +
-                                       " elements, push sends " + std::to_string(g.element_count));
+      refuse(ErrorCode::malformed, id + " has " + std::to_string(p.n()) + " elements, push sends " +
+                                       std::to_string(g.element_count));
     }
     if (g.step != job.step + 1) {
       refuse(ErrorCode::versionOrder, id + ": push for step " + std::to_string(g.step) +
@@ -674,7 +678,9 @@ struct PartitionStore::Impl {
 
   Reply dispatch(const msg::Message& m) {
     const auto& h = m.header;
-    auto reply = [&](msg::Body b) { return Reply{{h.request_id, h.job_id, std::move(b)}, {}, {}, {}}; };
+    auto reply = [&](msg::Body b) {
+      return Reply{{h.request_id, h.job_id, std::move(b)}, {}, {}, {}};
+    };
     return std::visit(
         [&](const auto& body) -> Reply {
           using T = std::decay_t<decltype(body)>;
@@ -730,8 +736,12 @@ Reply PartitionStore::handle(const msg::Message& request) {
   }
 }
 
-msg::StatsReply PartitionStore::stats() const { return impl_->stats(); }
-const StoreOptions& PartitionStore::options() const { return impl_->opt; }
+msg::StatsReply PartitionStore::stats() const {
+  return impl_->stats();
+}
+const StoreOptions& PartitionStore::options() const {
+  return impl_->opt;
+}
 std::string PartitionStore::lock_report() const {
   if (!impl_->opt.lock_memory) return "not requested";
   return impl_->lock ? impl_->lock->describe() : "no buffer allocated yet";

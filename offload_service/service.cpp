@@ -45,17 +45,21 @@ OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<
   g.listen = options.listen;
   g.limits = options.limits;
   try {
-    impl_->gateway = std::make_unique<actors::Gateway>(impl_->runtime.system(), impl_->context, g,
-                                                       impl_->store);
+    impl_->gateway =
+        std::make_unique<actors::Gateway>(impl_->runtime.system(), impl_->context, g, impl_->store);
   } catch (...) {
     caf::anon_send_exit(impl_->store, caf::exit_reason::user_shutdown);
     throw;
   }
 }
 
-OffloadService::~OffloadService() { stop(); }
+OffloadService::~OffloadService() {
+  stop();
+}
 
-const std::string& OffloadService::endpoint() const { return impl_->gateway->endpoint(); }
+const std::string& OffloadService::endpoint() const {
+  return impl_->gateway->endpoint();
+}
 
 void OffloadService::stop() {
   if (impl_->stopped) return;

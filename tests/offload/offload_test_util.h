@@ -54,8 +54,8 @@ class ServiceProcess {
  public:
   explicit ServiceProcess(std::vector<std::string> args, const fs::path& log_dir) {
     log_path_ = log_dir / ("service-" + std::to_string(counter()++) + ".log");
-    std::vector<std::string> argv{DSACTOR_BINARY, "start", "--role", "offload", "--listen",
-                                  "tcp://127.0.0.1:*"};
+    std::vector<std::string> argv{DSACTOR_BINARY, "start",    "--role",
+                                  "offload",      "--listen", "tcp://127.0.0.1:*"};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
@@ -168,8 +168,8 @@ struct RefPartition {
     for (size_t i = 0; i < g.size(); ++i) grad[i] = (first ? 0.0f : grad[i]) + g[i];
   }
   void step(double clip_coef, double loss_scale, double lr) {
-    kernels::cpu::adam_step_reference(master.data(), m.data(), v.data(), grad.data(),
-                                      master.size(), hyper_of(spec.optimizer, lr), ++steps,
+    kernels::cpu::adam_step_reference(master.data(), m.data(), v.data(), grad.data(), master.size(),
+                                      hyper_of(spec.optimizer, lr), ++steps,
                                       grad_multiplier(clip_coef, loss_scale));
   }
 };

@@ -221,8 +221,8 @@ TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
   }
   // Payload changed after the crc was computed.
   {
-    auto f = msg::encode_copy(msg::Header{3, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}},
-                              bytes_of(g));
+    auto f = msg::encode_copy(
+        msg::Header{3, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}}, bytes_of(g));
     static_cast<char*>(f[1].data())[10] ^= 1;
     EXPECT_EQ(error_code(raw_call(s, enveloped(std::move(f)))), ErrorCode::checksumMismatch);
   }
@@ -244,8 +244,8 @@ TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
                        msg::Header{5, "default", msg::PushGradients{1, 7, 0, DType::fp32, 5000}},
                        bytes_of(g))))),
             ErrorCode::versionOrder);
-  EXPECT_EQ(error_code(raw_call(s, enveloped(msg::encode(
-                                       msg::Header{6, "default", msg::CommitStep{1, 1, 1, 1}})))),
+  EXPECT_EQ(error_code(raw_call(
+                s, enveloped(msg::encode(msg::Header{6, "default", msg::CommitStep{1, 1, 1, 1}})))),
             ErrorCode::versionOrder);
   try {
     c.push_gradients(1, 1, 3, DType::fp32, bytes_of(g));

@@ -98,8 +98,9 @@ std::vector<RefPartition> setup(Harness& h, std::vector<msg::PartitionSpec> spec
   uint32_t seed = 7;
   for (auto& s : specs) {
     ref.emplace_back(s, random_floats(s.element_count, seed++));
-    h.ok<msg::SetParametersReply>(msg::SetParameters{s.partition_id, 0, DType::fp32, s.element_count},
-                                  bytes_of(ref.back().master));
+    h.ok<msg::SetParametersReply>(
+        msg::SetParameters{s.partition_id, 0, DType::fp32, s.element_count},
+        bytes_of(ref.back().master));
   }
   return ref;
 }
@@ -158,9 +159,9 @@ TEST(OffloadStore, SkipAndRefusalsLeaveStateUntouched) {
   std::vector<float> g(3000, 0.5f);
   EXPECT_EQ(h.err(msg::PushGradients{77, 3, 0, DType::fp32, 3000}, bytes_of(g)).code,
             ErrorCode::unknownPartition);
-  EXPECT_EQ(h.err(msg::PushGradients{1, 3, 0, DType::fp32, 2999},
-                  bytes_of(g).subspan(0, 2999 * 4)).code,
-            ErrorCode::malformed);
+  EXPECT_EQ(
+      h.err(msg::PushGradients{1, 3, 0, DType::fp32, 2999}, bytes_of(g).subspan(0, 2999 * 4)).code,
+      ErrorCode::malformed);
   EXPECT_EQ(h.err(msg::PushGradients{1, 2, 0, DType::fp32, 3000}, bytes_of(g)).code,
             ErrorCode::versionOrder);  // step 2 is over (skipped)
   EXPECT_EQ(h.err(msg::PushGradients{1, 3, 1, DType::fp32, 3000}, bytes_of(g)).code,
