@@ -23,7 +23,9 @@ nlohmann::json run_train_bench(const TrainBenchOptions& options);
 // backward) and the attention products; elementwise work is not counted.
 double train_step_flops(int n_layer, int n_embd, int padded_vocab, int B, int T);
 
-// GFLOP/s of cblas_sgemm on the shape of a GPT MLP matmul (B*T x C x 4C), best of a few.
-double measure_sgemm_gflops(int N, int C, int OC, int repeats);
+// GFLOP/s of cblas_sgemm over the forward matmul shapes of one step (qkv, attention
+// projection, fc, fc projection, LM head; each best of `repeats`), weighted by their FLOPs:
+// the rate a step made only of these matmuls would reach.
+double measure_sgemm_gflops(int N, int C, int padded_vocab, int repeats);
 
 }  // namespace dsactor::bench

@@ -2,7 +2,10 @@
 
 #include <memory>
 
+#include "bench/adam_bench.h"
+#include "bench/nvme_bench.h"
 #include "bench/train_bench.h"
+#include "bench/transport_bench.h"
 #include "cli/commands.h"
 
 namespace dsactor::cli {
@@ -32,6 +35,37 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--warmup", o->warmup_steps, "unmeasured steps first")->capture_default_str();
   train->add_flag("--json", *json, "print one JSON object");
   train->callback([o, json] { print_result(bench::run_train_bench(*o), *json); });
+
+  auto* adam = bench->add_subcommand("adam", "fused Adam params/s against a memory-bandwidth probe streaming the same arrays");
+  auto adam_params = std::make_shared<size_t>(size_t{1} << 24);
+  auto adam_iters = std::make_shared<int>(10);
+  adam->add_option("--params", *adam_params, "elements per pass")->capture_default_str();
+  adam->add_option("--iters", *adam_iters, "timed passes")->check(CLI::PositiveNumber)->capture_default_str();
+  adam->add_flag("--json", *json, "print one JSON object");
+  adam->callback([adam_params, adam_iters, json] { print_result(bench::run_adam_bench(*adam_params, *adam_iters), *json); });
+
+  auto* nvme = bench->add_subcommand("nvme", "the offload service's io_uring read/write GB/s against fio in the same run");
+  auto nvme_dir = std::make_shared<std::filesystem::path>();
+  auto nvme_bytes = std::make_shared<size_t>(size_t{1} << 30);
+  auto nvme_opts = std::make_shared<storage::NvmeOptions>();
+  nvme->add_option("--dir", *nvme_dir, "directory on the device to measure")->required()->check(CLI::ExistingDirectory);
+  nvme->add_option("--bytes", *nvme_bytes, "file size")->capture_default_str();
+  nvme->add_option("--block-size", nvme_opts->block_size, "bytes per request (ds_config aio.block_size)")->capture_default_str();
+  nvme->add_option("--queue-depth", nvme_opts->queue_depth, "requests in flight (aio.queue_depth)")->capture_default_str();
+  nvme->add_flag("--json", *json, "print one JSON object");
+  nvme->callback([nvme_dir, nvme_bytes, nvme_opts, json] {
+    print_result(bench::run_nvme_bench(*nvme_dir, *nvme_bytes, *nvme_opts), *json);
+  });
+
+  auto* transport = bench->add_subcommand("transport", "push/fetch GB/s through an offload service against raw ZeroMQ, same bytes, same run");
+  auto part_bytes = std::make_shared<size_t>(size_t{64} << 20);
+  auto transport_iters = std::make_shared<int>(10);
+  transport->add_option("--partition-bytes", *part_bytes, "bytes per partition")->capture_default_str();
+  transport->add_option("--iters", *transport_iters, "timed transfers")->check(CLI::PositiveNumber)->capture_default_str();
+  transport->add_flag("--json", *json, "print one JSON object");
+  transport->callback([part_bytes, transport_iters, json] {
+    print_result(bench::run_transport_bench(*part_bytes, *transport_iters), *json);
+  });
 }
 
 }  // namespace dsactor::cli
