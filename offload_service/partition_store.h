@@ -20,6 +20,7 @@
 
 #include <zmq.hpp>
 
+#include "kernels/cpu/adam.h"
 #include "messages/codec.h"
 #include "storage/nvme_file.h"
 
@@ -48,13 +49,9 @@ struct StoreOptions {
   std::string service_id = "offload";
 };
 
-// The float every CommitStep multiplies the accumulated gradient by before the Adam
-// update: clip_coef / loss_scale, divided in double (both operands are the wire's
-// doubles), then rounded once to float. A trainer that wants its local step bit-identical
-// to an offloaded one computes its multiplier with this same function.
-inline float grad_multiplier(double clip_coef, double loss_scale) {
-  return static_cast<float>(clip_coef / loss_scale);
-}
+// CommitStep's clip_coef and loss_scale become the Adam pass's multiplier through
+// kernels::cpu::grad_multiplier, the same function the trainer's local step uses.
+using kernels::cpu::grad_multiplier;
 
 // One reply: a header and, for FetchReply, payload bytes owned by `owner` (sent
 // zero-copy; the store never changes bytes an owner is still held for).

@@ -13,6 +13,7 @@
 #include "trainer/data/byte_tokenizer.h"
 #include "trainer/model/hf_weights.h"
 #include "trainer/monitor/csv_monitor.h"
+#include "trainer/monitor/tensorboard_monitor.h"
 
 namespace dsactor::trainer {
 
@@ -72,12 +73,21 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
     target = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : 100;
   }
 
+  // DeepSpeed's monitors: every enabled one gets every event.
   std::unique_ptr<CsvMonitor> csv;
+  std::unique_ptr<TensorboardMonitor> tensorboard;
+  auto monitor_dir = [&](const MonitorConfig& m) {
+    return m.output_path.empty() ? o.out / "monitor" : std::filesystem::path(m.output_path);
+  };
   if (config.csv_monitor.enabled)
-    csv = std::make_unique<CsvMonitor>(config.csv_monitor.output_path.empty()
-                                           ? o.out / "monitor"
-                                           : std::filesystem::path(config.csv_monitor.output_path),
-                                       config.csv_monitor.job_name);
+    csv = std::make_unique<CsvMonitor>(monitor_dir(config.csv_monitor), config.csv_monitor.job_name);
+  if (config.tensorboard.enabled)
+    tensorboard = std::make_unique<TensorboardMonitor>(monitor_dir(config.tensorboard),
+                                                       config.tensorboard.job_name);
+  auto monitor = [&](const std::string& event, int64_t step, double value) {
+    if (csv) csv->write(event, step, value);
+    if (tensorboard) tensorboard->write(event, step, static_cast<float>(value));
+  };
 
   const bool have_val = split.val.size() > static_cast<size_t>(B) * T + 1;
   auto validate = [&]() -> float {
@@ -106,13 +116,11 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
     TrainProgress p{r, target, 0, 0};
     p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     p.tokens_per_second = tokens / std::max(p.elapsed_seconds, 1e-9);
-    if (csv) {
-      csv->write("Train/Samples/train_loss", r.global_step, r.loss);
-      csv->write("Train/Samples/lr", r.global_step, r.lr);
-      csv->write("Train/Samples/grad_norm", r.global_step, r.grad_norm);
-      if (engine.precision() == Precision::kFp16)
-        csv->write("Train/Samples/loss_scale", r.global_step, r.loss_scale);
-    }
+    monitor("Train/Samples/train_loss", r.global_step, r.loss);
+    monitor("Train/Samples/lr", r.global_step, r.lr);
+    monitor("Train/Samples/grad_norm", r.global_step, r.grad_norm);
+    if (engine.precision() == Precision::kFp16)
+      monitor("Train/Samples/loss_scale", r.global_step, r.loss_scale);
     if (cb.on_step) cb.on_step(p);
     if (config.steps_per_print > 0 && r.global_step % config.steps_per_print == 0)
       spdlog::info("step {}/{} loss {:.4f} lr {:.3e} grad_norm {:.3f}{} {:.0f} tok/s",
@@ -120,14 +128,14 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
                    r.skipped ? " (skipped: fp16 overflow)" : "", p.tokens_per_second);
     if (o.eval_every > 0 && r.global_step % o.eval_every == 0 && have_val) {
       const float v = validate();
-      if (csv) csv->write("Eval/Samples/val_loss", r.global_step, v);
+      monitor("Eval/Samples/val_loss", r.global_step, v);
       if (cb.on_eval) cb.on_eval(r.global_step, v);
     }
     if (o.save_every > 0 && r.global_step % o.save_every == 0) save();
     s.tokens_per_second = p.tokens_per_second;
   }
   s.val_loss = validate();
-  if (csv && have_val) csv->write("Eval/Samples/val_loss", engine.global_step(), s.val_loss);
+  if (have_val) monitor("Eval/Samples/val_loss", engine.global_step(), s.val_loss);
   if (cb.on_eval && have_val) cb.on_eval(engine.global_step(), s.val_loss);
   s.steps = engine.global_step();
   s.skipped_steps = engine.skipped_steps();

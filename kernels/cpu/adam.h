@@ -24,6 +24,24 @@ struct HalfCopy {
   HalfKind kind = HalfKind::kBF16;
 };
 
+// The grad_multiplier of a step, as DeepSpeed's fp16 optimizer forms it: the gradient is
+// unscaled by loss_scale and multiplied by clip_coef in (0, 1] (1/clip when the unscaled
+// global norm exceeds gradient_clipping, else 1). Divided in double and rounded once to
+// float; the trainer's local step and the offload service both use exactly this, so an
+// offloaded step is bit-identical to a local one.
+inline float grad_multiplier(double clip_coef, double loss_scale) {
+  return static_cast<float>(clip_coef / loss_scale);
+}
+
+// DeepSpeed's clip coefficient from the unscaled global gradient norm: with
+// clip = (norm + 1e-6) / max_norm, gradients are scaled by 1/clip when clip > 1.
+// max_norm <= 0 disables clipping.
+inline double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double clip = (norm + 1e-6) / max_norm;
+  return clip > 1 ? 1.0 / clip : 1.0;
+}
+
 // One fused Adam/AdamW pass over n elements: g = grad * grad_multiplier (the product of
 // 1/loss_scale and the clip coefficient, computed once by the caller); update m, v, param;
 // write the half copy if asked. step is the 1-based count of steps including this one.

@@ -161,16 +161,12 @@ StepResult Engine::train_step(BatchLoader& loader) {
                  global_step_, r.loss_scale, scaler_.scale());
     return r;
   }
-  // DeepSpeed's fp16 optimizer: combined_scale = loss_scale, raised by the clip factor when
-  // the unscaled norm exceeds gradient_clipping; gradients are divided by it inside Adam.
+  // DeepSpeed's fp16 optimizer: gradients are unscaled and clipped inside Adam by one
+  // multiplier, formed exactly as an offload service forms it from a CommitStep.
   const double norm = std::sqrt(sum_squares) / r.loss_scale;
-  double combined_scale = r.loss_scale;
-  if (config_.gradient_clipping > 0) {
-    const double clip = (norm + 1e-6) / config_.gradient_clipping;
-    if (clip > 1) combined_scale = clip * r.loss_scale;
-  }
   r.grad_norm = norm;
-  const float multiplier = static_cast<float>(1.0 / combined_scale);
+  const float multiplier =
+      k::grad_multiplier(k::clip_coefficient(norm, config_.gradient_clipping), r.loss_scale);
   k::AdamHyper h = adam_;
   h.lr = static_cast<float>(r.lr);
   ++optimizer_steps_;
