@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 ./scripts/build.sh
-ctest --test-dir build --output-on-failure -j "$(nproc)"
+# One test process at a time: each one already uses every core (OpenMP + OpenBLAS),
+# and two of them would turn every parallel region into a wait for a scheduler quantum.
+ctest --test-dir build --output-on-failure
