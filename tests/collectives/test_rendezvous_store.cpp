@@ -1,0 +1,211 @@
+// RendezvousServer / RendezvousClient on 127.0.0.1: the Store semantics Gloo relies on,
+// timeouts that name the key, atomic counters for rank assignment, blob broadcast.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "actors/rendezvous_store.h"
+
+namespace dsactor::actors {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::vector<char> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+
+TEST(RendezvousStore, SetGetOverwriteAndRemove) {
+  RendezvousServer server;
+  RendezvousClient c(server.endpoint(), "job-a", 2s);
+  c.set("k", bytes("v1"));
+  EXPECT_EQ(c.get("k"), bytes("v1"));
+  c.set("k", bytes("v2"));
+  EXPECT_EQ(c.get("k"), bytes("v2"));
+  // Binary values survive unchanged, empty ones too.
+  std::vector<char> bin{0, '\xff', 0, 7};
+  c.set("bin", bin);
+  EXPECT_EQ(c.get("bin"), bin);
+  c.set("empty", {});
+  EXPECT_TRUE(c.get("empty").empty());
+  EXPECT_TRUE(c.remove("k"));
+  EXPECT_FALSE(c.remove("k"));
+  EXPECT_THROW(c.get("k", 50ms), RendezvousError);
+}
+
+TEST(RendezvousStore, KeysAreScopedByJob) {
+  RendezvousServer server;
+  RendezvousClient a(server.endpoint(), "job-a", 2s);
+  RendezvousClient b(server.endpoint(), "job-b", 2s);
+  a.set("k", bytes("from a"));
+  b.set("k", bytes("from b"));
+  EXPECT_EQ(a.get("k"), bytes("from a"));
+  EXPECT_EQ(b.get("k"), bytes("from b"));
+}
+
+TEST(RendezvousStore, GetBlocksUntilAnotherClientSets) {
+  RendezvousServer server;
+  auto later = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(200ms);
+    RendezvousClient setter(server.endpoint(), "j", 2s);
+    setter.set("late", bytes("here"));
+  });
+  RendezvousClient c(server.endpoint(), "j", 5s);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(c.get("late"), bytes("here"));
+  EXPECT_GE(Clock::now() - t0, 150ms);
+  later.get();
+}
+
+TEST(RendezvousStore, WaitForSeveralKeys) {
+  RendezvousServer server;
+  RendezvousClient c(server.endpoint(), "j", 5s);
+  auto setter = std::async(std::launch::async, [&] {
+    RendezvousClient s(server.endpoint(), "j", 2s);
+    for (const char* key : {"w0", "w1", "w2"}) {
+      std::this_thread::sleep_for(50ms);
+      s.set(key, bytes("x"));
+    }
+  });
+  c.wait({"w0", "w1", "w2"});
+  setter.get();
+  EXPECT_NO_THROW(c.wait({"w0", "w2"}, 10ms));
+}
+
+TEST(RendezvousStore, MissingKeyTimesOutNamingKeyJobAndEndpoint) {
+  RendezvousServer server;
+  RendezvousClient c(server.endpoint(), "job-x", 300ms);
+  c.set("present", bytes("1"));
+  const auto t0 = Clock::now();
+  try {
+    c.get("never");
+    FAIL() << "get of a missing key returned";
+  } catch (const RendezvousError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'never'"), std::string::npos) << m;
+    EXPECT_NE(m.find("job-x"), std::string::npos) << m;
+    EXPECT_NE(m.find(server.endpoint()), std::string::npos) << m;
+    EXPECT_NE(m.find("300 ms"), std::string::npos) << m;
+  }
+  const auto took = Clock::now() - t0;
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 2s);
+  // wait names the first missing key of the list.
+  try {
+    c.wait({"present", "absent"}, 100ms);
+    FAIL() << "wait returned";
+  } catch (const RendezvousError& e) {
+    EXPECT_NE(std::string(e.what()).find("'absent'"), std::string::npos) << e.what();
+  }
+  // The client is still usable after timeouts (stale replies are skipped).
+  EXPECT_EQ(c.get("present"), bytes("1"));
+}
+
+TEST(RendezvousStore, NoServerMeansAClearErrorWithinTheTimeout) {
+  std::string endpoint;
+  {
+    RendezvousServer gone;  // take a port, then free it
+    endpoint = gone.endpoint();
+  }
+  RendezvousClient c(endpoint, "j", 300ms);
+  const auto t0 = Clock::now();
+  try {
+    c.set("k", bytes("v"));
+    FAIL() << "set without a server returned";
+  } catch (const RendezvousError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not answer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(endpoint), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, 3s);
+}
+
+TEST(RendezvousStore, BindingATakenPortThrows) {
+  RendezvousServer server;
+  EXPECT_THROW(RendezvousServer second(server.endpoint()), RendezvousError);
+}
+
+TEST(RendezvousStore, AddIsAtomicAcrossClients) {
+  RendezvousServer server;
+  constexpr int kThreads = 4, kAdds = 50;
+  std::vector<std::future<std::vector<int64_t>>> results;
+  for (int t = 0; t < kThreads; ++t) {
+    results.push_back(std::async(std::launch::async, [&] {
+      RendezvousClient c(server.endpoint(), "j", 2s);
+      std::vector<int64_t> seen;
+      for (int i = 0; i < kAdds; ++i) seen.push_back(c.add("ctr", 1));
+      return seen;
+    }));
+  }
+  std::set<int64_t> all;
+  for (auto& r : results) {
+    for (int64_t v : r.get()) EXPECT_TRUE(all.insert(v).second) << "value " << v << " twice";
+  }
+  EXPECT_EQ(all.size(), size_t{kThreads * kAdds});
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), kThreads * kAdds);
+  RendezvousClient c(server.endpoint(), "j", 2s);
+  EXPECT_EQ(c.add("ctr", -10), kThreads * kAdds - 10);
+  // A non-counter value is refused with a message.
+  c.set("text", bytes("abc"));
+  EXPECT_THROW(c.add("text", 1), RendezvousError);
+}
+
+TEST(RendezvousStore, AssignRankGivesEachRankExactlyOnce) {
+  RendezvousServer server;
+  constexpr int kWorld = 5;
+  std::vector<std::future<int>> ranks;
+  for (int t = 0; t < kWorld; ++t) {
+    ranks.push_back(std::async(std::launch::async, [&] {
+      RendezvousClient c(server.endpoint(), "job-ranks", 2s);
+      return assign_rank(c, kWorld);
+    }));
+  }
+  std::vector<int> got;
+  for (auto& r : ranks) got.push_back(r.get());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int>{0, 1, 2, 3, 4}));
+  // One process too many: refused with the job named.
+  RendezvousClient extra(server.endpoint(), "job-ranks", 2s);
+  try {
+    assign_rank(extra, kWorld);
+    FAIL() << "sixth rank assigned";
+  } catch (const RendezvousError& e) {
+    EXPECT_NE(std::string(e.what()).find("job-ranks"), std::string::npos) << e.what();
+  }
+  // Another job counts from 0 again.
+  RendezvousClient other(server.endpoint(), "job-other", 2s);
+  EXPECT_EQ(assign_rank(other, 2), 0);
+}
+
+TEST(RendezvousStore, BroadcastBlobReachesEveryRank) {
+  RendezvousServer server;
+  const std::vector<char> id{'\x01', '\x00', '\x7f', 'n', 'c', 'c', 'l'};
+  std::vector<std::future<std::vector<char>>> got;
+  for (int r = 0; r < 3; ++r) {
+    got.push_back(std::async(std::launch::async, [&, r] {
+      if (r == 1) std::this_thread::sleep_for(100ms);  // root publishes after the others wait
+      RendezvousClient c(server.endpoint(), "j", 2s);
+      return broadcast_blob(c, "nccl_id", r, 1, r == 1 ? id : std::vector<char>{});
+    }));
+  }
+  for (auto& g : got) EXPECT_EQ(g.get(), id);
+}
+
+TEST(RendezvousStore, RefusesMoreKeysThanTheJobLimit) {
+  RendezvousServerOptions opts;
+  opts.max_keys_per_job = 3;
+  RendezvousServer server("tcp://127.0.0.1:*", opts);
+  RendezvousClient c(server.endpoint(), "j", 2s);
+  for (const char* key : {"k0", "k1", "k2"}) c.set(key, bytes("v"));
+  c.set("k0", bytes("overwrite is fine"));
+  EXPECT_THROW(c.set("k3", bytes("v")), RendezvousError);
+}
+
+}  // namespace
+}  // namespace dsactor::actors
