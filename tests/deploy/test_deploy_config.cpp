@@ -1,0 +1,411 @@
+// Deployment file: defaults, every validation error (with its message), to_command_line.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "actors/deploy_config.h"
+#include "tests/deploy/deploy_test_util.h"
+
+namespace dsactor::actors {
+namespace {
+
+using dsactor::testing::TempDir;
+using dsactor::testing::write_file;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class DeployConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override { write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 4})"); }
+
+  DeployConfig load(const std::string& yaml) {
+    write_file(dir / "deploy.yaml", yaml);
+    return load_deploy_config(dir / "deploy.yaml");
+  }
+  std::string error_of(const std::string& yaml) {
+    try {
+      load(yaml);
+    } catch (const DeployConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no error for:\n" << yaml;
+    return "";
+  }
+  std::string file() const { return (dir / "deploy.yaml").string(); }
+
+  TempDir dir;
+};
+
+TEST_F(DeployConfigTest, DefaultsForAMinimalDeployment) {
+  const auto cfg = load(R"(
+roles:
+  - role: offload
+  - role: offload
+  - role: trainer
+    config: ds.json
+  - role: trainer
+    config: ds.json
+)");
+  EXPECT_EQ(cfg.job, "deploy");  // the file's stem
+  EXPECT_EQ(cfg.source, dir / "deploy.yaml");
+  ASSERT_EQ(cfg.roles.size(), 4u);
+  EXPECT_EQ(cfg.roles[0].name, "offload0");
+  EXPECT_EQ(cfg.roles[1].name, "offload1");
+  EXPECT_EQ(cfg.roles[2].name, "trainer0");
+  EXPECT_EQ(cfg.roles[3].name, "trainer1");
+  EXPECT_EQ(cfg.roles[0].listen, "tcp://127.0.0.1:5555");
+  EXPECT_EQ(cfg.roles[1].listen, "tcp://127.0.0.1:5556");
+  EXPECT_EQ(cfg.roles[2].config, dir / "ds.json");  // resolved against the deploy file's dir
+  EXPECT_EQ(cfg.roles[2].rank, 0);
+  EXPECT_EQ(cfg.roles[3].rank, 1);
+  EXPECT_EQ(cfg.roles[3].world_size, 2);
+  EXPECT_THAT(cfg.roles[2].offload, ElementsAre("offload0", "offload1"));
+  EXPECT_EQ(cfg.roles[0].startup_timeout, 60);
+  EXPECT_EQ(cfg.roles[0].shutdown_timeout, 10);
+  EXPECT_TRUE(cfg.roles[0].mlock);
+  EXPECT_FALSE(cfg.roles[0].nvme.has_value());
+  EXPECT_TRUE(cfg.create_dirs);
+  EXPECT_FALSE(cfg.allow_remote);
+}
+
+TEST_F(DeployConfigTest, EveryKeyIsRead) {
+  std::filesystem::create_directories(dir / "ssd");
+  const auto cfg = load(R"(
+job: big-run
+allow_remote: true
+create_dirs: false
+startup_timeout: 5
+shutdown_timeout: 2.5
+env: {A: "1", B: top}
+roles:
+  - role: coordinator
+    name: coord
+    listen: ipc://coord.sock
+  - role: offload
+    name: fast
+    listen: tcp://0.0.0.0:6000
+    nvme: ssd
+    memory_limit: 64GiB
+    mlock: false
+    aio: {block_size: 2MiB, queue_depth: 32}
+    startup_timeout: 9
+  - role: trainer
+    name: t
+    config: ds.json
+    model: models/m.yaml
+    data: data.bin
+    steps: 30
+    out: runs/x
+    rank: 3
+    world_size: 4
+    offload: [fast]
+    env: {B: mine, C: "3"}
+    shutdown_timeout: 1
+)");
+  EXPECT_EQ(cfg.job, "big-run");
+  EXPECT_TRUE(cfg.allow_remote);
+  const auto& c = cfg.roles[0];
+  EXPECT_EQ(c.kind, RoleKind::kCoordinator);
+  EXPECT_EQ(c.listen, "ipc://" + (dir / "coord.sock").string());
+  const auto& o = cfg.roles[1];
+  EXPECT_EQ(o.listen, "tcp://0.0.0.0:6000");
+  EXPECT_EQ(*o.nvme, dir / "ssd");
+  EXPECT_EQ(o.memory_limit, uint64_t{64} << 30);
+  EXPECT_FALSE(o.mlock);
+  EXPECT_EQ(*o.aio.block_size, uint64_t{2} << 20);
+  EXPECT_EQ(*o.aio.queue_depth, 32u);
+  EXPECT_EQ(o.startup_timeout, 9);
+  EXPECT_EQ(o.shutdown_timeout, 2.5);
+  const auto& t = cfg.roles[2];
+  EXPECT_EQ(t.model, (dir / "models/m.yaml").string());
+  EXPECT_EQ(t.data, (dir / "data.bin").string());
+  EXPECT_EQ(t.out, (dir / "runs/x").string());
+  EXPECT_EQ(t.steps, 30);
+  EXPECT_EQ(t.rank, 3);
+  EXPECT_EQ(t.world_size, 4);
+  EXPECT_EQ(t.startup_timeout, 5);
+  EXPECT_EQ(t.shutdown_timeout, 1);
+  using Env = std::pair<std::string, std::string>;
+  EXPECT_THAT(t.env, ElementsAre(Env{"A", "1"}, Env{"B", "mine"}, Env{"C", "3"}));
+  EXPECT_THAT(o.env, ElementsAre(Env{"A", "1"}, Env{"B", "top"}));
+}
+
+TEST_F(DeployConfigTest, PresetModelStaysAName) {
+  const auto cfg = load("roles: [{role: trainer, config: ds.json, model: gpt2}]");
+  EXPECT_EQ(cfg.roles[0].model, "gpt2");
+}
+
+TEST_F(DeployConfigTest, DefaultPortsSkipExplicitOnes) {
+  const auto cfg = load(R"(
+roles:
+  - {role: offload, listen: "tcp://127.0.0.1:5555"}
+  - {role: offload}
+  - {role: offload, listen: "tcp://localhost:5556"}
+  - {role: offload}
+)");
+  EXPECT_EQ(cfg.roles[1].listen, "tcp://127.0.0.1:5557");
+  EXPECT_EQ(cfg.roles[2].listen, "tcp://127.0.0.1:5556");  // localhost spelled as 127.0.0.1
+  EXPECT_EQ(cfg.roles[3].listen, "tcp://127.0.0.1:5558");
+}
+
+TEST_F(DeployConfigTest, UnknownRoleNamesTheValueAndTheNearestRole) {
+  const auto msg = error_of(R"(
+roles:
+  - role: offload
+  - role: trainr
+    config: ds.json
+)");
+  EXPECT_THAT(msg, AllOf(HasSubstr(file() + ":4:"), HasSubstr("roles[1].role"),
+                         HasSubstr("unknown role \"trainr\""),
+                         HasSubstr("allowed: offload, trainer, coordinator"),
+                         HasSubstr("did you mean \"trainer\"?")));
+  EXPECT_THAT(error_of("roles: [{name: x}]"),
+              AllOf(HasSubstr("roles[0].role"), HasSubstr("missing")));
+}
+
+TEST_F(DeployConfigTest, UnknownKeysGetTheNearestKnownKey) {
+  EXPECT_THAT(error_of("rolse: []\n"),
+              AllOf(HasSubstr(file() + ":1:"), HasSubstr("rolse: unknown key"),
+                    HasSubstr("did you mean \"roles\"?"), HasSubstr("at the top level")));
+  EXPECT_THAT(error_of("roles:\n  - role: offload\n    nvmee: /x\n"),
+              AllOf(HasSubstr(file() + ":3:"), HasSubstr("roles[0].nvmee: unknown key"),
+                    HasSubstr("did you mean \"nvme\"?")));
+  EXPECT_THAT(
+      error_of("roles:\n  - role: offload\n    aio: {queue_dept: 4}\n"),
+      AllOf(HasSubstr("roles[0].aio.queue_dept"), HasSubstr("did you mean \"queue_depth\"?")));
+}
+
+TEST_F(DeployConfigTest, KeyOfAnotherRoleIsRefused) {
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, nvme: /x}]"),
+              AllOf(HasSubstr("roles[0].nvme"),
+                    HasSubstr("key \"nvme\" applies to role offload, not to role trainer")));
+  EXPECT_THAT(error_of("roles: [{role: offload, config: ds.json}]"),
+              HasSubstr("key \"config\" applies to role trainer, not to role offload"));
+}
+
+TEST_F(DeployConfigTest, DuplicateNameIsRefused) {
+  EXPECT_THAT(error_of(R"(
+roles:
+  - {role: offload, name: svc}
+  - {role: offload, name: svc}
+)"),
+              AllOf(HasSubstr(file() + ":4:"), HasSubstr("roles[1].name"),
+                    HasSubstr("duplicate name \"svc\" (also roles[0])")));
+  // A default name counts too.
+  EXPECT_THAT(error_of("roles: [{role: offload}, {role: offload, name: offload0}]"),
+              HasSubstr("duplicate name \"offload0\""));
+}
+
+TEST_F(DeployConfigTest, DuplicateEndpointIsRefusedWhateverTheSpelling) {
+  EXPECT_THAT(
+      error_of(R"(
+roles:
+  - {role: offload, name: a, listen: "tcp://127.0.0.1:7000"}
+  - {role: offload, name: b, listen: "tcp://localhost:7000"}
+)"),
+      AllOf(HasSubstr("roles[1].listen"),
+            HasSubstr("duplicate endpoint \"tcp://127.0.0.1:7000\" (also roles[0] \"a\")")));
+  EXPECT_THAT(
+      error_of("roles: [{role: offload, listen: ipc://s}, {role: coordinator, listen: ipc://s}]"),
+      HasSubstr("duplicate endpoint"));
+}
+
+TEST_F(DeployConfigTest, EndpointMustBeTcpOrIpcWithAPort) {
+  EXPECT_THAT(error_of("roles: [{role: offload, listen: \"udp://127.0.0.1:5555\"}]"),
+              AllOf(HasSubstr("roles[0].listen"), HasSubstr("\"udp://127.0.0.1:5555\""),
+                    HasSubstr("only tcp://HOST:PORT and ipc://PATH endpoints are allowed")));
+  EXPECT_THAT(error_of("roles: [{role: offload, listen: \"tcp://127.0.0.1\"}]"),
+              HasSubstr("expected tcp://HOST:PORT"));
+  EXPECT_THAT(error_of("roles: [{role: offload, listen: \"tcp://127.0.0.1:*\"}]"),
+              HasSubstr("wildcard port"));
+  EXPECT_THAT(error_of("roles: [{role: offload, listen: \"tcp://127.0.0.1:70000\"}]"),
+              HasSubstr("the port must be an integer in [1, 65535]"));
+}
+
+TEST_F(DeployConfigTest, NonLoopbackListenNeedsAllowRemote) {
+  for (const std::string host : {"0.0.0.0", "*", "10.1.2.3", "eth0"}) {
+    EXPECT_THAT(error_of("roles: [{role: offload, listen: \"tcp://" + host + ":5555\"}]"),
+                AllOf(HasSubstr("roles[0].listen"), HasSubstr("listens beyond this machine"),
+                      HasSubstr("allow_remote: true")))
+        << host;
+  }
+  EXPECT_NO_THROW(
+      load("allow_remote: true\nroles: [{role: offload, listen: \"tcp://0.0.0.0:5555\"}]"));
+  EXPECT_NO_THROW(load("roles: [{role: offload, listen: \"tcp://127.0.0.2:5555\"}]"));
+  EXPECT_NO_THROW(load("roles: [{role: offload, listen: \"tcp://[::1]:5555\"}]"));
+}
+
+TEST_F(DeployConfigTest, MissingNvmeDirIsAnErrorOnlyWithoutCreateDirs) {
+  const std::string roles = "roles: [{role: offload, nvme: no/such/dir}]\n";
+  EXPECT_THAT(error_of("create_dirs: false\n" + roles),
+              AllOf(HasSubstr("roles[0].nvme"), HasSubstr((dir / "no/such/dir").string()),
+                    HasSubstr("does not exist and create_dirs is false")));
+  // Loading never creates anything; `dsactor up` does, when allowed.
+  EXPECT_NO_THROW(load(roles));
+  EXPECT_FALSE(std::filesystem::exists(dir / "no"));
+  write_file(dir / "afile", "x");
+  EXPECT_THAT(error_of("create_dirs: false\nroles: [{role: offload, nvme: afile}]"),
+              HasSubstr("exists but is not a directory"));
+}
+
+TEST_F(DeployConfigTest, TrainerConfigMustExist) {
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: nope.json}]"),
+              AllOf(HasSubstr("roles[0].config"), HasSubstr((dir / "nope.json").string()),
+                    HasSubstr("does not exist")));
+  EXPECT_THAT(error_of("roles: [{role: trainer}]"),
+              AllOf(HasSubstr("roles[0].config"), HasSubstr("missing")));
+}
+
+TEST_F(DeployConfigTest, TrainerMustReferenceKnownOffloadServices) {
+  EXPECT_THAT(
+      error_of(R"(
+roles:
+  - {role: offload, name: offload0}
+  - role: trainer
+    config: ds.json
+    offload: [ofload0]
+)"),
+      AllOf(HasSubstr(file() + ":6:"), HasSubstr("roles[1].offload"),
+            HasSubstr("unknown offload service \"ofload0\""),
+            HasSubstr("did you mean \"offload0\"?"), HasSubstr("offload roles here: offload0")));
+  EXPECT_THAT(error_of(R"(
+roles:
+  - {role: trainer, name: t0, config: ds.json}
+  - {role: trainer, name: t1, config: ds.json, offload: t0}
+)"),
+              AllOf(HasSubstr("\"t0\" is a trainer role, not an offload service"),
+                    HasSubstr("offload roles here: none")));
+  const auto cfg = load(R"(
+roles:
+  - {role: offload, name: a}
+  - {role: offload, name: b}
+  - {role: trainer, config: ds.json, offload: b}
+)");
+  EXPECT_THAT(cfg.roles[2].offload, ElementsAre("b"));
+}
+
+TEST_F(DeployConfigTest, RanksAndWorldSize) {
+  const auto cfg = load(R"(
+roles:
+  - {role: trainer, config: ds.json}
+  - {role: trainer, config: ds.json, rank: 0}
+  - {role: trainer, config: ds.json, world_size: 8}
+)");
+  EXPECT_EQ(cfg.roles[0].rank, 1);  // rank 0 is taken explicitly
+  EXPECT_EQ(cfg.roles[1].rank, 0);
+  EXPECT_EQ(cfg.roles[2].rank, 2);
+  for (const auto& r : cfg.roles) EXPECT_EQ(r.world_size, 8);
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, rank: 0}, {role: trainer, config: "
+                       "ds.json, rank: 0}]"),
+              AllOf(HasSubstr("roles[1].rank"), HasSubstr("duplicate rank 0 (also roles[0])")));
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, rank: 1}]"),
+              AllOf(HasSubstr("roles[0].rank"), HasSubstr("expected an integer in [0, 0]")));
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, world_size: 2}, {role: trainer, "
+                       "config: ds.json, world_size: 3}]"),
+              HasSubstr("differs from world_size 2"));
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, world_size: 1}, {role: trainer, "
+                       "config: ds.json}]"),
+              HasSubstr("smaller than the 2 trainers"));
+}
+
+TEST_F(DeployConfigTest, ValuesOfTheWrongShape) {
+  EXPECT_THAT(error_of("roles: [{role: offload, memory_limit: 12XB}]"),
+              AllOf(HasSubstr("roles[0].memory_limit"), HasSubstr("\"12XB\" is not a byte count"),
+                    HasSubstr("64GiB")));
+  EXPECT_THAT(error_of("roles: [{role: offload, aio: {block_size: 1000}}]"),
+              HasSubstr("multiple of 4096"));
+  EXPECT_THAT(error_of("startup_timeout: -1\nroles: [{role: offload}]"),
+              AllOf(HasSubstr("startup_timeout"), HasSubstr("expected seconds")));
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, steps: many}]"),
+              HasSubstr("roles[0].steps: value \"many\" is not allowed; expected an integer >= 1"));
+  EXPECT_THAT(error_of("allow_remote: perhaps\nroles: [{role: offload}]"),
+              HasSubstr("allow_remote: expected true or false"));
+  EXPECT_THAT(error_of("roles: [{role: offload, name: \"bad name\"}]"),
+              HasSubstr("[A-Za-z0-9_.-]"));
+  EXPECT_THAT(error_of("roles: [{role: offload, env: {\"1X\": y}}]"),
+              HasSubstr("environment name \"1X\" is not allowed"));
+  EXPECT_THAT(error_of("roles: []"), HasSubstr("expected a non-empty list of roles"));
+  EXPECT_THAT(error_of("job: x\n"), AllOf(HasSubstr("roles"), HasSubstr("missing")));
+  EXPECT_THAT(error_of("roles: [{role: coordinator}, {role: coordinator}]"),
+              HasSubstr("at most one coordinator"));
+}
+
+TEST_F(DeployConfigTest, BrokenYamlAndMissingFileAreNamed) {
+  EXPECT_THAT(error_of("roles:\n  - role: offload\n   bad: [\n"),
+              AllOf(HasSubstr(file() + ":"), HasSubstr("not valid YAML")));
+  try {
+    load_deploy_config(dir / "absent.yaml");
+    FAIL();
+  } catch (const DeployConfigError& e) {
+    EXPECT_THAT(e.what(),
+                AllOf(HasSubstr((dir / "absent.yaml").string()), HasSubstr("cannot read")));
+  }
+}
+
+TEST(ByteSize, SuffixesAndRefusals) {
+  EXPECT_EQ(parse_byte_size("4096"), 4096u);
+  EXPECT_EQ(parse_byte_size("64GiB"), uint64_t{64} << 30);
+  EXPECT_EQ(parse_byte_size("64G"), uint64_t{64} << 30);
+  EXPECT_EQ(parse_byte_size("512MiB"), uint64_t{512} << 20);
+  EXPECT_EQ(parse_byte_size("512 mib"), uint64_t{512} << 20);
+  EXPECT_EQ(parse_byte_size("4GB"), uint64_t{4000000000});
+  EXPECT_EQ(parse_byte_size("1.5KiB"), 1536u);
+  EXPECT_EQ(parse_byte_size("1TiB"), uint64_t{1} << 40);
+  EXPECT_FALSE(parse_byte_size("1.3B").has_value());  // not a whole number of bytes
+  EXPECT_FALSE(parse_byte_size("GiB").has_value());
+  EXPECT_FALSE(parse_byte_size("-1").has_value());
+  EXPECT_FALSE(parse_byte_size("99999999999999999999").has_value());
+  EXPECT_FALSE(parse_byte_size("20000000TiB").has_value());  // overflows 64 bits
+}
+
+TEST_F(DeployConfigTest, CommandLines) {
+  std::filesystem::create_directories(dir / "ssd");
+  const auto cfg = load(R"(
+roles:
+  - {role: offload, name: a, nvme: ssd, memory_limit: 1GiB, aio: {block_size: 8KiB, queue_depth: 4}, mlock: false}
+  - {role: offload, name: b, listen: "tcp://127.0.0.1:7001"}
+  - {role: coordinator, name: c, listen: "tcp://127.0.0.1:7002"}
+  - {role: trainer, name: t, config: ds.json, offload: [b, a], model: tiny, data: d.txt, steps: 3, out: o}
+)");
+  EXPECT_THAT(to_command_line(cfg, cfg.roles[0]),
+              ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555",
+                          "--nvme", (dir / "ssd").string(), "--memory-limit", "1073741824",
+                          "--aio-block-size", "8192", "--aio-queue-depth", "4", "--no-mlock"));
+  EXPECT_THAT(to_command_line(cfg, cfg.roles[1]),
+              ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:7001"));
+  EXPECT_THAT(to_command_line(cfg, cfg.roles[2]),
+              ElementsAre("start", "--role", "coordinator", "--name", "c", "--deploy", file(),
+                          "--listen", "tcp://127.0.0.1:7002"));
+  EXPECT_THAT(to_command_line(cfg, cfg.roles[3]),
+              ElementsAre("start", "--role", "trainer", "--name", "t", "--deploy", file(),
+                          "--config", (dir / "ds.json").string(), "--rank", "0", "--world-size",
+                          "1", "--offload", "tcp://127.0.0.1:7001", "--offload",
+                          "tcp://127.0.0.1:5555", "--model", "tiny", "--data",
+                          (dir / "d.txt").string(), "--steps", "3", "--out", (dir / "o").string()));
+}
+
+TEST_F(DeployConfigTest, ShippedExamplesLoad) {
+  for (const char* name : {"deploy_local.yaml", "deploy_nvme.yaml"}) {
+    const auto cfg = load_deploy_config(std::string(DSACTOR_SOURCE_DIR) + "/configs/" + name);
+    ASSERT_EQ(cfg.roles.size(), 2u) << name;
+    EXPECT_EQ(cfg.roles[0].kind, RoleKind::kOffload) << name;
+    EXPECT_EQ(cfg.roles[1].kind, RoleKind::kTrainer) << name;
+    EXPECT_THAT(cfg.roles[1].offload, ElementsAre("offload0")) << name;
+  }
+  const auto nvme =
+      load_deploy_config(std::string(DSACTOR_SOURCE_DIR) + "/configs/deploy_nvme.yaml");
+  EXPECT_EQ(*nvme.roles[0].nvme, std::filesystem::path(DSACTOR_SOURCE_DIR) / "runs/nvme");
+}
+
+TEST(DeployReference, ListsEveryKey) {
+  const auto md = deploy_reference_markdown();
+  for (const char* key : {"`job`", "`roles`", "`allow_remote`", "`create_dirs`", "`listen`",
+                          "`nvme`", "`memory_limit`", "`aio`", "`config`", "`offload`", "`rank`",
+                          "`world_size`", "`block_size`", "`queue_depth`", "`startup_timeout`"})
+    EXPECT_THAT(md, HasSubstr(key));
+}
+
+}  // namespace
+}  // namespace dsactor::actors

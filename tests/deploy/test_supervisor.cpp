@@ -1,0 +1,303 @@
+// Supervisor mechanics with real child processes (small shell scripts): log prefixing,
+// readiness (log line, connection, timeout), failure propagation, shutdown escalation,
+// stop signals, and no process left behind on any path.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/supervisor.h"
+#include "tests/deploy/deploy_test_util.h"
+
+namespace dsactor::actors {
+namespace {
+
+using dsactor::testing::pid_from;
+using dsactor::testing::process_alive;
+using dsactor::testing::TempDir;
+using dsactor::testing::wait_until;
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+ChildSpec sh(const std::string& name, const std::string& script, bool service = false,
+             int index = 0) {
+  ChildSpec c;
+  c.name = name;
+  c.argv = {"sh", "-c", script};
+  c.service = service;
+  c.code_index = index;
+  c.startup_timeout = 5s;
+  c.shutdown_timeout = 2s;
+  return c;
+}
+
+struct Run {
+  SupervisorResult result;
+  std::vector<std::string> lines;
+  double seconds = 0;
+};
+
+// Runs the children to the end; `during` (if any) runs on another thread meanwhile.
+Run run(std::vector<ChildSpec> children, const std::function<void(Supervisor&)>& during = {},
+        SupervisorOptions opt = {}) {
+  Run r;
+  opt.sink = [&r](std::string_view l) { r.lines.emplace_back(l); };
+  opt.probe_interval = 20ms;
+  Supervisor sup(std::move(children), opt);
+  std::thread side;
+  if (during) side = std::thread([&] { during(sup); });
+  const auto t0 = Clock::now();
+  r.result = sup.run();
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (side.joinable()) side.join();
+  return r;
+}
+
+// Every pid a child wrote must be gone (init may take a moment to reap a reparented one).
+void expect_gone(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids) {
+    EXPECT_GT(p, 0) << "a child never wrote its pid";
+    EXPECT_TRUE(wait_until([&] { return !process_alive(p); }, 2s)) << "pid " << p << " survived";
+  }
+}
+
+TEST(Supervisor, PrefixesEveryLineOfStdoutAndStderr) {
+  const auto r = run({sh("w", "echo hello; echo oops >&2; printf 'no newline'")});
+  EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
+  EXPECT_TRUE(r.result.failed.empty());
+  EXPECT_THAT(r.lines, Contains("[w] hello"));
+  EXPECT_THAT(r.lines, Contains("[w] oops"));
+  EXPECT_THAT(r.lines, Contains("[w] no newline"));
+}
+
+TEST(Supervisor, WorkersStartAfterServicesAnnounceTheirEndpointAndServicesStopAfterwards) {
+  TempDir dir;
+  const int port =
+      dsactor::testing::free_port();  // nobody listens: only the log line can say ready
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
+  auto svc = sh("svc",
+                "echo $$ > " + (dir / "svc.pid").string() + "; sleep 0.3; touch " +
+                    (dir / "ready").string() + "; echo \"svc listening on " + ep +
+                    " (RAM tier)\"; exec sleep 30",
+                true, 0);
+  svc.ready_endpoint = ep;
+  const auto r =
+      run({svc, sh("w", "test -f " + (dir / "ready").string() + " && echo saw-ready", false, 1)});
+  EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
+  EXPECT_THAT(r.lines, Contains("[w] saw-ready"));
+  EXPECT_LT(r.seconds, 5);  // the service's `sleep 30` was stopped, not waited for
+  expect_gone({pid_from(dir / "svc.pid")});
+}
+
+TEST(Supervisor, ServiceIsReadyWhenItsEndpointAcceptsConnections) {
+  // The test plays the service's socket; the child itself prints nothing.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(s, 8), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  auto svc = sh("svc", "exec sleep 30", true, 0);
+  svc.ready_endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  svc.startup_timeout = 3s;
+  const auto r = run({svc, sh("w", "echo ran", false, 1)});
+  ::close(s);
+  EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
+  EXPECT_THAT(r.lines, Contains("[w] ran"));
+  EXPECT_LT(r.seconds, 2.5);
+}
+
+TEST(Supervisor, ServiceThatNeverAnswersStopsEverythingAtItsStartupTimeout) {
+  TempDir dir;
+  auto fast = sh("fast", "echo $$ > " + (dir / "fast.pid").string() + "; exec sleep 30", true, 0);
+  auto slow =
+      sh("slow", "echo $$ > " + (dir / "slow.pid").string() + "; echo booting; exec sleep 30", true,
+         1);
+  slow.ready_endpoint = "tcp://127.0.0.1:" + std::to_string(dsactor::testing::free_port());
+  slow.startup_timeout = 500ms;
+  const auto r = run({fast, slow, sh("w", "touch " + (dir / "worker_ran").string(), false, 2)});
+  EXPECT_EQ(r.result.exit_code, 101);
+  EXPECT_EQ(r.result.failed, "slow");
+  EXPECT_THAT(r.result.message, AllOf(HasSubstr("role \"slow\" never became ready"),
+                                      HasSubstr(slow.ready_endpoint), HasSubstr("0.5 s")));
+  EXPECT_GE(r.seconds, 0.5);
+  EXPECT_LT(r.seconds, 4);
+  EXPECT_FALSE(std::filesystem::exists(dir / "worker_ran"));
+  EXPECT_THAT(r.lines, Contains("[slow] booting"));
+  expect_gone({pid_from(dir / "fast.pid"), pid_from(dir / "slow.pid")});
+}
+
+TEST(Supervisor, FailingRoleStopsTheOthersAndIsNamedWithItsExitCodeAndStderr) {
+  TempDir dir;
+  const auto r = run({
+      sh("svc", "echo $$ > " + (dir / "svc.pid").string() + "; exec sleep 30", true, 0),
+      sh("long", "echo $$ > " + (dir / "long.pid").string() + "; exec sleep 30", false, 1),
+      sh("bad", "sleep 0.2; echo 'step 3: loss is nan' >&2; echo bye; exit 3", false, 2),
+  });
+  EXPECT_EQ(r.result.exit_code, 102);
+  EXPECT_EQ(r.result.failed, "bad");
+  EXPECT_THAT(r.result.message, AllOf(HasSubstr("role \"bad\" exited with code 3"),
+                                      HasSubstr("step 3: loss is nan"), Not(HasSubstr("bye"))));
+  EXPECT_LT(r.seconds, 4);
+  expect_gone({pid_from(dir / "svc.pid"), pid_from(dir / "long.pid")});
+}
+
+TEST(Supervisor, WorkerKilledBySignalIsAFailure) {
+  const auto r = run({sh("w", "kill -9 $$", false, 4)});
+  EXPECT_EQ(r.result.exit_code, 104);
+  EXPECT_THAT(r.result.message, HasSubstr("was killed by signal 9 (SIGKILL)"));
+}
+
+TEST(Supervisor, ServiceThatExitsWhileTrainersRunIsAFailure) {
+  TempDir dir;
+  const auto r = run({
+      sh("svc", "sleep 0.3; echo 'out of memory' >&2; exit 0", true, 0),
+      sh("w", "echo $$ > " + (dir / "w.pid").string() + "; exec sleep 30", false, 1),
+  });
+  EXPECT_EQ(r.result.exit_code, 100);
+  EXPECT_EQ(r.result.failed, "svc");
+  EXPECT_THAT(r.result.message,
+              AllOf(HasSubstr("exited with code 0 while the deployment was running"),
+                    HasSubstr("out of memory")));
+  expect_gone({pid_from(dir / "w.pid")});
+}
+
+TEST(Supervisor, CommandThatCannotStartIsNamed) {
+  TempDir dir;
+  ChildSpec missing;
+  missing.name = "ghost";
+  missing.argv = {(dir / "no-such-binary").string()};
+  missing.code_index = 1;
+  ChildSpec not_in_path = missing;
+  not_in_path.argv = {"dsactor-no-such-command-anywhere"};
+  for (const auto& c : {missing, not_in_path}) {
+    const auto r =
+        run({sh("svc", "echo $$ > " + (dir / "svc.pid").string() + "; exec sleep 30", true, 0), c});
+    EXPECT_EQ(r.result.exit_code, 101);
+    EXPECT_EQ(r.result.failed, "ghost");
+    EXPECT_THAT(r.result.message,
+                AllOf(HasSubstr("exited with code 127"), HasSubstr("cannot start")));
+    expect_gone({pid_from(dir / "svc.pid")});
+  }
+}
+
+TEST(Supervisor, StopRequestEndsGracefulChildrenWithSigterm) {
+  TempDir dir;
+  const auto pidfile = dir / "w.pid";
+  const auto r = run(
+      {sh("svc", "trap 'echo svc got TERM; exit 0' TERM; while :; do sleep 0.05; done", true, 0),
+       sh("w",
+          "trap 'echo w got TERM; exit 0' TERM; echo $$ > " + pidfile.string() +
+              "; while :; do sleep 0.05; done",
+          false, 1)},
+      [&](Supervisor& s) {
+        wait_until([&] { return pid_from(pidfile) > 0; }, 5s);
+        s.request_stop();
+      });
+  EXPECT_EQ(r.result.exit_code, 128 + SIGTERM);
+  EXPECT_TRUE(r.result.failed.empty());
+  EXPECT_THAT(r.lines, Contains("[w] w got TERM"));
+  EXPECT_THAT(r.lines, Contains("[svc] svc got TERM"));
+  EXPECT_LT(r.seconds, 2);  // nobody needed the SIGKILL
+  expect_gone({pid_from(pidfile)});
+}
+
+TEST(Supervisor, ChildIgnoringSigtermIsKilledAfterItsShutdownTimeout) {
+  TempDir dir;
+  const auto pidfile = dir / "w.pid";
+  const auto bgfile = dir / "bg.pid";
+  // The shell and its background job both ignore SIGTERM (the trap is inherited).
+  auto w = sh("stubborn", "trap '' TERM; sleep 30 & echo $! > " + bgfile.string() + "; echo $$ > " +
+                              pidfile.string() + "; while :; do sleep 0.05; done");
+  w.shutdown_timeout = 400ms;
+  Clock::time_point stop_at;
+  const auto r = run({w}, [&](Supervisor& s) {
+    wait_until([&] { return pid_from(pidfile) > 0 && pid_from(bgfile) > 0; }, 5s);
+    stop_at = Clock::now();
+    s.request_stop();
+  });
+  const double after_stop = std::chrono::duration<double>(Clock::now() - stop_at).count();
+  EXPECT_EQ(r.result.exit_code, 128 + SIGTERM);
+  EXPECT_GE(after_stop, 0.4);
+  EXPECT_LT(after_stop, 3);
+  expect_gone({pid_from(pidfile), pid_from(bgfile)});
+}
+
+TEST(Supervisor, BackgroundJobsOfAChildDieWithIt) {
+  TempDir dir;
+  const auto r =
+      run({sh("w", "sleep 30 & echo $! > " + (dir / "bg.pid").string() + "; echo done")});
+  EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
+  EXPECT_LT(r.seconds, 4);  // the background job's open stdout did not hold the run up
+  expect_gone({pid_from(dir / "bg.pid")});
+}
+
+TEST(Supervisor, SigintToTheProcessStopsTheRun) {
+  TempDir dir;
+  const auto pidfile = dir / "svc.pid";
+  SupervisorOptions opt;
+  opt.stop_signals = {SIGINT, SIGTERM};
+  const auto r = run(
+      {sh("svc", "echo $$ > " + pidfile.string() + "; exec sleep 30", true, 0)},
+      [&](Supervisor&) {
+        wait_until([&] { return pid_from(pidfile) > 0; }, 5s);
+        ::kill(::getpid(), SIGINT);
+      },
+      opt);
+  EXPECT_EQ(r.result.exit_code, 128 + SIGINT);
+  expect_gone({pid_from(pidfile)});
+  // The previous disposition is back once run() returns.
+  struct sigaction now {};
+  ::sigaction(SIGINT, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
+}
+
+TEST(Supervisor, EnvironmentReachesTheChild) {
+  auto w = sh("w", "echo \"job=$DSACTOR_TEST_JOB path_set=${PATH:+yes}\"");
+  w.env = {{"DSACTOR_TEST_JOB", "j1"}};
+  const auto r = run({w});
+  EXPECT_THAT(r.lines, Contains("[w] job=j1 path_set=yes"));
+}
+
+TEST(Supervisor, ChildrenForADeployment) {
+  TempDir dir;
+  dsactor::testing::write_file(dir / "ds.json", "{}");
+  dsactor::testing::write_file(dir / "d.yaml", R"(
+job: j
+shutdown_timeout: 3
+roles:
+  - {role: offload, listen: "tcp://127.0.0.1:7100", env: {X: "1"}}
+  - {role: trainer, config: ds.json, startup_timeout: 7}
+)");
+  const auto cfg = load_deploy_config(dir / "d.yaml");
+  const auto kids = children_for(cfg, "/bin/dsactor");
+  ASSERT_EQ(kids.size(), 2u);
+  EXPECT_EQ(kids[0].argv.front(), "/bin/dsactor");
+  EXPECT_EQ(kids[0].argv[1], "start");
+  EXPECT_TRUE(kids[0].service);
+  EXPECT_EQ(kids[0].ready_endpoint, "tcp://127.0.0.1:7100");
+  EXPECT_EQ(kids[0].shutdown_timeout, 3s);
+  EXPECT_FALSE(kids[1].service);
+  EXPECT_EQ(kids[1].startup_timeout, 7s);
+  EXPECT_EQ(kids[1].code_index, 1);
+  using Env = std::pair<std::string, std::string>;
+  EXPECT_THAT(kids[0].env, Contains(Env{"DSACTOR_JOB", "j"}));
+  EXPECT_THAT(kids[0].env, Contains(Env{"DSACTOR_ROLE_NAME", "offload0"}));
+  EXPECT_THAT(kids[0].env, Contains(Env{"X", "1"}));
+  EXPECT_EQ(shell_quote({"a", "b c", "it's"}), "a 'b c' 'it'\\''s'");
+}
+
+}  // namespace
+}  // namespace dsactor::actors
