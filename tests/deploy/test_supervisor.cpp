@@ -41,6 +41,23 @@ ChildSpec sh(const std::string& name, const std::string& script, bool service = 
   return c;
 }
 
+// A service that writes its pid to `pidfile`, then announces itself ready, then waits: the
+// workers start only once its pid is on disk.
+ChildSpec service_with_pid(const std::string& name, const std::filesystem::path& pidfile,
+                           int index) {
+  auto c = sh(name,
+              "echo $$ > " + pidfile.string() + "; echo \"listening on ipc://" + name +
+                  "-ready\"; exec sleep 30",
+              true, index);
+  c.ready_endpoint = "ipc://" + name + "-ready";
+  return c;
+}
+
+// Shell code that waits until `file` is non-empty.
+std::string await_file(const std::filesystem::path& file) {
+  return "while [ ! -s " + file.string() + " ]; do sleep 0.01; done; ";
+}
+
 struct Run {
   SupervisorResult result;
   std::vector<std::string> lines;
@@ -121,7 +138,7 @@ TEST(Supervisor, ServiceIsReadyWhenItsEndpointAcceptsConnections) {
 
 TEST(Supervisor, ServiceThatNeverAnswersStopsEverythingAtItsStartupTimeout) {
   TempDir dir;
-  auto fast = sh("fast", "echo $$ > " + (dir / "fast.pid").string() + "; exec sleep 30", true, 0);
+  auto fast = service_with_pid("fast", dir / "fast.pid", 0);
   auto slow =
       sh("slow", "echo $$ > " + (dir / "slow.pid").string() + "; echo booting; exec sleep 30", true,
          1);
@@ -142,9 +159,10 @@ TEST(Supervisor, ServiceThatNeverAnswersStopsEverythingAtItsStartupTimeout) {
 TEST(Supervisor, FailingRoleStopsTheOthersAndIsNamedWithItsExitCodeAndStderr) {
   TempDir dir;
   const auto r = run({
-      sh("svc", "echo $$ > " + (dir / "svc.pid").string() + "; exec sleep 30", true, 0),
+      service_with_pid("svc", dir / "svc.pid", 0),
       sh("long", "echo $$ > " + (dir / "long.pid").string() + "; exec sleep 30", false, 1),
-      sh("bad", "sleep 0.2; echo 'step 3: loss is nan' >&2; echo bye; exit 3", false, 2),
+      sh("bad", await_file(dir / "long.pid") + "echo 'step 3: loss is nan' >&2; echo bye; exit 3",
+         false, 2),
   });
   EXPECT_EQ(r.result.exit_code, 102);
   EXPECT_EQ(r.result.failed, "bad");
@@ -163,7 +181,7 @@ TEST(Supervisor, WorkerKilledBySignalIsAFailure) {
 TEST(Supervisor, ServiceThatExitsWhileTrainersRunIsAFailure) {
   TempDir dir;
   const auto r = run({
-      sh("svc", "sleep 0.3; echo 'out of memory' >&2; exit 0", true, 0),
+      sh("svc", await_file(dir / "w.pid") + "echo 'out of memory' >&2; exit 0", true, 0),
       sh("w", "echo $$ > " + (dir / "w.pid").string() + "; exec sleep 30", false, 1),
   });
   EXPECT_EQ(r.result.exit_code, 100);
@@ -183,8 +201,7 @@ TEST(Supervisor, CommandThatCannotStartIsNamed) {
   ChildSpec not_in_path = missing;
   not_in_path.argv = {"dsactor-no-such-command-anywhere"};
   for (const auto& c : {missing, not_in_path}) {
-    const auto r =
-        run({sh("svc", "echo $$ > " + (dir / "svc.pid").string() + "; exec sleep 30", true, 0), c});
+    const auto r = run({service_with_pid("svc", dir / "svc.pid", 0), c});
     EXPECT_EQ(r.result.exit_code, 101);
     EXPECT_EQ(r.result.failed, "ghost");
     EXPECT_THAT(r.result.message,
