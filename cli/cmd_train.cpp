@@ -41,6 +41,7 @@ void add_train_command(CLI::App& app) {
   cmd->callback([o, sample] {
     ProgressBar bar;
     trainer::TrainCallbacks cb;
+    cb.log_steps = !bar.active();
     cb.on_step = [&bar](const trainer::TrainProgress& p) {
       bar.update(p.step.global_step, p.target_steps,
                  fmt::format("loss {:.4f} | {:.0f} tok/s", p.step.loss, p.tokens_per_second),

@@ -122,7 +122,7 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
     if (engine.precision() == Precision::kFp16)
       monitor("Train/Samples/loss_scale", r.global_step, r.loss_scale);
     if (cb.on_step) cb.on_step(p);
-    if (config.steps_per_print > 0 && r.global_step % config.steps_per_print == 0)
+    if (cb.log_steps && config.steps_per_print > 0 && r.global_step % config.steps_per_print == 0)
       spdlog::info("step {}/{} loss {:.4f} lr {:.3e} grad_norm {:.3f}{} {:.0f} tok/s",
                    r.global_step, target, r.loss, r.lr, r.grad_norm,
                    r.skipped ? " (skipped: fp16 overflow)" : "", p.tokens_per_second);

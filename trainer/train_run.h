@@ -38,6 +38,8 @@ struct TrainProgress {
 struct TrainCallbacks {
   std::function<void(const TrainProgress&)> on_step;
   std::function<void(int64_t step, float val_loss)> on_eval;
+  // The steps_per_print log line; off when something else (a TTY progress bar) shows it.
+  bool log_steps = true;
 };
 
 struct TrainSummary {
