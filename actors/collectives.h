@@ -1,0 +1,155 @@
+#pragma once
+
+// Dense collectives between trainers, behind one interface: GlooCollectives (CPU, TCP) for
+// W > 1 and LocalCollectives for W == 1; NCCL will be a third implementation.
+//
+// Threading: every call is queued to a communication thread the object owns and returns a
+// std::future; the blocking names (allreduce_sum, ...) wait on it. So an actor can submit
+// and keep its mailbox moving. Calls run in submission order, and every rank must submit
+// the same sequence of collectives (as with MPI/NCCL). Buffers must stay valid and
+// untouched until the future is ready.
+//
+// Determinism: GlooCollectives does not use Gloo's ring algorithms for the reductions
+// (their summation order depends on the chunk's position in the ring, so results differ
+// from a fixed-order sum). It builds them from Gloo point-to-point sends:
+//   reduce-scatter: rank r receives chunk r from every rank and sums in rank order,
+//     out[i] = ((x_0[i] + x_1[i]) + x_2[i]) + ... + x_{W-1}[i]   (fp32, left to right);
+//   allreduce: the same reduce-scatter over W near-equal chunks, then an allgather of the
+//     reduced chunks, so every rank holds the identical bits of that rank-order sum;
+//   allgather / broadcast: copies, exact.
+// Hence: identical outputs on every rank and every run, equal to a sequential loop over
+// ranks 0..W-1. The sends are direct (each rank talks to each peer; same bytes per rank as
+// a ring, fewer steps), which suits the small W of a host or a few hosts.
+//
+// Failure: each collective has a deadline (the timeout from the options). A peer that hangs
+// or dies makes the call throw CollectiveError naming the operation, the peer rank and the
+// timeout. After a failure the object tears its connections down (so the other ranks fail
+// fast too instead of waiting out their own timeouts) and every later call throws.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <future>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace gloo {
+class Context;
+namespace rendezvous {
+class Store;
+}
+}  // namespace gloo
+
+namespace dsactor::actors {
+
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // data (count floats) becomes the sum over ranks, in place.
+  virtual std::future<void> allreduce_sum_async(float* data, size_t count) = 0;
+  // in: world_size * count_per_rank floats; out: count_per_rank floats, the rank-order sum
+  // of every rank's slice [rank * count_per_rank, (rank + 1) * count_per_rank).
+  virtual std::future<void> reduce_scatter_sum_async(const float* in, float* out,
+                                                     size_t count_per_rank) = 0;
+  // in: count_per_rank floats; out: world_size * count_per_rank floats, rank r's input at
+  // offset r * count_per_rank. in may alias out + rank * count_per_rank.
+  virtual std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank) = 0;
+  // root's data is copied into every rank's data.
+  virtual std::future<void> broadcast_async(float* data, size_t count, int root) = 0;
+  virtual std::future<void> barrier_async() = 0;
+
+  // Blocking forms: submit and wait; rethrow the CollectiveError.
+  void allreduce_sum(float* data, size_t count) { allreduce_sum_async(data, count).get(); }
+  void reduce_scatter_sum(const float* in, float* out, size_t count_per_rank) {
+    reduce_scatter_sum_async(in, out, count_per_rank).get();
+  }
+  void allgather(const float* in, float* out, size_t count_per_rank) {
+    allgather_async(in, out, count_per_rank).get();
+  }
+  void broadcast(float* data, size_t count, int root) { broadcast_async(data, count, root).get(); }
+  void barrier() { barrier_async().get(); }
+
+ protected:
+  Collectives(int rank, int world_size);
+
+ private:
+  int rank_;
+  int world_size_;
+};
+
+// World size 1: reductions are the identity, gathers are copies; futures come back ready.
+class LocalCollectives final : public Collectives {
+ public:
+  LocalCollectives();
+  std::future<void> allreduce_sum_async(float* data, size_t count) override;
+  std::future<void> reduce_scatter_sum_async(const float* in, float* out,
+                                             size_t count_per_rank) override;
+  std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank) override;
+  std::future<void> broadcast_async(float* data, size_t count, int root) override;
+  std::future<void> barrier_async() override;
+};
+
+struct GlooCollectivesOptions {
+  // Deadline of every collective, and of connecting the mesh. Default 5 minutes: a first
+  // step can legitimately wait for a slow peer's model build; tests use ~2 s.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Address the TCP transport binds and advertises: 127.0.0.1 on one host, this host's
+  // address on the cluster network otherwise.
+  std::string address = "127.0.0.1";
+  // Store key prefix of this communicator, so several communicators share one job.
+  std::string prefix = "gloo";
+  // Reduce-scatter works in segments of this many floats per peer, which bounds its
+  // scratch memory to (world_size - 1) * segment_floats floats. Default 1 Mi (4 MiB).
+  size_t segment_floats = size_t{1} << 20;
+};
+
+class GlooCollectives final : public Collectives {
+ public:
+  // Connects the full mesh through `store` (every rank must construct with the same
+  // prefix). Blocks until all world_size ranks joined; throws CollectiveError naming the
+  // first rank that did not join within options.timeout. The store is used only inside
+  // the constructor.
+  GlooCollectives(int rank, int world_size, gloo::rendezvous::Store& store,
+                  GlooCollectivesOptions options = {});
+  ~GlooCollectives() override;
+  GlooCollectives(const GlooCollectives&) = delete;
+  GlooCollectives& operator=(const GlooCollectives&) = delete;
+
+  std::future<void> allreduce_sum_async(float* data, size_t count) override;
+  std::future<void> reduce_scatter_sum_async(const float* in, float* out,
+                                             size_t count_per_rank) override;
+  std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank) override;
+  std::future<void> broadcast_async(float* data, size_t count, int root) override;
+  std::future<void> barrier_async() override;
+
+  // Runs fn with the Gloo context on the communication thread, in order with the
+  // collectives (bench/dp_bench compares Gloo's own algorithms on the same connections).
+  std::future<void> run_on_comm_thread(
+      std::function<void(const std::shared_ptr<gloo::Context>&)> fn);
+
+  const GlooCollectivesOptions& options() const { return options_; }
+
+ private:
+  struct Impl;
+  std::future<void> submit(const char* op, std::function<void(Impl&)> fn);
+
+  GlooCollectivesOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// LocalCollectives when world_size == 1 (store may then be null), GlooCollectives otherwise.
+std::unique_ptr<Collectives> make_collectives(int rank, int world_size,
+                                              gloo::rendezvous::Store* store,
+                                              GlooCollectivesOptions options = {});
+
+}  // namespace dsactor::actors
