@@ -491,7 +491,18 @@ struct Supervisor::Impl {
   }
 
   SupervisorResult run() {
-    // Phase 1: services, in parallel, until each is ready.
+    // Phase 1: services, in parallel, until each is ready. An endpoint that already answers
+    // belongs to some other process: the role could not bind it, and the connection probe
+    // would call it ready.
+    for (auto& c : kids) {
+      if (!c.spec->service) continue;
+      if (!c.spec->ready_endpoint.empty() && try_connect(c.spec->ready_endpoint)) {
+        c.tail.push_back(fmt::format("{} already accepts connections before {} started",
+                                     c.spec->ready_endpoint, c.spec->name));
+        return fail(c, fmt::format("cannot start: its endpoint {} is taken by another process",
+                                   c.spec->ready_endpoint));
+      }
+    }
     for (auto& c : kids)
       if (c.spec->service) spawn(c);
     while (true) {

@@ -93,8 +93,8 @@ void run_up(const UpArgs& a) {
     return;
   }
   if (!result.failed.empty())
-    spdlog::error("dsactor up: {} (exit code {} = 100 + its index in roles)", result.message,
-                  result.exit_code);
+    spdlog::error("dsactor up: exit code {} (100 + the index of the failed role in roles): {}",
+                  result.exit_code, result.message);
   else
     spdlog::warn("dsactor up: {}", result.message);
   throw CLI::RuntimeError(result.exit_code);

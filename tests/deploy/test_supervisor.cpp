@@ -116,24 +116,53 @@ TEST(Supervisor, WorkersStartAfterServicesAnnounceTheirEndpointAndServicesStopAf
   expect_gone({pid_from(dir / "svc.pid")});
 }
 
-TEST(Supervisor, ServiceIsReadyWhenItsEndpointAcceptsConnections) {
-  // The test plays the service's socket; the child itself prints nothing.
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+int listening_socket(int port = 0) {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(::listen(s, 8), 0);
-  socklen_t len = sizeof(a);
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  auto svc = sh("svc", "exec sleep 30", true, 0);
-  svc.ready_endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-  svc.startup_timeout = 3s;
-  const auto r = run({svc, sh("w", "echo ran", false, 1)});
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(s, 8) != 0) {
+    ::close(s);
+    return -1;
+  }
+  return s;
+}
+
+TEST(Supervisor, ServiceIsReadyWhenItsEndpointAcceptsConnections) {
+  // The test plays the service's socket, opened once the child runs; the child prints nothing.
+  TempDir dir;
+  const int port = dsactor::testing::free_port();
+  auto svc = sh("svc", "echo $$ > " + (dir / "svc.pid").string() + "; exec sleep 30", true, 0);
+  svc.ready_endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  svc.startup_timeout = 5s;
+  int s = -1;
+  const auto r = run({svc, sh("w", "echo ran", false, 1)}, [&](Supervisor&) {
+    wait_until([&] { return pid_from(dir / "svc.pid") > 0; }, 5s);
+    s = listening_socket(port);
+  });
+  ASSERT_GE(s, 0);
   ::close(s);
   EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
   EXPECT_THAT(r.lines, Contains("[w] ran"));
-  EXPECT_LT(r.seconds, 2.5);
+  EXPECT_LT(r.seconds, 4);
+  expect_gone({pid_from(dir / "svc.pid")});
+}
+
+TEST(Supervisor, EndpointTakenBeforeTheServiceStartsIsAFailure) {
+  const int s = listening_socket();
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  auto svc = sh("svc", "exec sleep 30", true, 3);
+  svc.ready_endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  const auto r = run({svc});
+  ::close(s);
+  EXPECT_EQ(r.result.exit_code, 103);
+  EXPECT_EQ(r.result.failed, "svc");
+  EXPECT_THAT(r.result.message, AllOf(HasSubstr("its endpoint " + svc.ready_endpoint +
+                                                " is taken by another process"),
+                                      HasSubstr("already accepts connections before svc started")));
 }
 
 TEST(Supervisor, ServiceThatNeverAnswersStopsEverythingAtItsStartupTimeout) {

@@ -1,0 +1,198 @@
+// `dsactor up` through the real binary: dry run, config errors, a refused trainer, a service
+// that cannot bind, SIGTERM and SIGKILL of `up` itself; never a process left behind.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/deploy/deploy_test_util.h"
+
+extern char** environ;
+
+namespace dsactor::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+// `dsactor up ...` running in the background, its stdout/stderr going to files.
+class UpProcess {
+ public:
+  UpProcess(const TempDir& dir, std::vector<std::string> args)
+      : out_(dir / "up.out"), err_(dir / "up.err") {
+    args.insert(args.begin(), {DSACTOR_BINARY, "up"});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, DSACTOR_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~UpProcess() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string out() const { return read_file(out_); }
+  std::string err() const { return read_file(err_); }
+
+  // The exit code, or -1 (after killing it) when it did not end within `timeout`.
+  int wait(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+  // The pids `up` logged as "started NAME (pid N)".
+  std::vector<pid_t> children() const {
+    std::vector<pid_t> out;
+    const std::string e = err();
+    static const std::regex re(R"(started \S+ \(pid (\d+)\))");
+    for (auto it = std::sregex_iterator(e.begin(), e.end(), re); it != std::sregex_iterator(); ++it)
+      out.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+    return out;
+  }
+
+ private:
+  std::filesystem::path out_, err_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+void expect_gone(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids)
+    EXPECT_TRUE(wait_until([&] { return !process_alive(p); }, 3s)) << "pid " << p << " survived";
+}
+
+class UpCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 4})");
+    port = free_port();
+    endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  }
+  std::filesystem::path deploy(const std::string& yaml) {
+    write_file(dir / "deploy.yaml", yaml);
+    return dir / "deploy.yaml";
+  }
+  std::string offload_role() const {
+    return "  - {role: offload, name: offload0, listen: \"" + endpoint +
+           "\", mlock: false, memory_limit: 64MiB}\n";
+  }
+
+  TempDir dir;
+  int port = 0;
+  std::string endpoint;
+};
+
+TEST_F(UpCli, DryRunPrintsEveryCommandLineAndStartsNothing) {
+  const auto file = deploy("job: demo\nroles:\n" + offload_role() +
+                           "  - {role: trainer, config: ds.json, steps: 3}\n");
+  UpProcess up(dir, {file.string(), "--dry-run"});
+  ASSERT_EQ(up.wait(20s), 0) << up.err();
+  EXPECT_THAT(up.out(),
+              AllOf(HasSubstr("[offload0] DSACTOR_JOB=demo DSACTOR_ROLE_NAME=offload0 "),
+                    HasSubstr("start --role offload --listen " + endpoint),
+                    HasSubstr("[trainer0] "), HasSubstr("start --role trainer --name trainer0"),
+                    HasSubstr("--offload " + endpoint), HasSubstr("--steps 3")));
+  EXPECT_TRUE(up.children().empty());
+}
+
+TEST_F(UpCli, InvalidDeployFileExits2NamingFileKeyAndFix) {
+  const auto file = deploy("roles:\n  - {role: ofload}\n");
+  UpProcess up(dir, {file.string()});
+  EXPECT_EQ(up.wait(20s), 2);
+  EXPECT_THAT(up.err(), AllOf(HasSubstr(file.string() + ":2:"), HasSubstr("roles[0].role"),
+                              HasSubstr("did you mean \"offload\"?")));
+  EXPECT_TRUE(up.children().empty());
+}
+
+TEST_F(UpCli, RefusedTrainerStopsTheServiceAndIsNamed) {
+  const auto file = deploy("roles:\n" + offload_role() + "  - {role: trainer, config: ds.json}\n");
+  UpProcess up(dir, {file.string()});
+  const int rc = up.wait(25s);
+  EXPECT_EQ(rc, 101) << up.err();  // 100 + index of the trainer in roles
+  EXPECT_THAT(up.err(), HasSubstr("role \"trainer0\""));
+  // The service came up, was ready, and was stopped cleanly on the trainer's failure.
+  EXPECT_THAT(up.out(), AllOf(HasSubstr("[offload0] "), HasSubstr("listening on " + endpoint),
+                              HasSubstr("offload service stopped")));
+  const auto kids = up.children();
+  EXPECT_EQ(kids.size(), 2u) << up.err();
+  expect_gone(kids);
+}
+
+TEST_F(UpCli, ServiceThatCannotBindIsNamed) {
+  // Someone else holds the port: `up` says so before starting the service.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(s, 8), 0);
+  const auto file = deploy("roles:\n" + offload_role());
+  UpProcess up(dir, {file.string()});
+  const int rc = up.wait(25s);
+  ::close(s);
+  EXPECT_EQ(rc, 100) << up.err();
+  EXPECT_THAT(up.err(), AllOf(HasSubstr("role \"offload0\""),
+                              HasSubstr(endpoint + " is taken by another process")));
+  EXPECT_TRUE(up.children().empty());
+}
+
+TEST_F(UpCli, SigtermStopsAServicesOnlyDeployment) {
+  const auto file = deploy("roles:\n" + offload_role());
+  UpProcess up(dir, {file.string()});
+  ASSERT_TRUE(wait_until(
+      [&] { return up.out().find("listening on " + endpoint) != std::string::npos; }, 20s))
+      << up.err();
+  const auto kids = up.children();
+  ASSERT_EQ(kids.size(), 1u);
+  EXPECT_TRUE(process_alive(kids[0]));
+  ::kill(up.pid(), SIGTERM);
+  EXPECT_EQ(up.wait(15s), 128 + SIGTERM) << up.err();
+  EXPECT_THAT(up.out(), HasSubstr("[offload0] "));
+  EXPECT_THAT(up.out(), HasSubstr("offload service stopped"));
+  EXPECT_THAT(up.err(), Not(HasSubstr("SIGKILL")));
+  expect_gone(kids);
+}
+
+TEST_F(UpCli, SigkillOfUpTakesItsChildrenAlong) {
+  const auto file = deploy("roles:\n" + offload_role());
+  UpProcess up(dir, {file.string()});
+  ASSERT_TRUE(wait_until(
+      [&] { return up.out().find("listening on " + endpoint) != std::string::npos; }, 20s))
+      << up.err();
+  const auto kids = up.children();
+  ASSERT_EQ(kids.size(), 1u);
+  ::kill(up.pid(), SIGKILL);
+  EXPECT_EQ(up.wait(10s), 128 + SIGKILL);
+  expect_gone(kids);  // PR_SET_PDEATHSIG
+}
+
+}  // namespace
+}  // namespace dsactor::testing
