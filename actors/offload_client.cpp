@@ -129,4 +129,12 @@ msg::StatsReply OffloadClient::stats() {
   return expect<msg::StatsReply>(call(msg::Stats{}), "stats");
 }
 
+msg::CheckpointReply OffloadClient::checkpoint(const std::string& tag, const std::string& path) {
+  return expect<msg::CheckpointReply>(call(msg::Checkpoint{tag, path}), "checkpoint");
+}
+
+msg::RestoreReply OffloadClient::restore(const std::string& tag, const std::string& path) {
+  return expect<msg::RestoreReply>(call(msg::Restore{tag, path}), "restore");
+}
+
 }  // namespace dsactor::actors

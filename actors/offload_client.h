@@ -72,6 +72,13 @@ class OffloadClient {
   messages::CommitReply skip(uint64_t step);
   FetchedParameters fetch(uint64_t partition_id, uint64_t min_version, messages::DType dtype);
   messages::StatsReply stats();
+  // Writes the job's partitions (master, m, v, versions, hyper-parameters) to `path`, a
+  // directory on the service's host (absolute), published atomically; the state is
+  // unchanged. Refused while gradients of the next step are pending.
+  messages::CheckpointReply checkpoint(const std::string& tag, const std::string& path);
+  // Loads a checkpoint written by checkpoint(tag, path) back into the job; a checkpoint
+  // that fails any check (tag, sizes, crc32c) is refused and the state is untouched.
+  messages::RestoreReply restore(const std::string& tag, const std::string& path);
 
   // One round trip with any body; returns the reply (ErrorReply included, not thrown).
   // The reply's payload frame, if any, lands in *payload when given.

@@ -21,7 +21,11 @@ struct StartArgs {
   uint64_t memory_limit = 0;
   size_t aio_block_size = size_t{1} << 20;
   unsigned aio_queue_depth = 8;
+  uint64_t max_in_cpu = 0;
+  unsigned buffer_count = 4;
+  uint64_t buffer_size = 0;
   bool no_mlock = false;
+  bool no_cuda_pinning = false;
 };
 
 int run_offload(const StartArgs& a) {
@@ -37,13 +41,24 @@ int run_offload(const StartArgs& a) {
   o.listen = a.listen;
   o.store.memory_limit = a.memory_limit;
   o.store.lock_memory = !a.no_mlock;
+  o.store.pin_with_cuda = !a.no_cuda_pinning;
   o.store.nvme.block_size = a.aio_block_size;
   o.store.nvme.queue_depth = a.aio_queue_depth;
+  o.store.max_in_cpu = a.max_in_cpu;
+  o.store.buffer_count = a.buffer_count;
+  o.store.buffer_size = a.buffer_size;
   if (!a.nvme.empty()) o.store.nvme_dir = a.nvme;
   o.store.service_id = "offload@" + a.listen;
+  // Bad knobs are named before anything is opened or bound.
+  offload::validate(o.store);
   offload::OffloadService service(o);
-  spdlog::info("offload service listening on {} ({} tier{})", service.endpoint(),
-               a.nvme.empty() ? "RAM" : "NVMe", a.nvme.empty() ? "" : ": " + a.nvme);
+  std::string tiers = "RAM";
+  if (!a.nvme.empty()) {
+    tiers = a.max_in_cpu ? fmt::format("RAM up to {} bytes, then NVMe: {}", a.max_in_cpu, a.nvme)
+                         : "NVMe: " + a.nvme;
+  }
+  spdlog::info("offload service listening on {} ({} tier; pinning: {})", service.endpoint(), tiers,
+               service.pinning_report());
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -75,7 +90,26 @@ void add_start_command(CLI::App& app) {
   cmd->add_option("--aio-queue-depth", a->aio_queue_depth, "offload: io_uring requests in flight")
       ->check(CLI::Range(1u, 4096u))
       ->capture_default_str();
-  cmd->add_flag("--no-mlock", a->no_mlock, "offload: do not try to mlock RAM buffers");
+  cmd->add_option("--max-in-cpu", a->max_in_cpu,
+                  "offload, with --nvme: bytes of optimizer state (master+m+v, 12 per element) "
+                  "kept in RAM, placed in registration order; the rest spills to NVMe "
+                  "(ds_config max_in_cpu, but in bytes); 0 = everything on NVMe")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--buffer-count", a->buffer_count,
+                  "offload: NVMe staging buffers (one computed, count-2 read ahead, one "
+                  "written behind; ds_config buffer_count), 3..1024")
+      ->capture_default_str();
+  cmd->add_option("--buffer-size", a->buffer_size,
+                  "offload: bytes of one NVMe staging buffer (a chunk of master, m and v; "
+                  "ds_config buffer_size, in bytes), multiple of 4096, >= aio block size; "
+                  "0 = 3 x aio block size; fixed for the life of an --nvme directory")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_flag("--no-mlock", a->no_mlock,
+                "offload: do not pin RAM buffers at all (neither cudaHostAlloc nor mlock)");
+  cmd->add_flag("--no-cuda-pinning", a->no_cuda_pinning,
+                "offload: do not try cudaHostAlloc (dlopen libcudart) even with a CUDA device");
   cmd->callback([a] {
     if (a->role == "offload") {
       const int rc = run_offload(*a);

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "storage/crc32c.h"
 
@@ -14,23 +15,53 @@ namespace dsactor::offload {
 using storage::align_up;
 using storage::Extent;
 
-NvmeTier::NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions& options)
-    : file_name_("partitions.dat"), chunk_elems_(options.block_size / sizeof(float)) {
+namespace {
+const char* kLayoutTag = "offload-layout";
+}
+
+NvmeTier::NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions& options,
+                   const StagingOptions& staging, HostAllocator& memory)
+    : file_name_("partitions.dat"),
+      chunk_elems_(staging.chunk_elements),
+      buffer_count_(staging.buffer_count) {
   if (options.block_size == 0 || options.block_size % storage::AlignedBuffer::kAlignment != 0) {
     throw std::invalid_argument("nvme tier: aio block size " + std::to_string(options.block_size) +
                                 " is not a positive multiple of 4096");
   }
+  if (chunk_elems_ == 0 || chunk_elems_ % 1024 != 0 || buffer_count_ < 3) {
+    throw std::invalid_argument("nvme tier: chunk of " + std::to_string(chunk_elems_) +
+                                " elements (needs a positive multiple of 1024) and " +
+                                std::to_string(buffer_count_) + " buffers (needs >= 3)");
+  }
   std::filesystem::create_directories(dir);
   meta_ = std::make_unique<storage::MetadataStore>(dir / "metadata");
+  // The extent layout is chunk_elements-wide; a directory written with another width
+  // would be misread, so the width is recorded once and checked on every open.
+  if (auto rec = meta_->get_manifest(kLayoutTag)) {
+    const uint64_t was = std::stoull(*rec);
+    if (was != chunk_elems_) {
+      throw std::invalid_argument(
+          "nvme tier: " + dir.string() + " was created with chunks of " + std::to_string(was) +
+          " elements (buffer_size " + std::to_string(3 * was * sizeof(float)) +
+          " bytes); this service asks for " + std::to_string(chunk_elems_) +
+          " elements (buffer_size " + std::to_string(3 * chunk_elems_ * sizeof(float)) +
+          "); start it with the original --buffer-size / --aio-block-size");
+    }
+  } else {
+    meta_->put_manifest(kLayoutTag, std::to_string(chunk_elems_));
+  }
   file_ = std::make_unique<storage::NvmeFile>(dir / file_name_, 0, options);
   alloc_ = storage::ExtentAllocator(file_->capacity());
-  // Three chunk buffers: one being computed, one being read ahead, one being written
-  // behind. Registered once so every transfer takes the fixed-buffer path.
-  ring_ = storage::AlignedBuffer(3 * 3 * chunk_elems_ * sizeof(float));
-  file_->register_buffer(ring_);
-  spdlog::info("nvme tier: {} ({} I/O, {} KiB chunks per array, queue depth {})",
-               (dir / file_name_).string(), storage::to_string(file_->mode()),
-               options.block_size / 1024, options.queue_depth);
+  // The staging ring: one buffer being computed, buffer_count - 2 read ahead, one being
+  // written behind. Registered once so every transfer takes the fixed-buffer path.
+  ring_ = memory.allocate(buffer_count_ * buffer_bytes());
+  file_->register_buffer(ring_->data(), ring_->capacity());
+  spdlog::info(
+      "nvme tier: {} ({} I/O, {} staging buffers of {} KiB = {} KiB chunks per array, queue "
+      "depth {}, {} KiB requests)",
+      (dir / file_name_).string(), storage::to_string(file_->mode()), buffer_count_,
+      buffer_bytes() / 1024, chunk_elems_ * sizeof(float) / 1024, options.queue_depth,
+      options.block_size / 1024);
 }
 
 NvmeTier::~NvmeTier() = default;
@@ -83,20 +114,24 @@ void NvmeTier::read(const NvmeLocation& from, uint64_t n, const ChunkFn& fn) {
 NvmeLocation NvmeTier::stream(const NvmeLocation* from, uint64_t n, const ChunkFn& fn, bool write) {
   using Ticket = storage::NvmeFile::Ticket;
   const uint64_t C = chunk_elems_;
+  const uint64_t B = buffer_count_;
   const uint64_t chunks = (n + C - 1) / C;
   const uint64_t full = 3 * C * sizeof(float);
   auto count = [&](uint64_t k) { return std::min(C, n - k * C); };
   auto section = [&](uint64_t k) { return align_up(count(k) * sizeof(float)); };
   auto bytes = [&](uint64_t k) { return 3 * section(k); };
-  std::array<std::byte*, 3> buf{ring_.data(), ring_.data() + full, ring_.data() + 2 * full};
-  std::array<std::optional<Ticket>, 3> rd, wr;
+  std::vector<std::byte*> buf(B);
+  for (uint64_t b = 0; b < B; ++b) buf[b] = ring_->data() + b * full;
+  std::vector<std::optional<Ticket>> rd(B), wr(B);
 
   NvmeLocation out;
   if (write) out.extent = allocate(extent_bytes(n));
   uint32_t crc_in = 0, crc_out = 0;
   try {
+    // Chunk k lives in buffer k % B. Reading chunk k + B - 1 reuses the buffer chunk k - 1
+    // was written from, so that write (the one behind) is waited for first.
     auto start_read = [&](uint64_t k) {
-      const size_t b = k % 3;
+      const size_t b = k % B;
       if (wr[b]) file_->wait(*std::exchange(wr[b], std::nullopt));  // write-behind done
       if (from) {
         rd[b] = file_->submit_read(from->extent.offset + k * full, buf[b], bytes(k));
@@ -104,9 +139,9 @@ NvmeLocation NvmeTier::stream(const NvmeLocation* from, uint64_t n, const ChunkF
         std::memset(buf[b], 0, bytes(k));
       }
     };
-    for (uint64_t k = 0; k < std::min<uint64_t>(2, chunks); ++k) start_read(k);
+    for (uint64_t k = 0; k < std::min<uint64_t>(B - 1, chunks); ++k) start_read(k);
     for (uint64_t k = 0; k < chunks; ++k) {
-      const size_t b = k % 3;
+      const size_t b = k % B;
       if (rd[b]) file_->wait(*std::exchange(rd[b], std::nullopt));
       if (from) crc_in = storage::crc32c(buf[b], bytes(k), crc_in);
       if (fn) {
@@ -118,7 +153,7 @@ NvmeLocation NvmeTier::stream(const NvmeLocation* from, uint64_t n, const ChunkF
         crc_out = storage::crc32c(buf[b], bytes(k), crc_out);
         wr[b] = file_->submit_write(out.extent.offset + k * full, buf[b], bytes(k));
       }
-      if (k + 2 < chunks) start_read(k + 2);
+      if (k + B - 1 < chunks) start_read(k + B - 1);
     }
     for (auto& t : wr) {
       if (t) file_->wait(*std::exchange(t, std::nullopt));

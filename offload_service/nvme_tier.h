@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "offload_service/host_memory.h"
 #include "storage/metadata_store.h"
 #include "storage/nvme_file.h"
 
@@ -38,6 +39,17 @@ struct NvmeLocation {
   uint32_t crc32c = 0;
 };
 
+// The streaming knobs (ds_config offload `buffer_count` / `buffer_size`).
+struct StagingOptions {
+  // Elements of each array (master, m, v) in one chunk; a multiple of 1024 so each
+  // section is 4 KiB aligned. The extent layout depends on it, so it is recorded in the
+  // metadata at creation and a reopen with another value is refused.
+  uint64_t chunk_elements = (uint64_t{1} << 20) / sizeof(float);
+  // Staging buffers of 3 x chunk_elements floats in the rotation: one being computed,
+  // buffer_count - 2 read ahead, one written behind. >= 3.
+  unsigned buffer_count = 3;
+};
+
 class NvmeTier {
  public:
   // One chunk of a partition in a streaming pass: elements [first, first + count).
@@ -50,7 +62,10 @@ class NvmeTier {
   };
   using ChunkFn = std::function<void(const Chunk&)>;
 
-  NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions& options);
+  // Throws std::invalid_argument when the options do not fit each other or the layout
+  // recorded in DIR (naming both), std::runtime_error when DIR cannot be used.
+  NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions& options,
+           const StagingOptions& staging, HostAllocator& memory);
   ~NvmeTier();
 
   storage::MetadataStore& metadata() { return *meta_; }
@@ -59,6 +74,9 @@ class NvmeTier {
   // Extent bytes of a partition of n elements.
   uint64_t extent_bytes(uint64_t n) const;
   uint64_t used_bytes() const { return alloc_.used_bytes(); }
+  unsigned buffer_count() const { return buffer_count_; }
+  // Bytes of one staging buffer (3 sections of chunk_elements floats).
+  uint64_t buffer_bytes() const { return 3 * chunk_elems_ * sizeof(float); }
 
   // Marks an extent from a reloaded record as used.
   void adopt(const storage::Extent& extent);
@@ -84,7 +102,8 @@ class NvmeTier {
   std::unique_ptr<storage::NvmeFile> file_;
   storage::ExtentAllocator alloc_;
   uint64_t chunk_elems_;
-  storage::AlignedBuffer ring_;  // 3 chunk buffers, registered with the ring
+  unsigned buffer_count_;
+  HostBufferPtr ring_;  // buffer_count chunk buffers, registered with the io_uring ring
 };
 
 }  // namespace dsactor::offload

@@ -22,31 +22,75 @@
 
 #include "kernels/cpu/adam.h"
 #include "messages/codec.h"
+#include "offload_service/host_memory.h"
+#include "offload_service/nvme_tier.h"
 #include "storage/nvme_file.h"
 
 namespace dsactor::offload {
 
-// Knobs of the store (from `dsactor start --role offload` flags).
+// Knobs of the store (from `dsactor start --role offload` flags; the ds_config names are
+// in parentheses). validate() states the rules; PartitionStore's constructor applies it.
 struct StoreOptions {
   // Bytes of RAM partitions may take (master, m, v on the RAM tier; gradient and served
-  // copy on both tiers). 0 = the machine's physical memory. A registration beyond it with
-  // no NVMe tier is refused with outOfMemory.
+  // copy on both tiers). 0 = the machine's physical memory. A registration beyond it
+  // spills to NVMe when there is an NVMe tier, and is refused with outOfMemory otherwise.
+  // The NVMe staging buffers (buffer_count x buffer_size) come off the top of it.
   uint64_t memory_limit = 0;
 
-  // NVMe tier directory (`--nvme DIR`). When set, master/m/v of every partition live in
-  // DIR/partitions.dat with their extents, versions and crc32c in RocksDB (DIR/metadata);
-  // a store reopened on the same DIR serves the same state. Default: none (RAM tier).
+  // NVMe tier directory (`--nvme DIR`). When set, master/m/v of every partition beyond
+  // max_in_cpu live in DIR/partitions.dat with their extents, versions and crc32c in
+  // RocksDB (DIR/metadata); a store reopened on the same DIR serves the same state.
+  // Default: none (RAM tier only).
   std::optional<std::filesystem::path> nvme_dir;
 
-  // io_uring knobs (ds_config `aio`): block_size is also the streaming chunk of the
-  // optimizer pass (block_size / 4 elements of master, m and v per chunk).
+  // With an NVMe tier: bytes of optimizer state (master + m + v, 3 x align4k(4n) per
+  // partition) kept in RAM; partitions are placed in registration order, RAM first while
+  // they fit here (and in memory_limit), the rest on NVMe. (offload_param/offload_optimizer
+  // `max_in_cpu`; DeepSpeed counts elements there, we count bytes: 12 per element.)
+  // Default: 0, every partition on NVMe. Without an NVMe tier it must stay 0.
+  uint64_t max_in_cpu = 0;
+
+  // Staging buffers of the NVMe streaming pass (`buffer_count`): one being computed,
+  // buffer_count - 2 read ahead, one written behind. 3..1024. Default: 4.
+  unsigned buffer_count = 4;
+
+  // Bytes of one staging buffer (`buffer_size`): a chunk of buffer_size / 12 elements
+  // (rounded down to 1024) of master, m and v. A multiple of 4096, at least the aio block
+  // size and 12 KiB. The extent layout follows it, so an NVMe directory must be reopened
+  // with the same value. Default: 0 = 3 x nvme.block_size.
+  uint64_t buffer_size = 0;
+
+  // io_uring knobs (ds_config `aio`).
   storage::NvmeOptions nvme;
 
-  // mlock() RAM-tier buffers where allowed; a refusal is logged once, not fatal.
+  // Pin RAM-tier partitions and staging buffers: cudaHostAlloc when a CUDA runtime and
+  // device are found (and pin_with_cuda), else mlock() where allowed, else unpinned; the
+  // outcome is in stats().pinning. Default: true.
   bool lock_memory = true;
+  bool pin_with_cuda = true;
 
   // Name in RegisterReply.service_id.
   std::string service_id = "offload";
+};
+
+// Checks the options against each other; throws std::invalid_argument naming the option,
+// its value and the rule. Returns the staging layout the NVMe tier will use.
+StagingOptions validate(const StoreOptions& options);
+
+enum class Tier { kRam, kNvme };
+const char* to_string(Tier tier);
+
+// What Stats reports, plus what the wire's StatsReply has no field for yet.
+struct StoreStats {
+  uint64_t bytes_in_ram = 0;   // charged against the memory limit (partitions only)
+  uint64_t bytes_on_nvme = 0;  // extents in use in partitions.dat
+  uint64_t partitions = 0;
+  uint64_t partitions_in_ram = 0;
+  uint64_t partitions_on_nvme = 0;
+  uint64_t steps = 0;          // steps applied (skips not counted)
+  uint64_t staging_bytes = 0;  // NVMe staging ring
+  PinningKind pinning = PinningKind::kNone;
+  messages::StatsReply wire() const { return {bytes_in_ram, bytes_on_nvme, partitions, steps}; }
 };
 
 // CommitStep's clip_coef and loss_scale become the Adam pass's multiplier through
@@ -79,9 +123,11 @@ class PartitionStore {
   // length- and crc-checked by the codec). Never throws.
   Reply handle(const messages::Message& request);
 
-  messages::StatsReply stats() const;
+  StoreStats stats() const;
+  // Where a registered partition's optimizer state lives; nullopt when not registered.
+  std::optional<Tier> tier_of(const std::string& job, uint64_t partition_id) const;
   const StoreOptions& options() const;
-  // "locked", or why RAM buffers are not locked (for the startup log).
+  // The pinning in use and why a better one is not (for the startup log).
   std::string lock_report() const;
 
  private:

@@ -35,11 +35,13 @@ struct OffloadService::Impl {
   zmq::context_t context{1};
   actors::request_handler store;
   std::unique_ptr<actors::Gateway> gateway;
+  std::string pinning;
   bool stopped = false;
 };
 
 OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<Impl>()) {
   auto store = std::make_shared<PartitionStore>(options.store);
+  impl_->pinning = store->lock_report();
   impl_->store = impl_->runtime.system().spawn<caf::detached>(store_actor, store);
   actors::GatewayOptions g;
   g.listen = options.listen;
@@ -59,6 +61,10 @@ OffloadService::~OffloadService() {
 
 const std::string& OffloadService::endpoint() const {
   return impl_->gateway->endpoint();
+}
+
+const std::string& OffloadService::pinning_report() const {
+  return impl_->pinning;
 }
 
 void OffloadService::stop() {

@@ -32,6 +32,8 @@ class OffloadService {
   OffloadService& operator=(const OffloadService&) = delete;
 
   const std::string& endpoint() const;
+  // The store's pinning and why (for the startup log line).
+  const std::string& pinning_report() const;
   // Stops accepting requests, lets the store actor finish the one it is running, and
   // shuts the actor system down; idempotent.
   void stop();

@@ -1,0 +1,161 @@
+#include "offload_service/host_memory.h"
+
+#include <dlfcn.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "storage/aligned_buffer.h"
+
+namespace dsactor::offload {
+
+const char* to_string(PinningKind kind) {
+  switch (kind) {
+    case PinningKind::kNone:
+      return "none";
+    case PinningKind::kMlock:
+      return "mlock";
+    case PinningKind::kCudaHostAlloc:
+      return "cudaHostAlloc";
+  }
+  return "?";
+}
+
+// The three CUDA runtime entry points we use, resolved from a dlopen'ed libcudart.
+// cudaError_t is an enum whose success value is 0; declared as int so no CUDA header is
+// needed.
+struct HostAllocator::Cuda {
+  void* lib = nullptr;
+  int (*get_device_count)(int*) = nullptr;
+  int (*host_alloc)(void**, size_t, unsigned) = nullptr;
+  int (*free_host)(void*) = nullptr;
+  const char* (*error_string)(int) = nullptr;
+  ~Cuda() {
+    if (lib) dlclose(lib);
+  }
+  std::string error(int code) const {
+    return error_string ? error_string(code) : "cudaError " + std::to_string(code);
+  }
+};
+
+namespace {
+
+constexpr unsigned kCudaHostAllocPortable = 1;  // pinned for every CUDA context
+constexpr size_t kAlign = storage::AlignedBuffer::kAlignment;
+
+class MappedBuffer final : public HostBuffer {
+ public:
+  MappedBuffer(size_t bytes, bool lock) {
+    storage::AlignedBufferOptions o;
+    o.lock = lock;
+    buf_ = storage::AlignedBuffer(bytes, o);
+    data_ = buf_.data();
+    size_ = buf_.size();
+    capacity_ = buf_.capacity();
+  }
+  const storage::LockStatus& lock_status() const { return buf_.lock_status(); }
+
+ private:
+  storage::AlignedBuffer buf_;
+};
+
+class CudaBuffer final : public HostBuffer {
+ public:
+  CudaBuffer(void* base, std::byte* data, size_t bytes, size_t capacity,
+             std::shared_ptr<const void> cuda, int (*free_host)(void*))
+      : base_(base), cuda_(std::move(cuda)), free_host_(free_host) {
+    data_ = data;
+    size_ = bytes;
+    capacity_ = capacity;
+  }
+  ~CudaBuffer() override { free_host_(base_); }
+
+ private:
+  void* base_;
+  std::shared_ptr<const void> cuda_;  // keeps libcudart loaded while the buffer lives
+  int (*free_host_)(void*);
+};
+
+}  // namespace
+
+HostAllocator::HostAllocator(const HostMemoryOptions& options) : options_(options) {
+  if (!options_.pin) {
+    kind_ = PinningKind::kNone;
+    report_ = "none (pinning not requested)";
+    return;
+  }
+  std::string why = "CUDA pinning not requested";
+  if (options_.use_cuda) {
+    void* lib = nullptr;
+    for (const char* name : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) {
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+    }
+    if (!lib) {
+      why = "no CUDA runtime (dlopen libcudart.so failed)";
+    } else {
+      auto c = std::make_shared<Cuda>();
+      c->lib = lib;
+      c->get_device_count = reinterpret_cast<int (*)(int*)>(dlsym(lib, "cudaGetDeviceCount"));
+      c->host_alloc =
+          reinterpret_cast<int (*)(void**, size_t, unsigned)>(dlsym(lib, "cudaHostAlloc"));
+      c->free_host = reinterpret_cast<int (*)(void*)>(dlsym(lib, "cudaFreeHost"));
+      c->error_string = reinterpret_cast<const char* (*)(int)>(dlsym(lib, "cudaGetErrorString"));
+      int devices = 0;
+      if (!c->get_device_count || !c->host_alloc || !c->free_host) {
+        why = "libcudart lacks cudaGetDeviceCount/cudaHostAlloc/cudaFreeHost";
+      } else if (const int rc = c->get_device_count(&devices); rc != 0 || devices == 0) {
+        why = "CUDA runtime found but no device (" +
+              (rc != 0 ? c->error(rc) : std::string("0 devices")) + ")";
+      } else {
+        cuda_ = std::move(c);
+        kind_ = PinningKind::kCudaHostAlloc;
+        report_ = "cudaHostAlloc (" + std::to_string(devices) + " CUDA device(s))";
+        return;
+      }
+    }
+  }
+  // Probe mlock once so the startup line says what the buffers will get.
+  MappedBuffer probe(kAlign, true);
+  if (probe.lock_status().locked) {
+    kind_ = PinningKind::kMlock;
+    report_ = "mlock (" + why + ")";
+  } else {
+    kind_ = PinningKind::kNone;
+    report_ = "none: " + probe.lock_status().describe() + " (" + why + ")";
+  }
+}
+
+HostAllocator::~HostAllocator() = default;
+
+HostBufferPtr HostAllocator::plain(size_t bytes) {
+  return std::make_shared<MappedBuffer>(bytes, false);
+}
+
+HostBufferPtr HostAllocator::allocate(size_t bytes) {
+  if (kind_ == PinningKind::kCudaHostAlloc && bytes > 0) {
+    const size_t capacity = storage::align_up(bytes, kAlign);
+    // cudaHostAlloc promises less than 4 KiB alignment in general: over-allocate one
+    // page and align inside, since O_DIRECT and io_uring fixed buffers need 4 KiB.
+    void* base = nullptr;
+    if (const int rc = cuda_->host_alloc(&base, capacity + kAlign, kCudaHostAllocPortable);
+        rc != 0) {
+      throw std::runtime_error("cudaHostAlloc of " + std::to_string(capacity) +
+                               " bytes failed: " + cuda_->error(rc));
+    }
+    auto* data =
+        reinterpret_cast<std::byte*>(storage::align_up(reinterpret_cast<uintptr_t>(base), kAlign));
+    std::memset(data, 0, capacity);  // same contract as the mmap path: zero-filled
+    return std::make_shared<CudaBuffer>(base, data, bytes, capacity, cuda_, cuda_->free_host);
+  }
+  auto buf = std::make_shared<MappedBuffer>(bytes, kind_ == PinningKind::kMlock);
+  if (kind_ == PinningKind::kMlock && bytes > 0 && !buf->lock_status().locked) {
+    // Typically RLIMIT_MEMLOCK reached: say so once, and report the truth from now on.
+    spdlog::warn("offload: RAM buffers no longer locked: {}", buf->lock_status().describe());
+    kind_ = PinningKind::kNone;
+    report_ = "none: " + buf->lock_status().describe() + " (after some buffers were locked)";
+  }
+  return buf;
+}
+
+}  // namespace dsactor::offload

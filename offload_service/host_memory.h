@@ -1,0 +1,85 @@
+#pragma once
+
+// Host memory of the offload service: RAM-tier partitions and the NVMe staging buffers.
+// With a CUDA device present the buffers are pinned with cudaHostAlloc, so a trainer's
+// device on this host could DMA from them; otherwise they are mlock()ed where allowed.
+// The build never needs CUDA: libcudart is opened at run time with dlopen and only three
+// symbols are used (cudaGetDeviceCount, cudaHostAlloc, cudaFreeHost).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dsactor::offload {
+
+// How RAM buffers are pinned. Reported in the startup log line and by
+// PartitionStore::stats().
+enum class PinningKind {
+  kNone,           // not requested (--no-mlock), or mlock refused (the reason is logged)
+  kMlock,          // mmap + mlock
+  kCudaHostAlloc,  // cudaHostAlloc(portable) through the dlopen'ed CUDA runtime
+};
+const char* to_string(PinningKind kind);
+
+// A 4 KiB-aligned, zero-filled host buffer; frees itself (munmap or cudaFreeHost).
+class HostBuffer {
+ public:
+  virtual ~HostBuffer() = default;
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  // size() rounded up to 4 KiB; all of it usable.
+  size_t capacity() const { return capacity_; }
+  template <typename T>
+  T* as() {
+    return reinterpret_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(data_);
+  }
+
+ protected:
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+using HostBufferPtr = std::shared_ptr<HostBuffer>;
+
+struct HostMemoryOptions {
+  // Pin buffers at all (false: plain pageable memory, kind kNone). Default: true.
+  bool pin = true;
+  // Try cudaHostAlloc first when libcudart loads and reports a device. Default: true.
+  bool use_cuda = true;
+};
+
+// Allocates the service's long-lived host buffers with the pinning chosen once at
+// construction. Single-owner, like the store that holds it.
+class HostAllocator {
+ public:
+  explicit HostAllocator(const HostMemoryOptions& options = {});
+  ~HostAllocator();
+  HostAllocator(const HostAllocator&) = delete;
+  HostAllocator& operator=(const HostAllocator&) = delete;
+
+  // A pinned (per kind()) buffer of at least `bytes`. Throws std::runtime_error when the
+  // memory cannot be had at all (a failed pin downgrades silently after the first report).
+  HostBufferPtr allocate(size_t bytes);
+  // An unpinned buffer (short-lived conversions, clones for in-flight replies).
+  static HostBufferPtr plain(size_t bytes);
+
+  PinningKind kind() const { return kind_; }
+  // One line for the startup log: the kind, and why a better one is not in use.
+  const std::string& report() const { return report_; }
+
+ private:
+  struct Cuda;
+  std::shared_ptr<Cuda> cuda_;  // held by each CUDA buffer too, so dlclose waits for them
+  HostMemoryOptions options_;
+  PinningKind kind_ = PinningKind::kNone;
+  std::string report_;
+  bool mlock_probed_ = false;
+};
+
+}  // namespace dsactor::offload

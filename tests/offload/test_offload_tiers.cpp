@@ -1,0 +1,354 @@
+// PartitionStore's tier policy without the network: option validation, RAM-first
+// placement with spill to NVMe (max_in_cpu, the memory limit), the pinning report, a
+// mixed RAM + NVMe job staying bit-exact, and checkpoint / restore on both tiers
+// (including a corrupted checkpoint refused with the live state untouched).
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "offload_service/partition_store.h"
+#include "storage/aligned_buffer.h"
+#include "tests/offload/offload_test_util.h"
+
+namespace dsactor::offload::test {
+namespace {
+
+namespace msg = dsactor::messages;
+using msg::DType;
+using msg::ErrorCode;
+using storage::align_up;
+
+struct Harness {
+  PartitionStore& store;
+  std::string job = "job";
+  uint64_t next = 1;
+
+  Reply call(msg::Body body, std::span<const std::byte> payload = {}) {
+    msg::Message m{{next++, job, std::move(body)}, payload, 0};
+    return store.handle(m);
+  }
+  template <class T>
+  T ok(msg::Body body, std::span<const std::byte> payload = {}) {
+    Reply r = call(std::move(body), payload);
+    if (auto* e = std::get_if<msg::ErrorReply>(&r.header.body)) {
+      ADD_FAILURE() << "error reply: " << msg::to_string(e->code) << ": " << e->message;
+      return T{};
+    }
+    return std::get<T>(r.header.body);
+  }
+  msg::ErrorReply err(msg::Body body, std::span<const std::byte> payload = {}) {
+    Reply r = call(std::move(body), payload);
+    EXPECT_TRUE(r.is_error());
+    return r.is_error() ? std::get<msg::ErrorReply>(r.header.body) : msg::ErrorReply{};
+  }
+  std::vector<std::byte> fetch(uint64_t pid, DType d = DType::fp32, uint64_t min_version = 0) {
+    Reply r = call(msg::FetchParameters{pid, min_version, d});
+    EXPECT_FALSE(r.is_error());
+    return {r.payload.begin(), r.payload.end()};
+  }
+};
+
+msg::PartitionSpec spec(uint64_t id, uint64_t n) {
+  msg::PartitionSpec s;
+  s.partition_id = id;
+  s.element_count = n;
+  s.served_dtype = DType::bf16;
+  s.optimizer = {msg::OptimizerKind::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01, true};
+  return s;
+}
+
+uint64_t opt_bytes(uint64_t n) {
+  return 3 * align_up(4 * n);
+}
+
+std::vector<RefPartition> setup(Harness& h, std::vector<msg::PartitionSpec> specs) {
+  h.ok<msg::RegisterReply>(msg::Register{0, 1, specs});
+  std::vector<RefPartition> ref;
+  for (auto& s : specs) {
+    ref.emplace_back(s, random_floats(s.element_count, 3 + s.partition_id));
+    h.ok<msg::SetParametersReply>(
+        msg::SetParameters{s.partition_id, 0, DType::fp32, s.element_count},
+        bytes_of(ref.back().master));
+  }
+  return ref;
+}
+
+void step(Harness& h, std::vector<RefPartition>& ref, uint64_t s, uint32_t seed) {
+  for (int k = 0; k < 2; ++k) {
+    for (auto& p : ref) {
+      auto g = random_floats(p.master.size(), seed++, 64.0f);
+      p.accumulate(g, k == 0);
+      h.ok<msg::PushReply>(
+          msg::PushGradients{p.spec.partition_id, s, uint32_t(k), DType::fp32, g.size()},
+          bytes_of(g));
+    }
+  }
+  const msg::CommitStep c{s, 0.5, 64.0, 1e-3};
+  h.ok<msg::CommitReply>(c);
+  for (auto& p : ref) p.step(c.clip_coef, c.loss_scale, c.lr);
+}
+
+void check(Harness& h, const std::vector<RefPartition>& ref, const char* what) {
+  for (auto& p : ref) {
+    expect_bits_equal(p.master, h.fetch(p.spec.partition_id), what);
+    expect_bf16_equal(p.master, h.fetch(p.spec.partition_id, DType::bf16), what);
+  }
+}
+
+TEST(OffloadTiers, OptionValidationNamesTheRule) {
+  auto refused = [](StoreOptions o, const char* word) {
+    try {
+      validate(o);
+      ADD_FAILURE() << "accepted; expected a refusal naming " << word;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  StoreOptions o;
+  o.buffer_size = 5000;
+  refused(o, "multiple of 4096");
+  o.buffer_size = 4096 * 4;
+  o.nvme.block_size = 1 << 20;
+  refused(o, "at least the aio block_size");
+  o = {};
+  o.nvme.block_size = 4096;
+  o.buffer_size = 8192;
+  refused(o, "12288");
+  o = {};
+  o.buffer_count = 2;
+  refused(o, "buffer_count");
+  o = {};
+  o.nvme.block_size = 1000;
+  refused(o, "block_size");
+  o = {};
+  o.max_in_cpu = 1 << 20;
+  refused(o, "needs an NVMe tier");
+  // Staging larger than the memory limit is refused when the store opens.
+  TempDir dir;
+  o = {};
+  o.nvme_dir = dir.path;
+  o.memory_limit = 1 << 20;
+  o.buffer_count = 8;
+  o.buffer_size = 3 << 20;
+  EXPECT_THROW(PartitionStore{o}, std::invalid_argument);
+
+  // Defaults: 3 x aio block per buffer, 4 buffers; a buffer_size gives its chunk width.
+  o = {};
+  auto s = validate(o);
+  EXPECT_EQ(s.chunk_elements, (uint64_t{1} << 20) / 4);
+  EXPECT_EQ(s.buffer_count, 4u);
+  o.buffer_size = 3 << 20;
+  o.buffer_count = 6;
+  s = validate(o);
+  EXPECT_EQ(s.chunk_elements, (uint64_t{1} << 20) / 4);
+  EXPECT_EQ(s.buffer_count, 6u);
+}
+
+TEST(OffloadTiers, NvmeDirectoryKeepsItsChunkWidth) {
+  TempDir dir;
+  StoreOptions o;
+  o.nvme_dir = dir.path;
+  o.nvme.block_size = 4096;
+  { PartitionStore store(o); }
+  o.buffer_size = 4 * 12288;
+  try {
+    PartitionStore store(o);
+    ADD_FAILURE() << "reopened with another chunk width";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("was created with chunks of 1024"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(OffloadTiers, RamFirstThenSpillByMaxInCpuAndMemoryLimit) {
+  TempDir dir;
+  StoreOptions o;
+  o.nvme_dir = dir.path;
+  o.nvme.block_size = 4096;
+  o.buffer_count = 5;  // 2 reads ahead: exercised by every pass below
+  o.max_in_cpu = opt_bytes(3000) + opt_bytes(2000);
+  PartitionStore store(o);
+  Harness h{store};
+  // 3000 and 2000 fit max_in_cpu in order; 5000 does not; 100 would fit but comes after
+  // the budget is spent on 3000 + 2000 exactly.
+  auto ref = setup(h, {spec(1, 3000), spec(2, 2000), spec(3, 5000), spec(4, 100)});
+  EXPECT_EQ(store.tier_of("job", 1), Tier::kRam);
+  EXPECT_EQ(store.tier_of("job", 2), Tier::kRam);
+  EXPECT_EQ(store.tier_of("job", 3), Tier::kNvme);
+  EXPECT_EQ(store.tier_of("job", 4), Tier::kNvme);
+  auto st = store.stats();
+  EXPECT_EQ(st.partitions_in_ram, 2u);
+  EXPECT_EQ(st.partitions_on_nvme, 2u);
+  EXPECT_EQ(st.staging_bytes, 5u * 12288);
+  // RAM partitions: master, m, v, gradient + bf16 copy; NVMe: gradient + bf16 copy.
+  auto ram = [](uint64_t n, bool nvme) {
+    return (nvme ? 1 : 4) * align_up(4 * n) + align_up(2 * n);
+  };
+  EXPECT_EQ(st.bytes_in_ram,
+            ram(3000, false) + ram(2000, false) + ram(5000, true) + ram(100, true));
+  // Chunks of 1024: [master | m | v] per chunk, each section 4 KiB.
+  EXPECT_EQ(st.bytes_on_nvme, 5 * 12288u + 1 * 12288u);
+
+  // A mixed job trains bit-exactly on both tiers.
+  step(h, ref, 1, 10);
+  step(h, ref, 2, 20);
+  check(h, ref, "mixed tiers");
+  EXPECT_EQ(store.stats().steps, 2u);
+
+  // The memory limit also spills: with max_in_cpu unbounded, what does not fit in RAM
+  // goes to NVMe (charged only its gradient and served copy there).
+  TempDir dir2;
+  o.nvme_dir = dir2.path;
+  o.max_in_cpu = uint64_t{1} << 40;
+  o.memory_limit = 5 * 12288 + ram(10000, false) + ram(40000, true);
+  PartitionStore store2(o);
+  Harness h2{store2};
+  setup(h2, {spec(1, 10000), spec(2, 40000)});
+  EXPECT_EQ(store2.tier_of("job", 1), Tier::kRam);
+  EXPECT_EQ(store2.tier_of("job", 2), Tier::kNvme);
+  // Nothing fits any more, not even on NVMe: refused, nothing disturbed.
+  auto e = h2.err(msg::Register{0, 1, {spec(3, 1000)}});
+  EXPECT_EQ(e.code, ErrorCode::outOfMemory) << e.message;
+  EXPECT_EQ(store2.stats().partitions, 2u);
+}
+
+TEST(OffloadTiers, RamPartitionsDoNotSurviveARestartAndTheJobIsDroppedLoudly) {
+  TempDir dir;
+  StoreOptions o;
+  o.nvme_dir = dir.path;
+  o.nvme.block_size = 4096;
+  o.max_in_cpu = opt_bytes(1000);
+  {
+    PartitionStore store(o);
+    Harness h{store};
+    setup(h, {spec(1, 1000), spec(2, 1000)});
+    EXPECT_EQ(store.stats().partitions_in_ram, 1u);
+  }
+  PartitionStore store(o);
+  EXPECT_EQ(store.stats().partitions, 0u);
+  EXPECT_EQ(store.stats().bytes_on_nvme, 0u);
+}
+
+TEST(OffloadTiers, PinningIsReported) {
+  StoreOptions o;
+  o.lock_memory = false;
+  PartitionStore unpinned(o);
+  EXPECT_EQ(unpinned.stats().pinning, PinningKind::kNone);
+  EXPECT_NE(unpinned.lock_report().find("not requested"), std::string::npos);
+  PartitionStore pinned(StoreOptions{});
+  const auto kind = pinned.stats().pinning;
+  // Which one depends on the machine (a CUDA device; RLIMIT_MEMLOCK); the report says why.
+  EXPECT_FALSE(pinned.lock_report().empty());
+  EXPECT_EQ(pinned.lock_report().rfind(to_string(kind), 0), 0u) << pinned.lock_report();
+  Harness h{pinned};
+  auto ref = setup(h, {spec(1, 5000)});
+  step(h, ref, 1, 1);
+  check(h, ref, "pinned buffers");
+}
+
+// Checkpoint after step 2, train on, restore: the state of step 2 comes back bit for bit
+// on both tiers, and training again from there repeats the first continuation exactly.
+TEST(OffloadTiers, CheckpointRestoreRoundTripOnBothTiers) {
+  TempDir dir, ck;
+  StoreOptions o;
+  o.nvme_dir = dir.path;
+  o.nvme.block_size = 4096;
+  o.max_in_cpu = opt_bytes(3000);
+  PartitionStore store(o);
+  Harness h{store};
+  auto ref = setup(h, {spec(1, 3000), spec(2, 2500)});
+  ASSERT_EQ(store.tier_of("job", 2), Tier::kNvme);
+  step(h, ref, 1, 1);
+  step(h, ref, 2, 2);
+  const auto at2 = ref;
+  const auto path = (ck.path / "ck").string();
+  auto cr = h.ok<msg::CheckpointReply>(msg::Checkpoint{"t2", path});
+  EXPECT_EQ(cr.step, 2u);
+  EXPECT_EQ(cr.bytes_written, 12u * 5500);
+  step(h, ref, 3, 3);
+  step(h, ref, 4, 4);
+  const auto at4 = ref;
+
+  auto rr = h.ok<msg::RestoreReply>(msg::Restore{"t2", path});
+  EXPECT_EQ(rr.step, 2u);
+  ASSERT_EQ(rr.partitions.size(), 2u);
+  EXPECT_EQ(rr.partitions[0].version, 2u);
+  check(h, at2, "restored step 2");
+  ref = at2;
+  step(h, ref, 3, 3);
+  step(h, ref, 4, 4);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(std::memcmp(ref[i].master.data(), at4[i].master.data(), 4 * ref[i].master.size()), 0);
+  }
+  check(h, at4, "continued after restore");
+
+  // A fresh RAM-only store takes the checkpoint as a new job.
+  PartitionStore fresh(StoreOptions{});
+  Harness f{fresh};
+  f.ok<msg::RestoreReply>(msg::Restore{"t2", path});
+  check(f, at2, "restored into a new store");
+  EXPECT_EQ(fresh.stats().partitions_in_ram, 2u);
+}
+
+TEST(OffloadTiers, BadCheckpointsAreRefusedAndTheLiveStateIsUntouched) {
+  TempDir dir, ck;
+  StoreOptions o;
+  o.nvme_dir = dir.path;
+  o.nvme.block_size = 4096;
+  o.max_in_cpu = opt_bytes(2000);
+  PartitionStore store(o);
+  Harness h{store};
+  auto ref = setup(h, {spec(1, 2000), spec(2, 3000)});
+  step(h, ref, 1, 1);
+  const auto path = ck.path / "ck";
+  h.ok<msg::CheckpointReply>(msg::Checkpoint{"a", path.string()});
+  step(h, ref, 2, 2);
+
+  // Relative path, wrong tag, missing directory.
+  EXPECT_EQ(h.err(msg::Restore{"a", "relative/ck"}).code, ErrorCode::malformed);
+  auto e = h.err(msg::Restore{"b", path.string()});
+  EXPECT_EQ(e.code, ErrorCode::malformed);
+  EXPECT_NE(e.message.find("holds tag 'a'"), std::string::npos) << e.message;
+  EXPECT_EQ(h.err(msg::Restore{"a", (ck.path / "nothing").string()}).code, ErrorCode::malformed);
+
+  // A flipped byte in the last tensor (partition 2's v: staged after everything else).
+  const auto bin = path / "tensors.bin";
+  const auto size = std::filesystem::file_size(bin);
+  {
+    std::fstream f(bin, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(size - 100);
+    char c;
+    f.get(c);
+    f.seekp(size - 100);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  e = h.err(msg::Restore{"a", path.string()});
+  EXPECT_EQ(e.code, ErrorCode::checksumMismatch) << e.message;
+  EXPECT_NE(e.message.find("partition/2/v"), std::string::npos) << e.message;
+  const auto before = store.stats();
+  check(h, ref, "after refused restore");
+  step(h, ref, 3, 3);
+  check(h, ref, "training after refused restore");
+  EXPECT_EQ(store.stats().bytes_on_nvme, before.bytes_on_nvme);  // staged extents freed
+
+  // Truncated tensors.bin.
+  std::filesystem::resize_file(bin, size / 2);
+  EXPECT_EQ(h.err(msg::Restore{"a", path.string()}).code, ErrorCode::malformed);
+  // A checkpoint of other partitions does not fit this job.
+  Harness other{store, "other"};
+  setup(other, {spec(7, 100)});
+  other.ok<msg::CheckpointReply>(msg::Checkpoint{"o", (ck.path / "o").string()});
+  e = h.err(msg::Restore{"o", (ck.path / "o").string()});
+  EXPECT_EQ(e.code, ErrorCode::malformed) << e.message;
+  check(h, ref, "after mismatched restore");
+
+  // Checkpoints are refused while gradients are pending.
+  std::vector<float> g(2000, 1.0f);
+  h.ok<msg::PushReply>(msg::PushGradients{1, 4, 0, DType::fp32, 2000}, bytes_of(g));
+  EXPECT_EQ(h.err(msg::Checkpoint{"p", (ck.path / "p").string()}).code, ErrorCode::versionOrder);
+  EXPECT_FALSE(std::filesystem::exists(ck.path / "p"));
+}
+
+}  // namespace
+}  // namespace dsactor::offload::test
