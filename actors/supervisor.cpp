@@ -177,6 +177,9 @@ class SignalScope {
       sa.sa_handler = on_stop_signal;
       sigemptyset(&sa.sa_mask);
       ::sigaction(signals_[i], &sa, &old_[i]);
+      // A signal ignored when we started stays ignored (nohup's SIGHUP, SIGINT of a shell's
+      // background job), as shells and daemons do.
+      if (old_[i].sa_handler == SIG_IGN) ::sigaction(signals_[i], &old_[i], nullptr);
     }
     // Unblock them here in case the caller had blocked them (a handler must run).
     sigset_t set;

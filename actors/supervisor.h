@@ -48,8 +48,8 @@ struct SupervisorOptions {
   // nothing else. Default: written to stdout. Called on the thread that runs run().
   std::function<void(std::string_view line)> sink;
   // Signals that mean "stop everything" (SIGINT, SIGTERM): run() installs a handler for them
-  // (restoring the previous one when it returns). At most one run() at a time may handle
-  // signals. Empty: only request_stop() stops a run.
+  // (restoring the previous one when it returns); one ignored at that moment stays ignored
+  // (nohup). At most one run() at a time may handle signals. Empty: only request_stop().
   std::vector<int> stop_signals;
   size_t tail_lines = 20;  // stderr lines kept per child for the failure message
   std::chrono::milliseconds probe_interval{100};  // between readiness connection attempts

@@ -290,24 +290,48 @@ TEST(Supervisor, BackgroundJobsOfAChildDieWithIt) {
   expect_gone({pid_from(dir / "bg.pid")});
 }
 
-TEST(Supervisor, SigintToTheProcessStopsTheRun) {
+TEST(Supervisor, StopSignalToTheProcessStopsTheRunAndTheOldHandlerComesBack) {
+  // SIGTERM rather than SIGINT: a shell's background job (`ctest &`) starts with SIGINT
+  // ignored, and an ignored signal is left ignored on purpose.
   TempDir dir;
   const auto pidfile = dir / "svc.pid";
+  struct sigaction before {};
+  ::sigaction(SIGTERM, nullptr, &before);
   SupervisorOptions opt;
   opt.stop_signals = {SIGINT, SIGTERM};
   const auto r = run(
       {sh("svc", "echo $$ > " + pidfile.string() + "; exec sleep 30", true, 0)},
       [&](Supervisor&) {
         wait_until([&] { return pid_from(pidfile) > 0; }, 5s);
-        ::kill(::getpid(), SIGINT);
+        ::kill(::getpid(), SIGTERM);
       },
       opt);
-  EXPECT_EQ(r.result.exit_code, 128 + SIGINT);
+  EXPECT_EQ(r.result.exit_code, 128 + SIGTERM);
   expect_gone({pid_from(pidfile)});
-  // The previous disposition is back once run() returns.
-  struct sigaction now {};
-  ::sigaction(SIGINT, nullptr, &now);
-  EXPECT_EQ(now.sa_handler, SIG_DFL);
+  struct sigaction after {};
+  ::sigaction(SIGTERM, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+TEST(Supervisor, IgnoredStopSignalStaysIgnored) {
+  struct sigaction ign {
+  }, old{};
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGHUP, &ign, &old);
+  TempDir dir;
+  const auto pidfile = dir / "w.pid";
+  SupervisorOptions opt;
+  opt.stop_signals = {SIGHUP};
+  const auto r = run(
+      {sh("w", "echo $$ > " + pidfile.string() + "; sleep 0.3; echo finished")},
+      [&](Supervisor&) {
+        wait_until([&] { return pid_from(pidfile) > 0; }, 5s);
+        ::kill(::getpid(), SIGHUP);  // as under nohup: no effect
+      },
+      opt);
+  ::sigaction(SIGHUP, &old, nullptr);
+  EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
+  EXPECT_THAT(r.lines, Contains("[w] finished"));
 }
 
 TEST(Supervisor, EnvironmentReachesTheChild) {
