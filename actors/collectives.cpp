@@ -171,40 +171,70 @@ struct GlooCollectives::Impl {
 
   // Rank-order reduce-scatter over variable chunks: chunk p of `src` is
   // [off[p], off[p+1]); this rank's reduced chunk goes to dst (which may alias its own
-  // chunk in src). Segmented so scratch stays (world - 1) * segment floats.
+  // chunk in src). Segmented, with the next segment's transfers in flight while this one
+  // is summed (two scratch halves), so scratch stays 2 * (world - 1) * segment floats.
+  //
+  // gather_back (allreduce, dst == src + off[rank]): each summed segment is sent to every
+  // peer as soon as it is final, and the peers' summed segments land in their chunks of
+  // src, so the allgather overlaps the rest of the reduction. A peer's reduced segment s can
+  // only arrive after it received our segment s, so the recv into that region is posted
+  // only after our send of it completed.
   void reduce_scatter(const char* op, const float* src, float* dst, const std::vector<size_t>& off,
-                      Clock::time_point until) {
+                      Clock::time_point until, bool gather_back = false) {
     size_t longest = 0;
     for (int p = 0; p < world; ++p) longest = std::max(longest, off[p + 1] - off[p]);
+    if (longest == 0) return;
     const size_t seg = std::max<size_t>(1, options.segment_floats);
     const size_t own_len = off[rank + 1] - off[rank];
-    const size_t stride = std::min(seg, own_len);  // scratch floats per peer
-    scratch.resize(stride * (world - 1));
+    const size_t stride = std::min(seg, own_len);  // scratch floats per peer and half
+    scratch.resize(2 * stride * (world - 1));
     const float* own = src + off[rank];
     const bool aliased = dst == own;
-    if (aliased && rank != 0) acc.resize(std::min(seg, own_len));
+    if (aliased && rank != 0) acc.resize(stride);
 
-    std::vector<Transfer> xs;
-    for (size_t s0 = 0; s0 < longest; s0 += seg) {
+    const size_t segments = (longest + seg - 1) / seg;
+    auto seg_len = [&](int p, size_t s) {
+      const size_t len = off[p + 1] - off[p], s0 = s * seg;
+      return s0 < len ? std::min(seg, len - s0) : size_t{0};
+    };
+    auto scratch_of = [&](int q, size_t s) {
+      return scratch.data() + ((s % 2) * (world - 1) + (q < rank ? q : q - 1)) * stride;
+    };
+    auto post_segment = [&](size_t s, std::vector<Transfer>& xs) {
       const uint64_t slot = next_slot();
-      auto seg_len = [&](int p) {
-        const size_t len = off[p + 1] - off[p];
-        return s0 < len ? std::min(seg, len - s0) : size_t{0};
-      };
-      auto scratch_of = [&](int q) { return scratch.data() + (q < rank ? q : q - 1) * stride; };
-      const size_t n = seg_len(rank);
       for (int q = 0; q < world; ++q) {
-        if (q != rank) post(op, xs, true, q, scratch_of(q), n * sizeof(float), slot);
+        if (q != rank)
+          post(op, xs, true, q, scratch_of(q, s), seg_len(rank, s) * sizeof(float), slot);
       }
       for (int p = 0; p < world; ++p) {
-        if (p != rank) post(op, xs, false, p, src + off[p] + s0, seg_len(p) * sizeof(float), slot);
+        if (p != rank) {
+          post(op, xs, false, p, src + off[p] + s * seg, seg_len(p, s) * sizeof(float), slot);
+        }
       }
-      wait_all(op, xs, until);
+    };
+
+    std::vector<Transfer> cur, next, gathered;
+    post_segment(0, cur);
+    for (size_t s = 0; s < segments; ++s) {
+      if (s + 1 < segments) post_segment(s + 1, next);
+      wait_all(op, cur, until);
+      std::swap(cur, next);
+      const uint64_t gather_slot = gather_back ? next_slot() : 0;
+      if (gather_back) {
+        float* buf = const_cast<float*>(src);  // gather_back: src is the caller's mutable data
+        for (int q = 0; q < world; ++q) {
+          if (q != rank) {
+            post(op, gathered, true, q, buf + off[q] + s * seg, seg_len(q, s) * sizeof(float),
+                 gather_slot);
+          }
+        }
+      }
+      const size_t n = seg_len(rank, s);
       if (n == 0) continue;
 
       // out[i] = ((x_0[i] + x_1[i]) + x_2[i]) + ... in rank order, for bit-identical results.
-      auto x = [&](int q) { return q == rank ? own + s0 : scratch_of(q); };
-      float* out = dst + s0;
+      auto x = [&](int q) { return q == rank ? own + s * seg : scratch_of(q, s); };
+      float* out = dst + s * seg;
       float* a = (aliased && rank != 0) ? acc.data() : out;
       if (a != x(0)) std::memcpy(a, x(0), n * sizeof(float));
       for (int q = 1; q < world; ++q) {
@@ -212,7 +242,13 @@ struct GlooCollectives::Impl {
         for (size_t i = 0; i < n; ++i) a[i] += xq[i];
       }
       if (a != out) std::memcpy(out, a, n * sizeof(float));
+      if (gather_back) {
+        for (int p = 0; p < world; ++p) {
+          if (p != rank) post(op, gathered, false, p, out, n * sizeof(float), gather_slot);
+        }
+      }
     }
+    wait_all(op, gathered, until);
   }
 
   // Every rank's chunk [off[p], off[p+1]) of buf goes to every other rank's buf.
@@ -335,8 +371,7 @@ std::future<void> GlooCollectives::allreduce_sum_async(float* data, size_t count
   return submit("allreduce_sum", [data, count](Impl& m) {
     const auto until = m.deadline();
     const auto off = chunk_offsets(count, m.world);
-    m.reduce_scatter("allreduce_sum", data, data + off[m.rank], off, until);
-    m.allgather_inplace("allreduce_sum", data, off, until);
+    m.reduce_scatter("allreduce_sum", data, data + off[m.rank], off, until, /*gather_back=*/true);
   });
 }
 

@@ -14,8 +14,9 @@
 // from a fixed-order sum). It builds them from Gloo point-to-point sends:
 //   reduce-scatter: rank r receives chunk r from every rank and sums in rank order,
 //     out[i] = ((x_0[i] + x_1[i]) + x_2[i]) + ... + x_{W-1}[i]   (fp32, left to right);
-//   allreduce: the same reduce-scatter over W near-equal chunks, then an allgather of the
-//     reduced chunks, so every rank holds the identical bits of that rank-order sum;
+//   allreduce: the same reduce-scatter over W near-equal chunks, each summed segment sent
+//     on to every peer as soon as it is final (allgather overlapped with the reduction),
+//     so every rank holds the identical bits of that rank-order sum;
 //   allgather / broadcast: copies, exact.
 // Hence: identical outputs on every rank and every run, equal to a sequential loop over
 // ranks 0..W-1. The sends are direct (each rank talks to each peer; same bytes per rank as
@@ -108,8 +109,9 @@ struct GlooCollectivesOptions {
   std::string address = "127.0.0.1";
   // Store key prefix of this communicator, so several communicators share one job.
   std::string prefix = "gloo";
-  // Reduce-scatter works in segments of this many floats per peer, which bounds its
-  // scratch memory to (world_size - 1) * segment_floats floats. Default 1 Mi (4 MiB).
+  // Reduce-scatter works in segments of this many floats per peer, two in flight (one
+  // being summed while the next arrives), which bounds its scratch memory to
+  // 2 * (world_size - 1) * segment_floats floats. Default 1 Mi (4 MiB).
   size_t segment_floats = size_t{1} << 20;
 };
 

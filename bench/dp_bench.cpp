@@ -1,0 +1,139 @@
+#include "bench/dp_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+
+#include "actors/collectives.h"
+#include "actors/rendezvous_store.h"
+
+namespace dsactor::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using GlooContext = std::shared_ptr<gloo::Context>;
+
+struct Op {
+  std::string op;
+  std::string impl;
+  double bus_factor;
+};
+
+// Per-rank buffers, allocated once and shared by every measurement.
+struct RankBuffers {
+  std::vector<float> data, part, gathered;
+};
+
+}  // namespace
+
+nlohmann::json run_dp_bench(int world_size, size_t bytes, int iters) {
+  if (world_size < 2) throw std::invalid_argument("dp bench: world size must be >= 2");
+  if (iters < 1) throw std::invalid_argument("dp bench: iters must be >= 1");
+  const size_t W = static_cast<size_t>(world_size);
+  const size_t per = bytes / sizeof(float) / W;
+  if (per == 0) throw std::invalid_argument("dp bench: bytes must be >= 4 * world size");
+  const size_t count = per * W;
+  const size_t used_bytes = count * sizeof(float);
+
+  const double w = static_cast<double>(W);
+  const std::vector<Op> ops{
+      {"allreduce", "dsactor", 2 * (w - 1) / w},  {"allreduce", "gloo", 2 * (w - 1) / w},
+      {"reduce_scatter", "dsactor", (w - 1) / w}, {"reduce_scatter", "gloo", (w - 1) / w},
+      {"allgather", "dsactor", (w - 1) / w},      {"allgather", "gloo", (w - 1) / w}};
+  // seconds[op][rank]: each rank's time for `iters` calls.
+  std::vector<std::vector<double>> seconds(ops.size(), std::vector<double>(W, 0.0));
+
+  actors::RendezvousServer server;
+  actors::GlooCollectivesOptions options;
+  options.timeout = std::chrono::seconds(120);
+
+  auto rank_main = [&](int rank) {
+    actors::RendezvousClient client(server.endpoint(), "dp-bench", options.timeout);
+    actors::GlooCollectives coll(rank, world_size, client, options);
+    // Zeros: sums stay finite however many iterations run (no inf/NaN slow paths).
+    RankBuffers b{std::vector<float>(count, 0.f), std::vector<float>(per, 0.f),
+                  std::vector<float>(count, 0.f)};
+
+    auto gloo_on_comm = [&](std::function<void(const GlooContext&)> fn) {
+      coll.run_on_comm_thread(std::move(fn)).get();
+    };
+    // Gloo's own algorithms; each call builds its options like a plain user of Gloo would.
+    auto gloo_allreduce = [&](const GlooContext& ctx) {
+      gloo::AllreduceOptions o(ctx);
+      o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      o.setOutput(b.data.data(), count);
+      o.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      gloo::allreduce(o);
+    };
+    auto gloo_allgather = [&](const GlooContext& ctx) {
+      gloo::AllgatherOptions o(ctx);
+      o.setInput(b.part.data(), per);
+      o.setOutput(b.gathered.data(), count);
+      gloo::allgather(o);
+    };
+
+    auto measure = [&](size_t which, const std::function<void()>& one) {
+      one();  // warm-up
+      coll.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) one();
+      seconds[which][rank] = std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+
+    measure(0, [&] { coll.allreduce_sum(b.data.data(), count); });
+    measure(1, [&] { gloo_on_comm(gloo_allreduce); });
+    measure(2, [&] { coll.reduce_scatter_sum(b.data.data(), b.part.data(), per); });
+    {
+      // Gloo's reduce-scatter is an Algorithm object set up once (it registers buffers
+      // with every pair) and run in place on the input.
+      std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> rs;
+      gloo_on_comm([&](const GlooContext& ctx) {
+        rs = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
+            ctx, std::vector<float*>{b.data.data()}, static_cast<int>(count),
+            std::vector<int>(W, static_cast<int>(per)));
+      });
+      measure(3, [&] { gloo_on_comm([&](const GlooContext&) { rs->run(); }); });
+      gloo_on_comm([&](const GlooContext&) { rs.reset(); });
+    }
+    measure(4, [&] { coll.allgather(b.part.data(), b.gathered.data(), per); });
+    measure(5, [&] { gloo_on_comm(gloo_allgather); });
+    coll.barrier();
+  };
+
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < world_size; ++r)
+    ranks.push_back(std::async(std::launch::async, rank_main, r));
+  for (auto& f : ranks) f.get();
+
+  nlohmann::json results = nlohmann::json::array();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const double t = *std::max_element(seconds[i].begin(), seconds[i].end()) / iters;
+    const double algbw = static_cast<double>(used_bytes) / t / 1e9;
+    results.push_back({{"op", ops[i].op},
+                       {"impl", ops[i].impl},
+                       {"seconds_per_call", t},
+                       {"algbw_gbps", algbw},
+                       {"busbw_gbps", algbw * ops[i].bus_factor}});
+  }
+  nlohmann::json ratios;
+  for (size_t i = 0; i + 1 < ops.size(); i += 2) {
+    ratios[ops[i].op] = results[i + 1]["seconds_per_call"].get<double>() /
+                        results[i]["seconds_per_call"].get<double>();
+  }
+  return {{"world_size", world_size}, {"bytes", used_bytes},
+          {"iters", iters},           {"transport", "gloo tcp, ranks as threads, 127.0.0.1"},
+          {"results", results},       {"dsactor_speed_vs_gloo", ratios}};
+}
+
+}  // namespace dsactor::bench
