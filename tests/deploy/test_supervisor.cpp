@@ -341,6 +341,30 @@ TEST(Supervisor, EnvironmentReachesTheChild) {
   EXPECT_THAT(r.lines, Contains("[w] job=j1 path_set=yes"));
 }
 
+TEST(Supervisor, RealOffloadServiceThenAShellTrainerThenACleanStop) {
+  // The offload role runs exactly as `dsactor up` starts it (children_for); the trainer is a
+  // shell stand-in, started only once the service said it listens.
+  TempDir dir;
+  const int port = dsactor::testing::free_port();
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
+  dsactor::testing::write_file(dir / "ds.json", "{}");
+  dsactor::testing::write_file(dir / "d.yaml", "roles:\n  - {role: offload, listen: \"" + ep +
+                                                   "\", mlock: false, memory_limit: 64MiB}\n");
+  auto kids = children_for(load_deploy_config(dir / "d.yaml"), DSACTOR_BINARY);
+  ASSERT_EQ(kids.size(), 1u);
+  kids[0].startup_timeout = 20s;
+  auto trainer = sh("trainer0", "echo trainer sees the service; exit 0", false, 1);
+  const auto r = run({kids[0], trainer});
+  EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
+  EXPECT_THAT(r.lines, Contains(HasSubstr("[offload0] ")));
+  EXPECT_THAT(r.lines, Contains(AllOf(HasSubstr("[offload0] "), HasSubstr("listening on " + ep))));
+  EXPECT_THAT(r.lines, Contains("[trainer0] trainer sees the service"));
+  // Stopped by SIGTERM, cleanly: its own shutdown log line, no SIGKILL needed.
+  EXPECT_THAT(r.lines,
+              Contains(AllOf(HasSubstr("[offload0] "), HasSubstr("offload service stopped"))));
+  EXPECT_LT(r.seconds, 15);
+}
+
 TEST(Supervisor, ChildrenForADeployment) {
   TempDir dir;
   dsactor::testing::write_file(dir / "ds.json", "{}");
