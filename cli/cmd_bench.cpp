@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "bench/adam_bench.h"
+#include "bench/dp_bench.h"
 #include "bench/nvme_bench.h"
 #include "bench/train_bench.h"
 #include "bench/transport_bench.h"
@@ -65,6 +66,18 @@ void add_bench_command(CLI::App& app) {
   transport->add_flag("--json", *json, "print one JSON object");
   transport->callback([part_bytes, transport_iters, json] {
     print_result(bench::run_transport_bench(*part_bytes, *transport_iters), *json);
+  });
+
+  auto* dp = bench->add_subcommand("dp", "our allreduce / reduce-scatter / allgather beside Gloo's raw calls on the same buffers");
+  auto dp_world = std::make_shared<int>(2);
+  auto dp_bytes = std::make_shared<size_t>(size_t{64} << 20);
+  auto dp_iters = std::make_shared<int>(5);
+  dp->add_option("--world-size", *dp_world, "ranks (threads on 127.0.0.1)")->check(CLI::Range(2, 64))->capture_default_str();
+  dp->add_option("--bytes", *dp_bytes, "bytes per buffer")->capture_default_str();
+  dp->add_option("--iters", *dp_iters, "timed calls")->check(CLI::PositiveNumber)->capture_default_str();
+  dp->add_flag("--json", *json, "print one JSON object");
+  dp->callback([dp_world, dp_bytes, dp_iters, json] {
+    print_result(bench::run_dp_bench(*dp_world, *dp_bytes, *dp_iters), *json);
   });
 }
 

@@ -12,6 +12,8 @@ void add_report_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // `dsactor start --role offload|trainer|coordinator`: one role of a deployment, by hand.
 void add_start_command(CLI::App& app);
+// `dsactor up deploy.yaml`: every role of a deployment as child processes of this one.
+void add_up_command(CLI::App& app);
 
 // Threads for OpenMP kernels and OpenBLAS; same count + same seed = bit-identical runs.
 void set_threads(int threads);

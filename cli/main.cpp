@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   dsactor::cli::add_report_command(app);
   dsactor::cli::add_bench_command(app);
   dsactor::cli::add_start_command(app);
+  dsactor::cli::add_up_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
