@@ -186,7 +186,13 @@ Body decode_body(wire::Header::Reader h, const Limits& limits) {
       return Stats{};
     case wire::Header::Kind::STATS_REPLY: {
       auto r = k.getStatsReply();
-      return StatsReply{r.getBytesInRam(), r.getBytesOnNvme(), r.getPartitions(), r.getSteps()};
+      return StatsReply{r.getBytesInRam(),
+                        r.getBytesOnNvme(),
+                        r.getPartitions(),
+                        r.getSteps(),
+                        text(r.getPinning(), limits, "statsReply.pinning"),
+                        r.getPartitionsInRam(),
+                        r.getPartitionsOnNvme()};
     }
     case wire::Header::Kind::CHECKPOINT: {
       auto r = k.getCheckpoint();
@@ -421,6 +427,9 @@ void build_body(wire::Header::Kind::Builder k, const Body& body) {
                    b.setBytesOnNvme(r.bytes_on_nvme);
                    b.setPartitions(r.partitions);
                    b.setSteps(r.steps);
+                   b.setPinning(text_ptr(r.pinning));
+                   b.setPartitionsInRam(r.partitions_in_ram);
+                   b.setPartitionsOnNvme(r.partitions_on_nvme);
                  },
                  [&](const Checkpoint& r) {
                    auto b = k.initCheckpoint();

@@ -166,6 +166,10 @@ struct StatsReply {
   uint64_t bytes_on_nvme = 0;
   uint64_t partitions = 0;
   uint64_t steps = 0;
+  // RAM-tier pinning in use ("cuda", "mlock", "none"); partitions split by tier.
+  std::string pinning;
+  uint64_t partitions_in_ram = 0;
+  uint64_t partitions_on_nvme = 0;
   bool operator==(const StatsReply&) const = default;
 };
 

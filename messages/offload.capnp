@@ -146,6 +146,10 @@ struct StatsReply {
   bytesOnNvme @1 :UInt64;
   partitions @2 :UInt64;
   steps @3 :UInt64;
+  # How the RAM tier is pinned: "cudaHostAlloc", "mlock" or "none" (offload_service/host_memory.h).
+  pinning @4 :Text;
+  partitionsInRam @5 :UInt64;
+  partitionsOnNvme @6 :UInt64;
 }
 
 struct Checkpoint {

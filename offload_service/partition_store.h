@@ -80,7 +80,7 @@ StagingOptions validate(const StoreOptions& options);
 enum class Tier { kRam, kNvme };
 const char* to_string(Tier tier);
 
-// What Stats reports, plus what the wire's StatsReply has no field for yet.
+// What Stats reports (StatsReply carries all of it but the staging bytes).
 struct StoreStats {
   uint64_t bytes_in_ram = 0;   // charged against the memory limit (partitions only)
   uint64_t bytes_on_nvme = 0;  // extents in use in partitions.dat
@@ -90,7 +90,10 @@ struct StoreStats {
   uint64_t steps = 0;          // steps applied (skips not counted)
   uint64_t staging_bytes = 0;  // NVMe staging ring
   PinningKind pinning = PinningKind::kNone;
-  messages::StatsReply wire() const { return {bytes_in_ram, bytes_on_nvme, partitions, steps}; }
+  messages::StatsReply wire() const {
+    return {bytes_in_ram, bytes_on_nvme,     partitions,        steps,
+            to_string(pinning), partitions_in_ram, partitions_on_nvme};
+  }
 };
 
 // CommitStep's clip_coef and loss_scale become the Adam pass's multiplier through

@@ -64,7 +64,7 @@ std::vector<Header> every_kind() {
   add(FetchParameters{11, 4, DType::fp16});
   add(FetchReply{11, 5, DType::fp16, 300});
   add(Stats{});
-  add(StatsReply{1ull << 33, 1ull << 36, 48, 1000});
+  add(StatsReply{1ull << 33, 1ull << 36, 48, 1000, "mlock", 40, 8});
   add(Checkpoint{"step1000", "/ckpt/run"});
   add(CheckpointReply{"step1000", 1000, 123456789});
   add(Restore{"step1000", "/ckpt/run"});
@@ -371,6 +371,9 @@ TEST(CodecMalformed, FieldsOutOfRange) {
   limits.max_text_bytes = 8;
   EXPECT_EQ(error_of(encode(Header{1, "a-very-long-job-id", Stats{}}), limits),
             DecodeErrc::badField);
+  StatsReply long_pinning;
+  long_pinning.pinning = "cudaHostAlloc";  // 13 bytes > 8
+  EXPECT_EQ(error_of(encode(Header{1, "j", long_pinning}), limits), DecodeErrc::badField);
   limits = {};
   limits.max_list_items = 1;
   EXPECT_EQ(error_of(encode(every_kind()[0]), limits), DecodeErrc::badField);  // 2 specs

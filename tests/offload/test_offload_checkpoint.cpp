@@ -91,6 +91,11 @@ TEST(OffloadCheckpoint, RoundTripThroughTheServiceOnBothTiers) {
   EXPECT_EQ(st.bytes_in_ram,
             4 * align_up(400000) + align_up(200000) + align_up(80000) + align_up(40000));
   EXPECT_EQ(st.bytes_on_nvme, 3u * 65536 + 3 * align_up(3616 * 4));
+  EXPECT_EQ(st.partitions_in_ram, 1u);
+  EXPECT_EQ(st.partitions_on_nvme, 1u);
+  EXPECT_NE(svc.log().find("pinning: " + st.pinning), std::string::npos)
+      << "stats pinning '" << st.pinning << "' vs log:\n"
+      << svc.log();
 
   train(c, ref, 1);
   train(c, ref, 2);
