@@ -91,7 +91,7 @@ struct StoreStats {
   uint64_t staging_bytes = 0;  // NVMe staging ring
   PinningKind pinning = PinningKind::kNone;
   messages::StatsReply wire() const {
-    return {bytes_in_ram, bytes_on_nvme,     partitions,        steps,
+    return {bytes_in_ram,       bytes_on_nvme,     partitions,        steps,
             to_string(pinning), partitions_in_ram, partitions_on_nvme};
   }
 };
