@@ -24,17 +24,19 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+k::HalfKind half_kind(Precision p) {
+  return p == Precision::kFp16 ? k::HalfKind::kFP16 : k::HalfKind::kBF16;
+}
+
+}  // namespace
+
 Precision precision_of(const DsConfig& c) {
   if (c.fp16.enabled) return Precision::kFp16;
   if (c.bf16.enabled) return Precision::kBf16;
   return Precision::kFp32;
 }
 
-k::HalfKind half_kind(Precision p) {
-  return p == Precision::kFp16 ? k::HalfKind::kFP16 : k::HalfKind::kBF16;
-}
-
-k::AdamHyper adam_from(const OptimizerConfig& o) {
+k::AdamHyper adam_hyper_of(const OptimizerConfig& o) {
   k::AdamHyper h;
   if (!o.present) return h;  // DeepSpeed's FusedAdam defaults
   h.lr = static_cast<float>(o.lr);
@@ -46,8 +48,6 @@ k::AdamHyper adam_from(const OptimizerConfig& o) {
   h.bias_correction = o.bias_correction;
   return h;
 }
-
-}  // namespace
 
 const char* precision_name(Precision p) {
   switch (p) {
@@ -62,14 +62,18 @@ void check_supported(const DsConfig& c) {
   const auto& z = c.zero_optimization;
   if (z.stage != 0)
     throw ConfigError(fmt::format(
-        "{}: zero_optimization.stage = {} is not implemented yet in dsactor's trainer; only "
-        "stage 0 runs today (stages 1-3 with offload services are the next milestone). Set "
-        "\"stage\": 0 to train in one process.",
+        "{}: zero_optimization.stage = {} is not implemented yet in `dsactor train` (one "
+        "process, no offload services): run it with `dsactor up deploy.yaml` (every role on this "
+        "machine) or `dsactor start --role trainer --config ds.json --deploy deploy.yaml` "
+        "beside `dsactor start --role offload` services; or set \"stage\": 0 to train in one "
+        "process.",
         c.source, z.stage));
   if (z.offload_optimizer.enabled() || z.offload_param.enabled())
     throw ConfigError(fmt::format(
         "{}: zero_optimization.offload_optimizer / offload_param is not implemented yet in "
-        "dsactor's trainer; set \"device\": \"none\" (offload needs ZeRO stages 1-3).",
+        "`dsactor train`: it needs ZeRO stage 1-3 and offload services: run it with "
+        "`dsactor up deploy.yaml` or `dsactor start --role trainer --deploy deploy.yaml`; "
+        "for `dsactor train` set \"device\": \"none\".",
         c.source));
   if (c.world_size != 1)
     throw ConfigError(fmt::format("{}: world_size {} is not implemented yet: data-parallel "
@@ -86,7 +90,7 @@ Engine::Engine(const GptConfig& model, const DsConfig& config, uint64_t seed)
       grads_(BlockSet::zeros(model_.layouts())),
       adam_m_(BlockSet::zeros(model_.layouts())),
       adam_v_(BlockSet::zeros(model_.layouts())),
-      adam_(adam_from(config.optimizer)),
+      adam_(adam_hyper_of(config.optimizer)),
       scaler_(config.fp16) {
   check_supported(config);
   if (precision_ != Precision::kFp32) working_ = BlockSet::zeros(model_.layouts());

@@ -19,6 +19,11 @@ class BatchLoader;
 
 enum class Precision { kFp32, kFp16, kBf16 };
 const char* precision_name(Precision p);
+// fp16.enabled -> kFp16, bf16.enabled -> kBf16, else kFp32.
+Precision precision_of(const DsConfig& config);
+// The Adam/AdamW hyper-parameters of ds_config's optimizer (DeepSpeed's FusedAdam defaults
+// when absent). Every engine, local or offloaded, starts from this one mapping.
+kernels::cpu::AdamHyper adam_hyper_of(const OptimizerConfig& optimizer);
 
 // What one optimizer step did, for logs, monitors and tests.
 struct StepResult {
@@ -81,8 +86,9 @@ class Engine {
   std::vector<int32_t> inputs_, targets_;
 };
 
-// Refuses, with a message that says so, what this engine cannot run yet (ZeRO stages 1-3,
-// offload). Called at start-up before any work.
+// Refuses, with a message that says so, what this single-process engine cannot run (ZeRO
+// stages 1-3 and offload need offload services: trainer/zero/, `dsactor start --role
+// trainer` / `dsactor up`). Called at start-up before any work.
 void check_supported(const DsConfig& config);
 
 }  // namespace dsactor::trainer

@@ -17,8 +17,7 @@ namespace dsactor::trainer {
 
 namespace k = dsactor::kernels::cpu;
 
-GptModel::GptModel(const GptConfig& config)
-    : config_(config), layouts_(gpt_block_layouts(config)) {
+GptModel::GptModel(const GptConfig& config) : config_(config), layouts_(gpt_block_layouts(config)) {
   config_.validate("model");
 }
 
@@ -67,23 +66,61 @@ void GptModel::ensure_activations(int B, int T) {
   acts_ = std::move(a);
 }
 
-void GptModel::forward(BlockSet& params, const int32_t* inputs, int B, int T) {
+namespace {
+
+// Every block resident: the stage-0 engine, inference, tests.
+struct AllResident final : BlockHooks {
+  void acquire(size_t) override {}
+  void release(size_t) override {}
+};
+
+// Views of one block, built after it is acquired (a resident set may move its buffer).
+float* slot_ptr(const std::vector<BlockLayout>& layouts, BlockSet& set, size_t block,
+                const char* name) {
+  return set.blocks[block].data() + layouts[block].slot(name).offset;
+}
+EmbeddingView embedding_view(const std::vector<BlockLayout>& layouts, BlockSet& set) {
+  return {slot_ptr(layouts, set, 0, "wte.weight"), slot_ptr(layouts, set, 0, "wpe.weight")};
+}
+LayerView layer_view(const std::vector<BlockLayout>& layouts, BlockSet& set, int l) {
+  const size_t b = 1 + static_cast<size_t>(l);
+  auto at = [&](const char* name) { return slot_ptr(layouts, set, b, name); };
+  return {at("ln_1.weight"),      at("ln_1.bias"),          at("attn.c_attn.weight"),
+          at("attn.c_attn.bias"), at("attn.c_proj.weight"), at("attn.c_proj.bias"),
+          at("ln_2.weight"),      at("ln_2.bias"),          at("mlp.c_fc.weight"),
+          at("mlp.c_fc.bias"),    at("mlp.c_proj.weight"),  at("mlp.c_proj.bias")};
+}
+FinalNormView final_norm_view(const std::vector<BlockLayout>& layouts, BlockSet& set) {
+  const size_t f = layouts.size() - 1;
+  return {slot_ptr(layouts, set, f, "ln_f.weight"), slot_ptr(layouts, set, f, "ln_f.bias")};
+}
+
+}  // namespace
+
+void GptModel::forward(BlockSet& params, const int32_t* inputs, int B, int T, BlockHooks& hooks) {
   const auto t0 = std::chrono::steady_clock::now();
   ensure_activations(B, T);
   const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int Vp = config_.padded_vocab();
   const int BT = B * T;
   const size_t n = static_cast<size_t>(BT) * C;
+  const size_t kEmb = 0, kFinal = layouts_.size() - 1;
   for (int i = 0; i < BT; ++i)
     if (inputs[i] < 0 || inputs[i] >= config_.vocab_size)
-      throw std::invalid_argument(fmt::format("token {} at position {} is outside the vocabulary [0, {})",
-                                              inputs[i], i, config_.vocab_size));
-  GptViews v(config_, layouts_, params);
+      throw std::invalid_argument(
+          fmt::format("token {} at position {} is outside the vocabulary [0, {})", inputs[i], i,
+                      config_.vocab_size));
   Activations& a = acts_;
 
-  k::encoder_forward(a.encoded.data(), inputs, v.embedding.wte, v.embedding.wpe, B, T, C);
+  hooks.acquire(kEmb);
+  {
+    const EmbeddingView e = embedding_view(layouts_, params);
+    k::encoder_forward(a.encoded.data(), inputs, e.wte, e.wpe, B, T, C);
+  }
+  hooks.release(kEmb);
   for (int l = 0; l < L; ++l) {
-    const LayerView& p = v.layers[l];
+    hooks.acquire(1 + static_cast<size_t>(l));
+    const LayerView p = layer_view(layouts_, params, l);
     const float* residual = l == 0 ? a.encoded.data() : a.residual3[l - 1].data();
     k::layernorm_forward(a.ln1[l].data(), a.ln1_mean[l].data(), a.ln1_rstd[l].data(), residual,
                          p.ln1w, p.ln1b, BT, C);
@@ -98,10 +135,15 @@ void GptModel::forward(BlockSet& params, const int32_t* inputs, int B, int T) {
     k::matmul_forward(a.scratch_btc.data(), a.fch_gelu[l].data(), p.fcprojw, p.fcprojb, BT, 4 * C,
                       C);
     k::residual_forward(a.residual3[l].data(), a.residual2[l].data(), a.scratch_btc.data(), n);
+    hooks.release(1 + static_cast<size_t>(l));
   }
+  hooks.acquire(kFinal);
+  const FinalNormView f = final_norm_view(layouts_, params);
   k::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(),
-                       a.residual3[L - 1].data(), v.final_norm.lnfw, v.final_norm.lnfb, BT, C);
-  k::matmul_forward(a.logits.data(), a.lnf.data(), v.embedding.wte, nullptr, BT, C, Vp);
+                       a.residual3[L - 1].data(), f.lnfw, f.lnfb, BT, C);
+  hooks.acquire(kEmb);  // tied LM head
+  k::matmul_forward(a.logits.data(), a.lnf.data(), embedding_view(layouts_, params).wte, nullptr,
+                    BT, C, Vp);
   last_forward_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -120,30 +162,43 @@ static void check_targets(const int32_t* targets, int n, int V) {
           "target token {} at position {} is outside the vocabulary [0, {})", targets[i], i, V));
 }
 
-float GptModel::forward_loss(BlockSet& params, const int32_t* inputs, const int32_t* targets,
-                             int B, int T) {
-  forward(params, inputs, B, T);
+float GptModel::forward_loss(BlockSet& params, const int32_t* inputs, const int32_t* targets, int B,
+                             int T, BlockHooks* hooks) {
+  AllResident all;
+  BlockHooks& h = hooks ? *hooks : all;
+  forward(params, inputs, B, T, h);
+  h.release(0);
+  h.release(layouts_.size() - 1);
   check_targets(targets, B * T, config_.vocab_size);
   k::crossentropy_forward(acts_.losses.data(), acts_.logits.data(), targets, B * T,
                           config_.vocab_size, config_.padded_vocab());
   return mean_of(acts_.losses, B * T);
 }
 
-const float* GptModel::forward_logits(BlockSet& params, const int32_t* inputs, int B, int T) {
-  forward(params, inputs, B, T);
+const float* GptModel::forward_logits(BlockSet& params, const int32_t* inputs, int B, int T,
+                                      BlockHooks* hooks) {
+  AllResident all;
+  BlockHooks& h = hooks ? *hooks : all;
+  forward(params, inputs, B, T, h);
+  h.release(0);
+  h.release(layouts_.size() - 1);
   return acts_.logits.data();
 }
 
 float GptModel::forward_backward(BlockSet& params, BlockSet& grads, const int32_t* inputs,
-                                 const int32_t* targets, int B, int T, float dloss) {
-  forward(params, inputs, B, T);
+                                 const int32_t* targets, int B, int T, float dloss,
+                                 BlockHooks* hooks) {
+  AllResident all;
+  BlockHooks& h = hooks ? *hooks : all;
+  forward(params, inputs, B, T, h);  // leaves the final norm and the embedding acquired
   check_targets(targets, B * T, config_.vocab_size);
   const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int Vp = config_.padded_vocab();
   const int BT = B * T;
+  const size_t kEmb = 0, kFinal = layouts_.size() - 1;
   Activations& a = acts_;
-  GptViews v(config_, layouts_, params);
-  GptViews g(config_, layouts_, grads);
+  const EmbeddingView ge = embedding_view(layouts_, grads);
+  const FinalNormView gf = final_norm_view(layouts_, grads);
 
   // dlogits overwrite logits in place: the largest activation is never held twice.
   k::crossentropy_forward_backward(a.losses.data(), a.logits.data(), a.logits.data(), targets, BT,
@@ -151,16 +206,21 @@ float GptModel::forward_backward(BlockSet& params, BlockSet& grads, const int32_
   const float loss = mean_of(a.losses, BT);
 
   a.dlnf.zero();
-  k::matmul_backward(a.dlnf.data(), g.embedding.wte, nullptr, a.logits.data(), a.lnf.data(),
-                     v.embedding.wte, BT, C, Vp);
+  k::matmul_backward(a.dlnf.data(), ge.wte, nullptr, a.logits.data(), a.lnf.data(),
+                     embedding_view(layouts_, params).wte, BT, C, Vp);
+  h.release(kEmb);
   // dresidual accumulates the gradient flowing down the residual stream through every layer.
   a.dresidual.zero();
-  k::layernorm_backward(a.dresidual.data(), g.final_norm.lnfw, g.final_norm.lnfb, a.dlnf.data(),
-                        a.residual3[L - 1].data(), v.final_norm.lnfw, a.lnf_mean.data(),
-                        a.lnf_rstd.data(), BT, C);
+  k::layernorm_backward(a.dresidual.data(), gf.lnfw, gf.lnfb, a.dlnf.data(),
+                        a.residual3[L - 1].data(), final_norm_view(layouts_, params).lnfw,
+                        a.lnf_mean.data(), a.lnf_rstd.data(), BT, C);
+  h.release(kFinal);
+  h.grads_ready(kFinal);
   for (int l = L - 1; l >= 0; --l) {
-    const LayerView& p = v.layers[l];
-    const LayerView& dp = g.layers[l];
+    const size_t b = 1 + static_cast<size_t>(l);
+    h.acquire(b);
+    const LayerView p = layer_view(layouts_, params, l);
+    const LayerView dp = layer_view(layouts_, grads, l);
     const float* residual = l == 0 ? a.encoded.data() : a.residual3[l - 1].data();
     // residual3 = residual2 + fcproj: both branches receive dresidual.
     a.dfch_gelu.zero();
@@ -172,9 +232,8 @@ float GptModel::forward_backward(BlockSet& params, BlockSet& grads, const int32_
     a.dln.zero();
     k::matmul_backward(a.dln.data(), dp.fcw, dp.fcb, a.dfch.data(), a.ln2[l].data(), p.fcw, BT, C,
                        4 * C);
-    k::layernorm_backward(a.dresidual.data(), dp.ln2w, dp.ln2b, a.dln.data(),
-                          a.residual2[l].data(), p.ln2w, a.ln2_mean[l].data(),
-                          a.ln2_rstd[l].data(), BT, C);
+    k::layernorm_backward(a.dresidual.data(), dp.ln2w, dp.ln2b, a.dln.data(), a.residual2[l].data(),
+                          p.ln2w, a.ln2_mean[l].data(), a.ln2_rstd[l].data(), BT, C);
     // residual2 = residual + attproj.
     a.datty.zero();
     k::matmul_backward(a.datty.data(), dp.attprojw, dp.attprojb, a.dresidual.data(),
@@ -187,8 +246,12 @@ float GptModel::forward_backward(BlockSet& params, BlockSet& grads, const int32_
                        C, 3 * C);
     k::layernorm_backward(a.dresidual.data(), dp.ln1w, dp.ln1b, a.dln.data(), residual, p.ln1w,
                           a.ln1_mean[l].data(), a.ln1_rstd[l].data(), BT, C);
+    h.release(b);
+    h.grads_ready(b);
   }
-  k::encoder_backward(g.embedding.wte, g.embedding.wpe, a.dresidual.data(), inputs, B, T, C);
+  // The encoder's backward reads no parameters, only the token ids.
+  k::encoder_backward(ge.wte, ge.wpe, a.dresidual.data(), inputs, B, T, C);
+  h.grads_ready(kEmb);
   return loss;
 }
 

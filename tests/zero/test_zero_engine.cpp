@@ -1,0 +1,298 @@
+// The ZeRO engine (stages 1-3, optimizer and parameters in real offload service processes)
+// against the stage-0 Engine on the same seed and data. At world size 1 every partition is
+// exactly one block, the gradients come from the same kernels in the same order, the
+// service's sum of squares is grad_stats over the same floats, the multiplier is the same
+// function of the same two doubles and Adam is the same elementwise kernel: so losses,
+// norms and final weights are compared BIT FOR BIT (tolerance 0).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "actors/offload_client.h"
+#include "tests/offload/offload_test_util.h"
+#include "trainer/data/batch_loader.h"
+#include "trainer/engine/engine.h"
+#include "trainer/rng.h"
+#include "trainer/zero/zero_engine.h"
+
+namespace dsactor::trainer {
+namespace {
+
+using offload::test::ServiceProcess;
+using offload::test::TempDir;
+
+const GptConfig kTiny{2, 2, 32, 64, 16};
+constexpr int kSteps = 30;
+
+std::vector<int32_t> corpus(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i)
+    t[i] = static_cast<int32_t>((i * 7 + (i / 5) % 3) % 64 ^ (rng.next_u64() % 16 == 0 ? 1 : 0));
+  return t;
+}
+
+nlohmann::json precision_json(const std::string& mode) {
+  if (mode == "fp16")  // 2^24: the first steps overflow and are skipped
+    return {{"fp16", {{"enabled", true}, {"initial_scale_power", 24}, {"loss_scale_window", 4}}}};
+  if (mode == "bf16") return {{"bf16", {{"enabled", true}}}};
+  return nlohmann::json::object();
+}
+
+DsConfig config(const std::string& mode, int stage, const std::string& device,
+                const std::string& nvme_dir, nlohmann::json extra = nlohmann::json::object()) {
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", 4},
+      {"gradient_accumulation_steps", 2},
+      {"gradient_clipping", 1.0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+      {"scheduler",
+       {{"type", "WarmupCosineLR"},
+        {"params", {{"total_num_steps", kSteps}, {"warmup_num_steps", 5}}}}}};
+  j.merge_patch(precision_json(mode));
+  if (stage > 0) {
+    nlohmann::json off = {{"device", device}};
+    if (device == "nvme") off["nvme_path"] = nvme_dir;
+    j["zero_optimization"] = {{"stage", stage}, {"offload_optimizer", off}};
+    if (stage == 3) j["zero_optimization"]["offload_param"] = off;
+  }
+  j.merge_patch(extra);
+  return parse_ds_config(j, "test");
+}
+
+struct Trace {
+  std::vector<StepResult> steps;
+  BlockSet params;
+};
+
+Trace run_stage0(const GptConfig& model, const DsConfig& c, const std::vector<int32_t>& tokens,
+                 int steps) {
+  Engine e(model, c, 5);
+  BatchLoader loader(&tokens, 4, 16, true, 9);
+  Trace r;
+  for (int i = 0; i < steps; ++i) r.steps.push_back(e.train_step(loader));
+  r.params = BlockSet::zeros(e.model().layouts());
+  r.params.copy_from(e.compute_params());
+  return r;
+}
+
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, 4) == 0;
+}
+
+void expect_equal_runs(const Trace& want, const Trace& got) {
+  ASSERT_EQ(want.steps.size(), got.steps.size());
+  for (size_t i = 0; i < want.steps.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_TRUE(same_bits(want.steps[i].loss, got.steps[i].loss))
+        << want.steps[i].loss << " vs " << got.steps[i].loss;
+    EXPECT_EQ(want.steps[i].skipped, got.steps[i].skipped);
+    EXPECT_EQ(want.steps[i].loss_scale, got.steps[i].loss_scale);
+    EXPECT_EQ(want.steps[i].lr, got.steps[i].lr);
+    if (!want.steps[i].skipped) {
+      EXPECT_EQ(want.steps[i].grad_norm, got.steps[i].grad_norm);
+    }
+  }
+  ASSERT_EQ(want.params.blocks.size(), got.params.blocks.size());
+  for (size_t b = 0; b < want.params.blocks.size(); ++b)
+    EXPECT_EQ(std::memcmp(want.params.blocks[b].data(), got.params.blocks[b].data(),
+                          want.params.blocks[b].bytes()),
+              0)
+        << "block " << b;
+}
+
+class ZeroEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    omp_set_num_threads(2);
+    logs_ = new TempDir();
+    nvme_ = new TempDir();
+    ram_a_ = new ServiceProcess({}, logs_->path);
+    ram_b_ = new ServiceProcess({}, logs_->path);
+    nvme_svc_ = new ServiceProcess({"--nvme", nvme_->path.string()}, logs_->path);
+  }
+  static void TearDownTestSuite() {
+    for (auto* s : {ram_a_, ram_b_, nvme_svc_}) {
+      s->stop();
+      delete s;
+    }
+    delete nvme_;
+    delete logs_;
+  }
+
+  // device cpu: two RAM services (blocks placed round-robin); nvme: one --nvme service.
+  ZeroOptions options(const std::string& device, const std::string& job) {
+    ZeroOptions o;
+    if (device == "cpu")
+      o.services = {ram_a_->endpoint(), ram_b_->endpoint()};
+    else
+      o.services = {nvme_svc_->endpoint()};
+    o.job_id = job;
+    o.timeout = std::chrono::seconds(20);
+    return o;
+  }
+
+  Trace run_zero(const GptConfig& model, const DsConfig& c, ZeroOptions o,
+                 const std::vector<int32_t>& tokens, int steps, ZeroStats* stats = nullptr) {
+    ZeroEngine e(model, c, 5, std::move(o));
+    BatchLoader loader(&tokens, 4, 16, true, 9);
+    Trace r;
+    for (int i = 0; i < steps; ++i) r.steps.push_back(e.train_step(loader));
+    r.params = e.gather_params();
+    if (stats) *stats = e.stats();
+    return r;
+  }
+
+  // Stages 1, 2, 3 on cpu and nvme services against the stage-0 run, bit for bit.
+  void check_mode(const std::string& mode) {
+    const auto tokens = corpus(6000, 1);
+    const Trace want = run_stage0(kTiny, config(mode, 0, "none", ""), tokens, kSteps);
+    if (mode == "fp16") {
+      int skipped = 0;
+      for (const auto& s : want.steps) skipped += s.skipped;
+      ASSERT_GE(skipped, 1) << "the fp16 reference must skip at least one step";
+    }
+    for (const std::string device : {"cpu", "nvme"})
+      for (int stage : {1, 2, 3}) {
+        SCOPED_TRACE(mode + " stage " + std::to_string(stage) + " " + device);
+        const DsConfig c = config(mode, stage, device, nvme_->path.string());
+        const Trace got =
+            run_zero(kTiny, c, options(device, mode + "-" + device + "-" + std::to_string(stage)),
+                     tokens, kSteps);
+        expect_equal_runs(want, got);
+      }
+  }
+
+  static inline TempDir* logs_ = nullptr;
+  static inline TempDir* nvme_ = nullptr;
+  static inline ServiceProcess* ram_a_ = nullptr;
+  static inline ServiceProcess* ram_b_ = nullptr;
+  static inline ServiceProcess* nvme_svc_ = nullptr;
+};
+
+TEST_F(ZeroEngineTest, Fp32StagesOneTwoThreeEqualStageZeroBitForBit) {
+  check_mode("fp32");
+}
+TEST_F(ZeroEngineTest, Bf16StagesOneTwoThreeEqualStageZeroBitForBit) {
+  check_mode("bf16");
+}
+TEST_F(ZeroEngineTest, Fp16WithSkippedStepsEqualsStageZeroBitForBit) {
+  check_mode("fp16");
+}
+
+// Stage 3 keeps a bounded resident set: a 4-layer model, prefetch of one layer ahead,
+// no reuse caching; blocks under 100 elements (the final norm) stay resident.
+TEST_F(ZeroEngineTest, Stage3ResidentParametersStayBounded) {
+  const GptConfig model{4, 2, 32, 64, 16};
+  const auto layouts = gpt_block_layouts(model);
+  size_t largest = 0, persistent = 0;
+  for (const auto& l : layouts) {
+    largest = std::max(largest, l.numel);
+    if (l.numel < 100) persistent += l.numel;
+  }
+  const size_t layer = layouts[1].numel;
+  const auto extra = nlohmann::json{{"zero_optimization",
+                                     {{"stage3_prefetch_bucket_size", layer},
+                                      {"stage3_max_reuse_distance", 0},
+                                      {"stage3_param_persistence_threshold", 100}}}};
+  const auto tokens = corpus(6000, 2);
+  const int steps = 10;
+  const Trace want = run_stage0(model, config("bf16", 0, "none", ""), tokens, steps);
+  ZeroStats st;
+  const Trace got = run_zero(model, config("bf16", 3, "cpu", "", extra), options("cpu", "mem"),
+                             tokens, steps, &st);
+  expect_equal_runs(want, got);
+  // In use: one layer (or the embedding + final norm at the head); in flight: one layer.
+  const size_t bound = (3 * largest + persistent) * sizeof(float);
+  EXPECT_LE(st.peak_resident_param_bytes, bound);
+  EXPECT_LT(st.peak_resident_param_bytes, st.total_param_bytes);
+  EXPECT_GT(st.scheduler.prefetch_hits, 0u) << "prefetch along the recorded order";
+  std::printf(
+      "stage 3 resident peak %zu of %zu parameter bytes (bound %zu); %llu fetches, %llu "
+      "prefetch hits\n",
+      st.peak_resident_param_bytes, st.total_param_bytes, bound,
+      static_cast<unsigned long long>(st.scheduler.fetches),
+      static_cast<unsigned long long>(st.scheduler.prefetch_hits));
+}
+
+TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithinTheTimeout) {
+  ZeroOptions o;
+  o.services = {"tcp://127.0.0.1:9"};  // discard port: nothing answers
+  o.timeout = std::chrono::milliseconds(500);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ZeroEngine e(kTiny, config("fp32", 2, "cpu", ""), 5, o);
+    FAIL() << "no error";
+  } catch (const ZeroServiceError& e) {
+    EXPECT_NE(std::string(e.what()).find("tcp://127.0.0.1:9"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("register"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST_F(ZeroEngineTest, DeadServiceStopsWithItsNameAndTheLastCommittedStep) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE(stage);
+    ServiceProcess a({}, logs_->path);
+    auto b = std::make_unique<ServiceProcess>(std::vector<std::string>{}, logs_->path);
+    const std::string dead = b->endpoint();
+    ZeroOptions o;
+    o.services = {a.endpoint(), dead};
+    o.timeout = std::chrono::milliseconds(1000);
+    o.job_id = "dead-" + std::to_string(stage);
+    ZeroEngine e(kTiny, config("fp32", stage, "cpu", ""), 5, o);
+    const auto tokens = corpus(6000, 3);
+    BatchLoader loader(&tokens, 4, 16, true, 9);
+    for (int i = 0; i < 3; ++i) e.train_step(loader);
+    b.reset();  // SIGKILL between steps
+    try {
+      e.train_step(loader);
+      FAIL() << "no error";
+    } catch (const ZeroServiceError& err) {
+      const std::string what = err.what();
+      EXPECT_NE(what.find(dead), std::string::npos) << what;
+      EXPECT_NE(what.find("last committed step 3"), std::string::npos) << what;
+    }
+    EXPECT_EQ(e.committed_step(), 3u);
+    // No half-applied step: the surviving service never got a commit for step 4.
+    actors::OffloadClient c(a.endpoint(), std::chrono::seconds(5), o.job_id);
+    EXPECT_EQ(c.stats().steps, 3u);
+  }
+}
+
+TEST_F(ZeroEngineTest, RefusesConfigsItCannotRun) {
+  ZeroOptions o = options("cpu", "refuse");
+  EXPECT_THROW(ZeroEngine(kTiny, config("fp32", 0, "none", ""), 5, o), ConfigError);
+  EXPECT_THROW(ZeroEngine(kTiny,
+                          parse_ds_config(nlohmann::json{{"train_micro_batch_size_per_gpu", 4},
+                                                         {"zero_optimization", {{"stage", 2}}}},
+                                          "t"),
+                          5, o),
+               ConfigError);
+  o.world_size = 2;
+  EXPECT_THROW(ZeroEngine(kTiny, config("fp32", 2, "cpu", ""), 5, o), ConfigError);
+}
+
+TEST(PartitionPlan, EqualPageAlignedSlicesLastOneShort) {
+  const PartitionPlan p({5000, 1000, 64}, 3, 2);
+  // 5000 / 3 -> 1667 -> 2048 per rank: [0,2048) [2048,4096) [4096,5000)
+  EXPECT_EQ(p.partition_numel(0), 2048u);
+  EXPECT_EQ(p.slice(0, 1).offset, 2048u);
+  EXPECT_EQ(p.slice(0, 2).count, 904u);
+  // 1000 / 3 -> 1024 per rank: rank 0 owns all of it, ranks 1 and 2 nothing.
+  EXPECT_EQ(p.slice(1, 0).count, 1000u);
+  EXPECT_EQ(p.slice(1, 1).count, 0u);
+  EXPECT_EQ(p.owned_by(2).size(), 1u);
+  EXPECT_EQ(p.slice(2, 0).service, 0u);
+  EXPECT_EQ(p.slice(1, 0).service, 1u);
+  EXPECT_NE(p.slice(0, 1).id, p.slice(1, 0).id);
+  const PartitionPlan one({5000}, 1, 1);
+  EXPECT_EQ(one.slice(0, 0).count, 5000u);  // world size 1: the block itself
+}
+
+}  // namespace
+}  // namespace dsactor::trainer

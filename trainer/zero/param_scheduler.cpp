@@ -1,0 +1,196 @@
+#include "trainer/zero/param_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace dsactor::trainer {
+
+ParamScheduler::ParamScheduler(std::vector<size_t> block_numel, BlockSet& params,
+                               SchedulerOptions options, FetchFn fetch)
+    : numel_(std::move(block_numel)),
+      params_(params),
+      options_(options),
+      fetch_(std::move(fetch)),
+      slots_(numel_.size()) {
+  params_.blocks.resize(numel_.size());
+  thread_ = std::thread([this] { worker(); });
+}
+
+ParamScheduler::~ParamScheduler() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ParamScheduler::worker() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    try {
+      FloatBuffer buf(numel_[job.block]);
+      fetch_(job.block, job.version, buf.data());
+      job.promise.set_value(std::move(buf));
+    } catch (...) {
+      job.promise.set_exception(std::current_exception());
+    }
+  }
+}
+
+void ParamScheduler::note_live() {
+  stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, live_ * sizeof(float));
+}
+
+void ParamScheduler::start_fetch(size_t b, bool prefetch) {
+  Slot& s = slots_[b];
+  std::promise<FloatBuffer> promise;
+  s.future = promise.get_future();
+  s.pending = true;
+  s.pending_version = version_;
+  s.prefetched = prefetch;
+  live_ += numel_[b];
+  in_flight_ += numel_[b];
+  note_live();
+  ++stats_.fetches;
+  stats_.bytes_fetched += numel_[b] * sizeof(float);
+  {
+    std::lock_guard lock(mu_);
+    jobs_.push_back(Job{b, version_, std::move(promise)});
+  }
+  cv_.notify_one();
+}
+
+void ParamScheduler::wait_pending(size_t b) {
+  Slot& s = slots_[b];
+  s.pending = false;
+  in_flight_ -= numel_[b];
+  FloatBuffer buf;
+  try {
+    buf = s.future.get();
+  } catch (...) {
+    live_ -= numel_[b];
+    throw;
+  }
+  params_.blocks[b] = std::move(buf);
+  s.resident = true;
+  s.version = s.pending_version;
+}
+
+void ParamScheduler::drop(size_t b) {
+  Slot& s = slots_[b];
+  if (!s.resident) return;
+  params_.blocks[b] = FloatBuffer();
+  s.resident = false;
+  live_ -= numel_[b];
+}
+
+void ParamScheduler::make_room(size_t numel) {
+  for (size_t b = 0;
+       b < slots_.size() && static_cast<int64_t>(live_ + numel) > options_.max_live_parameters; ++b)
+    if (slots_[b].resident && slots_[b].in_use == 0 && !persistent(b)) drop(b);
+}
+
+void ParamScheduler::set_version(uint64_t version) {
+  for (size_t b = 0; b < slots_.size(); ++b) {
+    if (slots_[b].pending) wait_pending(b);
+    drop(b);
+  }
+  version_ = version;
+}
+
+void ParamScheduler::begin_pass(bool training) {
+  cursor_ = 0;
+  if (!training) {
+    recording_ = following_ = false;
+    return;
+  }
+  if (!recorded_) {
+    recording_ = true;
+    following_ = false;
+    trace_.clear();
+    return;
+  }
+  following_ = true;
+  prefetch_ahead();
+}
+
+void ParamScheduler::end_pass() {
+  if (recording_) {
+    recording_ = false;
+    recorded_ = true;
+  }
+  following_ = false;
+  for (size_t b = 0; b < slots_.size(); ++b)
+    if (slots_[b].in_use == 0 && !persistent(b) && !slots_[b].pending) drop(b);
+}
+
+void ParamScheduler::acquire(size_t b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (recording_) {
+    trace_.push_back(b);
+  } else if (following_) {
+    if (cursor_ < trace_.size() && trace_[cursor_] == b)
+      ++cursor_;
+    else
+      following_ = false;  // the model left the recorded order: fetch on demand from here
+  }
+  Slot& s = slots_[b];
+  if (s.resident && s.version != version_ && s.in_use == 0) drop(b);
+  if (!s.resident) {
+    if (s.pending && s.pending_version != version_) {
+      wait_pending(b);
+      drop(b);
+    }
+    if (!s.pending) {
+      make_room(numel_[b]);
+      start_fetch(b, false);
+    } else if (s.prefetched) {
+      ++stats_.prefetch_hits;
+    }
+    wait_pending(b);
+  }
+  ++s.in_use;
+  stats_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (following_) prefetch_ahead();
+}
+
+bool ParamScheduler::reused_soon(size_t b) const {
+  if (!following_) return false;
+  int64_t distance = 0;
+  for (size_t j = cursor_; j < trace_.size(); ++j) {
+    const size_t c = trace_[j];
+    if (c == b) return distance <= options_.max_reuse_distance;
+    if (!slots_[c].resident) distance += static_cast<int64_t>(numel_[c]);
+  }
+  return false;
+}
+
+void ParamScheduler::release(size_t b) {
+  Slot& s = slots_[b];
+  if (s.in_use > 0) --s.in_use;
+  if (s.in_use == 0 && !persistent(b) && !reused_soon(b)) drop(b);
+}
+
+void ParamScheduler::prefetch_ahead() {
+  if (options_.prefetch_bucket_size <= 0) return;
+  for (size_t j = cursor_; j < trace_.size(); ++j) {
+    const size_t c = trace_[j];
+    Slot& s = slots_[c];
+    if ((s.resident && s.version == version_) || s.pending) continue;
+    const auto n = static_cast<int64_t>(numel_[c]);
+    if (static_cast<int64_t>(in_flight_) + n > options_.prefetch_bucket_size) break;
+    if (static_cast<int64_t>(live_) + n > options_.max_live_parameters) break;
+    start_fetch(c, true);
+  }
+}
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,117 @@
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "trainer/model/gpt.h"
+
+namespace dsactor::trainer {
+
+// ds_config's stage-3 knobs, in elements (DeepSpeed's units).
+struct SchedulerOptions {
+  int64_t prefetch_bucket_size = 50000000;   // elements in flight ahead of use; 0: no prefetch
+  int64_t max_live_parameters = 1000000000;  // elements resident (in use, cached, in flight)
+  int64_t max_reuse_distance = 1000000000;   // keep a released block whose next use in this
+                                             // pass comes within this many elements of
+                                             // other blocks' fetches
+  int64_t persistence_threshold = 100000;    // blocks smaller than this stay resident
+};
+
+struct SchedulerStats {
+  uint64_t fetches = 0;        // blocks fetched (prefetched ones included)
+  uint64_t prefetch_hits = 0;  // acquires served by a prefetch issued earlier
+  uint64_t bytes_fetched = 0;  // as floats in the resident set (4 bytes per element)
+  double wait_seconds = 0;     // time acquire() spent waiting for a fetch
+  size_t peak_resident_bytes = 0;
+};
+
+// The stage-3 resident set of parameter blocks (the model's BlockHooks). A block is made
+// resident before use by fetching it (on a fetch thread) at the current version; released
+// blocks are freed unless persistent (under the persistence threshold) or reused soon. The
+// first training pass records the order of acquires; later passes prefetch along it,
+// bounded by prefetch_bucket_size (elements in flight) and max_live_parameters (elements
+// resident), so fetches overlap compute. A pass whose acquires leave the recorded order
+// stops prefetching (correct, just slower) until the next pass.
+//
+// `fetch(block, version, out)` fills out[0, numel) with the block's parameters at exactly
+// `version`; it runs on the scheduler's own thread (it must use its own sockets) and its
+// exceptions are rethrown by the acquire() that needs the block.
+class ParamScheduler final : public BlockHooks {
+ public:
+  using FetchFn = std::function<void(size_t block, uint64_t version, float* out)>;
+  ParamScheduler(std::vector<size_t> block_numel, BlockSet& params, SchedulerOptions options,
+                 FetchFn fetch);
+  ~ParamScheduler() override;
+  ParamScheduler(const ParamScheduler&) = delete;
+  ParamScheduler& operator=(const ParamScheduler&) = delete;
+
+  // The services now hold `version` (after a commit): every resident copy is stale.
+  void set_version(uint64_t version);
+  // Start of a forward/backward pass. Training passes follow (and the first one records)
+  // the block order and prefetch; evaluation passes only fetch on demand.
+  void begin_pass(bool training);
+  // End of a pass: frees what is neither persistent nor in use.
+  void end_pass();
+
+  void acquire(size_t block) override;
+  void release(size_t block) override;
+
+  size_t resident_bytes() const { return live_ * sizeof(float); }
+  const SchedulerStats& stats() const { return stats_; }
+
+ private:
+  struct Slot {
+    int in_use = 0;
+    bool resident = false;  // params_.blocks[b] holds the block at `version`
+    uint64_t version = 0;
+    bool pending = false;  // a fetch is in flight
+    uint64_t pending_version = 0;
+    bool prefetched = false;
+    std::future<FloatBuffer> future;
+  };
+  struct Job {
+    size_t block;
+    uint64_t version;
+    std::promise<FloatBuffer> promise;
+  };
+
+  bool persistent(size_t b) const {
+    return static_cast<int64_t>(numel_[b]) < options_.persistence_threshold;
+  }
+  void start_fetch(size_t b, bool prefetch);
+  void wait_pending(size_t b);
+  void drop(size_t b);
+  void make_room(size_t numel);
+  void prefetch_ahead();
+  bool reused_soon(size_t b) const;
+  void note_live();
+  void worker();
+
+  std::vector<size_t> numel_;
+  BlockSet& params_;
+  SchedulerOptions options_;
+  FetchFn fetch_;
+  std::vector<Slot> slots_;
+  uint64_t version_ = 0;
+  size_t live_ = 0;       // elements resident or in flight
+  size_t in_flight_ = 0;  // elements in flight
+  // The recorded block order of a training pass, and where this pass is in it.
+  std::vector<size_t> trace_;
+  bool recording_ = false, recorded_ = false, following_ = false;
+  size_t cursor_ = 0;
+  SchedulerStats stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,437 @@
+#include "trainer/zero/zero_engine.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "actors/offload_client.h"
+#include "kernels/cpu/cast.h"
+#include "trainer/config/lr_schedule.h"
+#include "trainer/data/batch_loader.h"
+
+namespace dsactor::trainer {
+
+namespace k = dsactor::kernels::cpu;
+namespace msg = dsactor::messages;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+k::HalfKind half_kind(Precision p) {
+  return p == Precision::kFp16 ? k::HalfKind::kFP16 : k::HalfKind::kBF16;
+}
+
+msg::DType served_dtype(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return msg::DType::fp32;
+    case Precision::kBf16:
+      return msg::DType::bf16;
+    case Precision::kFp16:
+      return msg::DType::fp16;
+  }
+  return msg::DType::fp32;
+}
+
+// What the engine needs that ds_config might not give; refused before anything starts.
+void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
+  const auto& z = c.zero_optimization;
+  if (z.stage < 1 || z.stage > 3)
+    throw ConfigError(
+        fmt::format("{}: the ZeRO engine runs zero_optimization.stage 1, 2 or 3, "
+                    "not {} (stage 0 is `dsactor train`)",
+                    c.source, z.stage));
+  if (!z.offload_optimizer.enabled())
+    throw ConfigError(fmt::format(
+        "{}: zero_optimization.stage {} in dsactor keeps the optimizer state in offload "
+        "services: set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\"",
+        c.source, z.stage));
+  if (z.offload_param.enabled() && z.stage != 3)
+    throw ConfigError(fmt::format("{}: zero_optimization.offload_param needs stage 3 (stage is {})",
+                                  c.source, z.stage));
+  if (o.services.empty())
+    throw ConfigError(
+        fmt::format("{}: stage {} with offload needs at least one offload service "
+                    "endpoint (dsactor start --role offload)",
+                    c.source, z.stage));
+  if (o.world_size != 1)
+    throw ConfigError(fmt::format(
+        "not implemented: world_size {} for the ZeRO engine: partitions are planned for any "
+        "world size, but the allgather / reduce-scatter across trainers is not wired yet",
+        o.world_size));
+  if (o.rank >= o.world_size)
+    throw ConfigError(fmt::format("rank {} is outside world_size {}", o.rank, o.world_size));
+}
+
+std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
+  std::vector<size_t> n;
+  for (const auto& l : layouts) n.push_back(l.numel);
+  return n;
+}
+
+}  // namespace
+
+struct ZeroEngine::Service {
+  std::string endpoint;
+  std::unique_ptr<actors::OffloadClient> client;
+};
+
+// The model's hooks: the resident set (stage 3 with offload_param) and, on the last
+// micro-step, each block's gradient pushed as soon as its backward is done.
+class ZeroEngine::Hooks final : public BlockHooks {
+ public:
+  Hooks(ZeroEngine& e, bool push) : e_(e), push_(push) {}
+  void acquire(size_t b) override {
+    if (e_.scheduler_) e_.scheduler_->acquire(b);
+  }
+  void release(size_t b) override {
+    if (e_.scheduler_) e_.scheduler_->release(b);
+  }
+  void grads_ready(size_t b) override {
+    if (push_) e_.finish_block_grad(b);
+  }
+
+ private:
+  ZeroEngine& e_;
+  bool push_;
+};
+
+template <class F>
+auto ZeroEngine::on_service(size_t service, const char* what, F&& f) {
+  const std::string& ep = services_[service]->endpoint;
+  try {
+    return f(*services_[service]->client);
+  } catch (const actors::OffloadTimeout& e) {
+    throw ZeroServiceError(fmt::format(
+        "offload service {} did not answer {} within {} ms (down, unreachable or stuck); "
+        "last committed step {}: {}",
+        ep, what, options_.timeout.count(), version_, e.what()));
+  } catch (const actors::OffloadError& e) {
+    throw ZeroServiceError(fmt::format("offload service {} refused {}; last committed step {}: {}",
+                                       ep, what, version_, e.what()));
+  } catch (const ZeroServiceError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ZeroServiceError(
+        fmt::format("offload service {} failed during {}; last committed step {}: {}", ep, what,
+                    version_, e.what()));
+  }
+}
+
+ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t seed,
+                       ZeroOptions options)
+    : gpt_(model),
+      config_(config),
+      options_(std::move(options)),
+      precision_(precision_of(config)),
+      model_(model),
+      plan_((check_zero_config(config, options_), block_numels(model_.layouts())),
+            options_.world_size, options_.services.size()),
+      adam_(adam_hyper_of(config.optimizer)),
+      scaler_(config.fp16) {
+  for (const auto& ep : options_.services)
+    services_.push_back(std::make_unique<Service>(Service{
+        ep, std::make_unique<actors::OffloadClient>(ep, options_.timeout, options_.job_id)}));
+  grads_ = BlockSet::zeros(model_.layouts());
+  const size_t nblocks = model_.layouts().size();
+  block_sum_squares_.assign(nblocks, 0.0);
+  block_nonfinite_.assign(nblocks, 0);
+  block_pushed_.assign(nblocks, 0);
+  register_and_initialise(seed);
+
+  const auto& z = config_.zero_optimization;
+  if (z.stage == 3 && z.offload_param.enabled()) {
+    // The scheduler's thread fetches with sockets of its own (a client is single-owner).
+    for (const auto& ep : options_.services)
+      fetch_clients_.push_back(
+          std::make_unique<actors::OffloadClient>(ep, options_.timeout, options_.job_id));
+    SchedulerOptions so;
+    so.prefetch_bucket_size = z.prefetch_bucket_size;
+    so.max_live_parameters = z.max_live_parameters;
+    so.max_reuse_distance = z.max_reuse_distance;
+    so.persistence_threshold = z.param_persistence_threshold;
+    std::vector<actors::OffloadClient*> fc;
+    for (auto& c : fetch_clients_) fc.push_back(c.get());
+    scheduler_ = std::make_unique<ParamScheduler>(
+        block_numels(model_.layouts()), params_, so,
+        [this, fc](size_t b, uint64_t version, float* out) { fetch_block(fc, b, version, out); });
+  } else {
+    // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at
+    // world size 1 are the whole model): every block resident, refreshed after each step.
+    params_ = BlockSet::zeros(model_.layouts());
+    refresh_all_params();
+    peak_resident_bytes_ = params_.numel() * sizeof(float);
+  }
+}
+
+ZeroEngine::~ZeroEngine() = default;
+
+std::vector<actors::OffloadClient*> ZeroEngine::main_clients() const {
+  std::vector<actors::OffloadClient*> c;
+  for (const auto& s : services_) c.push_back(s->client.get());
+  return c;
+}
+
+void ZeroEngine::register_and_initialise(uint64_t seed) {
+  // The stage-0 engine's initial weights, generated in full once (one RNG stream in block
+  // order) and sent partition by partition; the trainer keeps none of this master copy.
+  BlockSet master = BlockSet::zeros(model_.layouts());
+  init_gpt_weights(gpt_, model_.layouts(), master, seed);
+  msg::OptimizerConfig opt;
+  opt.kind = adam_.adamw_mode ? msg::OptimizerKind::adamw : msg::OptimizerKind::adam;
+  opt.lr = adam_.lr;  // floats widened exactly: the service narrows them back bit for bit
+  opt.beta1 = adam_.beta1;
+  opt.beta2 = adam_.beta2;
+  opt.eps = adam_.eps;
+  opt.weight_decay = adam_.weight_decay;
+  opt.bias_correction = adam_.bias_correction;
+  const auto owned = plan_.owned_by(options_.rank);
+  for (size_t s = 0; s < services_.size(); ++s) {
+    std::vector<msg::PartitionSpec> specs;
+    for (const auto& p : owned)  // block order: the services update in forward order
+      if (p.service == s)
+        specs.push_back(
+            msg::PartitionSpec{p.id, p.count, msg::DType::fp32, served_dtype(precision_), opt});
+    if (specs.empty()) continue;
+    on_service(s, "register", [&](actors::OffloadClient& c) {
+      return c.register_partitions(options_.rank, options_.world_size, specs);
+    });
+    for (const auto& p : owned) {
+      if (p.service != s) continue;
+      const float* src = master.blocks[p.block].data() + p.offset;
+      on_service(s, "set_parameters", [&](actors::OffloadClient& c) {
+        return c.set_parameters(p.id, 0, msg::DType::fp32,
+                                std::as_bytes(std::span<const float>(src, p.count)));
+      });
+    }
+  }
+}
+
+void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients, size_t block,
+                             uint64_t version, float* out) {
+  const msg::DType dtype = served_dtype(precision_);
+  // At world size 1 this rank's partition is the whole block; with more ranks the other
+  // partitions would come from the allgather (refused at construction until wired).
+  for (uint32_t r = 0; r < plan_.world_size(); ++r) {
+    const PartitionSlice& p = plan_.slice(block, r);
+    if (p.count == 0) continue;
+    actors::FetchedParameters f;
+    try {
+      f = clients[p.service]->fetch(p.id, version, dtype);
+    } catch (const std::exception& e) {
+      throw ZeroServiceError(fmt::format(
+          "offload service {} failed to serve block {} (partition {}) at version {}; last "
+          "committed step {}: {}",
+          options_.services[p.service], model_.layouts()[block].name, p.id, version, version,
+          e.what()));
+    }
+    // A forward never mixes steps: the service must serve exactly the committed version.
+    if (f.reply.version != version || f.reply.element_count != p.count || f.reply.dtype != dtype)
+      throw ZeroServiceError(fmt::format(
+          "offload service {} served partition {} at version {} with {} elements, expected "
+          "version {} with {}: another trainer is committing to this job?",
+          options_.services[p.service], p.id, f.reply.version, f.reply.element_count, version,
+          p.count));
+    const auto bytes = f.bytes();
+    if (dtype == msg::DType::fp32)
+      std::memcpy(out + p.offset, bytes.data(), bytes.size());
+    else
+      k::half_to_floats(out + p.offset, reinterpret_cast<const uint16_t*>(bytes.data()), p.count,
+                        half_kind(precision_));
+    bytes_fetched_ += bytes.size();
+  }
+}
+
+void ZeroEngine::refresh_all_params() {
+  const auto clients = main_clients();
+  for (size_t b = 0; b < params_.blocks.size(); ++b)
+    fetch_block(clients, b, version_, params_.blocks[b].data());
+}
+
+BlockSet ZeroEngine::gather_params() {
+  BlockSet full = BlockSet::zeros(model_.layouts());
+  const auto clients = main_clients();
+  for (size_t b = 0; b < full.blocks.size(); ++b)
+    fetch_block(clients, b, version_, full.blocks[b].data());
+  return full;
+}
+
+void ZeroEngine::finish_block_grad(size_t b) {
+  FloatBuffer& g = grads_.blocks[b];
+  // Half precision: the gradient a half-precision model holds, exactly as Engine rounds it
+  // (fp16 overflow turns into inf here); sent as that half type, which is exact.
+  std::vector<uint16_t> half;
+  if (precision_ != Precision::kFp32) {
+    grads_nonfinite_local_ |= k::round_through_half(g.data(), g.size(), half_kind(precision_));
+    half.resize(g.size());
+    k::floats_to_half(half.data(), g.data(), g.size(), half_kind(precision_));
+  }
+  const msg::DType dtype = served_dtype(precision_);
+  const uint64_t step = static_cast<uint64_t>(global_step_) + 1;
+  double sum = 0;  // partitions in rank order; one term at world size 1, so exactly Engine's
+  bool nonfinite = false;
+  for (uint32_t r = 0; r < plan_.world_size(); ++r) {
+    const PartitionSlice& p = plan_.slice(b, r);
+    if (p.count == 0 || r != options_.rank) continue;
+    const std::span<const std::byte> bytes =
+        dtype == msg::DType::fp32
+            ? std::as_bytes(std::span<const float>(g.data() + p.offset, p.count))
+            : std::as_bytes(std::span<const uint16_t>(half.data() + p.offset, p.count));
+    const msg::PushReply reply = on_service(
+        p.service, "push_gradients",
+        [&](actors::OffloadClient& c) { return c.push_gradients(p.id, step, 0, dtype, bytes); });
+    sum += reply.sum_squares;
+    nonfinite |= reply.nonfinite;
+    bytes_pushed_ += bytes.size();
+  }
+  block_sum_squares_[b] = sum;
+  block_nonfinite_[b] = nonfinite;
+  block_pushed_[b] = 1;
+}
+
+double ZeroEngine::current_lr() const {
+  return learning_rate(config_.scheduler, adam_.lr, optimizer_steps_);
+}
+
+StepResult ZeroEngine::train_step(BatchLoader& loader) {
+  const int B = static_cast<int>(config_.train_micro_batch_size_per_gpu);
+  const int T = loader.seq_len();
+  const int64_t gas = config_.gradient_accumulation_steps;
+  inputs_.resize(static_cast<size_t>(B) * T);
+  targets_.resize(static_cast<size_t>(B) * T);
+
+  StepResult r;
+  r.loss_scale = scaler_.scale();
+  r.lr = current_lr();
+  grads_.zero();
+  std::fill(block_sum_squares_.begin(), block_sum_squares_.end(), 0.0);
+  std::fill(block_nonfinite_.begin(), block_nonfinite_.end(), 0);
+  std::fill(block_pushed_.begin(), block_pushed_.end(), 0);
+  grads_nonfinite_local_ = false;
+  // Engine's dloss and accumulation: the same kernels add into the same fp32 buffers in
+  // the same order, so the gradients are Engine's bit for bit. Earlier micro-steps
+  // accumulate locally; the last one pushes each block as its backward completes.
+  const float dloss = static_cast<float>(r.loss_scale / (static_cast<double>(B) * T * gas));
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < gas; ++micro) {
+    loader.next(inputs_.data(), targets_.data());
+    const auto t0 = Clock::now();
+    Hooks hooks(*this, micro == gas - 1);
+    if (scheduler_) scheduler_->begin_pass(true);
+    loss_sum += model_.forward_backward(params_, grads_, inputs_.data(), targets_.data(), B, T,
+                                        dloss, &hooks);
+    if (scheduler_) scheduler_->end_pass();
+    r.forward_seconds += model_.last_forward_seconds();
+    r.backward_seconds += seconds_since(t0) - model_.last_forward_seconds();
+  }
+  r.loss = static_cast<float>(loss_sum / static_cast<double>(gas));
+
+  const auto t_opt = Clock::now();
+  // The global norm and overflow verdict from every push reply, before any commit: a
+  // service that failed a push has already stopped this step (no commit went anywhere).
+  double sum_squares = 0;
+  bool nonfinite = grads_nonfinite_local_;
+  for (size_t b = 0; b < block_pushed_.size(); ++b) {
+    if (!block_pushed_[b])
+      throw std::logic_error(fmt::format("block {} was never pushed", model_.layouts()[b].name));
+    sum_squares += block_sum_squares_[b];  // block order, as Engine sums
+    nonfinite |= block_nonfinite_[b] != 0;
+  }
+  ++global_step_;
+  const uint64_t step = static_cast<uint64_t>(global_step_);
+  auto skip_everywhere = [&] {
+    for (size_t s = 0; s < services_.size(); ++s)
+      on_service(s, "skip_step", [&](actors::OffloadClient& c) { return c.skip(step); });
+  };
+  if (nonfinite && precision_ != Precision::kFp16) {
+    skip_everywhere();  // leave the services consistent before stopping
+    throw std::runtime_error(fmt::format(
+        "non-finite gradient at step {} in {} training (loss {}): the run diverged; lower "
+        "the lr or enable gradient_clipping",
+        global_step_, precision_name(precision_), r.loss));
+  }
+  if (precision_ == Precision::kFp16) scaler_.update(nonfinite);
+  if (nonfinite) {
+    skip_everywhere();
+    ++skipped_steps_;
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::infinity();
+    r.global_step = global_step_;
+    r.optimizer_seconds = seconds_since(t_opt);
+    spdlog::info("step {}: fp16 gradient overflow, step skipped; loss scale {} -> {}", global_step_,
+                 r.loss_scale, scaler_.scale());
+    return r;
+  }
+  const double norm = std::sqrt(sum_squares) / r.loss_scale;
+  r.grad_norm = norm;
+  const msg::CommitStep commit{step, k::clip_coefficient(norm, config_.gradient_clipping),
+                               r.loss_scale, r.lr};
+  for (size_t s = 0; s < services_.size(); ++s) {
+    try {
+      on_service(s, "commit_step", [&](actors::OffloadClient& c) { return c.commit(commit); });
+    } catch (const ZeroServiceError& e) {
+      if (s == 0) throw;
+      // Earlier services applied the step: say so, a resume must restore all of them.
+      throw ZeroServiceError(fmt::format(
+          "{} (step {} was already committed on {} of {} services: restore every service "
+          "from a checkpoint before resuming)",
+          e.what(), step, s, services_.size()));
+    }
+  }
+  ++optimizer_steps_;
+  version_ = step;
+  if (scheduler_)
+    scheduler_->set_version(version_);  // resident blocks refetch lazily (and prefetch)
+  else
+    refresh_all_params();
+  r.optimizer_seconds = seconds_since(t_opt);
+  r.global_step = global_step_;
+  return r;
+}
+
+float ZeroEngine::evaluate(BatchLoader& loader, int batches) {
+  if (batches < 1) throw std::invalid_argument("evaluate: the number of batches must be >= 1");
+  const int B = loader.micro_batch(), T = loader.seq_len();
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  Hooks hooks(*this, false);
+  double sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    loader.next(inputs.data(), targets.data());
+    if (scheduler_) scheduler_->begin_pass(false);
+    sum += model_.forward_loss(params_, inputs.data(), targets.data(), B, T, &hooks);
+    if (scheduler_) scheduler_->end_pass();
+  }
+  return static_cast<float>(sum / batches);
+}
+
+void ZeroEngine::save_checkpoint(const std::filesystem::path&, const nlohmann::json&) const {
+  throw std::runtime_error(
+      "not implemented: checkpoints of the ZeRO engine (services' Checkpoint plus the "
+      "trainer's step counters, loss scaler and data cursor)");
+}
+
+nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path&) {
+  throw std::runtime_error("not implemented: loading a checkpoint into the ZeRO engine");
+}
+
+ZeroStats ZeroEngine::stats() const {
+  ZeroStats s;
+  s.bytes_pushed = bytes_pushed_;
+  s.bytes_fetched = bytes_fetched_.load();
+  s.total_param_bytes = total_numel(model_.layouts()) * sizeof(float);
+  s.peak_resident_param_bytes = peak_resident_bytes_;
+  if (scheduler_) {
+    s.scheduler = scheduler_->stats();
+    s.peak_resident_param_bytes = s.scheduler.peak_resident_bytes;
+  }
+  return s;
+}
+
+}  // namespace dsactor::trainer

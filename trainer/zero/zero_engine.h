@@ -1,0 +1,126 @@
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu/adam.h"
+#include "trainer/config/ds_config.h"
+#include "trainer/config/loss_scaler.h"
+#include "trainer/engine/engine.h"
+#include "trainer/model/gpt.h"
+#include "trainer/zero/param_scheduler.h"
+#include "trainer/zero/partition_plan.h"
+
+namespace dsactor::actors {
+class OffloadClient;
+}
+
+namespace dsactor::trainer {
+
+// An offload service failed (unreachable, died, refused): the message names the endpoint,
+// what the trainer was doing and the last step every service committed.
+class ZeroServiceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ZeroOptions {
+  std::vector<std::string> services;  // offload service endpoints (tcp://host:port)
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);  // per request
+  std::string job_id = "dsactor";
+};
+
+// Traffic and memory of the ZeRO engine, cumulative.
+struct ZeroStats {
+  uint64_t bytes_pushed = 0;             // gradient payloads sent
+  uint64_t bytes_fetched = 0;            // parameter payloads received
+  size_t total_param_bytes = 0;          // the whole model as fp32 (what stage 0 holds)
+  size_t peak_resident_param_bytes = 0;  // the most parameter bytes this trainer held at once
+  SchedulerStats scheduler;              // stage 3 only
+};
+
+// ZeRO stages 1-3 with the optimizer in offload services (trainer/README.md, "ZeRO with
+// offload services"). The forward/backward are the stage-0 engine's, kernel for kernel;
+// the optimizer step is the services': gradients are pushed per partition, the global norm
+// and the fp16 overflow verdict are combined from the push replies, then every service
+// gets CommitStep(step, clip_coef, loss_scale, lr) or SkipStep, and the updated partitions
+// are fetched back at the new version. Losses equal Engine's bit for bit at world size 1.
+class ZeroEngine {
+ public:
+  ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t seed, ZeroOptions options);
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  StepResult train_step(BatchLoader& loader);
+  float evaluate(BatchLoader& loader, int batches);
+  // Not implemented yet (service Checkpoint/Restore + the trainer's own state); throws.
+  void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const;
+  nlohmann::json load_checkpoint(const std::filesystem::path& dir);
+
+  const DsConfig& config() const { return config_; }
+  Precision precision() const { return precision_; }
+  int stage() const { return config_.zero_optimization.stage; }
+  int64_t global_step() const { return global_step_; }
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+  // The step every service has committed (the parameters' version).
+  uint64_t committed_step() const { return version_; }
+  double current_lr() const;
+  const LossScaler& loss_scaler() const { return scaler_; }
+  const PartitionPlan& plan() const { return plan_; }
+  ZeroStats stats() const;
+  // Every block's parameters as forward reads them, fetched from the services now (for
+  // tests and export; stage 3 included).
+  BlockSet gather_params();
+
+ private:
+  class Hooks;
+  struct Service;
+  void register_and_initialise(uint64_t seed);
+  template <class F>
+  auto on_service(size_t service, const char* what, F&& f);
+  void fetch_block(const std::vector<actors::OffloadClient*>& clients, size_t block,
+                   uint64_t version, float* out);
+  void finish_block_grad(size_t block);
+  std::vector<actors::OffloadClient*> main_clients() const;
+  void refresh_all_params();
+
+  GptConfig gpt_;
+  DsConfig config_;
+  ZeroOptions options_;
+  Precision precision_;
+  GptModel model_;
+  PartitionPlan plan_;
+  kernels::cpu::AdamHyper adam_;
+  LossScaler scaler_;
+  std::vector<std::unique_ptr<Service>> services_;
+  BlockSet params_;  // stages 1/2: every block; stage 3: the resident set
+  BlockSet grads_;   // fp32, accumulated over the micro-steps (the stage-0 engine's order)
+  // The scheduler thread's sockets; declared before the scheduler, so they outlive its thread.
+  std::vector<std::unique_ptr<actors::OffloadClient>> fetch_clients_;
+  std::unique_ptr<ParamScheduler> scheduler_;
+  // Per step: each block's push results (sum of squares, nonfinite), combined in block order.
+  std::vector<double> block_sum_squares_;
+  std::vector<char> block_nonfinite_, block_pushed_;
+  bool grads_nonfinite_local_ = false;
+  uint64_t version_ = 0;  // last committed step (SetParameters gave version 0)
+  int64_t global_step_ = 0;
+  int64_t optimizer_steps_ = 0;
+  int64_t skipped_steps_ = 0;
+  uint64_t bytes_pushed_ = 0;
+  std::atomic<uint64_t> bytes_fetched_{0};  // the scheduler's thread fetches too
+  size_t peak_resident_bytes_ = 0;
+  std::vector<int32_t> inputs_, targets_;
+};
+
+}  // namespace dsactor::trainer
