@@ -125,8 +125,8 @@ TEST(SeedConfigs, SmallDemo) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-3);
   EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.95);
   EXPECT_EQ(c.scheduler.type, SchedulerType::kWarmupCosineLR);
-  EXPECT_EQ(c.scheduler.warmup_num_steps, 50);
-  EXPECT_EQ(c.scheduler.total_num_steps, 600);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 100);
+  EXPECT_EQ(c.scheduler.total_num_steps, 1500);
   EXPECT_EQ(c.scheduler.warmup_type, WarmupType::kLinear);
   EXPECT_DOUBLE_EQ(c.scheduler.cos_min_ratio, 0.1);
   EXPECT_TRUE(c.csv_monitor.enabled);
