@@ -1,3 +1,4 @@
+#include "actors/key_suggestion.h"
 #include "trainer/config/ds_config.h"
 
 #include <algorithm>
@@ -1042,30 +1043,9 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-size_t levenshtein(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t subst = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, subst});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 // The closest candidate, if it is close enough to be a plausible typo.
 std::optional<std::string> nearest(std::string_view word, const std::vector<std::string>& cands) {
-  std::optional<std::string> best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& c : cands) {
-    const size_t d = levenshtein(lower(word), lower(c));
-    if (d < best_d) best_d = d, best = c;
-  }
-  if (!best || best_d > std::max<size_t>(2, word.size() / 3)) return std::nullopt;
-  return best;
+  return actors::nearest_key(word, cands);
 }
 
 std::string fmt_number(double d) {
