@@ -108,7 +108,12 @@ void expect_equal_runs(const Trace& want, const Trace& got) {
 class ZeroEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    omp_set_num_threads(2);
+    // One OpenMP thread here and sleeping (not spinning) OpenMP threads in the services:
+    // on a loaded 2-core machine, spinning workers of four processes starve each other
+    // (the same run took 0.1 s or 30 s). Results do not depend on the thread count.
+    omp_set_num_threads(1);
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
     logs_ = new TempDir();
     nvme_ = new TempDir();
     ram_a_ = new ServiceProcess({}, logs_->path);
@@ -150,7 +155,10 @@ class ZeroEngineTest : public ::testing::Test {
   // Stages 1, 2, 3 on cpu and nvme services against the stage-0 run, bit for bit.
   void check_mode(const std::string& mode) {
     const auto tokens = corpus(6000, 1);
+    const auto t_ref = std::chrono::steady_clock::now();
     const Trace want = run_stage0(kTiny, config(mode, 0, "none", ""), tokens, kSteps);
+    std::printf("%s stage 0: %d steps in %.2f s\n", mode.c_str(), kSteps,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_ref).count());
     if (mode == "fp16") {
       int skipped = 0;
       for (const auto& s : want.steps) skipped += s.skipped;
@@ -159,10 +167,14 @@ class ZeroEngineTest : public ::testing::Test {
     for (const std::string device : {"cpu", "nvme"})
       for (int stage : {1, 2, 3}) {
         SCOPED_TRACE(mode + " stage " + std::to_string(stage) + " " + device);
+        const auto t0 = std::chrono::steady_clock::now();
         const DsConfig c = config(mode, stage, device, nvme_->path.string());
         const Trace got =
             run_zero(kTiny, c, options(device, mode + "-" + device + "-" + std::to_string(stage)),
                      tokens, kSteps);
+        std::printf("%s stage %d %s: %d steps in %.2f s\n", mode.c_str(), stage, device.c_str(),
+                    kSteps,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         expect_equal_runs(want, got);
       }
   }
