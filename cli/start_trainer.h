@@ -1,0 +1,31 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsactor::cli {
+
+// `dsactor start --role trainer`: one ZeRO trainer (stages 1-3) against running offload
+// services, by hand. The deployment-driven form (--deploy) builds these from the YAML.
+struct StartTrainerArgs {
+  std::string config;                // ds_config .json/.yaml (zero_optimization.stage 1-3)
+  std::string model = "tiny";        // preset or model YAML
+  std::string data;                  // text file/dir or llm.c token file
+  std::vector<std::string> offload;  // offload service endpoints, in placement order
+  int64_t steps = 0;                 // 0: scheduler.total_num_steps, else 100
+  int seq = 0;                       // 0: the model's block_size
+  uint64_t seed = 1234;
+  int64_t service_timeout_ms = 30000;
+  std::string job = "dsactor";  // job id on the services
+};
+
+// Adds --config --model --data --offload (repeatable) --steps --seq --seed
+// --service-timeout-ms --job to `cmd`, all stored in `a`.
+void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
+// Runs the training; returns the exit code (0). Throws with a message naming the config
+// key or the offload endpoint on failure.
+int run_start_trainer(const StartTrainerArgs& a);
+
+}  // namespace dsactor::cli
