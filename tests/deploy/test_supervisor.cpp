@@ -26,6 +26,7 @@ using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::Not;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -390,6 +391,11 @@ roles:
   EXPECT_THAT(kids[0].env, Contains(Env{"DSACTOR_JOB", "j"}));
   EXPECT_THAT(kids[0].env, Contains(Env{"DSACTOR_ROLE_NAME", "offload0"}));
   EXPECT_THAT(kids[0].env, Contains(Env{"X", "1"}));
+  // Services sleep between requests instead of spinning on the trainers' cores.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    EXPECT_THAT(kids[0].env, Contains(Env{"OMP_WAIT_POLICY", "passive"}));
+    EXPECT_THAT(kids[1].env, Not(Contains(Env{"OMP_WAIT_POLICY", "passive"})));
+  }
   EXPECT_EQ(shell_quote({"a", "b c", "it's"}), "a 'b c' 'it'\\''s'");
 }
 
