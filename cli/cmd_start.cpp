@@ -24,6 +24,7 @@ struct StartArgs {
   uint64_t max_in_cpu = 0;
   unsigned buffer_count = 4;
   uint64_t buffer_size = 0;
+  unsigned workers = 0;
   bool no_mlock = false;
   bool no_cuda_pinning = false;
 };
@@ -47,6 +48,7 @@ int run_offload(const StartArgs& a) {
   o.store.max_in_cpu = a.max_in_cpu;
   o.store.buffer_count = a.buffer_count;
   o.store.buffer_size = a.buffer_size;
+  o.store.workers = a.workers;
   if (!a.nvme.empty()) o.store.nvme_dir = a.nvme;
   o.store.service_id = "offload@" + a.listen;
   // Bad knobs are named before anything is opened or bound.
@@ -57,8 +59,8 @@ int run_offload(const StartArgs& a) {
     tiers = a.max_in_cpu ? fmt::format("RAM up to {} bytes, then NVMe: {}", a.max_in_cpu, a.nvme)
                          : "NVMe: " + a.nvme;
   }
-  spdlog::info("offload service listening on {} ({} tier; pinning: {})", service.endpoint(), tiers,
-               service.pinning_report());
+  spdlog::info("offload service listening on {} ({} tier; partition workers: {}; pinning: {})",
+               service.endpoint(), tiers, service.workers(), service.pinning_report());
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -105,6 +107,11 @@ void add_start_command(CLI::App& app) {
                   "ds_config buffer_size, in bytes), multiple of 4096, >= aio block size; "
                   "0 = 3 x aio block size; fixed for the life of an --nvme directory")
       ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  cmd->add_option("--workers", a->workers,
+                  "offload: partition workers; a job's partitions are placed on them "
+                  "round-robin in registration order; 0 = one per two hardware threads")
+      ->check(CLI::Range(0u, 256u))
       ->capture_default_str();
   cmd->add_flag("--no-mlock", a->no_mlock,
                 "offload: do not pin RAM buffers at all (neither cudaHostAlloc nor mlock)");

@@ -19,8 +19,9 @@ namespace {
 const char* kLayoutTag = "offload-layout";
 }
 
-NvmeTier::NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions& options,
-                   const StagingOptions& staging, HostAllocator& memory)
+NvmeTier::NvmeTier(const std::filesystem::path& dir, storage::MetadataStore& meta,
+                   const storage::NvmeOptions& options, const StagingOptions& staging,
+                   HostAllocator& memory)
     : file_name_("partitions.dat"),
       chunk_elems_(staging.chunk_elements),
       buffer_count_(staging.buffer_count) {
@@ -33,11 +34,9 @@ NvmeTier::NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions&
                                 " elements (needs a positive multiple of 1024) and " +
                                 std::to_string(buffer_count_) + " buffers (needs >= 3)");
   }
-  std::filesystem::create_directories(dir);
-  meta_ = std::make_unique<storage::MetadataStore>(dir / "metadata");
   // The extent layout is chunk_elements-wide; a directory written with another width
   // would be misread, so the width is recorded once and checked on every open.
-  if (auto rec = meta_->get_manifest(kLayoutTag)) {
+  if (auto rec = meta.get_manifest(kLayoutTag)) {
     const uint64_t was = std::stoull(*rec);
     if (was != chunk_elems_) {
       throw std::invalid_argument(
@@ -48,7 +47,7 @@ NvmeTier::NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions&
           "); start it with the original --buffer-size / --aio-block-size");
     }
   } else {
-    meta_->put_manifest(kLayoutTag, std::to_string(chunk_elems_));
+    meta.put_manifest(kLayoutTag, std::to_string(chunk_elems_));
   }
   file_ = std::make_unique<storage::NvmeFile>(dir / file_name_, 0, options);
   alloc_ = storage::ExtentAllocator(file_->capacity());

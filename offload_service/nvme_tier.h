@@ -1,8 +1,10 @@
 #pragma once
 
 // The NVMe tier of the partition store: one preallocated data file (DIR/partitions.dat)
-// holding each partition's master, m and v, and a RocksDB metadata store (DIR/metadata)
-// mapping partition -> extent, version, crc32c.
+// holding each partition's master, m and v, its extent allocator and the registered
+// staging ring. Owned by the nvme_io actor (nvme_io_actor.h); the RocksDB metadata store
+// (DIR/metadata, partition -> extent, version, crc32c) belongs to the metadata actor and
+// is only borrowed here, at construction, to check the recorded extent layout.
 //
 // Layout of one partition's extent: chunks of C = block_size / 4 elements, each chunk
 // [master | m | v] with every section padded to 4 KiB, so one chunk is one contiguous
@@ -64,11 +66,11 @@ class NvmeTier {
 
   // Throws std::invalid_argument when the options do not fit each other or the layout
   // recorded in DIR (naming both), std::runtime_error when DIR cannot be used.
-  NvmeTier(const std::filesystem::path& dir, const storage::NvmeOptions& options,
-           const StagingOptions& staging, HostAllocator& memory);
+  NvmeTier(const std::filesystem::path& dir, storage::MetadataStore& meta,
+           const storage::NvmeOptions& options, const StagingOptions& staging,
+           HostAllocator& memory);
   ~NvmeTier();
 
-  storage::MetadataStore& metadata() { return *meta_; }
   const std::string& file_name() const { return file_name_; }
   uint64_t chunk_elements() const { return chunk_elems_; }
   // Extent bytes of a partition of n elements.
@@ -98,7 +100,6 @@ class NvmeTier {
   NvmeLocation stream(const NvmeLocation* from, uint64_t n, const ChunkFn& fn, bool write);
 
   std::string file_name_;
-  std::unique_ptr<storage::MetadataStore> meta_;
   std::unique_ptr<storage::NvmeFile> file_;
   storage::ExtentAllocator alloc_;
   uint64_t chunk_elems_;

@@ -5,9 +5,10 @@
 // tier or on the NVMe tier, and the request handling that changes it. State machine and
 // wire semantics: offload_service/README.md.
 //
-// PartitionStore is single-owner (the service's store actor, or a test): not thread-safe.
-// handle() is the boundary: it never throws; every refusal is an ErrorReply and leaves
-// the store exactly as it was.
+// PartitionStore is the synchronous face of the store's actors (step_coordinator.h:
+// a step coordinator, partition workers, nvme_io and metadata) on a private actor system,
+// for tests and tools that want no network. handle() is the boundary: it never throws;
+// every refusal is an ErrorReply and leaves the store exactly as it was.
 
 #include <cstdint>
 #include <filesystem>
@@ -69,6 +70,13 @@ struct StoreOptions {
   bool lock_memory = true;
   bool pin_with_cuda = true;
 
+  // Partition workers (`--workers N`): a job's partitions are placed on them round-robin
+  // in registration order, so pushes, fetches and the RAM-tier optimizer pass of
+  // partitions on different workers run in parallel (NVMe passes take turns on the one
+  // nvme_io ring). 0 = one per two hardware threads (at least 1); at most 256. Results
+  // do not depend on it (each partition's pass is the same).
+  unsigned workers = 0;
+
   // Name in RegisterReply.service_id.
   std::string service_id = "offload";
 };
@@ -129,6 +137,11 @@ class PartitionStore {
   StoreStats stats() const;
   // Where a registered partition's optimizer state lives; nullopt when not registered.
   std::optional<Tier> tier_of(const std::string& job, uint64_t partition_id) const;
+  // The partition worker that holds a registered partition (0-based); nullopt when not
+  // registered. Placement is round-robin in the job's registration order.
+  std::optional<size_t> worker_of(const std::string& job, uint64_t partition_id) const;
+  // Partition workers in use (StoreOptions::workers resolved).
+  size_t workers() const;
   const StoreOptions& options() const;
   // The pinning in use and why a better one is not (for the startup log).
   std::string lock_report() const;

@@ -1,9 +1,11 @@
 #pragma once
 
 // The offload service process minus main(): a CAF actor system with the ZeroMQ gateway
-// (actors/gateway.h) in front of one partition-store actor that owns the PartitionStore.
-// The store actor is detached (own thread) because its handlers run the optimizer pass
-// and NVMe I/O, which would otherwise block the scheduler's few threads.
+// (actors/gateway.h) in front of the store's actors (step_coordinator.h): the step
+// coordinator that every request reaches in wire order, the partition workers, nvme_io
+// and metadata. All of them are detached (own threads) because their handlers run the
+// optimizer pass, NVMe I/O and RocksDB writes, or wait on each other's replies, which
+// would otherwise block the scheduler's few threads.
 
 #include <memory>
 #include <string>
@@ -34,7 +36,9 @@ class OffloadService {
   const std::string& endpoint() const;
   // The store's pinning and why (for the startup log line).
   const std::string& pinning_report() const;
-  // Stops accepting requests, lets the store actor finish the one it is running, and
+  // Partition workers in use (StoreOptions::workers resolved).
+  size_t workers() const;
+  // Stops accepting requests, lets the store's actors finish what they are running, and
   // shuts the actor system down; idempotent.
   void stop();
 

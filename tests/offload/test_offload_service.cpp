@@ -139,6 +139,120 @@ TEST(OffloadService, NvmeRestartServesSameStateAndCorruptionIsRefused) {
   EXPECT_EQ(svc.stop(), 0);
 }
 
+// --workers 2 spreads a job's partitions over two workers (round-robin in registration
+// order: 10 and 12 on worker 0, 11 and 13 on worker 1); every fetched byte equals the
+// --workers 1 run and the scalar reference (check()).
+TEST(OffloadService, TwoWorkersTrainBitIdenticalToOneWorkerAndTheReference) {
+  TempDir tmp;
+  std::vector<std::vector<std::byte>> first_run;
+  for (const std::string workers : {"1", "2"}) {
+    ServiceProcess svc({"--workers", workers}, tmp.path);
+    EXPECT_NE(svc.log().find("partition workers: " + workers + ";"), std::string::npos)
+        << svc.log();
+    OffloadClient c(svc.endpoint(), 10s);
+    auto ref = setup(c, {spec(10, 70000), spec(11, 4097), spec(12, 30000), spec(13, 1000)});
+    train(c, ref, 1, 3, 1);
+    check(c, ref, 1);
+    train(c, ref, 2, 2, 50);
+    check(c, ref, 2);
+    std::vector<std::vector<std::byte>> got;
+    for (const auto& p : ref) {
+      for (auto d : {DType::fp32, DType::bf16}) {
+        const auto fetched = c.fetch(p.spec.partition_id, 2, d);  // owns the reply frame
+        got.emplace_back(fetched.bytes().begin(), fetched.bytes().end());
+      }
+    }
+    if (workers == "1") {
+      first_run = std::move(got);
+    } else {
+      ASSERT_EQ(got.size(), first_run.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(got[i] == first_run[i]) << "fetch " << i << " differs from --workers 1";
+      }
+    }
+    EXPECT_EQ(svc.stop(), 0);
+  }
+}
+
+// A commit where one partition of worker 1 has a corrupt extent is refused as a whole:
+// the partitions of both workers (worker 0's streamed into fresh extents in parallel)
+// stay at the old version, in memory and on disk.
+TEST(OffloadService, CorruptExtentOnWorkerOneLeavesBothWorkersAtTheOldVersion) {
+  TempDir tmp;
+  const auto dir = tmp.path / "nvme";
+  const std::vector<std::string> args{"--nvme", dir.string(), "--aio-block-size",
+                                      "65536",  "--workers",  "2"};
+  std::vector<RefPartition> ref;
+  {
+    ServiceProcess svc(args, tmp.path);
+    OffloadClient c(svc.endpoint(), 10s);
+    ref = setup(c, {spec(1, 70000), spec(2, 20000), spec(3, 50000), spec(4, 9000)});
+    train(c, ref, 1, 2, 5);
+    check(c, ref, 1);
+    EXPECT_EQ(svc.stop(), 0);
+  }
+  uint64_t offset;
+  {
+    storage::MetadataStore meta(dir / "metadata");
+    offset = meta.get({"default", 2})->offset;  // the job's second partition: worker 1
+  }
+  {
+    std::fstream f(dir / "partitions.dat", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(offset + 4100);
+    char ch;
+    f.get(ch);
+    f.seekp(offset + 4100);
+    f.put(static_cast<char>(ch ^ 0x10));
+  }
+  auto intact = [&](OffloadClient& c) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      if (i == 1) continue;
+      const uint64_t pid = ref[i].spec.partition_id;
+      auto f32 = c.fetch(pid, 0, DType::fp32);
+      EXPECT_EQ(f32.reply.version, 1u) << "partition " << pid;
+      expect_bits_equal(ref[i].master, f32.bytes(), "partition kept at step 1");
+      expect_bf16_equal(ref[i].master, c.fetch(pid, 0, DType::bf16).bytes(), "bf16 at step 1");
+    }
+  };
+  {
+    ServiceProcess svc(args, tmp.path);
+    OffloadClient c(svc.endpoint(), 10s);
+    for (auto& p : ref) {
+      std::vector<float> g(p.master.size(), 1.0f);
+      c.push_gradients(p.spec.partition_id, 2, 0, DType::fp32, bytes_of(g));
+    }
+    try {
+      c.commit({2, 1.0, 1.0, 1e-3});
+      ADD_FAILURE() << "a commit over a corrupt extent was applied";
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.code(), ErrorCode::checksumMismatch) << e.what();
+      EXPECT_NE(std::string(e.what()).find("partition 2"), std::string::npos) << e.what();
+    }
+    intact(c);
+    try {
+      c.fetch(2, 0, DType::fp32);
+      ADD_FAILURE() << "a corrupt extent was served";
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.code(), ErrorCode::checksumMismatch) << e.what();
+    }
+    for (auto& p : ref) {
+      try {
+        c.fetch(p.spec.partition_id, 2, DType::fp32);
+        ADD_FAILURE() << "partition " << p.spec.partition_id << " reached step 2";
+      } catch (const OffloadError& e) {
+        EXPECT_EQ(e.code(), ErrorCode::versionOrder) << e.what();
+      }
+    }
+    EXPECT_EQ(c.stats().steps, 0u);
+    EXPECT_EQ(svc.stop(), 0);
+  }
+  // Nothing of the refused step reached the disk either.
+  ServiceProcess svc(args, tmp.path);
+  OffloadClient c(svc.endpoint(), 10s);
+  intact(c);
+  EXPECT_EQ(svc.stop(), 0);
+}
+
 // Sends frames on a raw DEALER and returns the decoded reply header (or nullopt when the
 // service does not answer within 1 s, e.g. for a message it cannot route back).
 std::optional<msg::Header> raw_call(zmq::socket_t& s, std::vector<zmq::message_t> frames) {

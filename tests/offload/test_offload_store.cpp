@@ -271,5 +271,61 @@ TEST(OffloadStore, NvmeCorruptExtentIsReportedNeverServed) {
   EXPECT_EQ(h.err(msg::FetchParameters{1, 2, DType::fp32}).code, ErrorCode::versionOrder);
 }
 
+// Partitions are placed on the workers round-robin in registration order (both tiers on
+// both workers here); with two workers every fetched byte equals the one-worker run and
+// the scalar reference (run_steps checks the reference after every commit).
+TEST(OffloadStore, TwoWorkersMatchOneWorkerAndTheReferenceBitForBit) {
+  // opt bytes 3 x align4k(4n): 36864, 12288, 61440, 12288; max_in_cpu keeps the first
+  // two in RAM, so worker 0 holds 5 (RAM) and 9 (NVMe), worker 1 holds 3 (RAM), 1 (NVMe).
+  const std::vector<msg::PartitionSpec> specs{
+      spec(5, 3000), spec(3, 1024), spec(9, 5000, msg::OptimizerKind::adam), spec(1, 300)};
+  std::vector<std::vector<std::byte>> first_run;
+  for (unsigned workers : {1u, 2u}) {
+    TempDir dir;
+    StoreOptions o;
+    o.workers = workers;
+    o.nvme_dir = dir.path;
+    o.nvme.block_size = 4096;  // 1024 elements per chunk: several chunks per partition
+    o.max_in_cpu = 36864 + 12288;
+    PartitionStore store(o);
+    EXPECT_EQ(store.workers(), workers);
+    Harness h(store);
+    auto ref = setup(h, specs);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ(store.worker_of("job", specs[i].partition_id), i % workers);
+      EXPECT_EQ(store.tier_of("job", specs[i].partition_id), i < 2 ? Tier::kRam : Tier::kNvme);
+    }
+    EXPECT_EQ(store.worker_of("job", 77), std::nullopt);
+    run_steps(h, ref, 3, 2, 1, 41);
+    std::vector<std::vector<std::byte>> got;
+    for (const auto& s : specs) {
+      got.push_back(h.fetch(s.partition_id, DType::fp32, 3));
+      got.push_back(h.fetch(s.partition_id, DType::bf16, 3));
+    }
+    if (workers == 1) {
+      first_run = std::move(got);
+    } else {
+      ASSERT_EQ(got.size(), first_run.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(got[i] == first_run[i]) << "fetch " << i << " differs from --workers 1";
+      }
+    }
+  }
+}
+
+TEST(OffloadStore, WorkersOptionIsBounded) {
+  StoreOptions o;
+  o.workers = 257;
+  try {
+    validate(o);
+    ADD_FAILURE() << "workers 257 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("workers 257"), std::string::npos) << e.what();
+  }
+  o.workers = 0;  // one per two hardware threads
+  PartitionStore store(o);
+  EXPECT_GE(store.workers(), 1u);
+}
+
 }  // namespace
 }  // namespace dsactor::offload::test

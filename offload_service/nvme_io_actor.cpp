@@ -1,0 +1,102 @@
+#include "offload_service/nvme_io_actor.h"
+
+#include "offload_service/store_common.h"
+
+namespace dsactor::offload {
+
+namespace {
+
+struct NvmeIoState {
+  std::unique_ptr<HostAllocator> memory;  // the staging ring's pinning; outlives the tier
+  std::unique_ptr<NvmeTier> tier;
+  static inline const char* name = "nvme_io";
+};
+
+struct Owned {
+  std::unique_ptr<NvmeTier> tier;
+  std::unique_ptr<HostAllocator> memory;
+};
+
+nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<NvmeIoState> self,
+                                              std::shared_ptr<Owned> owned) {
+  self->state.memory = std::move(owned->memory);
+  self->state.tier = std::move(owned->tier);
+  return {
+      [self](io_stream_atom, const IoRequestPtr& rq) {
+        auto& tier = *self->state.tier;
+        IoResult r;
+        try {
+          switch (rq->kind) {
+            case IoRequest::Kind::kCreate:
+              r.location = tier.create(rq->elements);
+              break;
+            case IoRequest::Kind::kWriteNew:
+              r.location = tier.write_new(rq->elements, rq->fn);
+              break;
+            case IoRequest::Kind::kRewrite:
+              r.location = tier.rewrite(rq->from, rq->elements, rq->fn);
+              break;
+            case IoRequest::Kind::kRead:
+              tier.read(rq->from, rq->elements, rq->fn);
+              break;
+          }
+        } catch (const ChecksumError& e) {
+          r.status = IoResult::Status::kChecksum;
+          r.error = e.what();
+        } catch (const std::exception& e) {
+          r.status = IoResult::Status::kFailed;
+          r.error = e.what();
+        }
+        return r;
+      },
+      [self](io_release_atom, uint64_t offset, uint64_t bytes) {
+        self->state.tier->release({offset, bytes});
+      },
+      [self](io_usage_atom) {
+        auto& t = *self->state.tier;
+        return IoUsage{t.used_bytes(), uint64_t{t.buffer_count()} * t.buffer_bytes()};
+      },
+  };
+}
+
+}  // namespace
+
+nvme_io_actor spawn_nvme_io(caf::actor_system& system, std::unique_ptr<NvmeTier> tier,
+                            std::unique_ptr<HostAllocator> memory) {
+  auto owned = std::make_shared<Owned>(Owned{std::move(tier), std::move(memory)});
+  return system.spawn<caf::detached>(nvme_io_behavior, owned);
+}
+
+NvmeLocation NvmeIo::stream(IoRequest::Kind kind, const NvmeLocation& from, uint64_t n,
+                            const NvmeTier::ChunkFn& fn) {
+  auto rq = std::make_shared<IoRequest>();
+  rq->kind = kind;
+  rq->from = from;
+  rq->elements = n;
+  rq->fn = fn;
+  auto r = detail::call<IoResult>(*system_, actor_, io_stream_atom::value, IoRequestPtr(rq));
+  if (r.status == IoResult::Status::kChecksum) throw ChecksumError(r.error);
+  if (r.status == IoResult::Status::kFailed) throw std::runtime_error(r.error);
+  return r.location;
+}
+
+NvmeLocation NvmeIo::create(uint64_t n) {
+  return stream(IoRequest::Kind::kCreate, {}, n, {});
+}
+NvmeLocation NvmeIo::write_new(uint64_t n, const NvmeTier::ChunkFn& fn) {
+  return stream(IoRequest::Kind::kWriteNew, {}, n, fn);
+}
+NvmeLocation NvmeIo::rewrite(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn) {
+  return stream(IoRequest::Kind::kRewrite, from, n, fn);
+}
+void NvmeIo::read(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn) {
+  stream(IoRequest::Kind::kRead, from, n, fn);
+}
+void NvmeIo::release(const storage::Extent& extent) {
+  caf::anon_send(actor_, io_release_atom::value, extent.offset, extent.bytes);
+}
+IoUsage NvmeIo::usage() {
+  return detail::call<IoUsage>(*system_, actor_, io_usage_atom::value);
+}
+
+}  // namespace dsactor::offload

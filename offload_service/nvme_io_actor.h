@@ -1,0 +1,84 @@
+#pragma once
+
+// The nvme_io actor: the one owner of the NVMe tier (nvme_tier.h): the data file, its
+// io_uring ring, the registered staging buffers and the extent allocator. Detached, since
+// every request waits on I/O. A streaming request carries the per-chunk function of the
+// partition worker that asked (the fused Adam pass, a conversion, a copy): the worker
+// blocks until the reply, so the function and the buffers it captures stay untouched
+// meanwhile, and read-ahead along the block order and write-behind overlap the I/O with
+// that function exactly as in a single-threaded pass.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/all.hpp>
+
+#include "offload_service/nvme_tier.h"
+
+namespace dsactor::offload {
+
+// One streaming pass over an extent (NvmeTier's create / write_new / rewrite / read).
+struct IoRequest {
+  enum class Kind { kCreate, kWriteNew, kRewrite, kRead };
+  Kind kind = Kind::kCreate;
+  NvmeLocation from;  // kRewrite, kRead
+  uint64_t elements = 0;
+  NvmeTier::ChunkFn fn;  // kWriteNew, kRewrite, kRead
+};
+using IoRequestPtr = std::shared_ptr<const IoRequest>;
+
+struct IoResult {
+  enum class Status { kOk, kChecksum, kFailed };
+  Status status = Status::kOk;
+  NvmeLocation location;  // the fresh extent (create, write_new, rewrite)
+  std::string error;
+};
+
+// Sizes the store reports (Stats).
+struct IoUsage {
+  uint64_t used_bytes = 0;
+  uint64_t staging_bytes = 0;
+};
+
+using io_stream_atom = caf::atom_constant<caf::atom("iostream")>;
+using io_release_atom = caf::atom_constant<caf::atom("iorelease")>;
+using io_usage_atom = caf::atom_constant<caf::atom("iousage")>;
+
+using nvme_io_actor =
+    caf::typed_actor<caf::replies_to<io_stream_atom, IoRequestPtr>::with<IoResult>,
+                     // Frees an extent that no record points at any more.
+                     caf::reacts_to<io_release_atom, uint64_t, uint64_t>,
+                     caf::replies_to<io_usage_atom>::with<IoUsage>>;
+
+// Spawns the actor (detached) around an opened tier; reloaded extents are adopted before.
+nvme_io_actor spawn_nvme_io(caf::actor_system& system, std::unique_ptr<NvmeTier> tier,
+                            std::unique_ptr<HostAllocator> memory);
+
+// A worker's blocking view of the actor, with NvmeTier's signatures (throws ChecksumError
+// on a crc mismatch, std::runtime_error on any other failure). Only for detached callers.
+class NvmeIo {
+ public:
+  NvmeIo(caf::actor_system& system, nvme_io_actor actor) : system_(&system), actor_(actor) {}
+
+  NvmeLocation create(uint64_t n);
+  NvmeLocation write_new(uint64_t n, const NvmeTier::ChunkFn& fn);
+  NvmeLocation rewrite(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn);
+  void read(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn);
+  // Asynchronous: later allocations may not reuse the extent before it arrives, which
+  // only costs space.
+  void release(const storage::Extent& extent);
+  IoUsage usage();
+
+ private:
+  NvmeLocation stream(IoRequest::Kind kind, const NvmeLocation& from, uint64_t n,
+                      const NvmeTier::ChunkFn& fn);
+  caf::actor_system* system_;
+  nvme_io_actor actor_;
+};
+
+}  // namespace dsactor::offload
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::IoRequestPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::IoResult)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::IoUsage)

@@ -1,0 +1,524 @@
+#include "offload_service/partition_worker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "messages/payload_crc.h"
+
+namespace dsactor::offload {
+
+namespace {
+
+namespace msg = dsactor::messages;
+namespace kc = dsactor::kernels::cpu;
+using detail::half_kind;
+using detail::is_half;
+using detail::refuse;
+using msg::DType;
+using msg::ErrorCode;
+using BufPtr = HostBufferPtr;
+
+// What a prepare left to swap in or drop.
+struct Staged {
+  std::function<void()> apply;
+  std::function<void()> abort;
+};
+
+struct WorkerState {
+  size_t index = 0;
+  caf::actor_system* system = nullptr;
+  std::unique_ptr<HostAllocator> memory;
+  std::unique_ptr<NvmeIo> nvme;
+  std::map<PartitionKey, WorkerPartition> parts;
+  std::optional<Staged> staged;
+  static inline const char* name = "partition_worker";
+
+  BufPtr alloc(uint64_t bytes) { return memory->allocate(bytes); }
+
+  // Clones a buffer that a reply still holds (ZeroMQ may still be sending it), so bytes
+  // already handed out never change. The clone becomes the live buffer: pinned like it.
+  void unshare(BufPtr& buf) {
+    if (buf && buf.use_count() > 1) {
+      auto copy = alloc(buf->size());
+      std::memcpy(copy->data(), buf->data(), buf->size());
+      buf = std::move(copy);
+    }
+  }
+
+  WorkerPartition& at(const std::string& job, uint64_t pid) { return parts.at({job, pid}); }
+
+  void release(const std::optional<NvmeLocation>& loc) {
+    if (loc) nvme->release(loc->extent);
+  }
+
+  // Rebuilds the served half copy of an NVMe partition from its (crc-checked) extent.
+  void materialize_half(WorkerPartition& p) {
+    if (p.half_valid) return;
+    auto half = p.half ? p.half : alloc(p.n() * 2);
+    unshare(half);
+    auto* out = half->as<uint16_t>();
+    const auto kind = half_kind(p.spec.served_dtype);
+    try {
+      nvme->read(*p.loc, p.n(), [&](const NvmeTier::Chunk& c) {
+        kc::floats_to_half(out + c.first, c.master, c.count, kind);
+      });
+    } catch (const ChecksumError& e) {
+      refuse(ErrorCode::checksumMismatch,
+             "partition " + std::to_string(p.spec.partition_id) + ": " + e.what());
+    }
+    p.half = std::move(half);
+    p.half_valid = true;
+    p.half_crc.reset();
+  }
+
+  // ---- requests answered here ----
+
+  Reply on_push(const msg::Message& m, const msg::PushGradients& g, uint64_t next_step) {
+    WorkerPartition& p = at(m.header.job_id, g.partition_id);
+    const std::string id = "partition " + std::to_string(g.partition_id);
+    if (g.element_count != p.n()) {
+      refuse(ErrorCode::malformed, id + " has " + std::to_string(p.n()) + " elements, push sends " +
+                                       std::to_string(g.element_count));
+    }
+    if (g.step != next_step) {
+      refuse(ErrorCode::versionOrder, id + ": push for step " + std::to_string(g.step) +
+                                          ", the next step is " + std::to_string(next_step));
+    }
+    if (g.micro_step != p.micro_steps) {
+      refuse(ErrorCode::versionOrder, id + ": micro-step " + std::to_string(g.micro_step) +
+                                          " of step " + std::to_string(g.step) + ", expected " +
+                                          std::to_string(p.micro_steps));
+    }
+    if (!p.grad) p.grad = std::make_shared<storage::AlignedBuffer>(p.n() * 4);
+    float* acc = p.grad->as<float>();
+    const bool first = g.micro_step == 0;
+    // Accumulate as `acc = (first ? 0 : acc) + g` element by element, the trainer's own
+    // order of additions into a zeroed buffer (0 + -0 is +0), so sums stay bit-identical.
+    constexpr uint64_t kBlock = 16384;
+    std::vector<float> tmp(kBlock);
+    for (uint64_t i = 0; i < p.n(); i += kBlock) {
+      const uint64_t c = std::min(kBlock, p.n() - i);
+      detail::payload_to_floats(tmp.data(), m.payload, g.dtype, i, c);
+      float* a = acc + i;
+      if (first) {
+        for (uint64_t k = 0; k < c; ++k) a[k] = 0.0f + tmp[k];
+      } else {
+        for (uint64_t k = 0; k < c; ++k) a[k] += tmp[k];
+      }
+    }
+    p.micro_steps++;
+    const auto st = kc::grad_stats(acc, p.n());
+    return {{m.header.request_id, m.header.job_id,
+             msg::PushReply{g.partition_id, g.step, g.micro_step, st.sum_squares, st.nonfinite}},
+            {},
+            {},
+            {}};
+  }
+
+  Reply on_fetch(const msg::Header& h, const msg::FetchParameters& f) {
+    WorkerPartition& p = at(h.job_id, f.partition_id);
+    if (f.min_version > p.version) {
+      refuse(ErrorCode::versionOrder, "partition " + std::to_string(f.partition_id) +
+                                          " is at version " + std::to_string(p.version) +
+                                          ", fetch asks for at least " +
+                                          std::to_string(f.min_version));
+    }
+    Reply r;
+    r.header = {h.request_id, h.job_id, msg::FetchReply{f.partition_id, p.version, f.dtype, p.n()}};
+    const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
+    auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {
+      if (!cache) cache = msg::payload_crc32c(buf->data(), bytes);
+      r.payload = {buf->data(), bytes};
+      r.owner = buf;
+      r.crc32c = cache;
+    };
+    if (is_half(f.dtype) && f.dtype == p.spec.served_dtype) {
+      if (p.on_nvme()) materialize_half(p);
+      serve(p.half, p.half_crc);
+      return r;
+    }
+    if (f.dtype == DType::fp32 && !p.on_nvme()) {
+      serve(p.master, p.master_crc);
+      return r;
+    }
+    // Converted on the fly: a half type other than the served one, or fp32 from NVMe.
+    BufPtr buf = HostAllocator::plain(bytes);
+    auto emit = [&](uint64_t first, const float* src, uint64_t count) {
+      if (f.dtype == DType::fp32) {
+        std::memcpy(buf->as<float>() + first, src, count * 4);
+      } else {
+        kc::floats_to_half(buf->as<uint16_t>() + first, src, count, half_kind(f.dtype));
+      }
+    };
+    if (p.on_nvme()) {
+      try {
+        nvme->read(*p.loc, p.n(),
+                   [&](const NvmeTier::Chunk& c) { emit(c.first, c.master, c.count); });
+      } catch (const ChecksumError& e) {
+        refuse(ErrorCode::checksumMismatch,
+               "partition " + std::to_string(f.partition_id) + ": " + e.what());
+      }
+    } else {
+      emit(0, p.master->as<float>(), p.n());
+    }
+    r.payload = {buf->data(), bytes};
+    r.owner = buf;
+    return r;
+  }
+
+  void serve(const detail::IncomingPtr& in, uint64_t next_step) {
+    detail::answer(*in, [&]() -> Reply {
+      const auto& m = *in->message;
+      if (auto* g = std::get_if<msg::PushGradients>(&m.header.body)) {
+        return on_push(m, *g, next_step);
+      }
+      return on_fetch(m.header, std::get<msg::FetchParameters>(m.header.body));
+    });
+  }
+
+  // ---- prepares ----
+
+  static WorkResult failed(ErrorCode code, const std::string& text, size_t index) {
+    WorkResult r;
+    r.ok = false;
+    r.code = code;
+    r.message = text;
+    r.failed_index = index;
+    return r;
+  }
+
+  // A new partition on the given tier: zero master, m and v (written on NVMe).
+  WorkerPartition make_partition(const msg::PartitionSpec& s, bool on_nvme) {
+    WorkerPartition p;
+    p.spec = s;
+    if (is_half(s.served_dtype)) p.half = alloc(s.element_count * 2);
+    if (on_nvme) {
+      p.loc = nvme->create(p.n());
+    } else {
+      p.master = alloc(p.n() * 4);
+      p.m = alloc(p.n() * 4);
+      p.v = alloc(p.n() * 4);
+    }
+    return p;
+  }
+
+  WorkResult prepare(const RegisterWork& w) {
+    auto made = std::make_shared<std::vector<WorkerPartition>>();
+    WorkResult r;
+    try {
+      for (size_t i = 0; i < w.specs.size(); ++i) {
+        made->push_back(make_partition(w.specs[i], w.on_nvme[i]));
+        r.locations.push_back(made->back().loc);
+      }
+    } catch (const std::exception& e) {
+      for (auto& p : *made) release(p.loc);
+      return failed(ErrorCode::internal, std::string("register failed: ") + e.what(), made->size());
+    }
+    staged = Staged{[this, made, job = w.job] {
+                      for (auto& p : *made) {
+                        const uint64_t pid = p.spec.partition_id;
+                        parts.insert_or_assign({job, pid}, std::move(p));
+                      }
+                    },
+                    [this, made] {
+                      for (auto& p : *made) release(p.loc);
+                    }};
+    return r;
+  }
+
+  WorkResult prepare(const SetWork& w) {
+    const auto& m = *w.request->message;
+    const auto& s = std::get<msg::SetParameters>(m.header.body);
+    WorkerPartition& p = at(m.header.job_id, s.partition_id);
+    if (p.micro_steps > 0) {
+      return failed(ErrorCode::versionOrder,
+                    "partition " + std::to_string(s.partition_id) + " holds gradients of step " +
+                        std::to_string(w.next_step) + "; commit or skip first",
+                    0);
+    }
+    const bool half = is_half(p.spec.served_dtype);
+    WorkResult r;
+    auto in = w.request;  // keeps the payload alive until apply
+    if (p.on_nvme()) {
+      BufPtr newhalf = half ? alloc(p.n() * 2) : nullptr;
+      NvmeLocation loc;
+      try {
+        loc = nvme->write_new(p.n(), [&](const NvmeTier::Chunk& c) {
+          detail::payload_to_floats(c.master, m.payload, s.dtype, c.first, c.count);
+          if (half) {
+            kc::floats_to_half(newhalf->as<uint16_t>() + c.first, c.master, c.count,
+                               half_kind(p.spec.served_dtype));
+          }
+        });
+      } catch (const std::exception& e) {
+        return failed(ErrorCode::internal, std::string("nvme write failed: ") + e.what(), 0);
+      }
+      r.locations.push_back(loc);
+      staged = Staged{[this, &p, loc, newhalf, v = s.version] {
+                        release(p.loc);
+                        p.loc = loc;
+                        p.half = newhalf;
+                        p.half_valid = true;
+                        p.adam_steps = 0;
+                        p.version = v;
+                        p.half_crc.reset();
+                        p.master_crc.reset();
+                      },
+                      [this, loc] { nvme->release(loc.extent); }};
+    } else {
+      r.locations.push_back(std::nullopt);
+      staged =
+          Staged{[this, &p, in, half] {
+                   const auto& m = *in->message;
+                   const auto& s = std::get<msg::SetParameters>(m.header.body);
+                   unshare(p.master);
+                   detail::payload_to_floats(p.master->as<float>(), m.payload, s.dtype, 0, p.n());
+                   std::memset(p.m->data(), 0, p.n() * 4);
+                   std::memset(p.v->data(), 0, p.n() * 4);
+                   if (half) {
+                     unshare(p.half);
+                     kc::floats_to_half(p.half->as<uint16_t>(), p.master->as<float>(), p.n(),
+                                        half_kind(p.spec.served_dtype));
+                   }
+                   p.adam_steps = 0;
+                   p.version = s.version;
+                   p.half_crc.reset();
+                   p.master_crc.reset();
+                 },
+                 [] {}};
+    }
+    return r;
+  }
+
+  // NVMe partitions stream into fresh extents now (and can still fail on their crc
+  // without having changed anything); RAM partitions cannot fail, so their pass runs at
+  // apply. Each partition's result is independent of the order, so this equals one
+  // registration-order pass bit for bit.
+  WorkResult prepare(const CommitWork& w) {
+    WorkResult r;
+    auto out = std::make_shared<std::vector<std::pair<NvmeLocation, BufPtr>>>();
+    const auto& c = w.commit;
+    for (size_t i = 0; i < w.partitions.size(); ++i) {
+      const uint64_t pid = w.partitions[i];
+      WorkerPartition& p = at(w.job, pid);
+      if (!p.on_nvme()) {
+        r.locations.push_back(std::nullopt);
+        continue;
+      }
+      const bool half = is_half(p.spec.served_dtype);
+      BufPtr newhalf = half ? alloc(p.n() * 2) : nullptr;
+      const auto hy = detail::hyper(p.spec.optimizer, c.lr);
+      try {
+        auto loc = nvme->rewrite(*p.loc, p.n(), [&](const NvmeTier::Chunk& k) {
+          kc::HalfCopy hc;
+          if (half) hc = {newhalf->as<uint16_t>() + k.first, half_kind(p.spec.served_dtype)};
+          kc::adam_step(k.master, k.m, k.v, p.grad->as<float>() + k.first, k.count, hy,
+                        p.adam_steps + 1, w.multiplier, hc);
+        });
+        out->emplace_back(loc, std::move(newhalf));
+        r.locations.push_back(loc);
+      } catch (const ChecksumError& e) {
+        for (auto& [loc, h] : *out) nvme->release(loc.extent);
+        return failed(ErrorCode::checksumMismatch,
+                      "partition " + std::to_string(pid) + ": " + e.what() + "; step " +
+                          std::to_string(c.step) + " not applied",
+                      i);
+      } catch (const std::exception& e) {
+        for (auto& [loc, h] : *out) nvme->release(loc.extent);
+        return failed(ErrorCode::internal, "partition " + std::to_string(pid) + ": " + e.what(), i);
+      }
+    }
+    staged = Staged{[this, out, work = w] {
+                      size_t k = 0;
+                      for (uint64_t pid : work.partitions) {
+                        WorkerPartition& p = at(work.job, pid);
+                        if (p.on_nvme()) {
+                          release(p.loc);
+                          p.loc = (*out)[k].first;
+                          p.half = std::move((*out)[k].second);
+                          p.half_valid = true;
+                          ++k;
+                          continue;
+                        }
+                        unshare(p.master);
+                        kc::HalfCopy hc;
+                        if (is_half(p.spec.served_dtype)) {
+                          unshare(p.half);
+                          hc = {p.half->as<uint16_t>(), half_kind(p.spec.served_dtype)};
+                        }
+                        kc::adam_step(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(),
+                                      p.grad->as<float>(), p.n(),
+                                      detail::hyper(p.spec.optimizer, work.commit.lr),
+                                      p.adam_steps + 1, work.multiplier, hc);
+                      }
+                      for (uint64_t pid : work.partitions) {
+                        WorkerPartition& p = at(work.job, pid);
+                        p.adam_steps++;
+                        p.version = work.commit.step;
+                        p.micro_steps = 0;
+                        p.half_crc.reset();
+                        p.master_crc.reset();
+                      }
+                    },
+                    [this, out] {
+                      for (auto& [loc, h] : *out) nvme->release(loc.extent);
+                    }};
+    return r;
+  }
+
+  WorkResult prepare(const RestoreWork& w) {
+    auto made = std::make_shared<std::vector<WorkerPartition>>();
+    WorkResult r;
+    try {
+      for (const auto& item : w.items) {
+        const uint64_t n = item.spec.element_count;
+        WorkerPartition p;
+        p.spec = item.spec;
+        p.version = item.version;
+        p.adam_steps = item.adam_steps;
+        if (is_half(item.spec.served_dtype)) {
+          p.half = alloc(n * 2);
+          kc::floats_to_half(p.half->as<uint16_t>(), item.master->as<float>(), n,
+                             half_kind(item.spec.served_dtype));
+        }
+        if (item.on_nvme) {
+          // Pushed first so a failure below releases it.
+          made->push_back(std::move(p));
+          WorkerPartition& q = made->back();
+          q.loc = nvme->write_new(n, [&](const NvmeTier::Chunk& c) {
+            std::memcpy(c.master, item.master->as<float>() + c.first, c.count * 4);
+            std::memcpy(c.m, item.m->as<float>() + c.first, c.count * 4);
+            std::memcpy(c.v, item.v->as<float>() + c.first, c.count * 4);
+          });
+        } else {
+          // Into this worker's (pinned) memory.
+          p.master = alloc(n * 4);
+          p.m = alloc(n * 4);
+          p.v = alloc(n * 4);
+          std::memcpy(p.master->data(), item.master->data(), n * 4);
+          std::memcpy(p.m->data(), item.m->data(), n * 4);
+          std::memcpy(p.v->data(), item.v->data(), n * 4);
+          made->push_back(std::move(p));
+        }
+        r.locations.push_back(made->back().loc);
+      }
+    } catch (const std::exception& e) {
+      for (auto& p : *made) release(p.loc);
+      return failed(ErrorCode::internal, e.what(), made->size());
+    }
+    staged = Staged{[this, made, job = w.job] {
+                      for (auto& p : *made) {
+                        const uint64_t pid = p.spec.partition_id;
+                        // Buffers still held by in-flight replies stay alive through them.
+                        if (auto old = parts.find({job, pid}); old != parts.end()) {
+                          release(old->second.loc);
+                        }
+                        parts.insert_or_assign({job, pid}, std::move(p));
+                      }
+                    },
+                    [this, made] {
+                      for (auto& p : *made) release(p.loc);
+                    }};
+    return r;
+  }
+
+  // ---- queries ----
+
+  WorkResult grads(const PartitionQuery& q) {
+    WorkResult r;
+    for (uint64_t pid : q.partitions) r.micro_steps.push_back(at(q.job, pid).micro_steps);
+    return r;
+  }
+
+  WorkResult state_of(const PartitionQuery& q) {
+    WorkResult r;
+    for (size_t i = 0; i < q.partitions.size(); ++i) {
+      const WorkerPartition& p = at(q.job, q.partitions[i]);
+      if (!p.on_nvme()) {
+        r.state.push_back({p.master, p.m, p.v});
+        continue;
+      }
+      std::array<BufPtr, 3> keep{HostAllocator::plain(p.n() * 4), HostAllocator::plain(p.n() * 4),
+                                 HostAllocator::plain(p.n() * 4)};
+      try {
+        nvme->read(*p.loc, p.n(), [&](const NvmeTier::Chunk& c) {
+          std::memcpy(keep[0]->as<float>() + c.first, c.master, c.count * 4);
+          std::memcpy(keep[1]->as<float>() + c.first, c.m, c.count * 4);
+          std::memcpy(keep[2]->as<float>() + c.first, c.v, c.count * 4);
+        });
+      } catch (const ChecksumError& e) {
+        return failed(ErrorCode::checksumMismatch,
+                      "partition " + std::to_string(p.spec.partition_id) + ": " + e.what(), i);
+      } catch (const std::exception& e) {
+        return failed(ErrorCode::internal, e.what(), i);
+      }
+      r.state.push_back(std::move(keep));
+    }
+    return r;
+  }
+
+  // Runs a prepare; any exception it lets through becomes a refusal of its first
+  // partition, with nothing staged.
+  template <class Work>
+  WorkResult guarded(const Work& w) {
+    staged.reset();
+    try {
+      return prepare(w);
+    } catch (const detail::Refusal& e) {
+      staged.reset();
+      return failed(e.code, e.what(), 0);
+    } catch (const std::exception& e) {
+      staged.reset();
+      return failed(ErrorCode::internal, e.what(), 0);
+    }
+  }
+};
+
+partition_worker::behavior_type worker_behavior(
+    partition_worker::stateful_pointer<WorkerState> self, std::shared_ptr<WorkerConfig> cfg) {
+  auto& st = self->state;
+  st.index = cfg->index;
+  st.system = &self->system();
+  st.memory = std::make_unique<HostAllocator>(cfg->memory);
+  if (cfg->nvme) st.nvme = std::make_unique<NvmeIo>(self->system(), *cfg->nvme);
+  if (cfg->reloaded) {
+    for (auto& [key, p] : *cfg->reloaded) st.parts.insert_or_assign(key, std::move(p));
+  }
+  return {
+      [self](serve_atom, const detail::IncomingPtr& in, uint64_t next_step) {
+        self->state.serve(in, next_step);
+      },
+      [self](prepare_atom, const RegisterWorkPtr& w) { return self->state.guarded(*w); },
+      [self](prepare_atom, const SetWorkPtr& w) { return self->state.guarded(*w); },
+      [self](prepare_atom, const CommitWorkPtr& w) { return self->state.guarded(*w); },
+      [self](prepare_atom, const RestoreWorkPtr& w) { return self->state.guarded(*w); },
+      [self](apply_atom) {
+        if (auto s = std::exchange(self->state.staged, std::nullopt)) s->apply();
+        return true;
+      },
+      [self](abort_atom) {
+        if (auto s = std::exchange(self->state.staged, std::nullopt)) s->abort();
+        return true;
+      },
+      [self](grads_atom, const PartitionQueryPtr& q) { return self->state.grads(*q); },
+      [self](state_atom, const PartitionQueryPtr& q) { return self->state.state_of(*q); },
+      [self](skip_atom, const std::string& job) {
+        for (auto& [key, p] : self->state.parts) {
+          if (key.first == job) p.micro_steps = 0;
+        }
+      },
+  };
+}
+
+}  // namespace
+
+partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig config) {
+  return system.spawn<caf::detached>(worker_behavior,
+                                     std::make_shared<WorkerConfig>(std::move(config)));
+}
+
+}  // namespace dsactor::offload

@@ -1,0 +1,146 @@
+#pragma once
+
+// A partition_store worker: owns the RAM buffers (fp32 master, m, v on the RAM tier; the
+// served half copy and the accumulated gradient on both tiers) of the partitions the
+// step coordinator assigned to it, and runs pushes, fetches and the fused Adam pass on
+// them. NVMe partitions stream through the nvme_io actor. Detached: the optimizer pass
+// and the I/O waits would otherwise hold a scheduler thread.
+//
+// State-changing work is two-phase so a step stays all-or-nothing across workers:
+// a prepare message (register, set, commit, restore) validates and stages (NVMe
+// partitions streamed into fresh extents with their crc) without changing what is
+// served, then apply swaps the staged state in, or abort drops it (fresh extents
+// released). The coordinator sends one prepare at a time per worker.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "offload_service/host_memory.h"
+#include "offload_service/nvme_io_actor.h"
+#include "offload_service/store_common.h"
+#include "storage/aligned_buffer.h"
+
+namespace dsactor::offload {
+
+// One partition as its worker holds it.
+struct WorkerPartition {
+  messages::PartitionSpec spec;
+  uint64_t version = 0;             // step of the last committed update (or SetParameters' version)
+  int64_t adam_steps = 0;           // updates applied: Adam's bias-correction step count
+  HostBufferPtr master, m, v;       // RAM tier
+  std::optional<NvmeLocation> loc;  // NVMe tier (set exactly when the partition lives there)
+  HostBufferPtr half;               // served copy when spec.served_dtype is a half type
+  bool half_valid = true;           // NVMe after a restart: rebuilt (crc-checked) on first use
+  std::optional<uint32_t> half_crc, master_crc;  // crc of the served bytes, per version
+  std::shared_ptr<storage::AlignedBuffer> grad;  // fp32 accumulation, on first push
+  uint32_t micro_steps = 0;                      // micro-steps accumulated for the job's next step
+
+  uint64_t n() const { return spec.element_count; }
+  bool on_nvme() const { return loc.has_value(); }
+};
+
+using PartitionKey = std::pair<std::string, uint64_t>;  // job, partition id
+using WorkerPartitions = std::vector<std::pair<PartitionKey, WorkerPartition>>;
+
+// What a prepare (or a query) reports: ok with per-partition results, or the first
+// refusal in the job's registration order.
+struct WorkResult {
+  bool ok = true;
+  messages::ErrorCode code = messages::ErrorCode::internal;
+  std::string message;
+  size_t failed_index = 0;  // index into the request's partition list
+  // Per requested partition (prepares): the fresh extent, when one was written.
+  std::vector<std::optional<NvmeLocation>> locations;
+  // Per requested partition (gradients query): micro-steps accumulated.
+  std::vector<uint32_t> micro_steps;
+  // Per requested partition (state query): master, m, v as fp32 arrays.
+  std::vector<std::array<HostBufferPtr, 3>> state;
+};
+
+// Prepare requests. Partition lists are in the job's registration order.
+struct RegisterWork {
+  std::string job;
+  std::vector<messages::PartitionSpec> specs;
+  std::vector<bool> on_nvme;
+};
+struct SetWork {
+  detail::IncomingPtr request;  // SetParameters and its payload
+  uint64_t next_step = 0;       // for the refusal text
+};
+struct CommitWork {
+  std::string job;
+  std::vector<uint64_t> partitions;
+  messages::CommitStep commit;
+  float multiplier = 1.0f;
+};
+struct RestoreItem {
+  messages::PartitionSpec spec;
+  uint64_t version = 0;
+  int64_t adam_steps = 0;
+  bool on_nvme = false;
+  HostBufferPtr master, m, v;  // read and crc-checked by the coordinator (plain memory)
+};
+struct RestoreWork {
+  std::string job;
+  std::vector<RestoreItem> items;
+};
+struct PartitionQuery {
+  std::string job;
+  std::vector<uint64_t> partitions;
+};
+using RegisterWorkPtr = std::shared_ptr<const RegisterWork>;
+using SetWorkPtr = std::shared_ptr<const SetWork>;
+using CommitWorkPtr = std::shared_ptr<const CommitWork>;
+using RestoreWorkPtr = std::shared_ptr<const RestoreWork>;
+using PartitionQueryPtr = std::shared_ptr<const PartitionQuery>;
+
+using serve_atom = caf::atom_constant<caf::atom("serve")>;
+using prepare_atom = caf::atom_constant<caf::atom("prepare")>;
+using apply_atom = caf::atom_constant<caf::atom("apply")>;
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+using grads_atom = caf::atom_constant<caf::atom("grads")>;
+using state_atom = caf::atom_constant<caf::atom("state")>;
+using skip_atom = caf::atom_constant<caf::atom("skip")>;
+
+using partition_worker = caf::typed_actor<
+    // PushGradients / FetchParameters of a partition this worker owns (the coordinator
+    // checked that it is registered); answered directly. The uint64_t is the job's next
+    // step.
+    caf::reacts_to<serve_atom, detail::IncomingPtr, uint64_t>,
+    caf::replies_to<prepare_atom, RegisterWorkPtr>::with<WorkResult>,
+    caf::replies_to<prepare_atom, SetWorkPtr>::with<WorkResult>,
+    caf::replies_to<prepare_atom, CommitWorkPtr>::with<WorkResult>,
+    caf::replies_to<prepare_atom, RestoreWorkPtr>::with<WorkResult>,
+    // Swaps in / drops what the last prepare staged.
+    caf::replies_to<apply_atom>::with<bool>, caf::replies_to<abort_atom>::with<bool>,
+    // Micro-steps accumulated, per partition.
+    caf::replies_to<grads_atom, PartitionQueryPtr>::with<WorkResult>,
+    // master, m, v per partition (NVMe ones read and crc-checked), for a checkpoint.
+    caf::replies_to<state_atom, PartitionQueryPtr>::with<WorkResult>,
+    // SkipStep: drops the job's accumulated gradients.
+    caf::reacts_to<skip_atom, std::string>>;
+
+struct WorkerConfig {
+  size_t index = 0;
+  HostMemoryOptions memory;
+  std::optional<nvme_io_actor> nvme;           // absent without an NVMe tier
+  std::shared_ptr<WorkerPartitions> reloaded;  // NVMe partitions found at startup
+};
+
+partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig config);
+
+}  // namespace dsactor::offload
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::WorkResult)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::RegisterWorkPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::SetWorkPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::CommitWorkPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::RestoreWorkPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::PartitionQueryPtr)
