@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cli/start_trainer.h"
 #include "cli/commands.h"
 #include "offload_service/service.h"
 
@@ -117,16 +118,18 @@ void add_start_command(CLI::App& app) {
                 "offload: do not pin RAM buffers at all (neither cudaHostAlloc nor mlock)");
   cmd->add_flag("--no-cuda-pinning", a->no_cuda_pinning,
                 "offload: do not try cudaHostAlloc (dlopen libcudart) even with a CUDA device");
-  cmd->callback([a] {
+  auto t = std::make_shared<StartTrainerArgs>();
+  add_start_trainer_options(*cmd, *t);
+  cmd->callback([a, t] {
     if (a->role == "offload") {
       const int rc = run_offload(*a);
       if (rc != 0) throw std::runtime_error("offload service exited with " + std::to_string(rc));
       return;
     }
     if (a->role == "trainer") {
-      throw std::runtime_error(
-          "dsactor start --role trainer: not implemented yet (issue: ZeRO stages 1-3 with "
-          "offload)");
+      const int rc = run_start_trainer(*t);
+      if (rc != 0) throw std::runtime_error("trainer exited with " + std::to_string(rc));
+      return;
     }
     throw std::runtime_error("dsactor start: unknown role '" + a->role +
                              "' (expected offload or trainer)");

@@ -1,11 +1,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <stdexcept>
 
 #include "cli/start_trainer.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/data/byte_tokenizer.h"
+#include "trainer/model/hf_weights.h"
 #include "trainer/zero/zero_engine.h"
 
 namespace dsactor::cli {
@@ -26,6 +28,13 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "as down")
       ->capture_default_str();
   cmd.add_option("--job", a.job, "trainer: job id on the offload services")->capture_default_str();
+  cmd.add_option("--name", a.name, "trainer: role name (from the deployment)")->capture_default_str();
+  cmd.add_option("--deploy", a.deploy, "trainer: the deployment file this role comes from");
+  cmd.add_option("--rank", a.rank, "trainer: rank among the trainers")->capture_default_str();
+  cmd.add_option("--world-size", a.world_size, "trainer: number of trainers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--out", a.out, "trainer: write the final weights to <out>/model.safetensors");
 }
 
 int run_start_trainer(const StartTrainerArgs& a) {
@@ -47,6 +56,11 @@ int run_start_trainer(const StartTrainerArgs& a) {
       throw std::invalid_argument(fmt::format("{}: token {} does not fit the model's vocab_size {}",
                                               a.data, t, gpt.vocab_size));
   BatchLoader train(&split.train, B, T, true, a.seed);
+  if (a.world_size != 1 || a.rank != 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: --rank {} --world-size {}: data-parallel trainers are not implemented yet; run one "
+        "trainer (rank 0, world size 1) per job",
+        a.name, a.rank, a.world_size));
   ZeroOptions o;
   o.services = a.offload;
   o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
@@ -71,6 +85,12 @@ int run_start_trainer(const StartTrainerArgs& a) {
       "params {} of {} B",
       engine.global_step(), r.loss, s.bytes_pushed, s.bytes_fetched, s.peak_resident_param_bytes,
       s.total_param_bytes);
+  if (!a.out.empty()) {
+    const auto file = std::filesystem::path(a.out) / "model.safetensors";
+    std::filesystem::create_directories(a.out);
+    export_hf_safetensors(file, gpt, engine.gather_params());
+    spdlog::info("trainer: final weights in {}", file.string());
+  }
   return 0;
 }
 

@@ -19,10 +19,17 @@ struct StartTrainerArgs {
   uint64_t seed = 1234;
   int64_t service_timeout_ms = 30000;
   std::string job = "dsactor";  // job id on the services
+  // What `dsactor up` passes for each trainer role (actors/deploy_config.cpp).
+  std::string name = "trainer0";  // role name, for logs
+  std::string deploy;             // the deployment file it came from, for logs
+  int rank = 0;
+  int world_size = 1;
+  std::string out;  // if set: the final weights go to <out>/model.safetensors
 };
 
 // Adds --config --model --data --offload (repeatable) --steps --seq --seed
-// --service-timeout-ms --job to `cmd`, all stored in `a`.
+// --service-timeout-ms --job --name --deploy --rank --world-size --out to `cmd`, all stored
+// in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.
