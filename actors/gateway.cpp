@@ -161,14 +161,19 @@ Gateway::Gateway(caf::actor_system& system, zmq::context_t& context, GatewayOpti
   done_ = promise->get_future();
   // The socket moves to the detached actor's thread here; the spawn is the memory barrier
   // ZeroMQ asks for when a socket changes threads, and no other thread touches it after.
-  system.spawn<caf::detached>([shared = shared_, promise](caf::blocking_actor*) {
-    try {
-      shared->loop();
-    } catch (const std::exception& e) {
-      spdlog::error("gateway: stopped by an error: {}", e.what());
-    }
-    promise->set_value();
-  });
+  // State travels as spawn arguments, not lambda captures: CAF 0.17 dereferences a null
+  // argument tuple for argument-less spawns (init_fun_factory.hpp), which UBSan reports.
+  system.spawn<caf::detached>(
+      [](caf::blocking_actor*, std::shared_ptr<Shared> shared,
+         std::shared_ptr<std::promise<void>> done) {
+        try {
+          shared->loop();
+        } catch (const std::exception& e) {
+          spdlog::error("gateway: stopped by an error: {}", e.what());
+        }
+        done->set_value();
+      },
+      shared_, promise);
 }
 
 Gateway::~Gateway() {
