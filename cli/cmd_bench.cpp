@@ -7,6 +7,7 @@
 #include "bench/nvme_bench.h"
 #include "bench/train_bench.h"
 #include "bench/transport_bench.h"
+#include "bench/zero_bench.h"
 #include "cli/commands.h"
 
 namespace dsactor::cli {
@@ -36,6 +37,19 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--warmup", o->warmup_steps, "unmeasured steps first")->capture_default_str();
   train->add_flag("--json", *json, "print one JSON object");
   train->callback([o, json] { print_result(bench::run_train_bench(*o), *json); });
+
+  auto* zero = bench->add_subcommand("zero", "stage 3 with offload_optimizer+offload_param (cpu, a real offload service) against stage 0, same run");
+  auto zo = std::make_shared<bench::ZeroBenchOptions>();
+  zero->add_option("--model", zo->model, "model preset or YAML")->capture_default_str();
+  zero->add_option("--micro-batch", zo->micro_batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
+  zero->add_option("--seq", zo->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
+  zero->add_option("--steps", zo->steps, "measured steps")->check(CLI::PositiveNumber)->capture_default_str();
+  zero->add_option("--warmup", zo->warmup_steps, "unmeasured steps first (the first records the block order)")->check(CLI::PositiveNumber)->capture_default_str();
+  zero->add_option("--prefetch-bucket", zo->prefetch_bucket, "stage3_prefetch_bucket_size of the prefetch-on phase")->check(CLI::PositiveNumber)->capture_default_str();
+  zero->add_option("--max-live", zo->max_live, "stage3_max_live_parameters; 0: a third of the model")->capture_default_str();
+  zero->add_option("--reuse-distance", zo->reuse_distance, "stage3_max_reuse_distance")->capture_default_str();
+  zero->add_flag("--json", *json, "print one JSON object");
+  zero->callback([zo, json] { print_result(bench::run_zero_bench(*zo), *json); });
 
   auto* adam = bench->add_subcommand("adam", "fused Adam params/s against a memory-bandwidth probe streaming the same arrays");
   auto adam_params = std::make_shared<size_t>(size_t{1} << 24);

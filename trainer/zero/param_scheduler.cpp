@@ -35,14 +35,28 @@ void ParamScheduler::worker() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       FloatBuffer buf(numel_[job.block]);
       fetch_(job.block, job.version, buf.data());
+      add_fetch_time(t0);
       job.promise.set_value(std::move(buf));
     } catch (...) {
+      add_fetch_time(t0);
       job.promise.set_exception(std::current_exception());
     }
   }
+}
+
+void ParamScheduler::add_fetch_time(std::chrono::steady_clock::time_point t0) {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard lock(mu_);
+  stats_.fetch_seconds += s;
+}
+
+SchedulerStats ParamScheduler::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
 }
 
 void ParamScheduler::note_live() {

@@ -1,4 +1,5 @@
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +29,8 @@ struct SchedulerStats {
   uint64_t prefetch_hits = 0;  // acquires served by a prefetch issued earlier
   uint64_t bytes_fetched = 0;  // as floats in the resident set (4 bytes per element)
   double wait_seconds = 0;     // time acquire() spent waiting for a fetch
+  double fetch_seconds = 0;    // time the fetch thread spent fetching: with wait_seconds,
+                               // how much fetch time compute hid (bench zero)
   size_t peak_resident_bytes = 0;
 };
 
@@ -63,7 +66,8 @@ class ParamScheduler final : public BlockHooks {
   void release(size_t block) override;
 
   size_t resident_bytes() const { return live_ * sizeof(float); }
-  const SchedulerStats& stats() const { return stats_; }
+  // A copy: the fetch thread adds to fetch_seconds under mu_.
+  SchedulerStats stats() const;
 
  private:
   struct Slot {
@@ -92,6 +96,7 @@ class ParamScheduler final : public BlockHooks {
   bool reused_soon(size_t b) const;
   void note_live();
   void worker();
+  void add_fetch_time(std::chrono::steady_clock::time_point t0);
 
   std::vector<size_t> numel_;
   BlockSet& params_;
@@ -107,7 +112,7 @@ class ParamScheduler final : public BlockHooks {
   size_t cursor_ = 0;
   SchedulerStats stats_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;  // mutable: stats() reads fetch_seconds under it
   std::condition_variable cv_;
   std::deque<Job> jobs_;
   bool stop_ = false;

@@ -1,0 +1,301 @@
+#include "bench/zero_bench.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainer/data/batch_loader.h"
+#include "trainer/engine/engine.h"
+#include "trainer/model/param_blocks.h"
+#include "trainer/rng.h"
+#include "trainer/zero/zero_engine.h"
+
+extern char** environ;
+
+namespace dsactor::bench {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A field of /proc/self/status in bytes (VmRSS, VmHWM; the kernel reports kB).
+size_t proc_status_bytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string key = std::string(field) + ":";
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
+  return 0;
+}
+
+// `dsactor start --role offload` as a child process of the bench (the bench runs inside
+// the dsactor binary, so /proc/self/exe is it), its log in `log`; ready once the log
+// names the endpoint. Killed on destruction.
+class OffloadChild {
+ public:
+  explicit OffloadChild(const fs::path& log) : log_(log) {
+    const std::string exe = fs::read_symlink("/proc/self/exe").string();
+    std::vector<std::string> argv{exe,       "start",    "--role",
+                                  "offload", "--listen", "tcp://127.0.0.1:*"};
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    // As `dsactor up` does: idle service threads must not spin on the trainer's cores.
+    std::vector<std::string> env_store;
+    for (char** e = environ; *e; ++e) env_store.emplace_back(*e);
+    if (!std::getenv("OMP_WAIT_POLICY")) env_store.emplace_back("OMP_WAIT_POLICY=passive");
+    std::vector<char*> cenv;
+    for (auto& e : env_store) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    const int rc = posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), cenv.data());
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) throw std::runtime_error(std::string("posix_spawn: ") + std::strerror(rc));
+    const std::regex re("listening on (tcp://[0-9.]+:[0-9]+)");
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < deadline) {
+      std::smatch m;
+      const std::string text = log_text();
+      if (std::regex_search(text, m, re)) {
+        endpoint_ = m[1];
+        return;
+      }
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        throw std::runtime_error("offload service exited during startup: " + text);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    throw std::runtime_error("offload service did not report its endpoint: " + log_text());
+  }
+  ~OffloadChild() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  OffloadChild(const OffloadChild&) = delete;
+  OffloadChild& operator=(const OffloadChild&) = delete;
+  const std::string& endpoint() const { return endpoint_; }
+  std::string log_text() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  std::string endpoint_;
+};
+
+// Runs `phase` in a forked child and returns its JSON with the child's VmRSS at the start
+// and VmHWM at the end. A fork per phase because VmHWM cannot be reset: each phase's
+// high-water mark must be its own, not the previous phase's. The parent has started no
+// threads before forking (the service is a separate exec'd process), so the child is safe.
+template <class F>
+nlohmann::json in_child(const char* name, F&& phase) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    close(fds[0]);
+    nlohmann::json j;
+    int code = 0;
+    try {
+      const size_t rss0 = proc_status_bytes("VmRSS");
+      j = phase();
+      j["rss_at_start_bytes"] = rss0;
+      j["vm_hwm_bytes"] = proc_status_bytes("VmHWM");
+      j["vm_hwm_minus_start_bytes"] = j["vm_hwm_bytes"].get<size_t>() - rss0;
+    } catch (const std::exception& e) {
+      j = {{"error", e.what()}};
+      code = 1;
+    }
+    const std::string s = j.dump();
+    for (size_t off = 0; off < s.size();) {
+      const ssize_t n = write(fds[1], s.data() + off, s.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    close(fds[1]);
+    _exit(code);  // no destructors or atexit handlers of the parent's state
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (out.empty()) throw std::runtime_error(std::string("bench zero: phase ") + name + " died");
+  auto j = nlohmann::json::parse(out);
+  if (j.contains("error"))
+    throw std::runtime_error(std::string("bench zero: phase ") + name + ": " +
+                             j["error"].get<std::string>());
+  return j;
+}
+
+nlohmann::json base_config(const ZeroBenchOptions& o) {
+  return {{"train_micro_batch_size_per_gpu", o.micro_batch},
+          {"gradient_accumulation_steps", 1},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}}};
+}
+
+struct Timing {
+  double step_s = 0, fwd = 0, bwd = 0, opt = 0;
+  nlohmann::json to_json() const {
+    return {{"ms_per_step", step_s * 1e3},
+            {"forward_ms", fwd * 1e3},
+            {"backward_ms", bwd * 1e3},
+            {"optimizer_ms", opt * 1e3}};
+  }
+};
+
+template <class E>
+Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps) {
+  Timing t;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    const auto r = engine.train_step(loader);
+    t.fwd += r.forward_seconds / steps;
+    t.bwd += r.backward_seconds / steps;
+    t.opt += r.optimizer_seconds / steps;
+  }
+  t.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
+  return t;
+}
+
+}  // namespace
+
+nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
+  using namespace dsactor::trainer;
+  const GptConfig gpt = resolve_model(o.model);
+  const size_t params = parameter_count(gpt);
+  // Synthetic tokens: step speed does not depend on what the tokens say.
+  Rng rng(o.seed);
+  std::vector<int32_t> tokens(
+      static_cast<size_t>(o.micro_batch) * o.seq * (o.steps + o.warmup_steps + 1) + 1);
+  for (auto& t : tokens)
+    t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(gpt.vocab_size));
+
+  const nlohmann::json stage0 = in_child("stage0", [&] {
+    BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
+    Engine engine(gpt, parse_ds_config(base_config(o), "bench zero"), o.seed);
+    for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
+    nlohmann::json j = time_steps(engine, loader, o.steps).to_json();
+    // Stage 0 in fp32 holds parameters, gradients and Adam's two moments: 16 bytes each.
+    j["accounted_bytes"] = params * 16;
+    return j;
+  });
+
+  const int64_t max_live = o.max_live > 0 ? o.max_live : static_cast<int64_t>(params / 3);
+  auto stage3 = [&](const char* name, int64_t bucket) {
+    char tmpl[] = "/tmp/dsactor-benchzero-XXXXXX";
+    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    const fs::path dir = tmpl;
+    nlohmann::json j;
+    try {
+      // A fresh service per phase: the phases do not share its memory or its jobs.
+      OffloadChild service(dir / "offload.log");
+      j = in_child(name, [&] {
+        nlohmann::json cfg = base_config(o);
+        cfg["zero_optimization"] = {{"stage", 3},
+                                    {"offload_optimizer", {{"device", "cpu"}}},
+                                    {"offload_param", {{"device", "cpu"}}},
+                                    {"stage3_prefetch_bucket_size", bucket},
+                                    {"stage3_max_live_parameters", max_live},
+                                    {"stage3_max_reuse_distance", o.reuse_distance}};
+        ZeroOptions zo;
+        zo.services = {service.endpoint()};
+        zo.timeout = std::chrono::seconds(o.timeout_seconds);
+        zo.job_id = std::string("bench-zero-") + name;
+        BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
+        ZeroEngine engine(gpt, parse_ds_config(cfg, "bench zero"), o.seed, zo);
+        for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
+        const ZeroStats before = engine.stats();
+        nlohmann::json r = time_steps(engine, loader, o.steps).to_json();
+        const ZeroStats after = engine.stats();
+        const double n = o.steps;
+        const double fetch_s = after.scheduler.fetch_seconds - before.scheduler.fetch_seconds;
+        const double wait_s = after.scheduler.wait_seconds - before.scheduler.wait_seconds;
+        r["prefetch_bucket_size"] = bucket;
+        r["max_live_parameters"] = max_live;
+        r["bytes_pushed_per_step"] = (after.bytes_pushed - before.bytes_pushed) / n;
+        r["bytes_fetched_per_step"] = (after.bytes_fetched - before.bytes_fetched) / n;
+        r["fetch_seconds_per_step"] = fetch_s / n;
+        r["wait_seconds_per_step"] = wait_s / n;
+        // acquire() waits at most as long as the fetch it waits on; what it did not wait
+        // for ran while the model computed.
+        r["fetch_hidden_fraction"] =
+            fetch_s > 0 ? std::clamp(1.0 - wait_s / fetch_s, 0.0, 1.0) : 0.0;
+        r["prefetch_hits"] = after.scheduler.prefetch_hits - before.scheduler.prefetch_hits;
+        r["fetches"] = after.scheduler.fetches - before.scheduler.fetches;
+        r["peak_resident_param_bytes"] = after.peak_resident_param_bytes;
+        // The ZeRO engine keeps every block's fp32 gradient on the trainer (accumulated
+        // over micro-steps, pushed per block): that is the rest of its accounted bytes.
+        r["accounted_bytes"] = after.peak_resident_param_bytes + after.total_param_bytes;
+        return r;
+      });
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      throw;
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return j;
+  };
+  const nlohmann::json on = stage3("stage3_prefetch_on", o.prefetch_bucket);
+  const nlohmann::json off = stage3("stage3_prefetch_off", 0);
+
+  const double model_bytes = static_cast<double>(params) * 4;
+  auto ratio = [](const nlohmann::json& a, const nlohmann::json& b, const char* k) {
+    return a[k].get<double>() / b[k].get<double>();
+  };
+  return {{"model", o.model},
+          {"n_layer", gpt.n_layer},
+          {"parameters", params},
+          {"model_bytes_fp32", model_bytes},
+          {"micro_batch", o.micro_batch},
+          {"seq", o.seq},
+          {"steps_measured", o.steps},
+          {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
+          {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
+          {"step_time_goal", 1.25},
+          {"peak_rss_ratio", ratio(on, stage0, "vm_hwm_bytes")},
+          {"peak_rss_delta_ratio", ratio(on, stage0, "vm_hwm_minus_start_bytes")},
+          {"accounted_bytes_ratio", ratio(on, stage0, "accounted_bytes")},
+          {"peak_memory_goal", 0.25},
+          {"fetched_per_step_over_model", on["bytes_fetched_per_step"].get<double>() / model_bytes},
+          {"pushed_per_step_over_model", on["bytes_pushed_per_step"].get<double>() / model_bytes},
+          {"fetch_hidden_fraction_prefetch_on", on["fetch_hidden_fraction"]},
+          {"fetch_hidden_fraction_prefetch_off", off["fetch_hidden_fraction"]},
+          {"stage0", stage0},
+          {"stage3_prefetch_on", on},
+          {"stage3_prefetch_off", off}};
+}
+
+}  // namespace dsactor::bench

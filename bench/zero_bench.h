@@ -1,0 +1,34 @@
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace dsactor::bench {
+
+struct ZeroBenchOptions {
+  std::string model = "gpt2";
+  int micro_batch = 4;
+  int seq = 64;
+  int warmup_steps = 1;
+  int steps = 2;
+  uint64_t seed = 1234;
+  // Stage-3 knobs in elements (ds_config's units). The prefetch-on phase uses
+  // prefetch_bucket (DeepSpeed's default); the prefetch-off phase uses 0, which
+  // ParamScheduler reads as "no prefetch". max_live 0: a third of the model, so the
+  // resident set is bounded rather than DeepSpeed's 1e9 (which holds all of gpt2).
+  int64_t prefetch_bucket = 50000000;
+  int64_t max_live = 0;
+  int64_t reuse_distance = 0;  // keep a released block only when it is needed next
+  int timeout_seconds = 120;   // per service request
+};
+
+// Stage 0 (trainer::Engine) against stage 3 with offload_optimizer and offload_param on
+// cpu through a real `dsactor start --role offload` child process, prefetch on and off, in
+// one invocation. Each phase runs in a forked child of the bench so that its VmHWM (the
+// trainer's peak RSS, which cannot be reset) is its own. Reports step-time ratios, peak
+// RSS ratios, the engines' own accounting of resident bytes, bytes pushed/fetched per step
+// against the model size, and the fraction of fetch time hidden behind compute.
+nlohmann::json run_zero_bench(const ZeroBenchOptions& options);
+
+}  // namespace dsactor::bench
