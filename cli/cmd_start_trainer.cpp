@@ -28,13 +28,19 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "as down")
       ->capture_default_str();
   cmd.add_option("--job", a.job, "trainer: job id on the offload services")->capture_default_str();
-  cmd.add_option("--name", a.name, "trainer: role name (from the deployment)")->capture_default_str();
+  cmd.add_option("--name", a.name, "trainer: role name (from the deployment)")
+      ->capture_default_str();
   cmd.add_option("--deploy", a.deploy, "trainer: the deployment file this role comes from");
   cmd.add_option("--rank", a.rank, "trainer: rank among the trainers")->capture_default_str();
   cmd.add_option("--world-size", a.world_size, "trainer: number of trainers")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd.add_option("--out", a.out, "trainer: write the final weights to <out>/model.safetensors");
+  cmd.add_option("--out", a.out,
+                 "trainer: write the final weights to <out>/model.safetensors and a "
+                 "checkpoint to <out>/checkpoint");
+  cmd.add_option("--resume", a.resume,
+                 "trainer: load this checkpoint (an earlier run's <out>/checkpoint) first; "
+                 "--steps stays the total");
 }
 
 int run_start_trainer(const StartTrainerArgs& a) {
@@ -68,6 +74,14 @@ int run_start_trainer(const StartTrainerArgs& a) {
   ZeroEngine engine(gpt, config, a.seed, o);
   spdlog::info("trainer: ZeRO stage {} ({}), {} offload service(s), {} blocks", engine.stage(),
                precision_name(engine.precision()), o.services.size(), engine.plan().blocks());
+  if (!a.resume.empty()) {
+    const nlohmann::json extra = engine.load_checkpoint(a.resume);
+    if (!extra.contains("train_cursor"))
+      throw std::invalid_argument(fmt::format(
+          "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", a.resume));
+    train.restore(extra.at("train_cursor"));
+    spdlog::info("trainer: resumed from {} at step {}", a.resume, engine.global_step());
+  }
   int64_t target = a.steps;
   if (target <= 0)
     target = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : 100;
@@ -90,6 +104,9 @@ int run_start_trainer(const StartTrainerArgs& a) {
     std::filesystem::create_directories(a.out);
     export_hf_safetensors(file, gpt, engine.gather_params());
     spdlog::info("trainer: final weights in {}", file.string());
+    const auto ckpt = std::filesystem::path(a.out) / "checkpoint";
+    engine.save_checkpoint(ckpt, {{"train_cursor", train.cursor()}});
+    spdlog::info("trainer: checkpoint at step {} in {}", engine.global_step(), ckpt.string());
   }
   return 0;
 }

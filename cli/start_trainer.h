@@ -24,12 +24,18 @@ struct StartTrainerArgs {
   std::string deploy;             // the deployment file it came from, for logs
   int rank = 0;
   int world_size = 1;
-  std::string out;  // if set: the final weights go to <out>/model.safetensors
+  // If set: the final weights go to <out>/model.safetensors and a resumable checkpoint
+  // (ZeroEngine::save_checkpoint, with the data cursor) to <out>/checkpoint.
+  std::string out;
+  // If set: a checkpoint directory (<out>/checkpoint of an earlier run) loaded before
+  // training; --steps stays the total, so `--steps N/2` then `--resume ... --steps N`
+  // ends with the weights of `--steps N` straight, bit for bit.
+  std::string resume;
 };
 
 // Adds --config --model --data --offload (repeatable) --steps --seq --seed
-// --service-timeout-ms --job --name --deploy --rank --world-size --out to `cmd`, all stored
-// in `a`.
+// --service-timeout-ms --job --name --deploy --rank --world-size --out --resume to `cmd`, all
+// stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

@@ -9,6 +9,7 @@
 
 #include "actors/offload_client.h"
 #include "kernels/cpu/cast.h"
+#include "storage/checkpoint.h"
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
 
@@ -104,7 +105,7 @@ class ZeroEngine::Hooks final : public BlockHooks {
 };
 
 template <class F>
-auto ZeroEngine::on_service(size_t service, const char* what, F&& f) {
+auto ZeroEngine::on_service(size_t service, const char* what, F&& f) const {
   const std::string& ep = services_[service]->endpoint;
   try {
     return f(*services_[service]->client);
@@ -411,14 +412,225 @@ float ZeroEngine::evaluate(BatchLoader& loader, int batches) {
   return static_cast<float>(sum / batches);
 }
 
-void ZeroEngine::save_checkpoint(const std::filesystem::path&, const nlohmann::json&) const {
-  throw std::runtime_error(
-      "not implemented: checkpoints of the ZeRO engine (services' Checkpoint plus the "
-      "trainer's step counters, loss scaler and data cursor)");
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kZeroCheckpointFormat = "dsactor-zero-checkpoint";
+constexpr int kZeroCheckpointVersion = 1;
+
+nlohmann::json model_json(const GptConfig& g) {
+  return {{"n_layer", g.n_layer},
+          {"n_head", g.n_head},
+          {"n_embd", g.n_embd},
+          {"vocab_size", g.vocab_size},
+          {"block_size", g.block_size}};
 }
 
-nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path&) {
-  throw std::runtime_error("not implemented: loading a checkpoint into the ZeRO engine");
+// The plan as the manifest records it: what a restore must find registered, partition
+// for partition (the services check ids and sizes too; the trainer checks first so that a
+// mismatch is refused before any service is touched).
+nlohmann::json plan_json(const PartitionPlan& plan, uint32_t rank) {
+  nlohmann::json parts = nlohmann::json::array();
+  for (const auto& p : plan.owned_by(rank))
+    parts.push_back({{"id", p.id},
+                     {"block", p.block},
+                     {"offset", p.offset},
+                     {"count", p.count},
+                     {"service", p.service}});
+  return {{"world_size", plan.world_size()},
+          {"rank", rank},
+          {"services", plan.services()},
+          {"partitions", std::move(parts)}};
+}
+
+// Services that hold partitions of this rank (a service given no block is never
+// registered, so it has nothing to checkpoint).
+std::vector<size_t> services_in_use(const PartitionPlan& plan, uint32_t rank) {
+  std::vector<char> used(plan.services(), 0);
+  for (const auto& p : plan.owned_by(rank)) used[p.service] = 1;
+  std::vector<size_t> s;
+  for (size_t i = 0; i < used.size(); ++i)
+    if (used[i]) s.push_back(i);
+  return s;
+}
+
+std::string service_dir_name(size_t s) {
+  return fmt::format("service-{}", s);
+}
+
+}  // namespace
+
+void ZeroEngine::save_checkpoint(const std::filesystem::path& dir,
+                                 const nlohmann::json& extra) const {
+  // Services write on their own hosts, so the path they get must be absolute.
+  const fs::path abs = fs::absolute(dir).lexically_normal();
+  fs::create_directories(abs);
+  // The manifest goes first: from here until the new one is committed, `dir` does not
+  // look like a checkpoint, so a crash cannot leave an old manifest beside new partitions.
+  const fs::path manifest_dir = abs / "trainer";
+  if (fs::exists(manifest_dir)) {
+    fs::remove_all(manifest_dir);
+    storage::fsync_directory(abs);
+  }
+  // A tag unique to this save: a service directory left by another save (even of the
+  // same step) fails the service's tag check instead of being restored by mistake.
+  const std::string tag = fmt::format(
+      "{}-step-{}-{:x}", options_.job_id, global_step_,
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+  nlohmann::json services = nlohmann::json::array();
+  for (size_t s : services_in_use(plan_, options_.rank)) {
+    const fs::path sdir = abs / service_dir_name(s);
+    const auto reply = on_service(s, "checkpoint", [&](actors::OffloadClient& c) {
+      return c.checkpoint(tag, sdir.string());
+    });
+    // The service's job step counts skipped steps too: it is the trainer's global step.
+    if (reply.step != static_cast<uint64_t>(global_step_))
+      throw ZeroServiceError(fmt::format(
+          "offload service {} checkpointed step {} into {}, but the trainer is at step {}: "
+          "another trainer is committing to job {}?",
+          services_[s]->endpoint, reply.step, sdir.string(), global_step_, options_.job_id));
+    services.push_back({{"index", s},
+                        {"endpoint", services_[s]->endpoint},
+                        {"dir", service_dir_name(s)},
+                        {"tag", tag},
+                        {"step", reply.step},
+                        {"bytes", reply.bytes_written}});
+  }
+  nlohmann::json state;
+  state["format"] = kZeroCheckpointFormat;
+  state["format_version"] = kZeroCheckpointVersion;
+  state["model"] = model_json(gpt_);
+  state["stage"] = stage();
+  state["precision"] = precision_name(precision_);
+  state["job"] = options_.job_id;
+  state["global_step"] = global_step_;
+  state["optimizer_steps"] = optimizer_steps_;
+  state["skipped_steps"] = skipped_steps_;
+  state["committed_step"] = version_;
+  state["loss_scaler"] = scaler_.state();
+  state["plan"] = plan_json(plan_, options_.rank);
+  state["services"] = std::move(services);
+  state["extra"] = extra;
+  storage::CheckpointWriter w(manifest_dir);
+  w.set_state(std::move(state));
+  w.commit();  // the checkpoint exists from here on
+}
+
+nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
+  const fs::path abs = fs::absolute(dir).lexically_normal();
+  const fs::path manifest_dir = abs / "trainer";
+  if (!fs::exists(manifest_dir / "manifest.json"))
+    throw std::runtime_error(fmt::format(
+        "{}: no trainer manifest ({}): not a ZeRO checkpoint, or a save that did not finish",
+        abs.string(), (manifest_dir / "manifest.json").string()));
+  storage::CheckpointReader reader(manifest_dir);
+  const nlohmann::json& state = reader.state();
+  // Everything the trainer can check, before any service is touched.
+  LossScaler scaler = scaler_;
+  int64_t global = 0, opt = 0, skipped = 0;
+  uint64_t committed = 0;
+  std::vector<std::pair<size_t, nlohmann::json>> saved_services;
+  try {
+    if (state.at("format") != kZeroCheckpointFormat ||
+        state.at("format_version") != kZeroCheckpointVersion)
+      throw std::runtime_error(fmt::format("{}: format {} version {}, expected {} version {}",
+                                           manifest_dir.string(), state.at("format").dump(),
+                                           state.at("format_version").dump(), kZeroCheckpointFormat,
+                                           kZeroCheckpointVersion));
+    if (state.at("model") != model_json(gpt_))
+      throw std::runtime_error(
+          fmt::format("{}: checkpoint holds the model {}, but this run builds {}", abs.string(),
+                      state.at("model").dump(), model_json(gpt_).dump()));
+    if (state.at("precision") != precision_name(precision_))
+      throw std::runtime_error(fmt::format(
+          "{}: checkpoint was trained in {}, this run is {} (the services serve that dtype)",
+          abs.string(), state.at("precision").dump(), precision_name(precision_)));
+    if (state.at("plan") != plan_json(plan_, options_.rank))
+      throw std::runtime_error(fmt::format(
+          "{}: checkpoint's partition plan (world size, rank, services, partitions) differs "
+          "from this run's: saved {}, now {}",
+          abs.string(), state.at("plan").dump(), plan_json(plan_, options_.rank).dump()));
+    global = state.at("global_step").get<int64_t>();
+    opt = state.at("optimizer_steps").get<int64_t>();
+    skipped = state.at("skipped_steps").get<int64_t>();
+    committed = state.at("committed_step").get<uint64_t>();
+    scaler.restore(state.at("loss_scaler"));
+    std::vector<size_t> listed;
+    for (const auto& s : state.at("services")) {
+      listed.push_back(s.at("index").get<size_t>());
+      saved_services.emplace_back(listed.back(), s);
+    }
+    if (listed != services_in_use(plan_, options_.rank))
+      throw std::runtime_error(
+          fmt::format("{}: checkpoint lists services {} but the plan places partitions on others",
+                      abs.string(), nlohmann::json(listed).dump()));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(
+        fmt::format("{}: checkpoint manifest is incomplete: {}", manifest_dir.string(), e.what()));
+  }
+  // Each service restores all-or-nothing; across services, the ones already restored are
+  // rolled back from a snapshot taken just before, so a refusal by a later service leaves
+  // every service at the state it had.
+  const fs::path rollback = abs.parent_path() / (abs.filename().string() + ".rollback");
+  std::vector<std::pair<size_t, std::string>> snapshots;  // (service, tag)
+  auto roll_back = [&]() {
+    for (const auto& [s, tag] : snapshots) {
+      try {
+        on_service(s, "restore (rollback)", [&](actors::OffloadClient& c) {
+          return c.restore(tag, (rollback / service_dir_name(s)).string());
+        });
+      } catch (const std::exception& e) {
+        spdlog::error("rolling back offload service {} from {} failed: {}", services_[s]->endpoint,
+                      (rollback / service_dir_name(s)).string(), e.what());
+      }
+    }
+  };
+  for (size_t i = 0; i < saved_services.size(); ++i) {
+    const auto& [s, saved] = saved_services[i];
+    const std::string sdir = (abs / saved.at("dir").get<std::string>()).string();
+    const std::string tag = saved.at("tag").get<std::string>();
+    try {
+      if (i + 1 < saved_services.size()) {
+        // Only needed if a later service may still refuse. A service that cannot snapshot
+        // (gradients of a failed step pending) is restored anyway: it is already
+        // inconsistent with the trainer, and the checkpoint is what recovers it.
+        const std::string snap_tag = fmt::format("rollback-{}", version_);
+        try {
+          on_service(s, "checkpoint (rollback snapshot)", [&](actors::OffloadClient& c) {
+            return c.checkpoint(snap_tag, (rollback / service_dir_name(s)).string());
+          });
+          snapshots.emplace_back(s, snap_tag);
+        } catch (const ZeroServiceError& e) {
+          spdlog::warn("no rollback snapshot of {}: {}", services_[s]->endpoint, e.what());
+        }
+      }
+      const auto reply =
+          on_service(s, "restore", [&](actors::OffloadClient& c) { return c.restore(tag, sdir); });
+      if (reply.step != static_cast<uint64_t>(global))
+        throw ZeroServiceError(fmt::format(
+            "offload service {} restored step {} from {}, but the trainer manifest says {}",
+            services_[s]->endpoint, reply.step, sdir, global));
+    } catch (const std::exception& e) {
+      roll_back();
+      std::error_code ec;
+      fs::remove_all(rollback, ec);
+      throw ZeroServiceError(
+          fmt::format("{}: checkpoint refused, the trainer and the services keep their state: {}",
+                      abs.string(), e.what()));
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(rollback, ec);  // on this host only; a remote service's snapshot stays
+  scaler_ = scaler;
+  global_step_ = global;
+  optimizer_steps_ = opt;
+  skipped_steps_ = skipped;
+  version_ = committed;
+  if (scheduler_)
+    scheduler_->set_version(version_);
+  else
+    refresh_all_params();
+  return state.value("extra", nlohmann::json::object());
 }
 
 ZeroStats ZeroEngine::stats() const {

@@ -63,8 +63,16 @@ class ZeroEngine {
 
   StepResult train_step(BatchLoader& loader);
   float evaluate(BatchLoader& loader, int batches);
-  // Not implemented yet (service Checkpoint/Restore + the trainer's own state); throws.
+  // A checkpoint directory: `service-<s>/` per service holding partitions (written by that
+  // service with Checkpoint, on its host, at the absolute path of `dir`) and `trainer/`
+  // (the manifest: counters, loss scaler, plan, service tags, `extra`), committed last, so
+  // a directory without `trainer/` is never loaded. Between steps only.
   void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const;
+  // Checks the manifest against this engine (model, precision, plan, services) before any
+  // service is touched, restores every service, then the trainer's state; returns `extra`.
+  // A refusal (bad manifest, a service's crc/tag/size check) leaves this engine and every
+  // service as they were (services restored before the failing one are rolled back from a
+  // snapshot at `<dir>.rollback/`).
   nlohmann::json load_checkpoint(const std::filesystem::path& dir);
 
   const DsConfig& config() const { return config_; }
@@ -88,7 +96,7 @@ class ZeroEngine {
   struct Service;
   void register_and_initialise(uint64_t seed);
   template <class F>
-  auto on_service(size_t service, const char* what, F&& f);
+  auto on_service(size_t service, const char* what, F&& f) const;
   void fetch_block(const std::vector<actors::OffloadClient*>& clients, size_t block,
                    uint64_t version, float* out);
   void finish_block_grad(size_t block);
