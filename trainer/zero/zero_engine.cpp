@@ -243,9 +243,15 @@ void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients,
     const auto bytes = f.bytes();
     if (dtype == msg::DType::fp32)
       std::memcpy(out + p.offset, bytes.data(), bytes.size());
-    else
+    else if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) == 0)
       k::half_to_floats(out + p.offset, reinterpret_cast<const uint16_t*>(bytes.data()), p.count,
                         half_kind(precision_));
+    else {
+      // ZeroMQ may hand back a frame at any byte offset inside its receive buffer.
+      std::vector<uint16_t> aligned(p.count);
+      std::memcpy(aligned.data(), bytes.data(), bytes.size());
+      k::half_to_floats(out + p.offset, aligned.data(), p.count, half_kind(precision_));
+    }
     bytes_fetched_ += bytes.size();
   }
 }
