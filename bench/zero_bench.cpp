@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,20 +11,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "actors/service_process.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/param_blocks.h"
 #include "trainer/rng.h"
 #include "trainer/zero/zero_engine.h"
 
-extern char** environ;
 
 namespace dsactor::bench {
 
@@ -43,72 +41,6 @@ size_t proc_status_bytes(const char* field) {
     if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
   return 0;
 }
-
-// `dsactor start --role offload` as a child process of the bench (the bench runs inside
-// the dsactor binary, so /proc/self/exe is it), its log in `log`; ready once the log
-// names the endpoint. Killed on destruction.
-class OffloadChild {
- public:
-  explicit OffloadChild(const fs::path& log) : log_(log) {
-    const std::string exe = fs::read_symlink("/proc/self/exe").string();
-    std::vector<std::string> argv{exe,       "start",    "--role",
-                                  "offload", "--listen", "tcp://127.0.0.1:*"};
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    // As `dsactor up` does: idle service threads must not spin on the trainer's cores.
-    std::vector<std::string> env_store;
-    for (char** e = environ; *e; ++e) env_store.emplace_back(*e);
-    if (!std::getenv("OMP_WAIT_POLICY")) env_store.emplace_back("OMP_WAIT_POLICY=passive");
-    std::vector<char*> cenv;
-    for (auto& e : env_store) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    const int rc = posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), cenv.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) throw std::runtime_error(std::string("posix_spawn: ") + std::strerror(rc));
-    const std::regex re("listening on (tcp://[0-9.]+:[0-9]+)");
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (Clock::now() < deadline) {
-      std::smatch m;
-      const std::string text = log_text();
-      if (std::regex_search(text, m, re)) {
-        endpoint_ = m[1];
-        return;
-      }
-      int status;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        throw std::runtime_error("offload service exited during startup: " + text);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    throw std::runtime_error("offload service did not report its endpoint: " + log_text());
-  }
-  ~OffloadChild() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  OffloadChild(const OffloadChild&) = delete;
-  OffloadChild& operator=(const OffloadChild&) = delete;
-  const std::string& endpoint() const { return endpoint_; }
-  std::string log_text() const {
-    std::ifstream in(log_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
- private:
-  fs::path log_;
-  pid_t pid_ = -1;
-  std::string endpoint_;
-};
 
 // Runs `phase` in a forked child and returns its JSON with the child's VmRSS at the start
 // and VmHWM at the end. A fork per phase because VmHWM cannot be reset: each phase's
@@ -219,7 +151,8 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     nlohmann::json j;
     try {
       // A fresh service per phase: the phases do not share its memory or its jobs.
-      OffloadChild service(dir / "offload.log");
+      actors::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(), {},
+                                      dir / "offload.log");
       j = in_child(name, [&] {
         nlohmann::json cfg = base_config(o);
         cfg["zero_optimization"] = {{"stage", 3},

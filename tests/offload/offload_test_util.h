@@ -23,6 +23,7 @@
 
 #include <gtest/gtest.h>
 
+#include "actors/service_process.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/cast.h"
 #include "messages/codec.h"
@@ -48,79 +49,20 @@ struct TempDir {
   }
 };
 
-// `dsactor start --role offload --listen tcp://127.0.0.1:* <args>`, its log in a file;
-// the constructor returns once the log names the endpoint it listens on.
-class ServiceProcess {
+// The real `dsactor start --role offload --listen tcp://127.0.0.1:* <args>`, its log in a
+// numbered file under `log_dir`.
+class ServiceProcess : public actors::ServiceProcess {
  public:
-  explicit ServiceProcess(std::vector<std::string> args, const fs::path& log_dir) {
-    log_path_ = log_dir / ("service-" + std::to_string(counter()++) + ".log");
-    std::vector<std::string> argv{DSACTOR_BINARY, "start",    "--role",
-                                  "offload",      "--listen", "tcp://127.0.0.1:*"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    const int rc = posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) throw std::runtime_error(std::string("posix_spawn: ") + std::strerror(rc));
-    const std::regex re("listening on (tcp://[0-9.]+:[0-9]+)");
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < deadline) {
-      std::smatch m;
-      const std::string text = log();
-      if (std::regex_search(text, m, re)) {
-        endpoint_ = m[1];
-        return;
-      }
-      int status;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        throw std::runtime_error("offload service exited during startup: " + text);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    throw std::runtime_error("offload service did not report its endpoint: " + log());
-  }
-  ~ServiceProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  const std::string& endpoint() const { return endpoint_; }
-  std::string log() const {
-    std::ifstream in(log_path_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  // SIGTERM, then the exit status (or -1 when it did not exit within 10 s; then killed).
-  int stop() {
-    kill(pid_, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
-  }
+  ServiceProcess(const std::vector<std::string>& args, const fs::path& log_dir)
+      : actors::ServiceProcess(DSACTOR_BINARY, args,
+                               log_dir / ("service-" + std::to_string(counter()++) + ".log"),
+                               std::chrono::seconds(20)) {}
 
  private:
   static int& counter() {
     static int n = 0;  // test-local: names log files apart
     return n;
   }
-  pid_t pid_ = -1;
-  fs::path log_path_;
-  std::string endpoint_;
 };
 
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
