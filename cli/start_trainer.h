@@ -7,8 +7,9 @@
 
 namespace dsactor::cli {
 
-// `dsactor start --role trainer`: one ZeRO trainer (stages 1-3) against running offload
-// services, by hand. The deployment-driven form (--deploy) builds these from the YAML.
+// `dsactor start --role trainer`: one trainer rank: stage 0 in-process, or ZeRO stages 1-3
+// against running offload services; with a world size > 1, together with the other ranks
+// through Gloo collectives. The deployment-driven form (--deploy) builds these from the YAML.
 struct StartTrainerArgs {
   std::string config;                // ds_config .json/.yaml (zero_optimization.stage 1-3)
   std::string model = "tiny";        // preset or model YAML
@@ -22,8 +23,16 @@ struct StartTrainerArgs {
   // What `dsactor up` passes for each trainer role (actors/deploy_config.cpp).
   std::string name = "trainer0";  // role name, for logs
   std::string deploy;             // the deployment file it came from, for logs
-  int rank = 0;
-  int world_size = 1;
+  // Rank and world size: from the flags when given, else from the launcher's environment
+  // (torchrun RANK/WORLD_SIZE, Slurm SLURM_PROCID/SLURM_NTASKS, Open MPI OMPI_COMM_WORLD_*;
+  // actors/launch_env.h), else rank 0 of 1.
+  int rank = -1;
+  int world_size = 0;
+  // World size > 1: the rendezvous endpoint (tcp://HOST:PORT) serving the trainers' store.
+  // Default from the environment: tcp://MASTER_ADDR:MASTER_PORT, served by rank 0.
+  std::string coordinator;
+  bool serve_coordinator = false;    // this trainer binds the rendezvous endpoint itself
+  int64_t comm_timeout_ms = 300000;  // deadline of one collective (a dead or hung peer)
   // If set: the final weights go to <out>/model.safetensors and a resumable checkpoint
   // (ZeroEngine::save_checkpoint, with the data cursor) to <out>/checkpoint.
   std::string out;
@@ -34,8 +43,8 @@ struct StartTrainerArgs {
 };
 
 // Adds --config --model --data --offload (repeatable) --steps --seq --seed
-// --service-timeout-ms --job --name --deploy --rank --world-size --out --resume to `cmd`, all
-// stored in `a`.
+// --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
+// --serve-coordinator --comm-timeout-ms --out --resume to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

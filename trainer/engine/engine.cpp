@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
+#include <future>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 
+#include "actors/collectives.h"
 #include "kernels/cpu/cast.h"
 #include "storage/checkpoint.h"
 #include "trainer/config/lr_schedule.h"
@@ -51,14 +55,17 @@ k::AdamHyper adam_hyper_of(const OptimizerConfig& o) {
 
 const char* precision_name(Precision p) {
   switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kFp16: return "fp16";
-    case Precision::kBf16: return "bf16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kFp16:
+      return "fp16";
+    case Precision::kBf16:
+      return "bf16";
   }
   return "?";
 }
 
-void check_supported(const DsConfig& c) {
+void check_supported(const DsConfig& c, int world_size) {
   const auto& z = c.zero_optimization;
   if (z.stage != 0)
     throw ConfigError(fmt::format(
@@ -75,13 +82,59 @@ void check_supported(const DsConfig& c) {
         "`dsactor up deploy.yaml` or `dsactor start --role trainer --deploy deploy.yaml`; "
         "for `dsactor train` set \"device\": \"none\".",
         c.source));
-  if (c.world_size != 1)
-    throw ConfigError(fmt::format("{}: world_size {} is not implemented yet: data-parallel "
-                                  "trainers are a later milestone",
-                                  c.source, c.world_size));
+  if (c.world_size != world_size)
+    throw ConfigError(fmt::format(
+        "{}: the batch sizes were resolved for world_size {}, but the engine runs {} rank(s) "
+        "(load the config with the trainers' world size)",
+        c.source, c.world_size, world_size));
 }
 
-Engine::Engine(const GptConfig& model, const DsConfig& config, uint64_t seed)
+namespace {
+
+// Last micro-step: each block's gradient is allreduced as soon as its backward is done
+// (or, without overlap_comm, all of them after the backward), in chunks of at most
+// `bucket` elements. Every rank sees the same grads_ready order, so the collectives match.
+constexpr size_t kWholeBlock = std::numeric_limits<size_t>::max();
+
+class AllreduceHooks final : public BlockHooks {
+ public:
+  AllreduceHooks(actors::Collectives& comm, BlockSet& grads, size_t bucket, bool overlap)
+      : comm_(comm), grads_(grads), bucket_(bucket > 0 ? bucket : kWholeBlock), overlap_(overlap) {}
+  void acquire(size_t) override {}
+  void release(size_t) override {}
+  void grads_ready(size_t b) override {
+    if (overlap_)
+      submit(b);
+    else
+      ready_.push_back(b);
+  }
+  // Waits for every reduction; rethrows the first CollectiveError.
+  void finish() {
+    for (size_t b : ready_) submit(b);
+    ready_.clear();
+    for (auto& f : pending_) f.get();
+    pending_.clear();
+  }
+
+ private:
+  void submit(size_t b) {
+    FloatBuffer& g = grads_.blocks[b];
+    for (size_t off = 0; off < g.size(); off += bucket_)
+      pending_.push_back(
+          comm_.allreduce_sum_async(g.data() + off, std::min(bucket_, g.size() - off)));
+  }
+  actors::Collectives& comm_;
+  BlockSet& grads_;
+  size_t bucket_;
+  bool overlap_;
+  std::vector<size_t> ready_;
+  std::vector<std::future<void>> pending_;
+};
+
+}  // namespace
+
+Engine::Engine(const GptConfig& model, const DsConfig& config, uint64_t seed,
+               actors::Collectives* comm)
     : gpt_(model),
       config_(config),
       precision_(precision_of(config)),
@@ -91,8 +144,10 @@ Engine::Engine(const GptConfig& model, const DsConfig& config, uint64_t seed)
       adam_m_(BlockSet::zeros(model_.layouts())),
       adam_v_(BlockSet::zeros(model_.layouts())),
       adam_(adam_hyper_of(config.optimizer)),
-      scaler_(config.fp16) {
-  check_supported(config);
+      scaler_(config.fp16),
+      comm_(comm),
+      world_size_(comm ? comm->world_size() : 1) {
+  check_supported(config, world_size_);
   if (precision_ != Precision::kFp32) working_ = BlockSet::zeros(model_.layouts());
   init_gpt_weights(gpt_, model_.layouts(), master_, seed);
   refresh_working_params();
@@ -122,17 +177,32 @@ StepResult Engine::train_step(BatchLoader& loader) {
   grads_.zero();
   // The loss of a step is the mean over all B*T*gas positions; the scale rides on dloss so
   // fp16 gradients are computed scaled, exactly as DeepSpeed's backward(loss * scale).
-  const float dloss = static_cast<float>(r.loss_scale / (static_cast<double>(B) * T * gas));
+  // With W ranks the mean runs over the global batch: W*B*T*gas positions.
+  const float dloss =
+      static_cast<float>(r.loss_scale / (static_cast<double>(B) * T * gas * world_size_));
+  std::unique_ptr<AllreduceHooks> reduce;
+  if (world_size_ > 1)
+    reduce = std::make_unique<AllreduceHooks>(
+        *comm_, grads_, static_cast<size_t>(config_.zero_optimization.reduce_bucket_size),
+        config_.zero_optimization.overlap_comm);
   double loss_sum = 0;
   for (int64_t micro = 0; micro < gas; ++micro) {
     loader.next(inputs_.data(), targets_.data());
     const auto t0 = Clock::now();
     loss_sum += model_.forward_backward(params, grads_, inputs_.data(), targets_.data(), B, T,
-                                        dloss);
+                                        dloss, micro == gas - 1 ? reduce.get() : nullptr);
     r.forward_seconds += model_.last_forward_seconds();
     r.backward_seconds += seconds_since(t0) - model_.last_forward_seconds();
   }
   r.loss = static_cast<float>(loss_sum / static_cast<double>(gas));
+  if (reduce) {
+    const auto t_comm = Clock::now();
+    reduce->finish();
+    float loss = r.loss;
+    comm_->allreduce_sum(&loss, 1);
+    r.loss = loss / static_cast<float>(world_size_);
+    r.backward_seconds += seconds_since(t_comm);
+  }
 
   const auto t_opt = Clock::now();
   // Half precision: the gradients a half-precision model would hold. In fp16 a value past
@@ -160,8 +230,8 @@ StepResult Engine::train_step(BatchLoader& loader) {
     r.grad_norm = std::numeric_limits<double>::infinity();
     r.global_step = global_step_;
     r.optimizer_seconds = seconds_since(t_opt);
-    spdlog::info("step {}: fp16 gradient overflow, step skipped; loss scale {} -> {}",
-                 global_step_, r.loss_scale, scaler_.scale());
+    spdlog::info("step {}: fp16 gradient overflow, step skipped; loss scale {} -> {}", global_step_,
+                 r.loss_scale, scaler_.scale());
     return r;
   }
   // DeepSpeed's fp16 optimizer: gradients are unscaled and clipped inside Adam by one
@@ -225,9 +295,8 @@ nlohmann::json Engine::load_checkpoint(const std::filesystem::path& dir) {
         "{}: checkpoint holds a model with n_layer={} n_head={} n_embd={} vocab_size={} "
         "block_size={}, but this run builds n_layer={} n_head={} n_embd={} vocab_size={} "
         "block_size={}",
-        dir.string(), saved.n_layer, saved.n_head, saved.n_embd, saved.vocab_size,
-        saved.block_size, gpt_.n_layer, gpt_.n_head, gpt_.n_embd, gpt_.vocab_size,
-        gpt_.block_size));
+        dir.string(), saved.n_layer, saved.n_head, saved.n_embd, saved.vocab_size, saved.block_size,
+        gpt_.n_layer, gpt_.n_head, gpt_.n_embd, gpt_.vocab_size, gpt_.block_size));
   // Read everything into fresh buffers first so a bad tensor leaves this engine untouched.
   const auto& layouts = model_.layouts();
   BlockSet p = BlockSet::zeros(layouts), m = BlockSet::zeros(layouts), v = BlockSet::zeros(layouts);

@@ -13,6 +13,10 @@
 #include "trainer/config/loss_scaler.h"
 #include "trainer/model/gpt.h"
 
+namespace dsactor::actors {
+class Collectives;
+}
+
 namespace dsactor::trainer {
 
 class BatchLoader;
@@ -40,9 +44,20 @@ struct StepResult {
 // state, and runs DeepSpeed's step: gradient accumulation over micro-steps, loss scaling,
 // global-norm clipping, Adam/AdamW with the scheduled lr. Every other mode is checked
 // against this one.
+//
+// Data parallel (`comm` with world size W > 1): every rank holds the whole model and runs
+// the same optimizer step on the same gradient: each block's gradient is allreduced (the
+// rank-order sum of GlooCollectives, bit-identical on every rank) as soon as its backward
+// on the last micro-step finishes, so the reduction overlaps the backward of earlier
+// blocks (overlap_comm; without it the allreduces run after the backward), in chunks of at
+// most reduce_bucket_size elements. dloss carries 1/W, so the sum is the mean gradient of
+// the global batch, as DeepSpeed's averaged allreduce; the reported loss is the mean over
+// ranks.
 class Engine {
  public:
-  Engine(const GptConfig& model, const DsConfig& config, uint64_t seed);
+  // `comm` (not owned) must outlive the engine; null means world size 1.
+  Engine(const GptConfig& model, const DsConfig& config, uint64_t seed,
+         actors::Collectives* comm = nullptr);
 
   // Runs gradient_accumulation_steps micro-steps from `loader` and one optimizer step.
   StepResult train_step(BatchLoader& loader);
@@ -80,15 +95,18 @@ class Engine {
   BlockSet grads_, adam_m_, adam_v_;
   kernels::cpu::AdamHyper adam_;
   LossScaler scaler_;
+  actors::Collectives* comm_ = nullptr;
+  int world_size_ = 1;
   int64_t global_step_ = 0;
   int64_t optimizer_steps_ = 0;  // Adam's step count and the scheduler's iteration
   int64_t skipped_steps_ = 0;
   std::vector<int32_t> inputs_, targets_;
 };
 
-// Refuses, with a message that says so, what this single-process engine cannot run (ZeRO
-// stages 1-3 and offload need offload services: trainer/zero/, `dsactor start --role
-// trainer` / `dsactor up`). Called at start-up before any work.
-void check_supported(const DsConfig& config);
+// Refuses, with a message that says so, what this engine cannot run (ZeRO stages 1-3 and
+// offload need offload services: trainer/zero/, `dsactor start --role trainer` / `dsactor
+// up`). `world_size` is the number of data-parallel ranks the engine will run with.
+// Called at start-up before any work.
+void check_supported(const DsConfig& config, int world_size = 1);
 
 }  // namespace dsactor::trainer

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "actors/collectives.h"
 #include "actors/offload_client.h"
 #include "kernels/cpu/cast.h"
 #include "storage/checkpoint.h"
@@ -62,13 +63,27 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
         fmt::format("{}: stage {} with offload needs at least one offload service "
                     "endpoint (dsactor start --role offload)",
                     c.source, z.stage));
-  if (o.world_size != 1)
-    throw ConfigError(fmt::format(
-        "not implemented: world_size {} for the ZeRO engine: partitions are planned for any "
-        "world size, but the allgather / reduce-scatter across trainers is not wired yet",
-        o.world_size));
-  if (o.rank >= o.world_size)
+  if (o.world_size < 1 || o.rank >= o.world_size)
     throw ConfigError(fmt::format("rank {} is outside world_size {}", o.rank, o.world_size));
+  if (c.world_size != static_cast<int>(o.world_size))
+    throw ConfigError(fmt::format(
+        "{}: the batch sizes were resolved for world_size {}, but the ZeRO engine runs {} "
+        "rank(s) (load the config with the trainers' world size)",
+        c.source, c.world_size, o.world_size));
+  if (o.world_size > 1) {
+    auto check_comm = [&](const actors::Collectives* comm, const char* name) {
+      if (!comm)
+        throw ConfigError(
+            fmt::format("world_size {} needs the trainers' collectives ({})", o.world_size, name));
+      if (comm->world_size() != static_cast<int>(o.world_size) ||
+          comm->rank() != static_cast<int>(o.rank))
+        throw ConfigError(fmt::format("{} is rank {} of {}, but the ZeRO engine is rank {} of {}",
+                                      name, comm->rank(), comm->world_size(), o.rank,
+                                      o.world_size));
+    };
+    check_comm(o.grad_comm, "grad_comm");
+    if (z.stage == 3) check_comm(o.param_comm, "param_comm");
+  }
 }
 
 std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
@@ -148,7 +163,9 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
   register_and_initialise(seed);
 
   const auto& z = config_.zero_optimization;
-  if (z.stage == 3 && z.offload_param.enabled()) {
+  // Stage 3 holds a resident set: of the services' blocks with offload_param, and of the
+  // allgathered blocks with more than one rank (each rank keeps only its partition).
+  if (z.stage == 3 && (z.offload_param.enabled() || options_.world_size > 1)) {
     // The scheduler's thread fetches with sockets of its own (a client is single-owner).
     for (const auto& ep : options_.services)
       fetch_clients_.push_back(
@@ -160,9 +177,11 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     so.persistence_threshold = z.param_persistence_threshold;
     std::vector<actors::OffloadClient*> fc;
     for (auto& c : fetch_clients_) fc.push_back(c.get());
-    scheduler_ = std::make_unique<ParamScheduler>(
-        block_numels(model_.layouts()), params_, so,
-        [this, fc](size_t b, uint64_t version, float* out) { fetch_block(fc, b, version, out); });
+    scheduler_ =
+        std::make_unique<ParamScheduler>(block_numels(model_.layouts()), params_, so,
+                                         [this, fc](size_t b, uint64_t version, float* out) {
+                                           fetch_block(fc, options_.param_comm, b, version, out);
+                                         });
   } else {
     // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at
     // world size 1 are the whole model): every block resident, refreshed after each step.
@@ -215,92 +234,169 @@ void ZeroEngine::register_and_initialise(uint64_t seed) {
   }
 }
 
-void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients, size_t block,
-                             uint64_t version, float* out) {
+void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionSlice& p,
+                                 uint64_t version, float* out) {
   const msg::DType dtype = served_dtype(precision_);
-  // At world size 1 this rank's partition is the whole block; with more ranks the other
-  // partitions would come from the allgather (refused at construction until wired).
-  for (uint32_t r = 0; r < plan_.world_size(); ++r) {
-    const PartitionSlice& p = plan_.slice(block, r);
-    if (p.count == 0) continue;
-    actors::FetchedParameters f;
-    try {
-      f = clients[p.service]->fetch(p.id, version, dtype);
-    } catch (const std::exception& e) {
-      throw ZeroServiceError(fmt::format(
-          "offload service {} failed to serve block {} (partition {}) at version {}; last "
-          "committed step {}: {}",
-          options_.services[p.service], model_.layouts()[block].name, p.id, version, version,
-          e.what()));
-    }
-    // A forward never mixes steps: the service must serve exactly the committed version.
-    if (f.reply.version != version || f.reply.element_count != p.count || f.reply.dtype != dtype)
-      throw ZeroServiceError(fmt::format(
-          "offload service {} served partition {} at version {} with {} elements, expected "
-          "version {} with {}: another trainer is committing to this job?",
-          options_.services[p.service], p.id, f.reply.version, f.reply.element_count, version,
-          p.count));
-    const auto bytes = f.bytes();
-    if (dtype == msg::DType::fp32)
-      std::memcpy(out + p.offset, bytes.data(), bytes.size());
-    else if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) == 0)
-      k::half_to_floats(out + p.offset, reinterpret_cast<const uint16_t*>(bytes.data()), p.count,
-                        half_kind(precision_));
-    else {
-      // ZeroMQ may hand back a frame at any byte offset inside its receive buffer.
-      std::vector<uint16_t> aligned(p.count);
-      std::memcpy(aligned.data(), bytes.data(), bytes.size());
-      k::half_to_floats(out + p.offset, aligned.data(), p.count, half_kind(precision_));
-    }
-    bytes_fetched_ += bytes.size();
+  actors::FetchedParameters f;
+  try {
+    f = client.fetch(p.id, version, dtype);
+  } catch (const std::exception& e) {
+    throw ZeroServiceError(fmt::format(
+        "offload service {} failed to serve block {} (partition {}) at version {}; last "
+        "committed step {}: {}",
+        options_.services[p.service], model_.layouts()[p.block].name, p.id, version, version,
+        e.what()));
   }
+  // A forward never mixes steps: the service must serve exactly the committed version.
+  if (f.reply.version != version || f.reply.element_count != p.count || f.reply.dtype != dtype)
+    throw ZeroServiceError(fmt::format(
+        "offload service {} served partition {} at version {} with {} elements, expected "
+        "version {} with {}: another trainer is committing to this job?",
+        options_.services[p.service], p.id, f.reply.version, f.reply.element_count, version,
+        p.count));
+  const auto bytes = f.bytes();
+  if (dtype == msg::DType::fp32)
+    std::memcpy(out, bytes.data(), bytes.size());
+  else if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) == 0)
+    k::half_to_floats(out, reinterpret_cast<const uint16_t*>(bytes.data()), p.count,
+                      half_kind(precision_));
+  else {
+    // ZeroMQ may hand back a frame at any byte offset inside its receive buffer.
+    std::vector<uint16_t> aligned(p.count);
+    std::memcpy(aligned.data(), bytes.data(), bytes.size());
+    k::half_to_floats(out, aligned.data(), p.count, half_kind(precision_));
+  }
+  bytes_fetched_ += bytes.size();
+}
+
+void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients,
+                             actors::Collectives* comm, size_t block, uint64_t version,
+                             float* out) {
+  const PartitionSlice& mine = plan_.slice(block, options_.rank);
+  if (plan_.world_size() == 1) {  // the partition is the block
+    if (mine.count > 0) fetch_partition(*clients[mine.service], mine, version, out);
+    return;
+  }
+  // This rank's partition from its service, the others' by allgather: W equal slots of P
+  // floats (the last rank's slot zero-padded), then the block's numel floats copied out.
+  const size_t P = plan_.partition_numel(block);
+  const size_t W = plan_.world_size();
+  std::vector<float> gathered(W * P, 0.0f);
+  float* slot = gathered.data() + static_cast<size_t>(options_.rank) * P;
+  if (mine.count > 0) fetch_partition(*clients[mine.service], mine, version, slot);
+  try {
+    comm->allgather(slot, gathered.data(), P);
+  } catch (const actors::CollectiveError& e) {
+    throw ZeroServiceError(fmt::format("allgather of block {} across {} trainers failed: {}",
+                                       model_.layouts()[block].name, W, e.what()));
+  }
+  std::memcpy(out, gathered.data(), model_.layouts()[block].numel * sizeof(float));
 }
 
 void ZeroEngine::refresh_all_params() {
   const auto clients = main_clients();
   for (size_t b = 0; b < params_.blocks.size(); ++b)
-    fetch_block(clients, b, version_, params_.blocks[b].data());
+    fetch_block(clients, options_.grad_comm, b, version_, params_.blocks[b].data());
 }
 
 BlockSet ZeroEngine::gather_params() {
   BlockSet full = BlockSet::zeros(model_.layouts());
   const auto clients = main_clients();
   for (size_t b = 0; b < full.blocks.size(); ++b)
-    fetch_block(clients, b, version_, full.blocks[b].data());
+    fetch_block(clients, options_.grad_comm, b, version_, full.blocks[b].data());
   return full;
 }
 
 void ZeroEngine::finish_block_grad(size_t b) {
   FloatBuffer& g = grads_.blocks[b];
+  const PartitionSlice& p = plan_.slice(b, options_.rank);
+  // This rank's partition of the step's gradient: at world size 1 the block itself; with
+  // more ranks the rank-order sum of every rank's slice (dloss carried 1/W: the mean).
+  float* part = g.data();
+  std::vector<float> reduced;
+  if (plan_.world_size() > 1) {
+    const size_t P = plan_.partition_numel(b);
+    const size_t W = plan_.world_size();
+    std::vector<float> padded(W * P, 0.0f);
+    std::memcpy(padded.data(), g.data(), g.size() * sizeof(float));
+    reduced.resize(P);
+    try {
+      options_.grad_comm->reduce_scatter_sum(padded.data(), reduced.data(), P);
+    } catch (const actors::CollectiveError& e) {
+      throw ZeroServiceError(
+          fmt::format("reduce-scatter of block {}'s gradient across {} "
+                      "trainers failed at step {}: {}",
+                      model_.layouts()[b].name, W, global_step_ + 1, e.what()));
+    }
+    part = reduced.data();
+  }
+  const size_t count = p.count;
   // Half precision: the gradient a half-precision model holds, exactly as Engine rounds it
   // (fp16 overflow turns into inf here); sent as that half type, which is exact.
   std::vector<uint16_t> half;
-  if (precision_ != Precision::kFp32) {
-    grads_nonfinite_local_ |= k::round_through_half(g.data(), g.size(), half_kind(precision_));
-    half.resize(g.size());
-    k::floats_to_half(half.data(), g.data(), g.size(), half_kind(precision_));
+  if (precision_ != Precision::kFp32 && count > 0) {
+    grads_nonfinite_local_ |= k::round_through_half(part, count, half_kind(precision_));
+    half.resize(count);
+    k::floats_to_half(half.data(), part, count, half_kind(precision_));
   }
   const msg::DType dtype = served_dtype(precision_);
   const uint64_t step = static_cast<uint64_t>(global_step_) + 1;
-  double sum = 0;  // partitions in rank order; one term at world size 1, so exactly Engine's
+  double sum = 0;
   bool nonfinite = false;
-  for (uint32_t r = 0; r < plan_.world_size(); ++r) {
-    const PartitionSlice& p = plan_.slice(b, r);
-    if (p.count == 0 || r != options_.rank) continue;
+  if (count > 0) {
     const std::span<const std::byte> bytes =
-        dtype == msg::DType::fp32
-            ? std::as_bytes(std::span<const float>(g.data() + p.offset, p.count))
-            : std::as_bytes(std::span<const uint16_t>(half.data() + p.offset, p.count));
+        dtype == msg::DType::fp32 ? std::as_bytes(std::span<const float>(part, count))
+                                  : std::as_bytes(std::span<const uint16_t>(half.data(), count));
     const msg::PushReply reply = on_service(
         p.service, "push_gradients",
         [&](actors::OffloadClient& c) { return c.push_gradients(p.id, step, 0, dtype, bytes); });
-    sum += reply.sum_squares;
-    nonfinite |= reply.nonfinite;
+    sum = reply.sum_squares;
+    nonfinite = reply.nonfinite;
     bytes_pushed_ += bytes.size();
   }
   block_sum_squares_[b] = sum;
   block_nonfinite_[b] = nonfinite;
   block_pushed_[b] = 1;
+}
+
+void ZeroEngine::combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite) {
+  // Every rank's per-block sums of squares (as the bits of a double: an allgather copies
+  // exactly), overflow flags and loss, gathered so that every rank adds the same numbers in
+  // the same order (block by block, ranks in order within a block) and reaches the same
+  // norm and verdict without another round.
+  const size_t nblocks = block_sum_squares_.size();
+  const size_t per_rank = 2 * nblocks + nblocks + 2;  // sums, flags, local overflow, loss
+  std::vector<float> mine(per_rank, 0.0f);
+  std::memcpy(mine.data(), block_sum_squares_.data(), nblocks * sizeof(double));
+  for (size_t b = 0; b < nblocks; ++b) mine[2 * nblocks + b] = block_nonfinite_[b] ? 1.0f : 0.0f;
+  mine[3 * nblocks] = grads_nonfinite_local_ ? 1.0f : 0.0f;
+  mine[3 * nblocks + 1] = r.loss;
+  const size_t W = plan_.world_size();
+  std::vector<float> all(W * per_rank);
+  try {
+    options_.grad_comm->allgather(mine.data(), all.data(), per_rank);
+  } catch (const actors::CollectiveError& e) {
+    throw ZeroServiceError(fmt::format(
+        "combining the gradient norm across {} trainers failed at step {}; last committed step "
+        "{}: {}",
+        W, global_step_ + 1, version_, e.what()));
+  }
+  sum_squares = 0;
+  nonfinite = false;
+  double loss = 0;
+  for (size_t b = 0; b < nblocks; ++b)
+    for (size_t rank = 0; rank < W; ++rank) {
+      const float* theirs = all.data() + rank * per_rank;
+      double s = 0;
+      std::memcpy(&s, theirs + 2 * b, sizeof(double));
+      sum_squares += s;
+      nonfinite |= theirs[2 * nblocks + b] != 0.0f;
+    }
+  for (size_t rank = 0; rank < W; ++rank) {
+    nonfinite |= all[rank * per_rank + 3 * nblocks] != 0.0f;
+    loss += all[rank * per_rank + 3 * nblocks + 1];
+  }
+  r.loss = static_cast<float>(loss / static_cast<double>(W));  // the global batch's mean
 }
 
 double ZeroEngine::current_lr() const {
@@ -325,7 +421,8 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   // Engine's dloss and accumulation: the same kernels add into the same fp32 buffers in
   // the same order, so the gradients are Engine's bit for bit. Earlier micro-steps
   // accumulate locally; the last one pushes each block as its backward completes.
-  const float dloss = static_cast<float>(r.loss_scale / (static_cast<double>(B) * T * gas));
+  const double W = static_cast<double>(plan_.world_size());
+  const float dloss = static_cast<float>(r.loss_scale / (static_cast<double>(B) * T * gas * W));
   double loss_sum = 0;
   for (int64_t micro = 0; micro < gas; ++micro) {
     loader.next(inputs_.data(), targets_.data());
@@ -343,13 +440,18 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   const auto t_opt = Clock::now();
   // The global norm and overflow verdict from every push reply, before any commit: a
   // service that failed a push has already stopped this step (no commit went anywhere).
-  double sum_squares = 0;
-  bool nonfinite = grads_nonfinite_local_;
-  for (size_t b = 0; b < block_pushed_.size(); ++b) {
+  for (size_t b = 0; b < block_pushed_.size(); ++b)
     if (!block_pushed_[b])
       throw std::logic_error(fmt::format("block {} was never pushed", model_.layouts()[b].name));
-    sum_squares += block_sum_squares_[b];  // block order, as Engine sums
-    nonfinite |= block_nonfinite_[b] != 0;
+  double sum_squares = 0;
+  bool nonfinite = grads_nonfinite_local_;
+  if (plan_.world_size() == 1) {
+    for (size_t b = 0; b < block_pushed_.size(); ++b) {
+      sum_squares += block_sum_squares_[b];  // block order, as Engine sums
+      nonfinite |= block_nonfinite_[b] != 0;
+    }
+  } else {
+    combine_across_ranks(r, sum_squares, nonfinite);
   }
   ++global_step_;
   const uint64_t step = static_cast<uint64_t>(global_step_);
@@ -460,6 +562,13 @@ std::vector<size_t> services_in_use(const PartitionPlan& plan, uint32_t rank) {
   return s;
 }
 
+// With several trainers each rank saves its own partitions and manifest under
+// <dir>/rank-<r>; at world size 1, <dir> itself.
+fs::path rank_directory(const fs::path& dir, const PartitionPlan& plan, uint32_t rank) {
+  const fs::path abs = fs::absolute(dir).lexically_normal();
+  return plan.world_size() == 1 ? abs : abs / fmt::format("rank-{}", rank);
+}
+
 std::string service_dir_name(size_t s) {
   return fmt::format("service-{}", s);
 }
@@ -469,7 +578,7 @@ std::string service_dir_name(size_t s) {
 void ZeroEngine::save_checkpoint(const std::filesystem::path& dir,
                                  const nlohmann::json& extra) const {
   // Services write on their own hosts, so the path they get must be absolute.
-  const fs::path abs = fs::absolute(dir).lexically_normal();
+  const fs::path abs = rank_directory(dir, plan_, options_.rank);
   fs::create_directories(abs);
   // The manifest goes first: from here until the new one is committed, `dir` does not
   // look like a checkpoint, so a crash cannot leave an old manifest beside new partitions.
@@ -523,7 +632,7 @@ void ZeroEngine::save_checkpoint(const std::filesystem::path& dir,
 }
 
 nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
-  const fs::path abs = fs::absolute(dir).lexically_normal();
+  const fs::path abs = rank_directory(dir, plan_, options_.rank);
   const fs::path manifest_dir = abs / "trainer";
   if (!fs::exists(manifest_dir / "manifest.json"))
     throw std::runtime_error(fmt::format(

@@ -19,8 +19,9 @@
 #include "trainer/zero/partition_plan.h"
 
 namespace dsactor::actors {
+class Collectives;
 class OffloadClient;
-}
+}  // namespace dsactor::actors
 
 namespace dsactor::trainer {
 
@@ -37,6 +38,14 @@ struct ZeroOptions {
   uint32_t world_size = 1;
   std::chrono::milliseconds timeout = std::chrono::seconds(30);  // per request
   std::string job_id = "dsactor";
+  // World size > 1: the collectives among the trainers (not owned; they must outlive the
+  // engine). grad_comm carries the gradients' reduce-scatter, the step verdict and (stages
+  // 1/2) the parameters' allgather, all from the engine's thread; param_comm carries stage
+  // 3's parameter allgathers from the scheduler's fetch thread. Two communicators, because
+  // every rank must issue each one's collectives in the same order, and the two threads
+  // interleave differently on different ranks.
+  actors::Collectives* grad_comm = nullptr;
+  actors::Collectives* param_comm = nullptr;
 };
 
 // Traffic and memory of the ZeRO engine, cumulative.
@@ -54,6 +63,14 @@ struct ZeroStats {
 // and the fp16 overflow verdict are combined from the push replies, then every service
 // gets CommitStep(step, clip_coef, loss_scale, lr) or SkipStep, and the updated partitions
 // are fetched back at the new version. Losses equal Engine's bit for bit at world size 1.
+//
+// Data parallel (world size W > 1): every block is split into W partitions (PartitionPlan);
+// rank r keeps its partitions on its own offload services. After the last micro-step's
+// backward of a block, the block's gradient is reduce-scattered (rank-order sum) and the
+// rank pushes only its partition; the services' sums of squares and overflow flags of
+// every rank are allgathered, so all ranks reach the same norm and verdict before any
+// commit. Parameters come back as this rank's partition from its service plus an allgather
+// of the others' (stages 1/2 after each step; stage 3 per block, prefetched, before use).
 class ZeroEngine {
  public:
   ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t seed, ZeroOptions options);
@@ -66,7 +83,8 @@ class ZeroEngine {
   // A checkpoint directory: `service-<s>/` per service holding partitions (written by that
   // service with Checkpoint, on its host, at the absolute path of `dir`) and `trainer/`
   // (the manifest: counters, loss scaler, plan, service tags, `extra`), committed last, so
-  // a directory without `trainer/` is never loaded. Between steps only.
+  // a directory without `trainer/` is never loaded. Between steps only. With several
+  // trainers each rank saves (and loads) `dir/rank-<r>/` in that layout.
   void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const;
   // Checks the manifest against this engine (model, precision, plan, services) before any
   // service is touched, restores every service, then the trainer's state; returns `extra`.
@@ -97,9 +115,12 @@ class ZeroEngine {
   void register_and_initialise(uint64_t seed);
   template <class F>
   auto on_service(size_t service, const char* what, F&& f) const;
-  void fetch_block(const std::vector<actors::OffloadClient*>& clients, size_t block,
-                   uint64_t version, float* out);
+  void fetch_block(const std::vector<actors::OffloadClient*>& clients, actors::Collectives* comm,
+                   size_t block, uint64_t version, float* out);
+  void fetch_partition(actors::OffloadClient& client, const PartitionSlice& p, uint64_t version,
+                       float* out);
   void finish_block_grad(size_t block);
+  void combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite);
   std::vector<actors::OffloadClient*> main_clients() const;
   void refresh_all_params();
 

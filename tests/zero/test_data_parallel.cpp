@@ -1,0 +1,279 @@
+// Data parallel through the real binary: two `dsactor start --role trainer` processes (rank
+// 0 serving the rendezvous, Gloo over 127.0.0.1), each with its own offload service process
+// where the stage needs one, against `dsactor train` (stage 0, one process) with twice the
+// micro-batch on the same seed and data.
+//
+// Why a tolerance: both runs see the same 2b rows per step and dloss = scale / (2b*T) in
+// both, so every per-position gradient contribution is the same float; only the summation
+// differs: one rank sums the 2b rows inside its kernels, two ranks each sum b rows and the
+// reduce-scatter / allreduce adds the two halves (rank 0 + rank 1, fp32). That reordering
+// changes gradients by a few ulps; over 20 Adam steps the losses stay within 1e-5 relative
+// and the weights within 1e-4 absolute (Adam's update is lr * m / sqrt(v), so an ulp-sized
+// gradient change moves an element by far less than lr = 2e-3 per step).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/service_process.h"
+#include "storage/safetensors.h"
+#include "tests/cli/cli_test_util.h"
+#include "tests/deploy/deploy_test_util.h"
+
+extern char** environ;
+
+namespace dsactor {
+namespace {
+
+using dsactor::testing::free_port;
+using dsactor::testing::read_file;
+using dsactor::testing::run_dsactor;
+using dsactor::testing::TempDir;
+using dsactor::testing::write_file;
+
+constexpr int kSteps = 20;
+
+// A dsactor child with stdout and stderr in a log file.
+class Child {
+ public:
+  Child(const std::filesystem::path& workdir, const std::vector<std::string>& args,
+        std::filesystem::path log)
+      : log_(std::move(log)) {
+    std::vector<std::string> argv = {DSACTOR_BINARY, "--threads", "1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (auto& s : argv) cargv.push_back(s.data());
+    cargv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addchdir_np(&fa, workdir.c_str());
+    posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    if (posix_spawn(&pid_, argv[0].c_str(), &fa, nullptr, cargv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Exit code, or -1 if it did not end within `timeout` (then it is killed).
+  int wait(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  std::string log() const { return read_file(log_); }
+
+ private:
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+};
+
+std::vector<double> losses(const std::filesystem::path& csv) {
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);  // header
+  std::vector<double> v;
+  while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.find(',') + 1)));
+  return v;
+}
+
+std::string config(int micro_batch, const std::string& monitor, const std::string& zero) {
+  return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro_batch) +
+         R"(, "gradient_clipping": 1.0,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "weight_decay": 0.01}},
+  "csv_monitor": {"enabled": true, "output_path": ")" +
+         monitor + R"(", "job_name": "run"}, "zero_optimization": )" + zero + "}";
+}
+
+struct Reference {
+  std::vector<double> losses;
+  std::filesystem::path weights;
+};
+
+class DataParallel : public ::testing::TestWithParam<std::pair<const char*, const char*>> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::string corpus;
+    for (int i = 0; i < 300; ++i)
+      corpus += "the quick brown fox " + std::to_string(i * 7 % 13) + " jumps over the lazy dog\n";
+    write_file(dir_->path() / "corpus.txt", corpus);
+    // One rank, micro-batch 4: the run two ranks with micro-batch 2 must reproduce.
+    write_file(dir_->path() / "ref.json", config(4, "ref_monitor", R"({"stage": 0})"));
+    const auto train =
+        run_dsactor("train --config ref.json --model tiny --data corpus.txt --steps " +
+                        std::to_string(kSteps) + " --out ref --sample 0",
+                    dir_->path());
+    ASSERT_EQ(train.exit_code, 0) << train.err;
+    const auto exp = run_dsactor("export --checkpoint ref --to ref.safetensors", dir_->path());
+    ASSERT_EQ(exp.exit_code, 0) << exp.err;
+    ref_ = new Reference{losses(dir_->path() / "ref_monitor/run/Train_Samples_train_loss.csv"),
+                         dir_->path() / "ref.safetensors"};
+    ASSERT_EQ(ref_->losses.size(), static_cast<size_t>(kSteps));
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    delete dir_;
+  }
+  static TempDir* dir_;
+  static Reference* ref_;
+};
+TempDir* DataParallel::dir_ = nullptr;
+Reference* DataParallel::ref_ = nullptr;
+
+TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
+  const auto [name, zero] = GetParam();
+  const auto& dir = dir_->path();
+  const std::string tag = name;
+  write_file(dir / (tag + ".json"), config(2, tag + "_monitor", zero));
+  const bool offload = tag != "stage0";
+  std::vector<std::unique_ptr<actors::ServiceProcess>> services;
+  if (offload)
+    for (int r = 0; r < 2; ++r)
+      services.push_back(std::make_unique<actors::ServiceProcess>(
+          DSACTOR_BINARY, std::vector<std::string>{"--no-mlock"},
+          dir / (tag + "_service" + std::to_string(r) + ".log")));
+  const std::string coordinator = "tcp://127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = {"start",
+                                     "--role",
+                                     "trainer",
+                                     "--config",
+                                     tag + ".json",
+                                     "--model",
+                                     "tiny",
+                                     "--data",
+                                     "corpus.txt",
+                                     "--steps",
+                                     std::to_string(kSteps),
+                                     "--rank",
+                                     std::to_string(r),
+                                     "--world-size",
+                                     "2",
+                                     "--coordinator",
+                                     coordinator,
+                                     "--comm-timeout-ms",
+                                     "60000",
+                                     "--job",
+                                     tag,
+                                     "--name",
+                                     "rank" + std::to_string(r),
+                                     "--out",
+                                     tag + "_out"};
+    if (r == 0) args.push_back("--serve-coordinator");
+    if (offload) args.insert(args.end(), {"--offload", services[r]->endpoint()});
+    ranks.push_back(
+        std::make_unique<Child>(dir, args, dir / (tag + "_rank" + std::to_string(r) + ".log")));
+  }
+  for (auto& r : ranks) ASSERT_EQ(r->wait(std::chrono::seconds(240)), 0) << r->log();
+  EXPECT_NE(ranks[0]->log().find("rank 0 of 2"), std::string::npos) << ranks[0]->log();
+
+  const auto dp = losses(dir / (tag + "_monitor/run/Train_Samples_train_loss.csv"));
+  ASSERT_EQ(dp.size(), ref_->losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < dp.size(); ++i) {
+    const double rel = std::abs(dp[i] - ref_->losses[i]) / std::abs(ref_->losses[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-5) << "step " << i + 1 << ": " << dp[i] << " vs " << ref_->losses[i];
+  }
+  // Learning happened, so equal losses are not two runs that both stood still.
+  EXPECT_LT(dp.back(), dp.front() - 0.5);
+
+  const auto a = storage::read_safetensors(dir / (tag + "_out/model.safetensors"));
+  const auto b = storage::read_safetensors(ref_->weights);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  double worst_weight = 0;
+  for (const auto& [tensor, t] : a.tensors) {
+    ASSERT_EQ(b.tensors.count(tensor), 1u) << tensor;
+    const auto& u = b.tensors.at(tensor).bytes;
+    ASSERT_EQ(t.bytes.size(), u.size()) << tensor;
+    for (size_t i = 0; i < t.bytes.size() / 4; ++i) {
+      float x, y;
+      std::memcpy(&x, t.bytes.data() + 4 * i, 4);
+      std::memcpy(&y, u.data() + 4 * i, 4);
+      worst_weight = std::max(worst_weight, static_cast<double>(std::abs(x - y)));
+    }
+  }
+  EXPECT_LE(worst_weight, 1e-4);
+  std::printf("%s: worst loss difference %.3g relative, worst weight difference %.3g\n", name,
+              worst, worst_weight);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stages, DataParallel,
+    ::testing::Values(
+        std::make_pair("stage0", R"({"stage": 0})"),
+        std::make_pair("stage1", R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"),
+        std::make_pair(
+            "stage2",
+            R"({"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": true})"),
+        std::make_pair(
+            "stage3",
+            R"({"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}, "stage3_prefetch_bucket_size": 15000})")),
+    [](const auto& info) { return std::string(info.param.first); });
+
+// A rank that leaves mid-run: the other must stop within its collective timeout with an
+// error naming the missing rank, not hang.
+TEST(DataParallelFailure, ARankThatDiesStopsTheOtherWithAnErrorNamingIt) {
+  TempDir dir;
+  std::string corpus;
+  for (int i = 0; i < 200; ++i)
+    corpus += "sphinx of black quartz, judge my vow " + std::to_string(i % 7) + "\n";
+  write_file(dir.path() / "corpus.txt", corpus);
+  write_file(dir.path() / "dp.json", config(2, "monitor", R"({"stage": 0})"));
+  const std::string coordinator = "tcp://127.0.0.1:" + std::to_string(free_port());
+  auto args = [&](int rank, int steps) {
+    std::vector<std::string> a = {"start",
+                                  "--role",
+                                  "trainer",
+                                  "--config",
+                                  "dp.json",
+                                  "--data",
+                                  "corpus.txt",
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--rank",
+                                  std::to_string(rank),
+                                  "--world-size",
+                                  "2",
+                                  "--coordinator",
+                                  coordinator,
+                                  "--comm-timeout-ms",
+                                  "3000"};
+    if (rank == 0) a.push_back("--serve-coordinator");
+    return a;
+  };
+  Child rank0(dir.path(), args(0, 50), dir.path() / "rank0.log");
+  Child rank1(dir.path(), args(1, 3), dir.path() / "rank1.log");  // leaves after 3 steps
+  EXPECT_EQ(rank1.wait(std::chrono::seconds(120)), 0) << rank1.log();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = rank0.wait(std::chrono::seconds(120));
+  EXPECT_NE(rc, 0) << rank0.log();
+  EXPECT_NE(rc, -1) << "rank 0 hung instead of failing: " << rank0.log();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_NE(rank0.log().find("rank 1"), std::string::npos) << rank0.log();
+}
+
+}  // namespace
+}  // namespace dsactor
