@@ -89,9 +89,21 @@ void add_bench_command(CLI::App& app) {
   dp->add_option("--world-size", *dp_world, "ranks (threads on 127.0.0.1)")->check(CLI::Range(2, 64))->capture_default_str();
   dp->add_option("--bytes", *dp_bytes, "bytes per buffer")->capture_default_str();
   dp->add_option("--iters", *dp_iters, "timed calls")->check(CLI::PositiveNumber)->capture_default_str();
+  auto dp_step = std::make_shared<bench::DpStepBenchOptions>();
+  auto dp_no_step = std::make_shared<bool>(false);
+  dp->add_option("--model", dp_step->model, "step time: model preset or YAML")->capture_default_str();
+  dp->add_option("--micro-batch", dp_step->micro_batch, "step time: micro-batch per rank")->check(CLI::PositiveNumber)->capture_default_str();
+  dp->add_option("--seq", dp_step->seq, "step time: sequence length")->check(CLI::PositiveNumber)->capture_default_str();
+  dp->add_option("--steps", dp_step->steps, "step time: measured steps")->check(CLI::PositiveNumber)->capture_default_str();
+  dp->add_flag("--no-step-time", *dp_no_step, "only the collectives' bandwidth");
   dp->add_flag("--json", *json, "print one JSON object");
-  dp->callback([dp_world, dp_bytes, dp_iters, json] {
-    print_result(bench::run_dp_bench(*dp_world, *dp_bytes, *dp_iters), *json);
+  dp->callback([dp_world, dp_bytes, dp_iters, dp_step, dp_no_step, json] {
+    // The step phases fork: run them before this process starts any thread.
+    nlohmann::json step;
+    if (!*dp_no_step) step = bench::run_dp_step_bench(*dp_step);
+    nlohmann::json r = bench::run_dp_bench(*dp_world, *dp_bytes, *dp_iters);
+    if (!*dp_no_step) r["step_time"] = step;
+    print_result(r, *json);
   });
 }
 

@@ -46,9 +46,14 @@ constexpr int kSteps = 20;
 // A dsactor child with stdout and stderr in a log file.
 class Child {
  public:
+  // `env`: NAME=VALUE entries added to this process's environment.
   Child(const std::filesystem::path& workdir, const std::vector<std::string>& args,
-        std::filesystem::path log)
+        std::filesystem::path log, std::vector<std::string> env = {})
       : log_(std::move(log)) {
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    std::vector<char*> cenv;
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
     std::vector<std::string> argv = {DSACTOR_BINARY, "--threads", "1"};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
@@ -59,7 +64,8 @@ class Child {
     posix_spawn_file_actions_addchdir_np(&fa, workdir.c_str());
     posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (posix_spawn(&pid_, argv[0].c_str(), &fa, nullptr, cargv.data(), environ) != 0) pid_ = -1;
+    if (posix_spawn(&pid_, argv[0].c_str(), &fa, nullptr, cargv.data(), cenv.data()) != 0)
+      pid_ = -1;
     posix_spawn_file_actions_destroy(&fa);
   }
   ~Child() {
@@ -232,6 +238,52 @@ INSTANTIATE_TEST_SUITE_P(
             "stage3",
             R"({"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}, "stage3_prefetch_bucket_size": 15000})")),
     [](const auto& info) { return std::string(info.param.first); });
+
+// Ranks from the launchers' environment instead of flags: torchrun (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the master's
+// address from SLURM_LAUNCH_NODE_IPADDR) and mpirun (OMPI_COMM_WORLD_*). Rank 0 serves the
+// rendezvous at MASTER_ADDR:MASTER_PORT as torchrun's rank 0 hosts its store.
+class LauncherEnvironment : public DataParallel {};
+
+TEST_P(LauncherEnvironment, RanksFromTheEnvironmentTrainLikeRanksFromFlags) {
+  const std::string launcher = GetParam().first;
+  const auto& dir = dir_->path();
+  write_file(dir / (launcher + ".json"), config(2, launcher + "_monitor", R"({"stage": 0})"));
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = std::to_string(r);
+    std::vector<std::string> env;
+    if (launcher == "torchrun")
+      env = {"RANK=" + rank, "WORLD_SIZE=2", "LOCAL_RANK=" + rank, "MASTER_ADDR=127.0.0.1",
+             "MASTER_PORT=" + port};
+    else if (launcher == "slurm")
+      env = {"SLURM_PROCID=" + rank, "SLURM_NTASKS=2", "SLURM_LOCALID=" + rank,
+             "SLURM_LAUNCH_NODE_IPADDR=127.0.0.1", "MASTER_PORT=" + port};
+    else
+      env = {"OMPI_COMM_WORLD_RANK=" + rank, "OMPI_COMM_WORLD_SIZE=2",
+             "OMPI_COMM_WORLD_LOCAL_RANK=" + rank, "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
+    ranks.push_back(std::make_unique<Child>(
+        dir,
+        std::vector<std::string>{"start", "--role", "trainer", "--config", launcher + ".json",
+                                 "--model", "tiny", "--data", "corpus.txt", "--steps",
+                                 std::to_string(kSteps), "--comm-timeout-ms", "60000"},
+        dir / (launcher + "_rank" + rank + ".log"), env));
+  }
+  for (auto& r : ranks) ASSERT_EQ(r->wait(std::chrono::seconds(240)), 0) << r->log();
+  EXPECT_NE(ranks[1]->log().find("rank 1 of 2"), std::string::npos) << ranks[1]->log();
+  const auto dp = losses(dir / (launcher + "_monitor/run/Train_Samples_train_loss.csv"));
+  ASSERT_EQ(dp.size(), ref_->losses.size());
+  for (size_t i = 0; i < dp.size(); ++i)
+    EXPECT_LE(std::abs(dp[i] - ref_->losses[i]) / std::abs(ref_->losses[i]), 1e-5)
+        << "step " << i + 1;
+}
+
+INSTANTIATE_TEST_SUITE_P(Launchers, LauncherEnvironment,
+                         ::testing::Values(std::make_pair("torchrun", ""),
+                                           std::make_pair("slurm", ""),
+                                           std::make_pair("openmpi", "")),
+                         [](const auto& info) { return std::string(info.param.first); });
 
 // A rank that leaves mid-run: the other must stop within its collective timeout with an
 // error naming the missing rank, not hang.
