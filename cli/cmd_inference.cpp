@@ -74,23 +74,26 @@ void add_eval_command(CLI::App& app) {
 void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "continue a prompt with a trained byte-level model");
   struct Args {
-    std::filesystem::path checkpoint;
+    std::optional<std::filesystem::path> weights, checkpoint;
     std::string prompt;
     int tokens = 200, top_k = 40;
     float temperature = 0.8f;
     uint64_t seed = 1234;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--checkpoint", a->checkpoint, "training checkpoint dir")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--weights", a->weights,
+                  "safetensors weights (dsactor export, or a trainer's <out>/model.safetensors)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--checkpoint", a->checkpoint, "training checkpoint dir")->check(CLI::ExistingDirectory);
   cmd->add_option("--prompt", a->prompt, "text to continue")->required();
   cmd->add_option("--tokens", a->tokens, "new tokens")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "0 = greedy")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "sample among the K most likely (0 = all)")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
   cmd->callback([a] {
-    auto w = trainer::load_checkpoint_weights(trainer::find_checkpoint(a->checkpoint));
+    auto w = load_weights(a->weights, a->checkpoint);
     if (w.config.vocab_size != 256)
-      throw CLI::ValidationError("--checkpoint", fmt::format("the model has vocab_size {}; generate needs the "
+      throw CLI::ValidationError(a->weights ? "--weights" : "--checkpoint", fmt::format("the model has vocab_size {}; generate needs the "
                                                              "byte tokenizer's 256 (no BPE tokenizer is built in)",
                                                              w.config.vocab_size));
     if (a->prompt.empty()) throw CLI::ValidationError("--prompt", "must not be empty");

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -174,6 +175,19 @@ StepResult train_until(EngineT& engine, BatchLoader& loader, int64_t target, con
   return r;
 }
 
+// Mean loss on up to 8 batches of the validation split (every rank the same batches, so a
+// collective evaluation stays in step), logged beside the unigram entropy it must beat.
+template <class EngineT>
+void log_validation(EngineT& engine, const DataSplit& split, int B, int T, uint64_t seed,
+                    const std::string& name) {
+  if (split.val.size() <= static_cast<size_t>(B) * T + 1) return;
+  BatchLoader val(&split.val, B, T, /*shuffle=*/false, seed);
+  const int batches = static_cast<int>(std::min<int64_t>(8, val.batches_per_epoch()));
+  const float loss = engine.evaluate(val, batches);
+  spdlog::info("{}: val loss {:.4f} nats/token (byte-unigram entropy of the training data {:.4f})",
+               name, loss, unigram_entropy(split.train));
+}
+
 }  // namespace
 
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
@@ -272,6 +286,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
     }
     const StepResult r = train_until(engine, train, target, config, monitor, a.name);
     spdlog::info("{}: done at step {}: loss {:.4f}", a.name, engine.global_step(), r.loss);
+    log_validation(engine, split, B, T, a.seed, a.name);
     // Every rank holds the same weights and optimizer state: rank 0 writes them.
     if (!a.out.empty() && lead) {
       std::filesystem::create_directories(out);
@@ -310,6 +325,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
       "params {} of {} B",
       a.name, engine.global_step(), r.loss, s.bytes_pushed, s.bytes_fetched,
       s.peak_resident_param_bytes, s.total_param_bytes);
+  log_validation(engine, split, B, T, a.seed, a.name);
   if (!a.out.empty()) {
     std::filesystem::create_directories(out);
     const BlockSet full = engine.gather_params();  // a collective: every rank takes part

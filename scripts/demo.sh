@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, and train the `small` GPT on the fortunes
-# corpus in this process; prints a generated sample and where the checkpoint is.
+# The main job: install what is missing, build, and run configs/deploy_demo.yaml with
+# `dsactor up`: an offload service (fp32 master weights + AdamW state, the optimizer step)
+# and a ZeRO-2 trainer of the `small` GPT on the fortunes corpus, as two processes. Then
+# prints a sample from the trained weights (runs/demo/model.safetensors; the resumable
+# checkpoint is runs/demo/checkpoint).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 ./scripts/build.sh
-exec ./build/cli/dsactor train --config configs/ds_small_demo.json --model small \
-  --data /usr/share/games/fortunes --seq 128 --out runs/demo "$@"
+./build/cli/dsactor up configs/deploy_demo.yaml
+echo "--- sample (dsactor generate --weights runs/demo/model.safetensors) ---"
+./build/cli/dsactor generate --weights runs/demo/model.safetensors --prompt "The " --tokens 300
