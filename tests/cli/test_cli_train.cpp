@@ -106,6 +106,14 @@ TEST_F(CliTrain, GenerateIsDeterministicForASeedAndContinuesThePrompt) {
   EXPECT_EQ(g1.out, g2.out);
   EXPECT_EQ(g1.out.rfind("the quick", 0), 0u) << g1.out;
   EXPECT_EQ(g1.out.size(), std::string("the quick").size() + 20 + 1);  // bytes + newline
+  // The same weights as safetensors (what a ZeRO trainer's --out writes) sample the same.
+  ASSERT_EQ(run_dsactor("export --checkpoint run --to w.safetensors", dir_).exit_code, 0);
+  auto g3 = run_dsactor("generate --weights w.safetensors --prompt 'the quick' --tokens 20 --seed 5", dir_);
+  ASSERT_EQ(g3.exit_code, 0) << g3.err;
+  EXPECT_EQ(g3.out, g1.out);
+  auto both = run_dsactor("generate --weights w.safetensors --checkpoint run --prompt x", dir_);
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
 }
 
 TEST_F(CliTrain, CsvMonitorWritesDeepSpeedStyleFiles) {

@@ -387,7 +387,7 @@ roles:
 }
 
 TEST_F(DeployConfigTest, ShippedExamplesLoad) {
-  for (const char* name : {"deploy_local.yaml", "deploy_nvme.yaml"}) {
+  for (const char* name : {"deploy_local.yaml", "deploy_nvme.yaml", "deploy_demo.yaml"}) {
     const auto cfg = load_deploy_config(std::string(DSACTOR_SOURCE_DIR) + "/configs/" + name);
     ASSERT_EQ(cfg.roles.size(), 2u) << name;
     EXPECT_EQ(cfg.roles[0].kind, RoleKind::kOffload) << name;
