@@ -3,24 +3,32 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <ctime>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "actors/collectives.h"
 #include "actors/launch_env.h"
 #include "actors/rendezvous_store.h"
+#include "actors/runtime.h"
 #include "cli/start_trainer.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/data/byte_tokenizer.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/hf_weights.h"
-#include "trainer/monitor/csv_monitor.h"
-#include "trainer/monitor/tensorboard_monitor.h"
+#include "trainer/runtime/engine_actor.h"
+#include "trainer/runtime/monitor_actor.h"
+#include "trainer/runtime/step_engine.h"
 #include "trainer/train_run.h"
 #include "trainer/zero/zero_engine.h"
 
@@ -128,51 +136,71 @@ Comms connect_trainers(const StartTrainerArgs& a, const Placement& p, bool want_
   return c;
 }
 
-// DeepSpeed's monitors (csv_monitor, tensorboard), written by rank 0 only: every rank sees
-// the same global loss, norm and lr.
-class StepMonitor {
+// SIGINT / SIGTERM while training: blocked in every thread (the mask is set before any
+// thread exists and inherited), collected here with sigtimedwait, and turned into a stop
+// request for the engine actor: the run ends after an agreed step and is checkpointed.
+class StopSignals {
  public:
-  StepMonitor(const DsConfig& config, const std::filesystem::path& out, bool enabled) {
-    if (!enabled) return;
-    auto dir = [&](const MonitorConfig& m) {
-      return m.output_path.empty() ? out / "monitor" : std::filesystem::path(m.output_path);
-    };
-    if (config.csv_monitor.enabled)
-      csv_ = std::make_unique<CsvMonitor>(dir(config.csv_monitor), config.csv_monitor.job_name);
-    if (config.tensorboard.enabled)
-      tensorboard_ = std::make_unique<TensorboardMonitor>(dir(config.tensorboard),
-                                                          config.tensorboard.job_name);
+  StopSignals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
   }
-  void step(const StepResult& r, bool fp16) {
-    write("Train/Samples/train_loss", r.global_step, r.loss);
-    write("Train/Samples/lr", r.global_step, r.lr);
-    write("Train/Samples/grad_norm", r.global_step, r.grad_norm);
-    if (fp16) write("Train/Samples/loss_scale", r.global_step, r.loss_scale);
+  // Watches until unwatch(); on_signal runs on the watcher thread.
+  void watch(std::function<void(int)> on_signal) {
+    unwatch();
+    done_ = false;
+    thread_ = std::thread([this, on_signal = std::move(on_signal)] {
+      const timespec tick{0, 200 * 1000 * 1000};
+      while (!done_) {
+        const int sig = sigtimedwait(&set_, nullptr, &tick);
+        if (sig > 0) {
+          received_ = sig;
+          on_signal(sig);
+        }
+      }
+    });
   }
+  void unwatch() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  ~StopSignals() { unwatch(); }
+  int received() const { return received_; }
 
  private:
-  void write(const std::string& event, int64_t step, double value) {
-    if (csv_) csv_->write(event, step, value);
-    if (tensorboard_) tensorboard_->write(event, step, static_cast<float>(value));
-  }
-  std::unique_ptr<CsvMonitor> csv_;
-  std::unique_ptr<TensorboardMonitor> tensorboard_;
+  sigset_t set_;
+  std::atomic<bool> done_{false};
+  std::atomic<int> received_{0};
+  std::thread thread_;
 };
 
-// The loop both engines share: steps up to the target, the log line, the monitors.
-template <class EngineT>
-StepResult train_until(EngineT& engine, BatchLoader& loader, int64_t target, const DsConfig& config,
-                       StepMonitor& monitor, const std::string& name) {
-  const int64_t every = config.steps_per_print > 0 ? config.steps_per_print : 10;
-  StepResult r;
-  while (engine.global_step() < target) {
-    r = engine.train_step(loader);
-    monitor.step(r, engine.precision() == Precision::kFp16);
-    if (r.global_step % every == 0 || r.global_step == target)
-      spdlog::info("{}: step {}/{}: loss {:.4f} grad_norm {:.4f} lr {:.3g}{}", name, r.global_step,
-                   target, r.loss, r.grad_norm, r.lr, r.skipped ? " (skipped)" : "");
-  }
-  return r;
+// Runs the engine actor to `target` and returns how the run ended (after the monitor has
+// taken every report of it).
+RunOutcome run_engine_actor(caf::actor_system& system, StepEngine& engine, BatchLoader& loader,
+                            const monitor_actor& monitor, int64_t target, int64_t tokens_per_step,
+                            StopSignals& signals, const std::string& name) {
+  const engine_actor actor = spawn_engine_actor(system, engine, loader, monitor, tokens_per_step);
+  signals.watch([actor, name](int sig) {
+    spdlog::warn("{}: {} received: stopping after the current step (every rank the same step)",
+                 name, sig == SIGINT ? "SIGINT" : "SIGTERM");
+    caf::anon_send(actor, stop_atom::value);
+  });
+  caf::scoped_actor self{system};
+  RunOutcome outcome;
+  self->request(actor, caf::infinite, run_atom::value, target)
+      .receive([&](RunOutcome& o) { outcome = std::move(o); },
+               [&](caf::error& e) {
+                 outcome.ok = false;
+                 outcome.error = "engine actor: " + system.render(e);
+               });
+  signals.unwatch();  // drops its handle of the actor; a later signal waits in the mask
+  caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  // The reports were enqueued before the reply: this query is answered after all of them.
+  self->request(monitor, caf::infinite, status_atom::value)
+      .receive([](const StepReport&) {}, [](caf::error&) {});
+  return outcome;
 }
 
 // Mean loss on up to 8 batches of the validation split (every rank the same batches, so a
@@ -237,6 +265,7 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
 }
 
 int run_start_trainer(const StartTrainerArgs& a) {
+  StopSignals signals;  // first: before any thread (collectives, actors) exists
   if (a.config.empty() || a.data.empty())
     throw std::invalid_argument(
         "dsactor start --role trainer needs --config and --data (and --offload endpoints for "
@@ -270,9 +299,28 @@ int run_start_trainer(const StartTrainerArgs& a) {
   if (target <= 0)
     target = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : 100;
   const bool lead = place.rank == 0;
-  StepMonitor monitor(
-      config, a.out.empty() ? std::filesystem::path("runs/trainer") : std::filesystem::path(a.out),
-      lead);
+  actors::Runtime runtime;
+  MonitorOptions mo;
+  mo.name = a.name;
+  mo.out = a.out.empty() ? std::filesystem::path("runs/trainer") : std::filesystem::path(a.out);
+  mo.write_monitors = lead;
+  mo.print_every = config.steps_per_print > 0 ? config.steps_per_print : 10;
+  const monitor_actor monitor = spawn_monitor(runtime.system(), config, mo);
+  const int64_t tokens_per_step =
+      static_cast<int64_t>(B) * T * config.gradient_accumulation_steps * place.world_size;
+  // Ends the process after a stop request was honoured: the checkpoint is written, the exit
+  // code says the run did not reach its target (128 + signal, as a shell reports it).
+  auto check = [&](const RunOutcome& o) {
+    if (!o.ok) throw std::runtime_error(o.error);
+  };
+  auto exit_if_stopped = [&](const RunOutcome& o) {
+    if (!o.stopped) return;
+    spdlog::warn("{}: stopped at step {} of {}{}", a.name, o.global_step, target,
+                 a.out.empty() ? " (no --out: nothing saved)"
+                               : "; resume with --resume " +
+                                     (std::filesystem::path(a.out) / "checkpoint").string());
+    throw CLI::RuntimeError(128 + (signals.received() ? signals.received() : SIGTERM));
+  };
   const std::filesystem::path out(a.out);
 
   if (stage == 0) {
@@ -284,7 +332,11 @@ int run_start_trainer(const StartTrainerArgs& a) {
       train.restore(extra.at("train_cursor"));
       spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
     }
-    const StepResult r = train_until(engine, train, target, config, monitor, a.name);
+    StepEngineOf<Engine> steps(engine);
+    const RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
+                                                tokens_per_step, signals, a.name);
+    check(outcome);
+    const StepResult& r = outcome.last;
     spdlog::info("{}: done at step {}: loss {:.4f}", a.name, engine.global_step(), r.loss);
     log_validation(engine, split, B, T, a.seed, a.name);
     // Every rank holds the same weights and optimizer state: rank 0 writes them.
@@ -295,6 +347,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
       spdlog::info("{}: final weights in {}, checkpoint in {}", a.name,
                    (out / "model.safetensors").string(), (out / "checkpoint").string());
     }
+    exit_if_stopped(outcome);
     return 0;
   }
 
@@ -318,7 +371,11 @@ int run_start_trainer(const StartTrainerArgs& a) {
     train.restore(extra.at("train_cursor"));
     spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
   }
-  const StepResult r = train_until(engine, train, target, config, monitor, a.name);
+  StepEngineOf<ZeroEngine> steps(engine);
+  const RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
+                                              tokens_per_step, signals, a.name);
+  check(outcome);
+  const StepResult& r = outcome.last;
   const ZeroStats s = engine.stats();
   spdlog::info(
       "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; peak resident "
@@ -337,6 +394,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
     engine.save_checkpoint(ckpt, {{"train_cursor", train.cursor()}});
     spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt.string());
   }
+  exit_if_stopped(outcome);
   return 0;
 }
 

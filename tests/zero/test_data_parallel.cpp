@@ -10,10 +10,7 @@
 // changes gradients by a few ulps; over 20 Adam steps the losses stay within 1e-5 relative
 // and the weights within 1e-4 absolute (Adam's update is lr * m / sqrt(v), so an ulp-sized
 // gradient change moves an element by far less than lr = 2e-3 per step).
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include <chrono>
 #include <cmath>
@@ -27,14 +24,14 @@
 
 #include "actors/service_process.h"
 #include "storage/safetensors.h"
+#include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
-
-extern char** environ;
 
 namespace dsactor {
 namespace {
 
+using dsactor::testing::Child;
 using dsactor::testing::free_port;
 using dsactor::testing::read_file;
 using dsactor::testing::run_dsactor;
@@ -42,57 +39,6 @@ using dsactor::testing::TempDir;
 using dsactor::testing::write_file;
 
 constexpr int kSteps = 20;
-
-// A dsactor child with stdout and stderr in a log file.
-class Child {
- public:
-  // `env`: NAME=VALUE entries added to this process's environment.
-  Child(const std::filesystem::path& workdir, const std::vector<std::string>& args,
-        std::filesystem::path log, std::vector<std::string> env = {})
-      : log_(std::move(log)) {
-    for (char** e = environ; *e; ++e) env.emplace_back(*e);
-    std::vector<char*> cenv;
-    for (auto& e : env) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
-    std::vector<std::string> argv = {DSACTOR_BINARY, "--threads", "1"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (auto& s : argv) cargv.push_back(s.data());
-    cargv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addchdir_np(&fa, workdir.c_str());
-    posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (posix_spawn(&pid_, argv[0].c_str(), &fa, nullptr, cargv.data(), cenv.data()) != 0)
-      pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  // Exit code, or -1 if it did not end within `timeout` (then it is killed).
-  int wait(std::chrono::seconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return -1;
-  }
-  std::string log() const { return read_file(log_); }
-
- private:
-  std::filesystem::path log_;
-  pid_t pid_ = -1;
-};
 
 std::vector<double> losses(const std::filesystem::path& csv) {
   std::ifstream in(csv);

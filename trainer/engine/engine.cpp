@@ -198,9 +198,10 @@ StepResult Engine::train_step(BatchLoader& loader) {
   if (reduce) {
     const auto t_comm = Clock::now();
     reduce->finish();
-    float loss = r.loss;
-    comm_->allreduce_sum(&loss, 1);
-    r.loss = loss / static_cast<float>(world_size_);
+    float loss_and_stop[2] = {r.loss, stop_requested_ ? 1.0f : 0.0f};
+    comm_->allreduce_sum(loss_and_stop, 2);
+    r.loss = loss_and_stop[0] / static_cast<float>(world_size_);
+    stop_agreed_ = loss_and_stop[1] > 0;
     r.backward_seconds += seconds_since(t_comm);
   }
 

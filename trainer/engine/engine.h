@@ -85,6 +85,11 @@ class Engine {
   double current_lr() const;
   const LossScaler& loss_scaler() const { return scaler_; }
 
+  // A stop every rank agrees on: at world size 1 at once; otherwise the request travels
+  // with the next step's loss allreduce and every rank sees stop_agreed() after that step.
+  void request_stop() { stop_requested_ = true; }
+  bool stop_agreed() const { return world_size_ == 1 ? stop_requested_ : stop_agreed_; }
+
  private:
   GptConfig gpt_;
   DsConfig config_;
@@ -97,6 +102,7 @@ class Engine {
   LossScaler scaler_;
   actors::Collectives* comm_ = nullptr;
   int world_size_ = 1;
+  bool stop_requested_ = false, stop_agreed_ = false;
   int64_t global_step_ = 0;
   int64_t optimizer_steps_ = 0;  // Adam's step count and the scheduler's iteration
   int64_t skipped_steps_ = 0;

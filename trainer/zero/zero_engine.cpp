@@ -365,12 +365,13 @@ void ZeroEngine::combine_across_ranks(StepResult& r, double& sum_squares, bool& 
   // the same order (block by block, ranks in order within a block) and reaches the same
   // norm and verdict without another round.
   const size_t nblocks = block_sum_squares_.size();
-  const size_t per_rank = 2 * nblocks + nblocks + 2;  // sums, flags, local overflow, loss
+  const size_t per_rank = 2 * nblocks + nblocks + 3;  // sums, flags, local overflow, loss, stop
   std::vector<float> mine(per_rank, 0.0f);
   std::memcpy(mine.data(), block_sum_squares_.data(), nblocks * sizeof(double));
   for (size_t b = 0; b < nblocks; ++b) mine[2 * nblocks + b] = block_nonfinite_[b] ? 1.0f : 0.0f;
   mine[3 * nblocks] = grads_nonfinite_local_ ? 1.0f : 0.0f;
   mine[3 * nblocks + 1] = r.loss;
+  mine[3 * nblocks + 2] = stop_requested_ ? 1.0f : 0.0f;
   const size_t W = plan_.world_size();
   std::vector<float> all(W * per_rank);
   try {
@@ -395,6 +396,7 @@ void ZeroEngine::combine_across_ranks(StepResult& r, double& sum_squares, bool& 
   for (size_t rank = 0; rank < W; ++rank) {
     nonfinite |= all[rank * per_rank + 3 * nblocks] != 0.0f;
     loss += all[rank * per_rank + 3 * nblocks + 1];
+    stop_agreed_ |= all[rank * per_rank + 3 * nblocks + 2] != 0.0f;
   }
   r.loss = static_cast<float>(loss / static_cast<double>(W));  // the global batch's mean
 }

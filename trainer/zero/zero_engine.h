@@ -103,6 +103,10 @@ class ZeroEngine {
   uint64_t committed_step() const { return version_; }
   double current_lr() const;
   const LossScaler& loss_scaler() const { return scaler_; }
+  // A stop every rank agrees on: at world size 1 at once; otherwise the request travels
+  // with the next step's norm allgather and every rank sees stop_agreed() after that step.
+  void request_stop() { stop_requested_ = true; }
+  bool stop_agreed() const { return plan_.world_size() == 1 ? stop_requested_ : stop_agreed_; }
   const PartitionPlan& plan() const { return plan_; }
   ZeroStats stats() const;
   // Every block's parameters as forward reads them, fetched from the services now (for
@@ -142,6 +146,7 @@ class ZeroEngine {
   std::vector<double> block_sum_squares_;
   std::vector<char> block_nonfinite_, block_pushed_;
   bool grads_nonfinite_local_ = false;
+  bool stop_requested_ = false, stop_agreed_ = false;
   uint64_t version_ = 0;  // last committed step (SetParameters gave version 0)
   int64_t global_step_ = 0;
   int64_t optimizer_steps_ = 0;

@@ -1,0 +1,121 @@
+// SIGTERM / SIGINT to `dsactor start --role trainer`: the engine actor finishes the current
+// step, the run is checkpointed to --out, the exit code is 128 + signal, and resuming from
+// that checkpoint ends with exactly the weights of an uninterrupted run. With two ranks a
+// signal to one of them stops both after the same step.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "storage/safetensors.h"
+#include "tests/cli/child_process.h"
+#include "tests/cli/cli_test_util.h"
+#include "tests/deploy/deploy_test_util.h"
+
+namespace dsactor {
+namespace {
+
+using dsactor::testing::Child;
+using dsactor::testing::free_port;
+using dsactor::testing::read_file;
+using dsactor::testing::TempDir;
+using dsactor::testing::wait_until;
+using dsactor::testing::write_file;
+
+constexpr int kSteps = 400;
+
+void write_inputs(const std::filesystem::path& dir) {
+  std::string corpus;
+  for (int i = 0; i < 300; ++i)
+    corpus += "a stitch in time saves nine " + std::to_string(i % 11) + "\n";
+  write_file(dir / "corpus.txt", corpus);
+  write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})");
+}
+
+std::vector<std::string> trainer_args(const std::string& out, int steps) {
+  return {"start",
+          "--role",
+          "trainer",
+          "--config",
+          "ds.json",
+          "--model",
+          "tiny",
+          "--data",
+          "corpus.txt",
+          "--steps",
+          std::to_string(steps),
+          "--seq",
+          "16",
+          "--out",
+          out};
+}
+
+// The step the log says the run stopped at.
+int stopped_step(const std::string& log) {
+  const auto at = log.find("stopped at step ");
+  if (at == std::string::npos) return -1;
+  return std::stoi(log.substr(at + 16));
+}
+
+TEST(StartTrainerStop, SigtermCheckpointsAndTheResumedRunEndsWithTheStraightRunsWeights) {
+  TempDir dir;
+  write_inputs(dir.path());
+  Child straight(dir.path(), trainer_args("straight", kSteps), dir.path() / "straight.log");
+  ASSERT_EQ(straight.wait(std::chrono::seconds(300)), 0) << straight.log();
+
+  Child run(dir.path(), trainer_args("cut", kSteps), dir.path() / "cut.log");
+  ASSERT_TRUE(wait_until(
+      [&] { return read_file(dir.path() / "cut.log").find("step 5/") != std::string::npos; },
+      std::chrono::seconds(120)))
+      << run.log();
+  run.signal(SIGTERM);
+  EXPECT_EQ(run.wait(std::chrono::seconds(120)), 128 + SIGTERM) << run.log();
+  const int stop = stopped_step(run.log());
+  ASSERT_GE(stop, 5) << run.log();
+  ASSERT_LT(stop, kSteps) << "the run finished before the signal; nothing was tested";
+  EXPECT_NE(run.log().find("SIGTERM received"), std::string::npos) << run.log();
+
+  std::vector<std::string> resume = trainer_args("cut", kSteps);
+  resume.insert(resume.end(), {"--resume", "cut"});
+  Child resumed(dir.path(), resume, dir.path() / "resumed.log");
+  ASSERT_EQ(resumed.wait(std::chrono::seconds(300)), 0) << resumed.log();
+  EXPECT_NE(resumed.log().find("at step " + std::to_string(stop)), std::string::npos)
+      << resumed.log();
+  const auto a = storage::read_safetensors(dir.path() / "straight/model.safetensors");
+  const auto b = storage::read_safetensors(dir.path() / "cut/model.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : a.tensors) EXPECT_TRUE(t.bytes == b.tensors.at(name).bytes) << name;
+}
+
+TEST(StartTrainerStop, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
+  TempDir dir;
+  write_inputs(dir.path());
+  const std::string coordinator = "tcp://127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto args = trainer_args("out" + std::to_string(r), 100000);
+    args.insert(args.end(), {"--rank", std::to_string(r), "--world-size", "2", "--coordinator",
+                             coordinator, "--comm-timeout-ms", "60000"});
+    if (r == 0) args.push_back("--serve-coordinator");
+    ranks.push_back(std::make_unique<Child>(dir.path(), args,
+                                            dir.path() / ("rank" + std::to_string(r) + ".log")));
+  }
+  ASSERT_TRUE(wait_until([&] { return ranks[1]->log().find("step 5/") != std::string::npos; },
+                         std::chrono::seconds(120)))
+      << ranks[1]->log();
+  ranks[1]->signal(SIGINT);  // rank 1 only: rank 0 learns of it through the step's allreduce
+  EXPECT_EQ(ranks[1]->wait(std::chrono::seconds(120)), 128 + SIGINT) << ranks[1]->log();
+  const int rc0 = ranks[0]->wait(std::chrono::seconds(120));
+  EXPECT_NE(rc0, 0) << ranks[0]->log();
+  EXPECT_NE(rc0, -1) << "rank 0 did not stop: " << ranks[0]->log();
+  const int s0 = stopped_step(ranks[0]->log()), s1 = stopped_step(ranks[1]->log());
+  EXPECT_GE(s1, 5);
+  EXPECT_EQ(s0, s1) << ranks[0]->log() << ranks[1]->log();
+  // Rank 0 (the one that writes) saved the agreed step.
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "out0/checkpoint/manifest.json"));
+}
+
+}  // namespace
+}  // namespace dsactor

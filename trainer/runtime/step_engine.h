@@ -1,0 +1,39 @@
+#pragma once
+// What the engine actor drives: one optimizer step at a time, and a stop every rank agrees
+// on. Engine (stage 0) and ZeroEngine (stages 1-3) both fit through StepEngineOf<E>.
+
+#include <cstdint>
+
+#include "trainer/engine/engine.h"
+
+namespace dsactor::trainer {
+
+class BatchLoader;
+
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+  virtual StepResult train_step(BatchLoader& loader) = 0;
+  virtual int64_t global_step() const = 0;
+  virtual Precision precision() const = 0;
+  // Asks to stop; with several ranks the request rides on the next step's collective and
+  // stop_agreed() turns true on every rank after that same step.
+  virtual void request_stop() = 0;
+  virtual bool stop_agreed() const = 0;
+};
+
+template <class E>
+class StepEngineOf final : public StepEngine {
+ public:
+  explicit StepEngineOf(E& engine) : e_(engine) {}
+  StepResult train_step(BatchLoader& loader) override { return e_.train_step(loader); }
+  int64_t global_step() const override { return e_.global_step(); }
+  Precision precision() const override { return e_.precision(); }
+  void request_stop() override { e_.request_stop(); }
+  bool stop_agreed() const override { return e_.stop_agreed(); }
+
+ private:
+  E& e_;
+};
+
+}  // namespace dsactor::trainer
