@@ -1,12 +1,14 @@
 #pragma once
 
-// Synchronous client of an offload service: one ZeroMQ DEALER socket, one request in
-// flight, request ids matched against replies (a late reply to a request that timed out
-// is discarded). Used by tests and tools now and by the trainer's service_client later.
-// Not thread-safe (one socket, one owner).
+// Client of an offload service: one ZeroMQ DEALER socket, request ids matched against
+// replies. Each typed call is one round trip; send()/receive() split one so that several
+// requests can be in flight (the trainer pipelines its gradient pushes), each reply
+// collected by its id. A late reply to a request that timed out or was abandoned is
+// discarded. Not thread-safe (one socket, one owner).
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -80,13 +82,38 @@ class OffloadClient {
   // that fails any check (tag, sizes, crc32c) is refused and the state is untouched.
   messages::RestoreReply restore(const std::string& tag, const std::string& path);
 
+  // A push whose reply is collected later with receive_push_reply(id) (the payload rules
+  // are push_gradients'; with an owner the caller must not change the bytes until the
+  // owner is released). Returns the request id.
+  uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
+                               messages::DType dtype, std::span<const std::byte> grads,
+                               std::shared_ptr<const void> owner = nullptr);
+  // Waits up to the timeout (from this call) for that push's reply; throws as
+  // push_gradients does (OffloadTimeout, OffloadError).
+  messages::PushReply receive_push_reply(uint64_t request_id);
+
   // One round trip with any body; returns the reply (ErrorReply included, not thrown).
   // The reply's payload frame, if any, lands in *payload when given.
   messages::Header call(messages::Body body, std::span<const std::byte> payload = {},
                         std::shared_ptr<const void> owner = nullptr,
                         zmq::message_t* payload_frame = nullptr);
+  // call() in two halves: send() returns the request id at once; receive(id) waits up to
+  // the timeout, counted from when it starts waiting, for that request's reply, keeping
+  // replies to other outstanding requests that arrive meanwhile for their own receive().
+  // A request whose receive() timed out is no longer outstanding.
+  uint64_t send(messages::Body body, std::span<const std::byte> payload = {},
+                std::shared_ptr<const void> owner = nullptr);
+  messages::Header receive(uint64_t request_id, zmq::message_t* payload_frame = nullptr);
+  // Stops waiting for a request: its reply, if it ever comes, is discarded.
+  void abandon(uint64_t request_id);
+  // Requests sent whose replies have not been received yet.
+  size_t outstanding() const { return outstanding_.size(); }
 
  private:
+  struct Reply {
+    messages::Header header;
+    zmq::message_t payload;  // empty when the reply has none
+  };
   template <class T>
   T expect(messages::Header reply, const char* what);
 
@@ -94,6 +121,8 @@ class OffloadClient {
   std::chrono::milliseconds timeout_;
   std::string job_id_;
   uint64_t next_id_ = 1;
+  std::map<uint64_t, std::string> outstanding_;  // request id -> kind, for the timeout text
+  std::map<uint64_t, Reply> arrived_;            // replies received while waiting for another
   zmq::context_t context_;
   zmq::socket_t socket_;
 };

@@ -24,7 +24,6 @@
 #include "trainer/rng.h"
 #include "trainer/zero/zero_engine.h"
 
-
 namespace dsactor::bench {
 
 namespace fs = std::filesystem;
@@ -143,7 +142,14 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     return j;
   });
 
-  const int64_t max_live = o.max_live > 0 ? o.max_live : static_cast<int64_t>(params / 3);
+  const auto layouts = gpt_block_layouts(gpt);
+  size_t largest = 0, layer = 0;
+  for (const auto& l : layouts) {
+    largest = std::max(largest, l.numel);
+    if (l.kind == BlockKind::kLayer) layer = std::max(layer, l.numel);
+  }
+  const int64_t bucket_on = o.prefetch_bucket > 0 ? o.prefetch_bucket : static_cast<int64_t>(layer);
+  const int64_t max_live = o.max_live > 0 ? o.max_live : static_cast<int64_t>(largest + 2 * layer);
   auto stage3 = [&](const char* name, int64_t bucket) {
     char tmpl[] = "/tmp/dsactor-benchzero-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
@@ -187,9 +193,11 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         r["prefetch_hits"] = after.scheduler.prefetch_hits - before.scheduler.prefetch_hits;
         r["fetches"] = after.scheduler.fetches - before.scheduler.fetches;
         r["peak_resident_param_bytes"] = after.peak_resident_param_bytes;
-        // The ZeRO engine keeps every block's fp32 gradient on the trainer (accumulated
-        // over micro-steps, pushed per block): that is the rest of its accounted bytes.
-        r["accounted_bytes"] = after.peak_resident_param_bytes + after.total_param_bytes;
+        // Gradients live from their block's backward to its push (gas 1, as here).
+        r["peak_resident_grad_bytes"] = after.peak_resident_grad_bytes;
+        r["max_pushes_in_flight"] = after.max_pushes_in_flight;
+        // The two peaks need not coincide: their sum bounds the model state held at once.
+        r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes;
         return r;
       });
     } catch (...) {
@@ -201,34 +209,37 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     fs::remove_all(dir, ec);
     return j;
   };
-  const nlohmann::json on = stage3("stage3_prefetch_on", o.prefetch_bucket);
+  const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on);
   const nlohmann::json off = stage3("stage3_prefetch_off", 0);
 
   const double model_bytes = static_cast<double>(params) * 4;
   auto ratio = [](const nlohmann::json& a, const nlohmann::json& b, const char* k) {
     return a[k].get<double>() / b[k].get<double>();
   };
-  return {{"model", o.model},
-          {"n_layer", gpt.n_layer},
-          {"parameters", params},
-          {"model_bytes_fp32", model_bytes},
-          {"micro_batch", o.micro_batch},
-          {"seq", o.seq},
-          {"steps_measured", o.steps},
-          {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
-          {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
-          {"step_time_goal", 1.25},
-          {"peak_rss_ratio", ratio(on, stage0, "vm_hwm_bytes")},
-          {"peak_rss_delta_ratio", ratio(on, stage0, "vm_hwm_minus_start_bytes")},
-          {"accounted_bytes_ratio", ratio(on, stage0, "accounted_bytes")},
-          {"peak_memory_goal", 0.25},
-          {"fetched_per_step_over_model", on["bytes_fetched_per_step"].get<double>() / model_bytes},
-          {"pushed_per_step_over_model", on["bytes_pushed_per_step"].get<double>() / model_bytes},
-          {"fetch_hidden_fraction_prefetch_on", on["fetch_hidden_fraction"]},
-          {"fetch_hidden_fraction_prefetch_off", off["fetch_hidden_fraction"]},
-          {"stage0", stage0},
-          {"stage3_prefetch_on", on},
-          {"stage3_prefetch_off", off}};
+  return {
+      {"model", o.model},
+      {"n_layer", gpt.n_layer},
+      {"parameters", params},
+      {"model_bytes_fp32", model_bytes},
+      {"micro_batch", o.micro_batch},
+      {"seq", o.seq},
+      {"steps_measured", o.steps},
+      {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
+      {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
+      {"step_time_goal", 1.25},
+      {"peak_rss_ratio", ratio(on, stage0, "vm_hwm_bytes")},
+      {"peak_rss_delta_ratio", ratio(on, stage0, "vm_hwm_minus_start_bytes")},
+      {"accounted_bytes_ratio", ratio(on, stage0, "accounted_bytes")},
+      {"peak_param_bytes_over_model", on["peak_resident_param_bytes"].get<double>() / model_bytes},
+      {"peak_grad_bytes_over_model", on["peak_resident_grad_bytes"].get<double>() / model_bytes},
+      {"peak_memory_goal", 0.25},
+      {"fetched_per_step_over_model", on["bytes_fetched_per_step"].get<double>() / model_bytes},
+      {"pushed_per_step_over_model", on["bytes_pushed_per_step"].get<double>() / model_bytes},
+      {"fetch_hidden_fraction_prefetch_on", on["fetch_hidden_fraction"]},
+      {"fetch_hidden_fraction_prefetch_off", off["fetch_hidden_fraction"]},
+      {"stage0", stage0},
+      {"stage3_prefetch_on", on},
+      {"stage3_prefetch_off", off}};
 }
 
 }  // namespace dsactor::bench

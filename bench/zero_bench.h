@@ -14,10 +14,13 @@ struct ZeroBenchOptions {
   int steps = 2;
   uint64_t seed = 1234;
   // Stage-3 knobs in elements (ds_config's units). The prefetch-on phase uses
-  // prefetch_bucket (DeepSpeed's default); the prefetch-off phase uses 0, which
-  // ParamScheduler reads as "no prefetch". max_live 0: a third of the model, so the
-  // resident set is bounded rather than DeepSpeed's 1e9 (which holds all of gpt2).
-  int64_t prefetch_bucket = 50000000;
+  // prefetch_bucket; the prefetch-off phase uses 0, which ParamScheduler reads as "no
+  // prefetch". prefetch_bucket 0: one transformer layer ahead (the scheduler still
+  // prefetches a larger block, the embedding, when nothing else is in flight), which hides
+  // a fetch behind a layer's compute; DeepSpeed's 5e7 would hold five gpt2 layers ahead.
+  // max_live 0: the largest block plus two layers, the least that lets the embedding be
+  // prefetched while a layer runs, rather than DeepSpeed's 1e9 (which holds all of gpt2).
+  int64_t prefetch_bucket = 0;
   int64_t max_live = 0;
   int64_t reuse_distance = 0;  // keep a released block only when it is needed next
   int timeout_seconds = 120;   // per service request

@@ -45,8 +45,8 @@ void add_bench_command(CLI::App& app) {
   zero->add_option("--seq", zo->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
   zero->add_option("--steps", zo->steps, "measured steps")->check(CLI::PositiveNumber)->capture_default_str();
   zero->add_option("--warmup", zo->warmup_steps, "unmeasured steps first (the first records the block order)")->check(CLI::PositiveNumber)->capture_default_str();
-  zero->add_option("--prefetch-bucket", zo->prefetch_bucket, "stage3_prefetch_bucket_size of the prefetch-on phase")->check(CLI::PositiveNumber)->capture_default_str();
-  zero->add_option("--max-live", zo->max_live, "stage3_max_live_parameters; 0: a third of the model")->capture_default_str();
+  zero->add_option("--prefetch-bucket", zo->prefetch_bucket, "stage3_prefetch_bucket_size of the prefetch-on phase; 0: one transformer layer")->check(CLI::NonNegativeNumber)->capture_default_str();
+  zero->add_option("--max-live", zo->max_live, "stage3_max_live_parameters; 0: the largest block plus two layers")->capture_default_str();
   zero->add_option("--reuse-distance", zo->reuse_distance, "stage3_max_reuse_distance")->capture_default_str();
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] { print_result(bench::run_zero_bench(*zo), *json); });

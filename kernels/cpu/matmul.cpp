@@ -35,9 +35,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                 1.0f, dinp, C);
   }
-  // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
+  if (dweight != nullptr) {
+    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+                dweight, C);
+  }
   if (dbias != nullptr) {
     // Column sums: each thread owns a block of output channels and adds rows in order, so
     // the result does not depend on scheduling.

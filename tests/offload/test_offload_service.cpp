@@ -405,6 +405,58 @@ TEST(OffloadService, MemoryLimitRefusalNamesAskedAndFree) {
   EXPECT_EQ(svc.stop(), 0);
 }
 
+// Pipelined pushes (what the ZeRO engine does on its last micro-step): several requests
+// in flight on one socket, a round trip in between, replies collected in another order
+// than sent, each matched to its request by id; the step then equals the reference.
+TEST(OffloadClient, PipelinedPushesAreCollectedByRequestId) {
+  TempDir tmp;
+  ServiceProcess svc({"--workers", "2"}, tmp.path);  // two workers may answer out of order
+  OffloadClient c(svc.endpoint(), 10s);
+  auto ref = setup(c, {spec(20, 70000), spec(21, 5000), spec(22, 33000)});
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    auto g = random_floats(ref[i].master.size(), 300 + static_cast<uint32_t>(i), 512.0f);
+    ref[i].accumulate(g, true);
+    ids.push_back(c.send_push_gradients(ref[i].spec.partition_id, 1, 0, DType::fp32,
+                                        bytes_of(g)));  // copied: g may go now
+  }
+  EXPECT_EQ(c.outstanding(), 3u);
+  EXPECT_EQ(c.stats().partitions, 3u);  // a round trip while the pushes are outstanding
+  for (size_t i = ref.size(); i-- > 0;) {
+    const auto r = c.receive_push_reply(ids[i]);
+    EXPECT_EQ(r.sum_squares,
+              kernels::cpu::grad_stats(ref[i].grad.data(), ref[i].grad.size()).sum_squares)
+        << "partition " << ref[i].spec.partition_id;
+  }
+  EXPECT_EQ(c.outstanding(), 0u);
+  EXPECT_THROW(c.receive(ids[0]), std::logic_error);  // already collected
+  const msg::CommitStep commit{1, 0.5, 512.0, 1e-3};
+  EXPECT_TRUE(c.commit(commit).applied);
+  for (auto& p : ref) p.step(commit.clip_coef, commit.loss_scale, commit.lr);
+  check(c, ref, 1);
+  // An abandoned request's reply is skipped by the next call.
+  std::vector<float> g(5000, 0.5f);
+  c.abandon(c.send_push_gradients(21, 2, 0, DType::fp32, bytes_of(g)));
+  EXPECT_EQ(c.stats().partitions, 3u);
+  EXPECT_EQ(c.outstanding(), 0u);
+  EXPECT_EQ(svc.stop(), 0);
+}
+
+TEST(OffloadClient, PipelinedReceiveTimeoutNamesTheEndpointAndRequest) {
+  OffloadClient c("tcp://127.0.0.1:1", 200ms);
+  std::vector<float> g(16, 1.0f);
+  const uint64_t id = c.send_push_gradients(1, 1, 0, DType::fp32, bytes_of(g));
+  try {
+    c.receive_push_reply(id);
+    ADD_FAILURE() << "no timeout";
+  } catch (const actors::OffloadTimeout& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tcp://127.0.0.1:1"), std::string::npos) << what;
+    EXPECT_NE(what.find("pushGradients"), std::string::npos) << what;
+  }
+  EXPECT_EQ(c.outstanding(), 0u);  // a reply that still came would be discarded
+}
+
 TEST(OffloadClient, TimeoutNamesTheEndpoint) {
   OffloadClient c("tcp://127.0.0.1:1", 200ms);
   try {

@@ -231,6 +231,47 @@ TEST_F(ZeroEngineTest, Stage3ResidentParametersStayBounded) {
       static_cast<unsigned long long>(st.scheduler.prefetch_hits));
 }
 
+// One micro-step per step: a block's gradient exists only from its backward until its
+// push has been sent (the tied embedding's through the whole backward), and the pushes are
+// pipelined, while losses, norms and final weights stay stage 0's bit for bit.
+TEST_F(ZeroEngineTest, Stage3WithOneMicroStepHoldsGradientsOnlyUntilPushedAndPipelines) {
+  const GptConfig model{10, 2, 32, 64, 16};
+  const auto layouts = gpt_block_layouts(model);
+  const size_t layer = layouts[1].numel;
+  // The embedding's, the block being computed, max_pushes_in_flight (2) payloads and one
+  // more whose reply may come before ZeroMQ's I/O thread has let go of it.
+  const size_t bound = (layouts.front().numel + 4 * layer + layouts.back().numel) * sizeof(float);
+  const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
+  const auto tokens = corpus(6000, 4);
+  const int steps = 8;
+  for (const std::string mode : {"fp32", "bf16"}) {
+    SCOPED_TRACE(mode);
+    const Trace want = run_stage0(model, config(mode, 0, "none", "", extra), tokens, steps);
+    ZeroStats st;
+    const Trace got = run_zero(model, config(mode, 3, "cpu", "", extra),
+                               options("cpu", "gas1-" + mode), tokens, steps, &st);
+    expect_equal_runs(want, got);
+    EXPECT_LE(st.peak_resident_grad_bytes, bound);
+    EXPECT_LT(st.peak_resident_grad_bytes, st.total_param_bytes / 2);
+    EXPECT_GT(st.peak_resident_grad_bytes, 0u);
+    EXPECT_EQ(st.max_pushes_in_flight, 2u) << "pushes are sent before earlier replies arrive";
+    std::printf("%s gas 1: peak gradient bytes %zu of %zu (bound %zu)\n", mode.c_str(),
+                st.peak_resident_grad_bytes, st.total_param_bytes, bound);
+  }
+}
+
+// With several micro-steps the gradients accumulate in fp32 from the first micro-step to
+// the push, as in stage 0: every block's exists at once.
+TEST_F(ZeroEngineTest, Stage3AccumulatingMicroStepsHoldEveryGradient) {
+  const auto tokens = corpus(6000, 5);
+  const Trace want = run_stage0(kTiny, config("fp32", 0, "none", ""), tokens, 4);
+  ZeroStats st;
+  const Trace got =
+      run_zero(kTiny, config("fp32", 3, "cpu", ""), options("cpu", "gas2"), tokens, 4, &st);
+  expect_equal_runs(want, got);
+  EXPECT_GE(st.peak_resident_grad_bytes, st.total_param_bytes);
+}
+
 TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithinTheTimeout) {
   ZeroOptions o;
   o.services = {"tcp://127.0.0.1:9"};  // discard port: nothing answers

@@ -197,20 +197,27 @@ float GptModel::forward_backward(BlockSet& params, BlockSet& grads, const int32_
   const int BT = B * T;
   const size_t kEmb = 0, kFinal = layouts_.size() - 1;
   Activations& a = acts_;
-  const EmbeddingView ge = embedding_view(layouts_, grads);
-  const FinalNormView gf = final_norm_view(layouts_, grads);
 
   // dlogits overwrite logits in place: the largest activation is never held twice.
   k::crossentropy_forward_backward(a.losses.data(), a.logits.data(), a.logits.data(), targets, BT,
                                    config_.vocab_size, Vp, dloss);
   const float loss = mean_of(a.losses, BT);
 
+  // The tied LM head's backward in its two independent halves (the same two sgemms as one
+  // matmul_backward): dlnf needs the embedding's parameters, dwte its gradient, so a
+  // resident-set engine never holds both of the model's largest block at once. Gradient
+  // views are built after grads_begin: the hook may have just allocated the block.
   a.dlnf.zero();
-  k::matmul_backward(a.dlnf.data(), ge.wte, nullptr, a.logits.data(), a.lnf.data(),
+  k::matmul_backward(a.dlnf.data(), nullptr, nullptr, a.logits.data(), a.lnf.data(),
                      embedding_view(layouts_, params).wte, BT, C, Vp);
   h.release(kEmb);
+  h.grads_begin(kEmb);
+  const EmbeddingView ge = embedding_view(layouts_, grads);
+  k::matmul_backward(nullptr, ge.wte, nullptr, a.logits.data(), a.lnf.data(), nullptr, BT, C, Vp);
   // dresidual accumulates the gradient flowing down the residual stream through every layer.
   a.dresidual.zero();
+  h.grads_begin(kFinal);
+  const FinalNormView gf = final_norm_view(layouts_, grads);
   k::layernorm_backward(a.dresidual.data(), gf.lnfw, gf.lnfb, a.dlnf.data(),
                         a.residual3[L - 1].data(), final_norm_view(layouts_, params).lnfw,
                         a.lnf_mean.data(), a.lnf_rstd.data(), BT, C);
@@ -220,6 +227,7 @@ float GptModel::forward_backward(BlockSet& params, BlockSet& grads, const int32_
     const size_t b = 1 + static_cast<size_t>(l);
     h.acquire(b);
     const LayerView p = layer_view(layouts_, params, l);
+    h.grads_begin(b);
     const LayerView dp = layer_view(layouts_, grads, l);
     const float* residual = l == 0 ? a.encoded.data() : a.residual3[l - 1].data();
     // residual3 = residual2 + fcproj: both branches receive dresidual.

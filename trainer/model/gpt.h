@@ -11,14 +11,19 @@ namespace dsactor::trainer {
 // How a ZeRO-3 engine keeps only a resident set of parameter blocks while the model runs:
 // the model calls acquire(b) before it reads params.blocks[b] (the hook must leave a valid
 // buffer there) and release(b) when it is done with it for now; acquire/release pairs nest
-// and balance within one call. grads_ready(b) says block b's gradient of this forward/
-// backward is complete (every contribution added), so it can be reduced or pushed while
-// the backward of earlier blocks goes on. Without hooks every block is resident.
+// and balance within one call. grads_begin(b) comes before the backward first writes
+// grads.blocks[b] (the hook may allocate it there, zeroed: the backward adds into it), so
+// an engine can hold a block's gradient only while it is being computed and sent; the
+// tied embedding's comes first (the LM head's backward) and is ready last (the encoder's).
+// grads_ready(b) says block b's gradient of this forward/backward is complete (every
+// contribution added), so it can be reduced or pushed while the backward of earlier blocks
+// goes on. Without hooks every block is resident.
 class BlockHooks {
  public:
   virtual ~BlockHooks() = default;
   virtual void acquire(size_t block) = 0;
   virtual void release(size_t block) = 0;
+  virtual void grads_begin(size_t /*block*/) {}
   virtual void grads_ready(size_t /*block*/) {}
 };
 

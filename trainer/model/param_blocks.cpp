@@ -111,29 +111,38 @@ GptViews::GptViews(const GptConfig& c, const std::vector<BlockLayout>& layouts, 
   final_norm = {at(f, "ln_f.weight"), at(f, "ln_f.bias")};
 }
 
-void init_gpt_weights(const GptConfig& c, const std::vector<BlockLayout>& layouts, BlockSet& params,
-                      uint64_t seed) {
-  Rng rng(seed);
-  const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  for (size_t bi = 0; bi < layouts.size(); ++bi) {
-    float* base = params.blocks[bi].data();
-    for (const auto& t : layouts[bi].tensors) {
-      float* p = base + t.offset;
-      const bool is_norm = t.name.rfind("ln_", 0) == 0;
-      const bool is_bias = t.name.ends_with(".bias");
-      if (is_norm && !is_bias) {
-        for (size_t i = 0; i < t.numel; ++i) p[i] = 1.0f;
-      } else if (is_bias) {
-        for (size_t i = 0; i < t.numel; ++i) p[i] = 0.0f;
-      } else {
-        const bool residual_proj = t.name == "attn.c_proj.weight" || t.name == "mlp.c_proj.weight";
-        const double std = residual_proj ? residual_std : 0.02;
-        size_t n = t.numel;
-        if (t.name == "wte.weight") n = static_cast<size_t>(c.vocab_size) * c.n_embd;
-        for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.normal() * std);
-      }
+GptWeightInit::GptWeightInit(const GptConfig& c, const std::vector<BlockLayout>& layouts,
+                             uint64_t seed)
+    : config_(c), layouts_(layouts), rng_(seed) {}
+
+void GptWeightInit::block(size_t bi, float* base) {
+  if (bi != next_ || bi >= layouts_.size())
+    throw std::logic_error(
+        fmt::format("GptWeightInit: block {} asked for, block {} is next", bi, next_));
+  ++next_;
+  const double residual_std = 0.02 / std::sqrt(2.0 * config_.n_layer);
+  for (const auto& t : layouts_[bi].tensors) {
+    float* p = base + t.offset;
+    const bool is_norm = t.name.rfind("ln_", 0) == 0;
+    const bool is_bias = t.name.ends_with(".bias");
+    if (is_norm && !is_bias) {
+      for (size_t i = 0; i < t.numel; ++i) p[i] = 1.0f;
+    } else if (is_bias) {
+      for (size_t i = 0; i < t.numel; ++i) p[i] = 0.0f;
+    } else {
+      const bool residual_proj = t.name == "attn.c_proj.weight" || t.name == "mlp.c_proj.weight";
+      const double std = residual_proj ? residual_std : 0.02;
+      size_t n = t.numel;
+      if (t.name == "wte.weight") n = static_cast<size_t>(config_.vocab_size) * config_.n_embd;
+      for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng_.normal() * std);
     }
   }
+}
+
+void init_gpt_weights(const GptConfig& c, const std::vector<BlockLayout>& layouts, BlockSet& params,
+                      uint64_t seed) {
+  GptWeightInit init(c, layouts, seed);
+  for (size_t bi = 0; bi < layouts.size(); ++bi) init.block(bi, params.blocks[bi].data());
 }
 
 }  // namespace dsactor::trainer

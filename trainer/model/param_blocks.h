@@ -6,6 +6,7 @@
 
 #include "trainer/model/float_buffer.h"
 #include "trainer/model/gpt_config.h"
+#include "trainer/rng.h"
 
 namespace dsactor::trainer {
 
@@ -74,5 +75,19 @@ class GptViews {
 // Deterministic from the seed on every platform (own RNG, no std:: distributions).
 void init_gpt_weights(const GptConfig& c, const std::vector<BlockLayout>& layouts, BlockSet& params,
                       uint64_t seed);
+// The same initialisation one block at a time (blocks in index order share one RNG
+// stream), for engines that never hold the whole model: block(b, out) for b = 0, 1, ...
+// writes into a zeroed `out` exactly what init_gpt_weights writes into params.blocks[b].
+class GptWeightInit {
+ public:
+  GptWeightInit(const GptConfig& c, const std::vector<BlockLayout>& layouts, uint64_t seed);
+  void block(size_t b, float* out);  // b = 0, 1, 2, ... in order, each once
+
+ private:
+  GptConfig config_;
+  const std::vector<BlockLayout>& layouts_;  // the caller's, outliving this object
+  Rng rng_;
+  size_t next_ = 0;
+};
 
 }  // namespace dsactor::trainer

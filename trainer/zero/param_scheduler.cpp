@@ -37,7 +37,7 @@ void ParamScheduler::worker() {
     }
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      FloatBuffer buf(numel_[job.block]);
+      FloatBuffer buf = FloatBuffer::uninitialized(numel_[job.block]);  // fetch_ fills it
       fetch_(job.block, job.version, buf.data());
       add_fetch_time(t0);
       job.promise.set_value(std::move(buf));
@@ -201,7 +201,11 @@ void ParamScheduler::prefetch_ahead() {
     Slot& s = slots_[c];
     if ((s.resident && s.version == version_) || s.pending) continue;
     const auto n = static_cast<int64_t>(numel_[c]);
-    if (static_cast<int64_t>(in_flight_) + n > options_.prefetch_bucket_size) break;
+    // A block larger than the whole bucket is still prefetched when nothing else is in
+    // flight: else a bucket sized for the layers would fetch the embedding on demand, twice
+    // a pass.
+    if (in_flight_ > 0 && static_cast<int64_t>(in_flight_) + n > options_.prefetch_bucket_size)
+      break;
     if (static_cast<int64_t>(live_) + n > options_.max_live_parameters) break;
     start_fetch(c, true);
   }

@@ -16,7 +16,8 @@ namespace dsactor::trainer {
 
 // ds_config's stage-3 knobs, in elements (DeepSpeed's units).
 struct SchedulerOptions {
-  int64_t prefetch_bucket_size = 50000000;   // elements in flight ahead of use; 0: no prefetch
+  int64_t prefetch_bucket_size = 50000000;   // elements in flight ahead of use (one block
+                                             // at least); 0: no prefetch
   int64_t max_live_parameters = 1000000000;  // elements resident (in use, cached, in flight)
   int64_t max_reuse_distance = 1000000000;   // keep a released block whose next use in this
                                              // pass comes within this many elements of

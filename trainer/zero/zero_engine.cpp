@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -63,6 +66,8 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
         fmt::format("{}: stage {} with offload needs at least one offload service "
                     "endpoint (dsactor start --role offload)",
                     c.source, z.stage));
+  if (o.max_pushes_in_flight < 1)
+    throw ConfigError("ZeroOptions::max_pushes_in_flight must be at least 1");
   if (o.world_size < 1 || o.rank >= o.world_size)
     throw ConfigError(fmt::format("rank {} is outside world_size {}", o.rank, o.world_size));
   if (c.world_size != static_cast<int>(o.world_size))
@@ -99,8 +104,32 @@ struct ZeroEngine::Service {
   std::unique_ptr<actors::OffloadClient> client;
 };
 
-// The model's hooks: the resident set (stage 3 with offload_param) and, on the last
-// micro-step, each block's gradient pushed as soon as its backward is done.
+// Gradient bytes alive now and at most. Shared with the push payloads, because ZeroMQ
+// frees a payload on its I/O thread whenever it has sent it, possibly after the engine.
+struct ZeroEngine::GradMemory {
+  std::atomic<size_t> live{0}, peak{0};
+  void add(size_t bytes) {
+    const size_t now = live.fetch_add(bytes) + bytes;
+    size_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void sub(size_t bytes) { live.fetch_sub(bytes); }
+};
+
+// One push's bytes, owned by the ZeroMQ frame that sends them zero-copy: the gradient's
+// memory ends when the frame has been sent, not when the compute thread moves on.
+struct ZeroEngine::GradPayload {
+  std::shared_ptr<GradMemory> memory;
+  FloatBuffer floats;          // fp32 payload
+  std::vector<uint16_t> half;  // bf16/fp16 payload
+  size_t accounted = 0;        // bytes added to memory for this payload
+  ~GradPayload() { memory->sub(accounted); }
+};
+
+// The model's hooks: the resident set (stage 3 with offload_param), each block's gradient
+// allocated when its backward starts and, on the last micro-step, pushed as soon as its
+// backward is done.
 class ZeroEngine::Hooks final : public BlockHooks {
  public:
   Hooks(ZeroEngine& e, bool push) : e_(e), push_(push) {}
@@ -110,6 +139,7 @@ class ZeroEngine::Hooks final : public BlockHooks {
   void release(size_t b) override {
     if (e_.scheduler_) e_.scheduler_->release(b);
   }
+  void grads_begin(size_t b) override { e_.begin_block_grad(b); }
   void grads_ready(size_t b) override {
     if (push_) e_.finish_block_grad(b);
   }
@@ -155,8 +185,9 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
   for (const auto& ep : options_.services)
     services_.push_back(std::make_unique<Service>(Service{
         ep, std::make_unique<actors::OffloadClient>(ep, options_.timeout, options_.job_id)}));
-  grads_ = BlockSet::zeros(model_.layouts());
+  grad_memory_ = std::make_shared<GradMemory>();
   const size_t nblocks = model_.layouts().size();
+  grads_.blocks.resize(nblocks);  // allocated block by block as the backward reaches them
   block_sum_squares_.assign(nblocks, 0.0);
   block_nonfinite_.assign(nblocks, 0);
   block_pushed_.assign(nblocks, 0);
@@ -200,10 +231,6 @@ std::vector<actors::OffloadClient*> ZeroEngine::main_clients() const {
 }
 
 void ZeroEngine::register_and_initialise(uint64_t seed) {
-  // The stage-0 engine's initial weights, generated in full once (one RNG stream in block
-  // order) and sent partition by partition; the trainer keeps none of this master copy.
-  BlockSet master = BlockSet::zeros(model_.layouts());
-  init_gpt_weights(gpt_, model_.layouts(), master, seed);
   msg::OptimizerConfig opt;
   opt.kind = adam_.adamw_mode ? msg::OptimizerKind::adamw : msg::OptimizerKind::adam;
   opt.lr = adam_.lr;  // floats widened exactly: the service narrows them back bit for bit
@@ -223,16 +250,68 @@ void ZeroEngine::register_and_initialise(uint64_t seed) {
     on_service(s, "register", [&](actors::OffloadClient& c) {
       return c.register_partitions(options_.rank, options_.world_size, specs);
     });
+  }
+  // The stage-0 engine's initial weights (one RNG stream in block order), generated one
+  // block at a time and sent partition by partition: the trainer never holds the whole
+  // model, and keeps none of this master copy.
+  GptWeightInit init(gpt_, model_.layouts(), seed);
+  for (size_t b = 0; b < model_.layouts().size(); ++b) {
+    FloatBuffer master(model_.layouts()[b].numel);
+    init.block(b, master.data());
     for (const auto& p : owned) {
-      if (p.service != s) continue;
-      const float* src = master.blocks[p.block].data() + p.offset;
-      on_service(s, "set_parameters", [&](actors::OffloadClient& c) {
+      if (p.block != b) continue;
+      const float* src = master.data() + p.offset;
+      on_service(p.service, "set_parameters", [&](actors::OffloadClient& c) {
         return c.set_parameters(p.id, 0, msg::DType::fp32,
                                 std::as_bytes(std::span<const float>(src, p.count)));
       });
     }
   }
 }
+
+namespace {
+
+// Copies a received parameter frame into `out` (widening a half type) chunk by chunk and
+// hands each fully copied page of the frame back to the kernel as it goes: the frame is
+// ours alone and freed right after, and a large block (gpt2's embedding is 158 MB) would
+// otherwise be resident twice, once received and once in the resident set.
+void copy_out_releasing(zmq::message_t& frame, float* out, size_t count, msg::DType dtype,
+                        k::HalfKind kind) {
+  constexpr size_t kChunk = size_t{4} << 20;        // bytes of the frame per step
+  constexpr size_t kReleaseFrom = size_t{1} << 20;  // smaller frames: not worth a syscall
+  const size_t elem = dtype == msg::DType::fp32 ? sizeof(float) : sizeof(uint16_t);
+  const size_t total = count * elem;
+  if (frame.size() != total)
+    throw std::runtime_error(
+        fmt::format("a fetch reply of {} elements carried {} bytes", count, frame.size()));
+  auto* src = static_cast<std::byte*>(frame.data());
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t released = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
+  std::vector<uint16_t> aligned;
+  for (size_t off = 0; off < total; off += kChunk) {
+    const size_t n = std::min(kChunk, total - off);
+    if (dtype == msg::DType::fp32) {
+      std::memcpy(reinterpret_cast<std::byte*>(out) + off, src + off, n);
+    } else if (reinterpret_cast<uintptr_t>(src + off) % alignof(uint16_t) == 0) {
+      k::half_to_floats(out + off / elem, reinterpret_cast<const uint16_t*>(src + off), n / elem,
+                        kind);
+    } else {
+      // ZeroMQ may hand back a frame at any byte offset inside its receive buffer.
+      aligned.resize(n / elem);
+      std::memcpy(aligned.data(), src + off, n);
+      k::half_to_floats(out + off / elem, aligned.data(), n / elem, kind);
+    }
+    const uintptr_t done = (reinterpret_cast<uintptr_t>(src + off + n)) / page * page;
+    if (total >= kReleaseFrom && done > released) {
+      // Best effort: a refusal only costs memory. The pages read back as zeros, and
+      // nothing reads them again.
+      madvise(reinterpret_cast<void*>(released), done - released, MADV_DONTNEED);
+      released = done;
+    }
+  }
+}
+
+}  // namespace
 
 void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionSlice& p,
                                  uint64_t version, float* out) {
@@ -254,19 +333,9 @@ void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionS
         "version {} with {}: another trainer is committing to this job?",
         options_.services[p.service], p.id, f.reply.version, f.reply.element_count, version,
         p.count));
-  const auto bytes = f.bytes();
-  if (dtype == msg::DType::fp32)
-    std::memcpy(out, bytes.data(), bytes.size());
-  else if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) == 0)
-    k::half_to_floats(out, reinterpret_cast<const uint16_t*>(bytes.data()), p.count,
-                      half_kind(precision_));
-  else {
-    // ZeroMQ may hand back a frame at any byte offset inside its receive buffer.
-    std::vector<uint16_t> aligned(p.count);
-    std::memcpy(aligned.data(), bytes.data(), bytes.size());
-    k::half_to_floats(out, aligned.data(), p.count, half_kind(precision_));
-  }
-  bytes_fetched_ += bytes.size();
+  const size_t size = f.frame.size();
+  copy_out_releasing(f.frame, out, p.count, dtype, half_kind(precision_));
+  bytes_fetched_ += size;
 }
 
 void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients,
@@ -307,56 +376,110 @@ BlockSet ZeroEngine::gather_params() {
   return full;
 }
 
-void ZeroEngine::finish_block_grad(size_t b) {
+size_t ZeroEngine::grad_numel(size_t b) const {
+  // With several ranks the block's gradient is the reduce-scatter's input as it is: W equal
+  // slots of P floats, the tail past the block's numel staying zero.
+  return plan_.world_size() == 1 ? model_.layouts()[b].numel
+                                 : plan_.world_size() * plan_.partition_numel(b);
+}
+
+void ZeroEngine::begin_block_grad(size_t b) {
   FloatBuffer& g = grads_.blocks[b];
+  if (g.size() > 0) return;        // accumulating since an earlier micro-step
+  g = FloatBuffer(grad_numel(b));  // zeroed: the backward adds into it
+  grad_memory_->add(g.bytes());
+}
+
+void ZeroEngine::drop_grad(FloatBuffer& g) {
+  grad_memory_->sub(g.bytes());
+  g = FloatBuffer();
+}
+
+void ZeroEngine::finish_block_grad(size_t b) {
+  // The step's gradient of block b leaves grads_ here: from now on it is only this push's.
+  FloatBuffer g = std::move(grads_.blocks[b]);
+  if (g.size() == 0)
+    throw std::logic_error(
+        fmt::format("block {}'s gradient is ready but was never begun", model_.layouts()[b].name));
   const PartitionSlice& p = plan_.slice(b, options_.rank);
+  auto payload = std::make_shared<GradPayload>();
+  payload->memory = grad_memory_;
   // This rank's partition of the step's gradient: at world size 1 the block itself; with
-  // more ranks the rank-order sum of every rank's slice (dloss carried 1/W: the mean).
-  float* part = g.data();
-  std::vector<float> reduced;
+  // more ranks the rank-order sum of every rank's slice (dloss carried 1/W: the mean). The
+  // full block is freed as soon as the reduce-scatter is done.
+  FloatBuffer part = std::move(g);
   if (plan_.world_size() > 1) {
     const size_t P = plan_.partition_numel(b);
     const size_t W = plan_.world_size();
-    std::vector<float> padded(W * P, 0.0f);
-    std::memcpy(padded.data(), g.data(), g.size() * sizeof(float));
-    reduced.resize(P);
+    FloatBuffer reduced(P);
+    grad_memory_->add(reduced.bytes());
     try {
-      options_.grad_comm->reduce_scatter_sum(padded.data(), reduced.data(), P);
+      options_.grad_comm->reduce_scatter_sum(part.data(), reduced.data(), P);
     } catch (const actors::CollectiveError& e) {
+      drop_grad(reduced);
+      drop_grad(part);
       throw ZeroServiceError(
           fmt::format("reduce-scatter of block {}'s gradient across {} "
                       "trainers failed at step {}: {}",
                       model_.layouts()[b].name, W, global_step_ + 1, e.what()));
     }
-    part = reduced.data();
+    drop_grad(part);
+    part = std::move(reduced);
   }
   const size_t count = p.count;
   // Half precision: the gradient a half-precision model holds, exactly as Engine rounds it
-  // (fp16 overflow turns into inf here); sent as that half type, which is exact.
-  std::vector<uint16_t> half;
+  // (fp16 overflow turns into inf here); sent as that half type, which is exact. The fp32
+  // copy goes as soon as the half one exists.
   if (precision_ != Precision::kFp32 && count > 0) {
-    grads_nonfinite_local_ |= k::round_through_half(part, count, half_kind(precision_));
-    half.resize(count);
-    k::floats_to_half(half.data(), part, count, half_kind(precision_));
+    grads_nonfinite_local_ |= k::round_through_half(part.data(), count, half_kind(precision_));
+    payload->half.resize(count);
+    payload->accounted = count * sizeof(uint16_t);
+    grad_memory_->add(payload->accounted);
+    k::floats_to_half(payload->half.data(), part.data(), count, half_kind(precision_));
+    drop_grad(part);
+  } else {
+    payload->accounted = part.bytes();  // already counted when it was allocated
+    payload->floats = std::move(part);
+  }
+  block_sum_squares_[b] = 0;
+  block_nonfinite_[b] = 0;
+  if (count == 0) {  // this rank holds no slice of the block: nothing to push
+    block_pushed_[b] = 1;
+    return;
   }
   const msg::DType dtype = served_dtype(precision_);
   const uint64_t step = static_cast<uint64_t>(global_step_) + 1;
-  double sum = 0;
-  bool nonfinite = false;
-  if (count > 0) {
-    const std::span<const std::byte> bytes =
-        dtype == msg::DType::fp32 ? std::as_bytes(std::span<const float>(part, count))
-                                  : std::as_bytes(std::span<const uint16_t>(half.data(), count));
-    const msg::PushReply reply = on_service(
-        p.service, "push_gradients",
-        [&](actors::OffloadClient& c) { return c.push_gradients(p.id, step, 0, dtype, bytes); });
-    sum = reply.sum_squares;
-    nonfinite = reply.nonfinite;
-    bytes_pushed_ += bytes.size();
-  }
-  block_sum_squares_[b] = sum;
-  block_nonfinite_[b] = nonfinite;
-  block_pushed_[b] = 1;
+  const std::span<const std::byte> bytes =
+      dtype == msg::DType::fp32
+          ? std::as_bytes(std::span<const float>(payload->floats.data(), count))
+          : std::as_bytes(std::span<const uint16_t>(payload->half.data(), count));
+  // At most max_pushes_in_flight unanswered: the oldest reply first (usually long there).
+  while (pushes_.size() >= options_.max_pushes_in_flight) collect_push();
+  // Zero-copy: the frame owns the payload, which frees the gradient once it is sent.
+  const uint64_t request = on_service(p.service, "push_gradients", [&](actors::OffloadClient& c) {
+    return c.send_push_gradients(p.id, step, 0, dtype, bytes, payload);
+  });
+  payload.reset();
+  bytes_pushed_ += bytes.size();
+  pushes_.push_back(PendingPush{b, p.service, request});
+  max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+}
+
+void ZeroEngine::collect_push() {
+  const PendingPush push = pushes_.front();
+  pushes_.pop_front();
+  const msg::PushReply reply =
+      on_service(push.service, "push_gradients",
+                 [&](actors::OffloadClient& c) { return c.receive_push_reply(push.request); });
+  // Kept per block and added in block order later, whatever order the replies come in.
+  block_sum_squares_[push.block] = reply.sum_squares;
+  block_nonfinite_[push.block] = reply.nonfinite;
+  block_pushed_[push.block] = 1;
+}
+
+void ZeroEngine::abandon_pushes() {
+  for (const auto& push : pushes_) services_[push.service]->client->abandon(push.request);
+  pushes_.clear();
 }
 
 void ZeroEngine::combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite) {
@@ -415,14 +538,18 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   StepResult r;
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
-  grads_.zero();
+  // A step that failed part-way may have left gradients and unanswered pushes: start over.
+  abandon_pushes();
+  for (auto& g : grads_.blocks)
+    if (g.size() > 0) drop_grad(g);
   std::fill(block_sum_squares_.begin(), block_sum_squares_.end(), 0.0);
   std::fill(block_nonfinite_.begin(), block_nonfinite_.end(), 0);
   std::fill(block_pushed_.begin(), block_pushed_.end(), 0);
   grads_nonfinite_local_ = false;
-  // Engine's dloss and accumulation: the same kernels add into the same fp32 buffers in
-  // the same order, so the gradients are Engine's bit for bit. Earlier micro-steps
-  // accumulate locally; the last one pushes each block as its backward completes.
+  // Engine's dloss and accumulation: the same kernels add into the same fp32 buffers
+  // (zeroed when the first micro-step's backward begins them) in the same order, so the
+  // gradients are Engine's bit for bit. Earlier micro-steps accumulate locally; the last
+  // one pushes each block as its backward completes.
   const double W = static_cast<double>(plan_.world_size());
   const float dloss = static_cast<float>(r.loss_scale / (static_cast<double>(B) * T * gas * W));
   double loss_sum = 0;
@@ -441,7 +568,8 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
 
   const auto t_opt = Clock::now();
   // The global norm and overflow verdict from every push reply, before any commit: a
-  // service that failed a push has already stopped this step (no commit went anywhere).
+  // service that failed a push stops this step here (no commit went anywhere).
+  while (!pushes_.empty()) collect_push();
   for (size_t b = 0; b < block_pushed_.size(); ++b)
     if (!block_pushed_[b])
       throw std::logic_error(fmt::format("block {} was never pushed", model_.layouts()[b].name));
@@ -756,6 +884,8 @@ ZeroStats ZeroEngine::stats() const {
   s.bytes_fetched = bytes_fetched_.load();
   s.total_param_bytes = total_numel(model_.layouts()) * sizeof(float);
   s.peak_resident_param_bytes = peak_resident_bytes_;
+  s.peak_resident_grad_bytes = grad_memory_->peak.load();
+  s.max_pushes_in_flight = max_pushes_seen_;
   if (scheduler_) {
     s.scheduler = scheduler_->stats();
     s.peak_resident_param_bytes = s.scheduler.peak_resident_bytes;

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -46,6 +47,10 @@ struct ZeroOptions {
   // interleave differently on different ranks.
   actors::Collectives* grad_comm = nullptr;
   actors::Collectives* param_comm = nullptr;
+  // Gradient pushes of the last micro-step sent and not yet answered: the backward of
+  // block b-1 runs while block b's push travels and the service sums its squares. Each one
+  // in flight holds its gradient payload, so this also bounds that memory. At least 1.
+  size_t max_pushes_in_flight = 2;
 };
 
 // Traffic and memory of the ZeRO engine, cumulative.
@@ -54,7 +59,11 @@ struct ZeroStats {
   uint64_t bytes_fetched = 0;            // parameter payloads received
   size_t total_param_bytes = 0;          // the whole model as fp32 (what stage 0 holds)
   size_t peak_resident_param_bytes = 0;  // the most parameter bytes this trainer held at once
-  SchedulerStats scheduler;              // stage 3 only
+  // The most gradient bytes held at once: fp32 blocks being computed or accumulated, the
+  // reduced partitions, the half-precision payloads until ZeroMQ has sent them.
+  size_t peak_resident_grad_bytes = 0;
+  size_t max_pushes_in_flight = 0;  // the most pushes awaiting their replies at once
+  SchedulerStats scheduler;         // stage 3 only
 };
 
 // ZeRO stages 1-3 with the optimizer in offload services (trainer/README.md, "ZeRO with
@@ -63,6 +72,15 @@ struct ZeroStats {
 // and the fp16 overflow verdict are combined from the push replies, then every service
 // gets CommitStep(step, clip_coef, loss_scale, lr) or SkipStep, and the updated partitions
 // are fetched back at the new version. Losses equal Engine's bit for bit at world size 1.
+//
+// Gradient memory: a block's fp32 gradient is allocated (zeroed) when the backward first
+// writes it and freed once the last micro-step has pushed it, so with
+// gradient_accumulation_steps 1 only the blocks between their backward and their push are
+// held (the tied embedding's lives through the whole backward: the LM head writes it
+// first, the encoder last). With more micro-steps every block's gradient accumulates in
+// fp32 from its first micro-step to the push, as in Engine (bit-identical sums).
+// Pushes are pipelined: up to max_pushes_in_flight are sent before their replies are
+// collected, all of them before the norm and the verdict.
 //
 // Data parallel (world size W > 1): every block is split into W partitions (PartitionPlan);
 // rank r keeps its partitions on its own offload services. After the last micro-step's
@@ -116,6 +134,13 @@ class ZeroEngine {
  private:
   class Hooks;
   struct Service;
+  struct GradMemory;
+  struct GradPayload;
+  struct PendingPush {
+    size_t block;
+    size_t service;
+    uint64_t request;
+  };
   void register_and_initialise(uint64_t seed);
   template <class F>
   auto on_service(size_t service, const char* what, F&& f) const;
@@ -123,7 +148,12 @@ class ZeroEngine {
                    size_t block, uint64_t version, float* out);
   void fetch_partition(actors::OffloadClient& client, const PartitionSlice& p, uint64_t version,
                        float* out);
+  size_t grad_numel(size_t block) const;
+  void begin_block_grad(size_t block);
+  void drop_grad(FloatBuffer& g);
   void finish_block_grad(size_t block);
+  void collect_push();
+  void abandon_pushes();
   void combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite);
   std::vector<actors::OffloadClient*> main_clients() const;
   void refresh_all_params();
@@ -138,7 +168,12 @@ class ZeroEngine {
   LossScaler scaler_;
   std::vector<std::unique_ptr<Service>> services_;
   BlockSet params_;  // stages 1/2: every block; stage 3: the resident set
-  BlockSet grads_;   // fp32, accumulated over the micro-steps (the stage-0 engine's order)
+  // fp32, accumulated over the micro-steps (the stage-0 engine's order); a block is
+  // allocated by the backward's grads_begin and handed to its push by grads_ready.
+  BlockSet grads_;
+  std::shared_ptr<GradMemory> grad_memory_;  // shared with payloads ZeroMQ still holds
+  std::deque<PendingPush> pushes_;           // sent, replies not collected, oldest first
+  size_t max_pushes_seen_ = 0;
   // The scheduler thread's sockets; declared before the scheduler, so they outlive its thread.
   std::vector<std::unique_ptr<actors::OffloadClient>> fetch_clients_;
   std::unique_ptr<ParamScheduler> scheduler_;
