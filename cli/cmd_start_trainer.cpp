@@ -359,6 +359,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
   o.world_size = static_cast<uint32_t>(place.world_size);
   o.grad_comm = comms.grad.get();
   o.param_comm = comms.param.get();
+  o.system = &runtime.system();
   ZeroEngine engine(gpt, config, a.seed, o);
   spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
                engine.stage(), precision_name(engine.precision()), place.rank, place.world_size,

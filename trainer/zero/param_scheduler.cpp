@@ -2,50 +2,66 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
+#include <memory>
 
 namespace dsactor::trainer {
 
-ParamScheduler::ParamScheduler(std::vector<size_t> block_numel, BlockSet& params,
-                               SchedulerOptions options, FetchFn fetch)
+namespace {
+
+using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
+
+// One block to fetch, and where its buffer (or the failure) goes.
+struct FetchJob {
+  size_t block = 0;
+  uint64_t version = 0;
+  size_t numel = 0;
+  std::promise<FloatBuffer> promise;
+};
+using FetchJobPtr = std::shared_ptr<FetchJob>;
+
+}  // namespace
+
+}  // namespace dsactor::trainer
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::trainer::FetchJobPtr)
+
+namespace dsactor::trainer {
+
+ParamScheduler::ParamScheduler(caf::actor_system& system, std::vector<size_t> block_numel,
+                               BlockSet& params, SchedulerOptions options, FetchFn fetch)
     : numel_(std::move(block_numel)),
       params_(params),
       options_(options),
       fetch_(std::move(fetch)),
-      slots_(numel_.size()) {
+      slots_(numel_.size()),
+      system_(system) {
   params_.blocks.resize(numel_.size());
-  thread_ = std::thread([this] { worker(); });
+  // Detached: a fetch blocks on its sockets (and on the allgather with the other ranks).
+  fetcher_ = system_.spawn<caf::detached>([this]() -> caf::behavior {
+    return {
+        [this](fetch_atom, const FetchJobPtr& job) {
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            FloatBuffer buf = FloatBuffer::uninitialized(job->numel);  // fetch_ fills it
+            fetch_(job->block, job->version, buf.data());
+            add_fetch_time(t0);
+            job->promise.set_value(std::move(buf));
+          } catch (...) {
+            add_fetch_time(t0);
+            job->promise.set_exception(std::current_exception());
+          }
+        },
+    };
+  });
 }
 
 ParamScheduler::~ParamScheduler() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void ParamScheduler::worker() {
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (stop_) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      FloatBuffer buf = FloatBuffer::uninitialized(numel_[job.block]);  // fetch_ fills it
-      fetch_(job.block, job.version, buf.data());
-      add_fetch_time(t0);
-      job.promise.set_value(std::move(buf));
-    } catch (...) {
-      add_fetch_time(t0);
-      job.promise.set_exception(std::current_exception());
-    }
-  }
+  // Fetches still queued are dropped (their futures break; nobody waits on them any more);
+  // the one running finishes first, because it writes into this object's statistics.
+  caf::scoped_actor self{system_};
+  self->send_exit(fetcher_, caf::exit_reason::user_shutdown);
+  self->wait_for(fetcher_);
 }
 
 void ParamScheduler::add_fetch_time(std::chrono::steady_clock::time_point t0) {
@@ -75,11 +91,12 @@ void ParamScheduler::start_fetch(size_t b, bool prefetch) {
   note_live();
   ++stats_.fetches;
   stats_.bytes_fetched += numel_[b] * sizeof(float);
-  {
-    std::lock_guard lock(mu_);
-    jobs_.push_back(Job{b, version_, std::move(promise)});
-  }
-  cv_.notify_one();
+  auto job = std::make_shared<FetchJob>();
+  job->block = b;
+  job->version = version_;
+  job->numel = numel_[b];
+  job->promise = std::move(promise);
+  caf::anon_send(fetcher_, fetch_atom::value, std::move(job));
 }
 
 void ParamScheduler::wait_pending(size_t b) {

@@ -1,14 +1,13 @@
 #pragma once
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <future>
 #include <mutex>
-#include <thread>
 #include <vector>
+
+#include <caf/all.hpp>
 
 #include "trainer/model/gpt.h"
 
@@ -43,14 +42,18 @@ struct SchedulerStats {
 // resident), so fetches overlap compute. A pass whose acquires leave the recorded order
 // stops prefetching (correct, just slower) until the next pass.
 //
-// `fetch(block, version, out)` fills out[0, numel) with the block's parameters at exactly
-// `version`; it runs on the scheduler's own thread (it must use its own sockets) and its
-// exceptions are rethrown by the acquire() that needs the block.
+// Fetches run on the scheduler's fetcher, a detached CAF actor of `system` (its own
+// thread): acquire() and the prefetch send it one message per block, in the order the
+// model's hooks decide (the mailbox keeps it, which collectives issued inside `fetch` rely
+// on), and wait on a future only when the block is needed. `fetch(block, version, out)`
+// fills out[0, numel) with the block's parameters at exactly `version`; it runs on the
+// fetcher's thread (it must use its own sockets) and its exceptions are rethrown by the
+// acquire() that needs the block.
 class ParamScheduler final : public BlockHooks {
  public:
   using FetchFn = std::function<void(size_t block, uint64_t version, float* out)>;
-  ParamScheduler(std::vector<size_t> block_numel, BlockSet& params, SchedulerOptions options,
-                 FetchFn fetch);
+  ParamScheduler(caf::actor_system& system, std::vector<size_t> block_numel, BlockSet& params,
+                 SchedulerOptions options, FetchFn fetch);
   ~ParamScheduler() override;
   ParamScheduler(const ParamScheduler&) = delete;
   ParamScheduler& operator=(const ParamScheduler&) = delete;
@@ -80,12 +83,6 @@ class ParamScheduler final : public BlockHooks {
     bool prefetched = false;
     std::future<FloatBuffer> future;
   };
-  struct Job {
-    size_t block;
-    uint64_t version;
-    std::promise<FloatBuffer> promise;
-  };
-
   bool persistent(size_t b) const {
     return static_cast<int64_t>(numel_[b]) < options_.persistence_threshold;
   }
@@ -96,7 +93,6 @@ class ParamScheduler final : public BlockHooks {
   void prefetch_ahead();
   bool reused_soon(size_t b) const;
   void note_live();
-  void worker();
   void add_fetch_time(std::chrono::steady_clock::time_point t0);
 
   std::vector<size_t> numel_;
@@ -114,10 +110,8 @@ class ParamScheduler final : public BlockHooks {
   SchedulerStats stats_;
 
   mutable std::mutex mu_;  // mutable: stats() reads fetch_seconds under it
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  bool stop_ = false;
-  std::thread thread_;
+  caf::actor_system& system_;
+  caf::actor fetcher_;
 };
 
 }  // namespace dsactor::trainer

@@ -12,6 +12,7 @@
 
 #include "actors/collectives.h"
 #include "actors/offload_client.h"
+#include "actors/runtime.h"
 #include "kernels/cpu/cast.h"
 #include "storage/checkpoint.h"
 #include "trainer/config/lr_schedule.h"
@@ -208,8 +209,13 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     so.persistence_threshold = z.param_persistence_threshold;
     std::vector<actors::OffloadClient*> fc;
     for (auto& c : fetch_clients_) fc.push_back(c.get());
+    caf::actor_system* system = options_.system;
+    if (!system) {
+      own_runtime_ = std::make_unique<actors::Runtime>();
+      system = &own_runtime_->system();
+    }
     scheduler_ =
-        std::make_unique<ParamScheduler>(block_numels(model_.layouts()), params_, so,
+        std::make_unique<ParamScheduler>(*system, block_numels(model_.layouts()), params_, so,
                                          [this, fc](size_t b, uint64_t version, float* out) {
                                            fetch_block(fc, options_.param_comm, b, version, out);
                                          });

@@ -19,9 +19,14 @@
 #include "trainer/zero/param_scheduler.h"
 #include "trainer/zero/partition_plan.h"
 
+namespace caf {
+class actor_system;
+}
+
 namespace dsactor::actors {
 class Collectives;
 class OffloadClient;
+class Runtime;
 }  // namespace dsactor::actors
 
 namespace dsactor::trainer {
@@ -51,6 +56,9 @@ struct ZeroOptions {
   // block b-1 runs while block b's push travels and the service sums its squares. Each one
   // in flight holds its gradient payload, so this also bounds that memory. At least 1.
   size_t max_pushes_in_flight = 2;
+  // The actor system the engine's actors (stage 3's parameter fetcher) run in; null: the
+  // engine starts one of its own.
+  caf::actor_system* system = nullptr;
 };
 
 // Traffic and memory of the ZeRO engine, cumulative.
@@ -174,7 +182,8 @@ class ZeroEngine {
   std::shared_ptr<GradMemory> grad_memory_;  // shared with payloads ZeroMQ still holds
   std::deque<PendingPush> pushes_;           // sent, replies not collected, oldest first
   size_t max_pushes_seen_ = 0;
-  // The scheduler thread's sockets; declared before the scheduler, so they outlive its thread.
+  std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
+  // The fetcher's sockets; declared before the scheduler, so they outlive its actor.
   std::vector<std::unique_ptr<actors::OffloadClient>> fetch_clients_;
   std::unique_ptr<ParamScheduler> scheduler_;
   // Per step: each block's push results (sum of squares, nonfinite), combined in block order.
