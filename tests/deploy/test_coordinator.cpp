@@ -178,7 +178,9 @@ TEST(CoordinatorRole, SupervisorReadinessProbeIsARendezvousRoundTrip) {
   EXPECT_FALSE(kids[0].ready_probe());  // nothing listens yet
 
   auto silent = kids[0];
-  silent.argv = {"sh", "-c", actors::shell_quote(kids[0].argv) + " 2>/dev/null"};
+  // exec: the supervisor then reaps the coordinator itself, so the port is free once run()
+  // returns.
+  silent.argv = {"sh", "-c", "exec " + actors::shell_quote(kids[0].argv) + " 2>/dev/null"};
   silent.startup_timeout = 20s;
   std::atomic<int> probes{0};
   silent.ready_probe = [&, inner = kids[0].ready_probe] {
@@ -197,6 +199,8 @@ TEST(CoordinatorRole, SupervisorReadinessProbeIsARendezvousRoundTrip) {
   EXPECT_EQ(r.exit_code, 0) << r.message;
   EXPECT_GE(probes.load(), 1);
   EXPECT_THAT(lines, ::testing::Contains("[trainer0] started after the store answered"));
+
+  ASSERT_TRUE(wait_until([&] { return !kids[0].ready_probe(); }, 5s));
 
   // A listener that accepts connections but never answers the store's protocol is not ready.
   auto mute = silent;
