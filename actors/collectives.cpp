@@ -452,4 +452,17 @@ std::unique_ptr<Collectives> make_collectives(int rank, int world_size,
   return std::make_unique<GlooCollectives>(rank, world_size, *store, std::move(options));
 }
 
+#ifndef DSACTOR_HAVE_NCCL
+// With NCCL, actors/nccl_collectives.cpp defines it.
+std::unique_ptr<Collectives> make_nccl_collectives(int rank, int world_size, int device,
+                                                   gloo::rendezvous::Store&,
+                                                   NcclCollectivesOptions) {
+  throw CollectiveError(
+      "not built with NCCL: NCCL collectives (rank " + std::to_string(rank) + " of " +
+      std::to_string(world_size) + ", device " + std::to_string(device) +
+      ") need a build configured where the CUDA toolkit and NCCL are found (/usr/local/cuda or "
+      "-DCUDAToolkit_ROOT=DIR) with DSACTOR_WITH_CUDA=ON; use make_collectives (Gloo) instead");
+}
+#endif
+
 }  // namespace dsactor::actors

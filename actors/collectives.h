@@ -1,7 +1,8 @@
 #pragma once
 
 // Dense collectives between trainers, behind one interface: GlooCollectives (CPU, TCP) for
-// W > 1 and LocalCollectives for W == 1; NCCL will be a third implementation.
+// W > 1, LocalCollectives for W == 1, and NcclCollectives (actors/nccl_collectives.h: GPUs,
+// host buffers staged through device memory; compiled only where CUDA and NCCL are found).
 //
 // Threading: every call is queued to a communication thread the object owns and returns a
 // std::future; the blocking names (allreduce_sum, ...) wait on it. So an actor can submit
@@ -148,6 +149,22 @@ class GlooCollectives final : public Collectives {
   GlooCollectivesOptions options_;
   std::unique_ptr<Impl> impl_;
 };
+
+struct NcclCollectivesOptions {
+  // Deadline of joining the communicator and of every collective. A call that misses it
+  // aborts the communicator (ncclCommAbort) and throws CollectiveError naming the op.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Store key prefix: rank 0 publishes the NCCL unique id under "<prefix>/unique_id".
+  std::string prefix = "nccl";
+};
+
+// NcclCollectives on CUDA device `device` (declared in every build): rank 0 creates the NCCL
+// unique id and sets it in `store`, the others get it from there (the coordinator's store
+// broadcasting the id). Without NCCL in the build it throws CollectiveError("not built with
+// NCCL: ..."); see actors/nccl_collectives.h for the semantics.
+std::unique_ptr<Collectives> make_nccl_collectives(int rank, int world_size, int device,
+                                                   gloo::rendezvous::Store& store,
+                                                   NcclCollectivesOptions options = {});
 
 // LocalCollectives when world_size == 1 (store may then be null), GlooCollectives otherwise.
 std::unique_ptr<Collectives> make_collectives(int rank, int world_size,

@@ -63,6 +63,12 @@ const std::vector<KeySpec>& key_table() {
        "`dsactor up` creates missing `nvme` and `out` directories; false: a missing one is an "
        "error"},
       {Scope::kTop, "env", kAllRoles, "map", "{}", "environment added to every role"},
+      {Scope::kTop, "rendezvous", kAllRoles, "endpoint",
+       "the coordinator's `listen`; else, with world_size > 1, tcp://127.0.0.1:<first free "
+       "5555+ port>",
+       "where trainers rendezvous (`--coordinator`); without a coordinator role, trainer rank 0 "
+       "binds it (`--serve-coordinator`). Needed when trainers on other machines take part and "
+       "there is no coordinator role"},
       {Scope::kTop, "startup_timeout", kAllRoles, "seconds", "60",
        "default for every role: time a service has to answer on its endpoint"},
       {Scope::kTop, "shutdown_timeout", kAllRoles, "seconds", "10",
@@ -601,6 +607,29 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const fs::path& s
                            "its own",
                            r.listen, it->second, cfg.roles[it->second].name));
   }
+  // An explicit rendezvous endpoint: validated like a listen address, and its port kept out
+  // of the defaults below. Whether something here binds it is decided once ranks are known.
+  std::optional<Endpoint> rendezvous_key;
+  if (const YAML::Node n = root["rendezvous"]) {
+    const std::string text = read_string(ctx, n, "rendezvous");
+    if (!cfg.of_kind(RoleKind::kCoordinator).empty())
+      ctx.fail(n, "rendezvous",
+               fmt::format("value \"{}\" is not allowed with a coordinator role: the "
+                           "coordinator's listen is the rendezvous; remove one of them",
+                           text));
+    std::string why;
+    rendezvous_key = split_endpoint(text, why);
+    if (!rendezvous_key)
+      ctx.fail(n, "rendezvous", fmt::format("value \"{}\" is not allowed: {}", text, why));
+    if (!rendezvous_key->tcp)
+      rendezvous_key->text = "ipc://" + resolve(ctx, rendezvous_key->text.substr(6)).string();
+    if (const auto it = by_endpoint.find(rendezvous_key->text); it != by_endpoint.end())
+      ctx.fail(n, "rendezvous",
+               fmt::format("endpoint \"{}\" is also roles[{}] \"{}\"'s listen; the rendezvous "
+                           "needs its own",
+                           rendezvous_key->text, it->second, cfg.roles[it->second].name));
+    if (rendezvous_key->tcp) used_ports.insert(rendezvous_key->port);
+  }
   int next_port = kFirstDefaultPort;
   for (auto& r : cfg.roles) {
     if (r.kind == RoleKind::kTrainer || !r.listen.empty()) continue;
@@ -702,6 +731,34 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const fs::path& s
     t->rank = next_rank;
     by_rank.emplace(next_rank, t->index);
   }
+
+  // Rendezvous: the coordinator, else the explicit key, else an implicit loopback endpoint
+  // that trainer rank 0 binds. Loopback only works when every rank runs from this file.
+  const bool rank0_here = by_rank.count(0) > 0;
+  if (const auto coordinators = cfg.of_kind(RoleKind::kCoordinator); !coordinators.empty()) {
+    cfg.rendezvous = coordinators.front()->listen;
+  } else if (rendezvous_key) {
+    cfg.rendezvous = rendezvous_key->text;
+    cfg.rendezvous_in_rank0 = rank0_here;
+    if (rank0_here && rendezvous_key->tcp && !cfg.allow_remote &&
+        !is_loopback_endpoint(cfg.rendezvous))
+      ctx.fail(root["rendezvous"], "rendezvous",
+               fmt::format("value \"{}\" makes trainer rank 0 listen beyond this machine; the "
+                           "store has no authentication, so this needs allow_remote: true",
+                           cfg.rendezvous));
+  } else if (world_size > 1 && !trainers.empty()) {
+    if (!rank0_here || static_cast<int>(trainers.size()) < world_size)
+      ctx.fail(role_nodes[trainers.front()->index],
+               fmt::format("roles[{}]", trainers.front()->index),
+               fmt::format("world_size {} but this file runs {} trainer(s){}: trainers on other "
+                           "machines cannot reach an implicit loopback rendezvous; add a "
+                           "coordinator role they can reach, or set the top-level rendezvous: "
+                           "tcp://HOST:PORT",
+                           world_size, trainers.size(), rank0_here ? "" : " and not rank 0"));
+    while (used_ports.count(next_port)) ++next_port;
+    cfg.rendezvous = fmt::format("tcp://127.0.0.1:{}", next_port);
+    cfg.rendezvous_in_rank0 = true;
+  }
   return cfg;
 }
 
@@ -743,6 +800,10 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
       if (!role.data.empty()) a.insert(a.end(), {"--data", role.data});
       if (role.steps) a.insert(a.end(), {"--steps", std::to_string(role.steps)});
       if (!role.out.empty()) a.insert(a.end(), {"--out", role.out});
+      if (!config.rendezvous.empty()) {
+        a.insert(a.end(), {"--coordinator", config.rendezvous});
+        if (config.rendezvous_in_rank0 && role.rank == 0) a.emplace_back("--serve-coordinator");
+      }
       break;
     case RoleKind::kCoordinator:
       a.insert(a.end(),

@@ -75,6 +75,14 @@ struct DeployConfig {
   bool allow_remote = false;     // allow listening on non-loopback addresses
   bool create_dirs = true;       // `up` creates missing nvme/out directories
   std::vector<RoleSpec> roles;   // in file order
+  // Where the trainers rendezvous (Gloo store, NCCL unique id): the coordinator role's
+  // `listen`; else the top-level `rendezvous` key; else, with world_size > 1, an implicit
+  // tcp://127.0.0.1:<port> on the first port of the 5555+ scheme no role uses (only when
+  // every rank runs from this file). Empty: one trainer and no coordinator, no rendezvous.
+  std::string rendezvous;
+  // No coordinator role: trainer rank 0 binds `rendezvous` itself, in-process (torchrun's
+  // rank 0 hosting the TCPStore), when this file runs rank 0.
+  bool rendezvous_in_rank0 = false;
 
   const RoleSpec* find(std::string_view name) const;
   std::vector<const RoleSpec*> of_kind(RoleKind k) const;
@@ -90,9 +98,12 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //                [--aio-block-size B] [--aio-queue-depth Q] [--no-mlock]
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
 //                [--offload ENDPOINT]... [--model M] [--data D] [--steps S] [--out DIR]
+//                [--coordinator ENDPOINT [--serve-coordinator]]
 //   coordinator: start --role coordinator --name N --deploy FILE --listen E
 // Every path is absolute; `--offload` lists the endpoints of the services the trainer's
-// partitions go to, in the order the deploy file names them. The offload line has no --name
+// partitions go to, in the order the deploy file names them. `--coordinator` is
+// config.rendezvous when set; `--serve-coordinator` goes to rank 0 when
+// config.rendezvous_in_rank0 (it binds the endpoint). The offload line has no --name
 // because `start --role offload` takes none (the supervisor passes DSACTOR_ROLE_NAME in the
 // environment to every role instead).
 std::vector<std::string> to_command_line(const DeployConfig& config, const RoleSpec& role);

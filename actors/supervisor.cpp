@@ -1,5 +1,7 @@
 #include "actors/supervisor.h"
 
+#include "actors/rendezvous_store.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -521,8 +523,9 @@ struct Supervisor::Impl {
           continue;
         }
         if (now >= c.next_probe) {
-          if (try_connect(c.spec->ready_endpoint)) {
-            mark_ready(c, "it accepts connections");
+          if (try_connect(c.spec->ready_endpoint) &&
+              (!c.spec->ready_probe || c.spec->ready_probe())) {
+            mark_ready(c, c.spec->ready_probe ? "it answers requests" : "it accepts connections");
             continue;
           }
           c.next_probe = Clock::now() + opt.probe_interval;
@@ -639,6 +642,18 @@ std::vector<ChildSpec> children_for(const DeployConfig& config, const std::strin
         std::any_of(c.env.begin(), c.env.end(), [](const auto& kv) { return kv.first == "OMP_WAIT_POLICY"; });
     if (c.service && !wait_policy_set) c.env.emplace_back("OMP_WAIT_POLICY", "passive");
     if (c.service) c.ready_endpoint = r.listen;
+    if (r.kind == RoleKind::kCoordinator) {
+      // Removing a key nobody sets is a full round trip that changes nothing.
+      c.ready_probe = [endpoint = r.listen, job = config.job] {
+        try {
+          RendezvousClient probe(endpoint, job, std::chrono::milliseconds(500));
+          probe.remove("dsactor/up/ready-probe");
+          return true;
+        } catch (const std::exception&) {
+          return false;  // not answering yet (or not our protocol): probe again later
+        }
+      };
+    }
     c.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.startup_timeout * 1000));
     c.shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.shutdown_timeout * 1000));
     c.code_index = static_cast<int>(r.index);

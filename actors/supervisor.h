@@ -37,6 +37,10 @@ struct ChildSpec {
   // Services: ready when a line of output contains "listening on <ready_endpoint>" or a
   // connection to it (tcp:// or ipc://) succeeds. Empty: ready as soon as it is spawned.
   std::string ready_endpoint;
+  // Services: when set, a connection to ready_endpoint counts as ready only once this also
+  // returns true (a round trip of the service's own protocol, e.g. the coordinator's
+  // rendezvous store answering a request). Called on run()'s thread; keep it short.
+  std::function<bool()> ready_probe;
   std::chrono::milliseconds startup_timeout{60000};
   std::chrono::milliseconds shutdown_timeout{10000};
   // Reported in the exit code (100 + code_index) when this child is the one that failed.
@@ -84,7 +88,8 @@ class Supervisor {
 };
 
 // The children `dsactor up` runs for a deployment: `binary` + to_command_line(role) for each
-// role, with DSACTOR_JOB and DSACTOR_ROLE_NAME in their environment.
+// role, with DSACTOR_JOB and DSACTOR_ROLE_NAME in their environment. A coordinator is ready
+// once its rendezvous store answers a request (ready_probe), not merely accepts connections.
 std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary);
 
 // `sh`-safe rendering of an argv, for dry runs and messages.

@@ -18,7 +18,14 @@ extern "C" char* openblas_get_corename(void);
 extern "C" int openblas_get_num_threads(void);
 
 namespace dsactor::cli {
+
 namespace {
+// Whether actors/nccl_collectives.cpp is in this build (CMake found CUDA and NCCL).
+#ifdef DSACTOR_HAVE_NCCL
+constexpr bool kNcclCollectivesBuilt = true;
+#else
+constexpr bool kNcclCollectivesBuilt = false;
+#endif
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -54,21 +61,28 @@ nlohmann::json report() {
                         {"f16c", __builtin_cpu_supports("f16c") != 0},
                         {"omp_max_threads", omp_get_max_threads()}};
   return {{"dsactor", DSACTOR_VERSION},
-          {"build", {{"compiler", __VERSION__}, {"cxx_standard", __cplusplus},
+          {"build",
+           {{"compiler", __VERSION__},
+            {"cxx_standard", __cplusplus},
 #ifdef NDEBUG
-                     {"asserts", false}
+            {"asserts", false}
 #else
-                     {"asserts", true}
+            {"asserts", true}
 #endif
-                    }},
+           }},
           {"cpu", cpu},
-          {"blas", {{"library", "OpenBLAS"}, {"config", openblas_get_config()},
-                    {"core", openblas_get_corename()}, {"threads", openblas_get_num_threads()}}},
+          {"blas",
+           {{"library", "OpenBLAS"},
+            {"config", openblas_get_config()},
+            {"core", openblas_get_corename()},
+            {"threads", openblas_get_num_threads()}}},
           {"adam_isa", kernels::cpu::adam_isa()},
-          {"cuda", {{"runtime_loadable", loadable("libcudart.so") || loadable("libcudart.so.13")},
-                    {"driver_loadable", loadable("libcuda.so.1")},
-                    {"nccl_loadable", loadable("libnccl.so.2")},
-                    {"compiled_in", false}}},
+          {"cuda",
+           {{"runtime_loadable", loadable("libcudart.so") || loadable("libcudart.so.13")},
+            {"driver_loadable", loadable("libcuda.so.1")},
+            {"nccl_loadable", loadable("libnccl.so.2")},
+            {"compiled_in", false},
+            {"nccl_collectives_built", kNcclCollectivesBuilt}}},
           {"io_uring", io_uring_status()},
           {"zeromq", fmt::format("{}.{}.{}", zmq_major, zmq_minor, zmq_patch)},
           {"rocksdb", fmt::format("{}.{}.{}", ROCKSDB_MAJOR, ROCKSDB_MINOR, ROCKSDB_PATCH)}};

@@ -7,8 +7,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "cli/start_trainer.h"
+#include "actors/rendezvous_store.h"
 #include "cli/commands.h"
+#include "cli/start_trainer.h"
 #include "offload_service/service.h"
 
 namespace dsactor::cli {
@@ -30,14 +31,25 @@ struct StartArgs {
   bool no_cuda_pinning = false;
 };
 
-int run_offload(const StartArgs& a) {
-  // Block the stop signals before any thread exists, so every thread inherits the mask
-  // and only sigwait() below ever sees them.
+// Blocks SIGINT and SIGTERM in the calling thread. Call before any thread exists, so every
+// thread inherits the mask and only the sigwait() of wait_for_stop() ever sees them.
+sigset_t block_stop_signals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+const char* wait_for_stop(const sigset_t& stop_signals) {
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+int run_offload(const StartArgs& a) {
+  const sigset_t stop_signals = block_stop_signals();
 
   offload::ServiceOptions o;
   o.listen = a.listen;
@@ -63,24 +75,37 @@ int run_offload(const StartArgs& a) {
   spdlog::info("offload service listening on {} ({} tier; partition workers: {}; pinning: {})",
                service.endpoint(), tiers, service.workers(), service.pinning_report());
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  spdlog::info("offload service: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  spdlog::info("offload service: {} received, stopping", wait_for_stop(stop_signals));
   service.stop();
   spdlog::info("offload service stopped");
   return 0;
 }
 
+// The deployment's rendezvous store (trainers' Gloo mesh, NCCL unique id, rank
+// assignment) as a process of its own, for when no trainer should host it. `dsactor up`
+// calls it ready on the "listening on" line or once the store answers a request.
+int run_coordinator(const StartArgs& a, const std::string& name, const std::string& deploy) {
+  const sigset_t stop_signals = block_stop_signals();
+  actors::RendezvousServer server(a.listen);
+  spdlog::info("coordinator {}{}: rendezvous store listening on {}", name,
+               deploy.empty() ? "" : " of " + deploy, server.endpoint());
+  spdlog::info("coordinator: {} received, stopping", wait_for_stop(stop_signals));
+  return 0;  // ~RendezvousServer stops its thread and closes the socket
+}
+
 }  // namespace
 
 void add_start_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("start", "run one role of a deployment (offload, trainer)");
+  auto* cmd =
+      app.add_subcommand("start", "run one role of a deployment (offload, trainer, coordinator)");
   auto a = std::make_shared<StartArgs>();
-  cmd->add_option("--role", a->role, "offload | trainer")->required();
+  cmd->add_option("--role", a->role, "offload | trainer | coordinator")->required();
   cmd->add_option("--nvme", a->nvme,
                   "offload: directory of the NVMe tier (partitions.dat + RocksDB metadata); "
                   "a restart on the same directory serves the same state");
-  cmd->add_option("--listen", a->listen, "offload: ZeroMQ ROUTER endpoint")->capture_default_str();
+  cmd->add_option("--listen", a->listen,
+                  "offload: ZeroMQ ROUTER endpoint; coordinator: the rendezvous store's endpoint")
+      ->capture_default_str();
   cmd->add_option("--memory-limit", a->memory_limit,
                   "offload: bytes of RAM partitions may take (0 = physical memory); "
                   "suffixes K/M/G (powers of 1024) accepted")
@@ -120,7 +145,7 @@ void add_start_command(CLI::App& app) {
                 "offload: do not try cudaHostAlloc (dlopen libcudart) even with a CUDA device");
   auto t = std::make_shared<StartTrainerArgs>();
   add_start_trainer_options(*cmd, *t);
-  cmd->callback([a, t] {
+  cmd->callback([a, t, cmd] {
     if (a->role == "offload") {
       const int rc = run_offload(*a);
       if (rc != 0) throw std::runtime_error("offload service exited with " + std::to_string(rc));
@@ -131,8 +156,15 @@ void add_start_command(CLI::App& app) {
       if (rc != 0) throw std::runtime_error("trainer exited with " + std::to_string(rc));
       return;
     }
-    throw std::runtime_error("dsactor start: unknown role '" + a->role +
-                             "' (expected offload or trainer)");
+    if (a->role == "coordinator") {
+      // --name/--deploy are the trainer options' (shared); their defaults name a trainer.
+      const int rc = run_coordinator(*a, cmd->count("--name") ? t->name : "coordinator",
+                                     cmd->count("--deploy") ? t->deploy : "");
+      if (rc != 0) throw std::runtime_error("coordinator exited with " + std::to_string(rc));
+      return;
+    }
+    throw std::runtime_error("dsactor start --role: unknown role '" + a->role +
+                             "' (expected offload, trainer or coordinator)");
   });
 }
 

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   dsactor::cli::add_bench_command(app);
   dsactor::cli::add_start_command(app);
   dsactor::cli::add_up_command(app);
+  dsactor::cli::add_launch_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

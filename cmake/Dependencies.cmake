@@ -40,3 +40,33 @@ set(DSACTOR_HAVE_CUDA OFF)
 if(CMAKE_CUDA_COMPILER)
   set(DSACTOR_HAVE_CUDA ON)
 endif()
+
+# NCCL collectives (actors/nccl_collectives.cpp) need the CUDA runtime and NCCL, both host
+# libraries: no nvcc involved. /usr/local/cuda is where the toolkit and NCCL live on our
+# machines and in CI; CUDAToolkit_ROOT overrides. Not found (or DSACTOR_WITH_CUDA=OFF): the
+# file is not compiled and make_nccl_collectives() throws "not built with NCCL".
+set(DSACTOR_HAVE_NCCL OFF)
+if(DSACTOR_WITH_CUDA)
+  if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_ROOT}/include)
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_ROOT}/lib64)
+    if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+      set(DSACTOR_HAVE_NCCL ON)
+      add_library(dsactor::nccl UNKNOWN IMPORTED)
+      set_target_properties(dsactor::nccl PROPERTIES
+        IMPORTED_LOCATION "${NCCL_LIBRARY}"
+        INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+    endif()
+  endif()
+endif()
+if(DSACTOR_HAVE_NCCL)
+  message(STATUS "dsactor: NCCL collectives ON (CUDA ${CUDAToolkit_VERSION}, ${NCCL_LIBRARY})")
+elseif(NOT DSACTOR_WITH_CUDA)
+  message(STATUS "dsactor: NCCL collectives OFF (DSACTOR_WITH_CUDA=OFF)")
+else()
+  message(STATUS "dsactor: NCCL collectives OFF (no CUDA toolkit with nccl.h and libnccl found; set CUDAToolkit_ROOT)")
+endif()

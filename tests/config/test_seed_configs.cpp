@@ -133,5 +133,19 @@ TEST(SeedConfigs, SmallDemo) {
   EXPECT_EQ(c.csv_monitor.output_path, "runs/");
 }
 
+// configs/deploy_dp.yaml's trainers: two ranks of micro batch 2, stage 2, optimizer state in
+// the offload services, fp32.
+TEST(SeedConfigs, TinyZero2DataParallel) {
+  const DsConfig c = load("ds_tiny_zero2_dp.json", 2);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.train_batch_size, 4);  // 2 per rank x 2 ranks
+  EXPECT_EQ(c.zero_optimization.stage, 2);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_FALSE(c.zero_optimization.offload_param.enabled());
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_FALSE(c.bf16.enabled);
+}
+
 }  // namespace
 }  // namespace dsactor::trainer

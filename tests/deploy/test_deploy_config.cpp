@@ -2,7 +2,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "actors/deploy_config.h"
 #include "tests/deploy/deploy_test_util.h"
@@ -287,7 +289,9 @@ roles:
 }
 
 TEST_F(DeployConfigTest, RanksAndWorldSize) {
+  // Ranks 3-7 run elsewhere, so the rendezvous has to be named (no implicit loopback one).
   const auto cfg = load(R"(
+rendezvous: "tcp://127.0.0.1:7100"
 roles:
   - {role: trainer, config: ds.json}
   - {role: trainer, config: ds.json, rank: 0}
@@ -378,12 +382,125 @@ roles:
   EXPECT_THAT(to_command_line(cfg, cfg.roles[2]),
               ElementsAre("start", "--role", "coordinator", "--name", "c", "--deploy", file(),
                           "--listen", "tcp://127.0.0.1:7002"));
-  EXPECT_THAT(to_command_line(cfg, cfg.roles[3]),
-              ElementsAre("start", "--role", "trainer", "--name", "t", "--deploy", file(),
-                          "--config", (dir / "ds.json").string(), "--rank", "0", "--world-size",
-                          "1", "--offload", "tcp://127.0.0.1:7001", "--offload",
-                          "tcp://127.0.0.1:5555", "--model", "tiny", "--data",
-                          (dir / "d.txt").string(), "--steps", "3", "--out", (dir / "o").string()));
+  EXPECT_THAT(
+      to_command_line(cfg, cfg.roles[3]),
+      ElementsAre("start", "--role", "trainer", "--name", "t", "--deploy", file(), "--config",
+                  (dir / "ds.json").string(), "--rank", "0", "--world-size", "1", "--offload",
+                  "tcp://127.0.0.1:7001", "--offload", "tcp://127.0.0.1:5555", "--model", "tiny",
+                  "--data", (dir / "d.txt").string(), "--steps", "3", "--out", (dir / "o").string(),
+                  "--coordinator", "tcp://127.0.0.1:7002"));
+}
+
+// The trainers' rendezvous contract: --coordinator E for every trainer, --serve-coordinator
+// for the rank 0 that binds E when no coordinator role does.
+class RendezvousTest : public DeployConfigTest {
+ protected:
+  static std::vector<std::string> tail_after_config(std::vector<std::string> argv) {
+    // Everything after "--world-size W": offload endpoints and the rendezvous flags.
+    const auto it = std::find(argv.begin(), argv.end(), "--world-size");
+    return {it + 2, argv.end()};
+  }
+};
+
+TEST_F(RendezvousTest, TwoTrainersWithoutCoordinatorGetAnImplicitEndpointServedByRankZero) {
+  const auto cfg = load(R"(
+roles:
+  - {role: offload, name: a, listen: "tcp://127.0.0.1:5556"}
+  - {role: offload, name: b}
+  - {role: trainer, name: t1, config: ds.json, rank: 1, offload: b}
+  - {role: trainer, name: t0, config: ds.json, offload: a}
+)");
+  // 5555 (b's default) and 5556 (a's explicit port) are taken: the first free one is 5557.
+  EXPECT_EQ(cfg.roles[1].listen, "tcp://127.0.0.1:5555");
+  EXPECT_EQ(cfg.rendezvous, "tcp://127.0.0.1:5557");
+  EXPECT_TRUE(cfg.rendezvous_in_rank0);
+  EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[3])),
+              ElementsAre("--offload", "tcp://127.0.0.1:5556", "--coordinator",
+                          "tcp://127.0.0.1:5557", "--serve-coordinator"));
+  EXPECT_THAT(
+      tail_after_config(to_command_line(cfg, cfg.roles[2])),
+      ElementsAre("--offload", "tcp://127.0.0.1:5555", "--coordinator", "tcp://127.0.0.1:5557"));
+}
+
+TEST_F(RendezvousTest, ImplicitEndpointSkipsEveryRoleEndpoint) {
+  const auto cfg = load(R"(
+roles:
+  - {role: offload, listen: "tcp://127.0.0.1:5555"}
+  - {role: offload}
+  - {role: offload, listen: "tcp://127.0.0.1:5557"}
+  - {role: trainer, config: ds.json}
+  - {role: trainer, config: ds.json}
+)");
+  EXPECT_EQ(cfg.roles[1].listen, "tcp://127.0.0.1:5556");
+  EXPECT_EQ(cfg.rendezvous, "tcp://127.0.0.1:5558");
+}
+
+TEST_F(RendezvousTest, OneTrainerWithoutCoordinatorGetsNeitherFlag) {
+  const auto cfg = load("roles: [{role: offload}, {role: trainer, config: ds.json}]");
+  EXPECT_EQ(cfg.rendezvous, "");
+  EXPECT_FALSE(cfg.rendezvous_in_rank0);
+  EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[1])),
+              ElementsAre("--offload", "tcp://127.0.0.1:5555"));
+}
+
+TEST_F(RendezvousTest, CoordinatorRoleIsTheRendezvousAndNoTrainerServes) {
+  const auto cfg = load(R"(
+roles:
+  - {role: trainer, config: ds.json}
+  - {role: coordinator, listen: "tcp://127.0.0.1:7002"}
+  - {role: trainer, config: ds.json}
+)");
+  EXPECT_EQ(cfg.rendezvous, "tcp://127.0.0.1:7002");
+  EXPECT_FALSE(cfg.rendezvous_in_rank0);
+  for (size_t i : {0u, 2u})
+    EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[i])),
+                ElementsAre("--coordinator", "tcp://127.0.0.1:7002"));
+  // Even one trainer talks to a coordinator the file runs.
+  const auto one = load("roles: [{role: coordinator}, {role: trainer, config: ds.json}]");
+  EXPECT_THAT(tail_after_config(to_command_line(one, one.roles[1])),
+              ElementsAre("--coordinator", "tcp://127.0.0.1:5555"));
+}
+
+TEST_F(RendezvousTest, ExplicitKeyForTrainersOnSeveralMachines) {
+  // This machine runs ranks 2 and 3 of 4: they connect to rank 0's store elsewhere.
+  const auto here = load(R"(
+rendezvous: "tcp://10.0.0.1:29400"
+roles:
+  - {role: trainer, config: ds.json, rank: 2, world_size: 4}
+  - {role: trainer, config: ds.json, rank: 3}
+)");
+  EXPECT_EQ(here.rendezvous, "tcp://10.0.0.1:29400");
+  EXPECT_FALSE(here.rendezvous_in_rank0);
+  EXPECT_THAT(tail_after_config(to_command_line(here, here.roles[0])),
+              ElementsAre("--coordinator", "tcp://10.0.0.1:29400"));
+  // The machine with rank 0 binds it, which beyond loopback needs allow_remote.
+  const std::string rank0 =
+      "rendezvous: \"tcp://10.0.0.1:29400\"\n"
+      "roles: [{role: trainer, config: ds.json, rank: 0, world_size: 4}]\n";
+  EXPECT_THAT(error_of(rank0), AllOf(HasSubstr("rendezvous: value \"tcp://10.0.0.1:29400\""),
+                                     HasSubstr("allow_remote: true")));
+  const auto served = load("allow_remote: true\n" + rank0);
+  EXPECT_TRUE(served.rendezvous_in_rank0);
+  EXPECT_THAT(tail_after_config(to_command_line(served, served.roles[0])),
+              ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--serve-coordinator"));
+}
+
+TEST_F(RendezvousTest, Refusals) {
+  EXPECT_THAT(
+      error_of("roles: [{role: trainer, config: ds.json, world_size: 4}, {role: trainer, config: "
+               "ds.json}]"),
+      AllOf(HasSubstr("roles[0]"), HasSubstr("world_size 4 but this file runs 2 trainer(s)"),
+            HasSubstr("rendezvous: tcp://HOST:PORT")));
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, rank: 1, world_size: 2}]"),
+              HasSubstr("and not rank 0"));
+  EXPECT_THAT(error_of("rendezvous: \"tcp://127.0.0.1:7000\"\nroles: [{role: coordinator}]"),
+              AllOf(HasSubstr("rendezvous: value \"tcp://127.0.0.1:7000\""),
+                    HasSubstr("with a coordinator role")));
+  EXPECT_THAT(error_of("rendezvous: \"tcp://127.0.0.1:7000\"\nroles: [{role: offload, name: o, "
+                       "listen: \"tcp://127.0.0.1:7000\"}]"),
+              HasSubstr("is also roles[0] \"o\"'s listen"));
+  EXPECT_THAT(error_of("rendezvous: \"http://x\"\nroles: [{role: offload}]"),
+              HasSubstr("rendezvous: value \"http://x\" is not allowed"));
 }
 
 TEST_F(DeployConfigTest, ShippedExamplesLoad) {
@@ -397,13 +514,42 @@ TEST_F(DeployConfigTest, ShippedExamplesLoad) {
   const auto nvme =
       load_deploy_config(std::string(DSACTOR_SOURCE_DIR) + "/configs/deploy_nvme.yaml");
   EXPECT_EQ(*nvme.roles[0].nvme, std::filesystem::path(DSACTOR_SOURCE_DIR) / "runs/nvme");
+
+  const auto dp = load_deploy_config(std::string(DSACTOR_SOURCE_DIR) + "/configs/deploy_dp.yaml");
+  ASSERT_EQ(dp.roles.size(), 4u);
+  EXPECT_THAT(dp.roles[2].offload, ElementsAre("offload0"));
+  EXPECT_THAT(dp.roles[3].offload, ElementsAre("offload1"));
+  EXPECT_EQ(dp.roles[2].rank, 0);
+  EXPECT_EQ(dp.roles[3].rank, 1);
+  EXPECT_EQ(dp.roles[3].world_size, 2);
+  EXPECT_EQ(dp.roles[2].steps, 20);
+  EXPECT_EQ(dp.roles[2].config,
+            std::filesystem::path(DSACTOR_SOURCE_DIR) / "configs/ds_tiny_zero2_dp.json");
+  EXPECT_EQ(dp.rendezvous, "tcp://127.0.0.1:5557");  // as the file's comment says
+  EXPECT_TRUE(dp.rendezvous_in_rank0);
+}
+
+// Every deployment file shipped in configs/ loads (the ds_configs are covered by
+// tests/config/test_seed_configs.cpp).
+TEST(ShippedDeployments, EveryDeployYamlLoads) {
+  int n = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(DSACTOR_SOURCE_DIR) + "/configs")) {
+    const auto name = e.path().filename().string();
+    if (!name.starts_with("deploy") || e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(load_deploy_config(e.path()));
+    ++n;
+  }
+  EXPECT_GE(n, 3);
 }
 
 TEST(DeployReference, ListsEveryKey) {
   const auto md = deploy_reference_markdown();
-  for (const char* key : {"`job`", "`roles`", "`allow_remote`", "`create_dirs`", "`listen`",
-                          "`nvme`", "`memory_limit`", "`aio`", "`config`", "`offload`", "`rank`",
-                          "`world_size`", "`block_size`", "`queue_depth`", "`startup_timeout`"})
+  for (const char* key :
+       {"`job`", "`roles`", "`allow_remote`", "`create_dirs`", "`listen`", "`nvme`",
+        "`memory_limit`", "`aio`", "`config`", "`offload`", "`rank`", "`world_size`",
+        "`block_size`", "`queue_depth`", "`startup_timeout`", "`rendezvous`"})
     EXPECT_THAT(md, HasSubstr(key));
 }
 

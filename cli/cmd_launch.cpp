@@ -1,0 +1,144 @@
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "actors/launch_env.h"
+#include "actors/launcher.h"
+#include "actors/supervisor.h"
+#include "cli/commands.h"
+
+namespace dsactor::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct LaunchArgs {
+  std::string hostfile;
+  std::string launcher = "ssh";
+  std::string master_addr;
+  int master_port = 29500;
+  bool dry_run = false;
+  std::string remote_binary;
+  std::string workdir;
+  std::vector<std::string> trainer_args;
+};
+
+// Exit codes: 0 every rank exited 0; 2 bad hostfile or arguments; 100 + rank (at most 199)
+// that rank failed; 128 + signal when stopped.
+constexpr int kExitConfig = 2;
+
+std::string self_binary() {
+  std::error_code ec;
+  const auto p = fs::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    throw std::runtime_error("dsactor launch: cannot find its own binary (/proc/self/exe): " +
+                             ec.message());
+  return p.string();
+}
+
+void run_launch(const LaunchArgs& a) {
+  actors::LaunchPlanOptions o;
+  o.transport =
+      a.launcher == "pdsh" ? actors::LaunchTransport::kPdsh : actors::LaunchTransport::kSsh;
+  const char* env_name = a.launcher == "pdsh" ? "DSACTOR_LAUNCH_PDSH" : "DSACTOR_LAUNCH_SSH";
+  if (const char* t = std::getenv(env_name)) o.transport_command = actors::split_words(t);
+  o.master_addr = a.master_addr;
+  o.master_port = a.master_port;
+  // The same install path and working directory on every host, as DeepSpeed assumes.
+  o.workdir = a.workdir.empty() ? fs::current_path().string() : a.workdir;
+  o.binary = a.remote_binary.empty() ? self_binary() : a.remote_binary;
+  o.trainer_args = a.trainer_args;
+  std::vector<actors::RankCommand> plan;
+  try {
+    plan = actors::plan_launch(actors::parse_hostfile(a.hostfile), o);
+  } catch (const actors::LaunchConfigError& e) {
+    spdlog::error("{}", e.what());
+    throw CLI::RuntimeError(kExitConfig);
+  }
+
+  auto name_of = [](const actors::RankCommand& c) {
+    return "rank " + std::to_string(c.rank) + "@" + c.host;
+  };
+  if (a.dry_run) {
+    std::printf("# %zu rank(s) from %s over %s\n", plan.size(), a.hostfile.c_str(),
+                a.launcher.c_str());
+    for (const auto& c : plan)
+      std::printf("[%s] %s\n", name_of(c).c_str(), actors::shell_quote(c.argv).c_str());
+    std::fflush(stdout);
+    return;
+  }
+
+  std::vector<actors::ChildSpec> children;
+  for (const auto& c : plan) {
+    actors::ChildSpec s;
+    s.name = name_of(c);
+    s.argv = c.argv;
+    s.code_index = std::min(c.rank, 99);  // exit code 100 + rank, capped at 199
+    children.push_back(std::move(s));
+  }
+  actors::SupervisorOptions opt;
+  opt.stop_signals = {SIGINT, SIGTERM, SIGHUP};
+  actors::Supervisor sup(std::move(children), opt);
+  spdlog::info("dsactor launch: {} rank(s) from {} over {}", plan.size(), a.hostfile, a.launcher);
+  const auto result = sup.run();
+  if (result.exit_code == 0) {
+    spdlog::info("dsactor launch: every rank exited 0");
+    return;
+  }
+  for (const auto& c : plan) {
+    if (name_of(c) != result.failed) continue;
+    spdlog::error(
+        "dsactor launch: rank {} on host {} failed (exit code {}; the other ranks were "
+        "stopped): {}",
+        c.rank, c.host, result.exit_code, result.message);
+  }
+  if (result.failed.empty()) spdlog::warn("dsactor launch: {}", result.message);
+  throw CLI::RuntimeError(result.exit_code);
+}
+
+}  // namespace
+
+void add_launch_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "launch",
+      "start `dsactor start --role trainer ARGS` on every slot of a DeepSpeed hostfile over "
+      "ssh or pdsh (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set per rank); "
+      "one failing rank stops the others");
+  auto a = std::make_shared<LaunchArgs>();
+  cmd->add_option("--hostfile", a->hostfile, "DeepSpeed hostfile: `host slots=N` per line")
+      ->required();
+  cmd->add_option("--launcher", a->launcher,
+                  "ssh: one `ssh HOST CMD` per rank (program: $DSACTOR_LAUNCH_SSH, default "
+                  "ssh); pdsh: one `pdsh -S -w HOST CMD` per rank ($DSACTOR_LAUNCH_PDSH)")
+      ->check(CLI::IsMember({"ssh", "pdsh"}))
+      ->capture_default_str();
+  cmd->add_option("--master-addr", a->master_addr,
+                  "MASTER_ADDR of every rank (default: the hostfile's first host)");
+  cmd->add_option("--master-port", a->master_port, "MASTER_PORT of every rank")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  cmd->add_flag("--dry-run", a->dry_run, "print each rank's command line, start nothing");
+  cmd->add_option("--remote-binary", a->remote_binary,
+                  "path of dsactor on the hosts (default: this binary's own path)");
+  cmd->add_option("--workdir", a->workdir,
+                  "directory the ranks run in on every host (default: the current directory)");
+  cmd->add_option("trainer_args", a->trainer_args,
+                  "after `--`: the arguments of `dsactor start --role trainer` (not --rank or "
+                  "--world-size: the launch sets them)");
+  cmd->footer(
+      "Example: dsactor launch --hostfile hosts -- --config ds.json --offload "
+      "tcp://127.0.0.1:5555 --coordinator tcp://node0:29400\n"
+      "Exit codes: 0 every rank exited 0; 2 bad hostfile or arguments; 100+r rank r failed (at "
+      "most 199; logged with its host and last stderr lines); 128+N stopped by signal N.");
+  cmd->callback([a] { run_launch(*a); });
+}
+
+}  // namespace dsactor::cli

@@ -1,0 +1,215 @@
+// The coordinator role: `dsactor start --role coordinator` serves the rendezvous store until
+// SIGTERM/SIGINT; `dsactor up` starts it as a service and calls it ready only once the store
+// answers a request (Supervisor's ready_probe); trainers' stores work through it.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/rendezvous_store.h"
+#include "actors/supervisor.h"
+#include "tests/deploy/deploy_test_util.h"
+
+extern char** environ;
+
+namespace dsactor::testing {
+namespace {
+
+using actors::RendezvousClient;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+// `dsactor <args>` in the background, stdout and stderr going to files in `dir`.
+class Dsactor {
+ public:
+  Dsactor(const TempDir& dir, std::vector<std::string> args)
+      : out_(dir / "dsactor.out"), err_(dir / "dsactor.err") {
+    args.insert(args.begin(), DSACTOR_BINARY);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, DSACTOR_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Dsactor() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string out() const { return read_file(out_); }
+  std::string err() const { return read_file(err_); }
+
+  // The exit code (128 + signal when killed), or -1 when it did not end within `timeout`.
+  int wait(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+  // The pids `up` logged as "started NAME (pid N)".
+  std::vector<pid_t> children() const {
+    std::vector<pid_t> out;
+    const std::string e = err();
+    static const std::regex re(R"(started \S+ \(pid (\d+)\))");
+    for (auto it = std::sregex_iterator(e.begin(), e.end(), re); it != std::sregex_iterator(); ++it)
+      out.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+    return out;
+  }
+
+ private:
+  std::filesystem::path out_, err_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+// Two trainers' worth of store traffic through the coordinator at `endpoint`: a blocking
+// get that the other client's set releases, an atomic counter, and job isolation.
+void exercise_store(const std::string& endpoint) {
+  RendezvousClient a(endpoint, "job1", 5s), b(endpoint, "job1", 5s);
+  std::vector<char> got;
+  std::thread waiter([&] { got = b.get("nccl/unique_id"); });
+  std::this_thread::sleep_for(50ms);  // b is parked on the server, not polling
+  a.set("nccl/unique_id", {'i', 'd', '\0', '7'});
+  waiter.join();
+  EXPECT_EQ(got, (std::vector<char>{'i', 'd', '\0', '7'}));
+  EXPECT_EQ(a.get("nccl/unique_id"), got);
+  EXPECT_EQ(a.add("ranks", 1), 1);
+  EXPECT_EQ(b.add("ranks", 1), 2);
+  RendezvousClient other_job(endpoint, "job2", 300ms);
+  EXPECT_THROW(other_job.get("nccl/unique_id"), actors::RendezvousError);
+}
+
+TEST(CoordinatorRole, ServesTheRendezvousStoreUntilSigterm) {
+  TempDir dir;
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Dsactor coord(dir, {"start", "--role", "coordinator", "--listen", ep, "--name", "coord"});
+  ASSERT_TRUE(
+      wait_until([&] { return coord.err().find("listening on " + ep) != std::string::npos; }, 20s))
+      << coord.err();
+  EXPECT_THAT(coord.err(), HasSubstr("coordinator coord: rendezvous store listening on " + ep));
+  exercise_store(ep);
+  ::kill(coord.pid(), SIGTERM);
+  EXPECT_EQ(coord.wait(10s), 0) << coord.err();
+  EXPECT_THAT(coord.err(), HasSubstr("SIGTERM received, stopping"));
+  // The endpoint is free again: a new server binds it.
+  EXPECT_NO_THROW(actors::RendezvousServer{ep});
+}
+
+TEST(CoordinatorRole, SigintStopsItToo) {
+  TempDir dir;
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Dsactor coord(dir, {"start", "--role", "coordinator", "--listen", ep});
+  ASSERT_TRUE(
+      wait_until([&] { return coord.err().find("listening on " + ep) != std::string::npos; }, 20s))
+      << coord.err();
+  ::kill(coord.pid(), SIGINT);
+  EXPECT_EQ(coord.wait(10s), 0) << coord.err();
+  EXPECT_THAT(coord.err(), HasSubstr("SIGINT received"));
+}
+
+TEST(CoordinatorRole, TakenEndpointAndUnknownRoleAreNamed) {
+  TempDir dir;
+  actors::RendezvousServer holder("tcp://127.0.0.1:*");
+  Dsactor coord(dir, {"start", "--role", "coordinator", "--listen", holder.endpoint()});
+  EXPECT_EQ(coord.wait(20s), 1);
+  EXPECT_THAT(coord.err(), AllOf(HasSubstr("cannot bind " + holder.endpoint())));
+  Dsactor bogus(dir, {"start", "--role", "coordinater"});
+  EXPECT_EQ(bogus.wait(20s), 1);
+  EXPECT_THAT(bogus.err(), HasSubstr("unknown role 'coordinater' (expected offload, trainer or "
+                                     "coordinator)"));
+}
+
+TEST(CoordinatorRole, UpWaitsUntilTheStoreAnswersAndStopsItOnSigterm) {
+  TempDir dir;
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  write_file(dir / "d.yaml",
+             "job: j\nroles:\n  - {role: coordinator, name: coord, listen: \"" + ep + "\"}\n");
+  Dsactor up(dir, {"up", (dir / "d.yaml").string()});
+  ASSERT_TRUE(wait_until(
+      [&] { return up.err().find("coord is ready on " + ep) != std::string::npos; }, 20s))
+      << up.err();
+  EXPECT_THAT(up.out(), HasSubstr("[coord] "));
+  exercise_store(ep);
+  const auto kids = up.children();
+  ASSERT_EQ(kids.size(), 1u);
+  ::kill(up.pid(), SIGTERM);
+  EXPECT_EQ(up.wait(15s), 128 + SIGTERM) << up.err();
+  EXPECT_THAT(up.out(), HasSubstr("[coord] "));
+  EXPECT_THAT(up.out(), HasSubstr("SIGTERM received, stopping"));
+  EXPECT_THAT(up.err(), Not(HasSubstr("SIGKILL")));
+  for (pid_t p : kids)
+    EXPECT_TRUE(wait_until([&] { return !process_alive(p); }, 3s)) << "pid " << p << " survived";
+}
+
+// The probe path alone: the coordinator's log is thrown away, so only the probe (a store
+// round trip after a connection is accepted) can call it ready.
+TEST(CoordinatorRole, SupervisorReadinessProbeIsARendezvousRoundTrip) {
+  TempDir dir;
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  write_file(dir / "d.yaml", "roles:\n  - {role: coordinator, listen: \"" + ep + "\"}\n");
+  auto kids = actors::children_for(actors::load_deploy_config(dir / "d.yaml"), DSACTOR_BINARY);
+  ASSERT_EQ(kids.size(), 1u);
+  ASSERT_TRUE(kids[0].service);
+  ASSERT_TRUE(kids[0].ready_probe);
+  EXPECT_FALSE(kids[0].ready_probe());  // nothing listens yet
+
+  auto silent = kids[0];
+  // exec: the supervisor then reaps the coordinator itself, so the port is free once run()
+  // returns.
+  silent.argv = {"sh", "-c", "exec " + actors::shell_quote(kids[0].argv) + " 2>/dev/null"};
+  silent.startup_timeout = 20s;
+  std::atomic<int> probes{0};
+  silent.ready_probe = [&, inner = kids[0].ready_probe] {
+    ++probes;
+    return inner();
+  };
+  actors::ChildSpec trainer;
+  trainer.name = "trainer0";
+  trainer.argv = {"sh", "-c", "echo started after the store answered"};
+  trainer.code_index = 1;
+  std::vector<std::string> lines;
+  actors::SupervisorOptions opt;
+  opt.sink = [&](std::string_view l) { lines.emplace_back(l); };
+  opt.probe_interval = 20ms;
+  const auto r = actors::Supervisor({silent, trainer}, opt).run();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_GE(probes.load(), 1);
+  EXPECT_THAT(lines, ::testing::Contains("[trainer0] started after the store answered"));
+
+  ASSERT_TRUE(wait_until([&] { return !kids[0].ready_probe(); }, 5s));
+
+  // A listener that accepts connections but never answers the store's protocol is not ready.
+  auto mute = silent;
+  mute.ready_probe = [] { return false; };
+  mute.startup_timeout = 1500ms;
+  const auto never = actors::Supervisor({mute, trainer}, opt).run();
+  EXPECT_EQ(never.exit_code, 100) << never.message;
+  EXPECT_THAT(never.message, HasSubstr("never became ready"));
+}
+
+}  // namespace
+}  // namespace dsactor::testing
