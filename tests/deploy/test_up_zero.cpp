@@ -3,6 +3,8 @@
 // `dsactor train` (stage 0, one process) on the same config, seed and data.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 
 #include "storage/safetensors.h"
@@ -34,20 +36,28 @@ class UpZero : public ::testing::TestWithParam<const char*> {};
 TEST_P(UpZero, DeployedZeroTrainerEndsWithTheWeightsOfStageZero) {
   TempDir dir;
   std::string corpus;
-  for (int i = 0; i < 200; ++i) corpus += "pack my box with five dozen liquor jugs " + std::to_string(i % 9) + "\n";
+  for (int i = 0; i < 200; ++i)
+    corpus += "pack my box with five dozen liquor jugs " + std::to_string(i % 9) + "\n";
   write_file(dir.path() / "corpus.txt", corpus);
   write_file(dir.path() / "stage0.json", std::string("{") + kOptimizer + "}");
-  write_file(dir.path() / "zero.json", std::string("{") + kOptimizer + ", \"zero_optimization\": " + GetParam() + "}");
+  write_file(dir.path() / "zero.json",
+             std::string("{") + kOptimizer + ", \"zero_optimization\": " + GetParam() + "}");
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
-  write_file(dir.path() / "deploy.yaml", "job: e2e\nroles:\n"
-             "  - {role: offload, name: off, listen: \"" + endpoint + "\"}\n"
-             "  - {role: trainer, config: zero.json, model: tiny, data: corpus.txt, steps: 6, out: zero_out}\n");
+  write_file(dir.path() / "deploy.yaml",
+             "job: e2e\nroles:\n"
+             "  - {role: offload, name: off, listen: \"" +
+                 endpoint +
+                 "\"}\n"
+                 "  - {role: trainer, config: zero.json, model: tiny, data: corpus.txt, steps: 6, "
+                 "out: zero_out}\n");
 
   const auto up = run_dsactor("up deploy.yaml", dir.path());
   ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
   EXPECT_NE(up.out.find("done at step 6"), std::string::npos) << up.out;
 
-  const auto train = run_dsactor("train --config stage0.json --model tiny --data corpus.txt --steps 6 --out s0 --sample 0", dir.path());
+  const auto train = run_dsactor(
+      "train --config stage0.json --model tiny --data corpus.txt --steps 6 --out s0 --sample 0",
+      dir.path());
   ASSERT_EQ(train.exit_code, 0) << train.err;
   const auto exp = run_dsactor("export --checkpoint s0 --to s0.safetensors", dir.path());
   ASSERT_EQ(exp.exit_code, 0) << exp.err;
@@ -56,8 +66,69 @@ TEST_P(UpZero, DeployedZeroTrainerEndsWithTheWeightsOfStageZero) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stages, UpZero,
-    ::testing::Values(R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})",
-                      R"({"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}, "stage3_prefetch_bucket_size": 15000})"));
+    ::testing::Values(
+        R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})",
+        R"({"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}, "stage3_prefetch_bucket_size": 15000})"));
+
+}  // namespace
+}  // namespace dsactor::actors
+
+namespace dsactor::actors {
+namespace {
+
+// Issue 5 through `dsactor up`: two trainers (ranks from the file, rank 0 serving the
+// rendezvous the deployment assigns), each with its own offload service, against `dsactor
+// train` with twice the micro-batch. Tolerance as in tests/zero/test_data_parallel.cpp: only
+// the summation order of the two halves of the batch differs.
+TEST(UpDataParallel, TwoTrainersEndWithTheWeightsOfOneTrainerWithTwiceTheBatch) {
+  TempDir dir;
+  std::string corpus;
+  for (int i = 0; i < 200; ++i)
+    corpus += "how vexingly quick daft zebras jump " + std::to_string(i % 9) + "\n";
+  write_file(dir.path() / "corpus.txt", corpus);
+  const char* opt =
+      R"("gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 0.002}})";
+  write_file(dir.path() / "one.json",
+             std::string(R"({"train_micro_batch_size_per_gpu": 4, )") + opt + "}");
+  write_file(dir.path() / "dp.json",
+             std::string(R"({"train_micro_batch_size_per_gpu": 2, )") + opt +
+                 R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
+  std::string yaml = "job: dp\nroles:\n";
+  for (int r = 0; r < 2; ++r)
+    yaml += "  - {role: offload, name: off" + std::to_string(r) +
+            ", listen: \"tcp://127.0.0.1:" + std::to_string(free_port()) + "\"}\n";
+  for (int r = 0; r < 2; ++r)
+    yaml +=
+        "  - {role: trainer, name: t" + std::to_string(r) + ", rank: " + std::to_string(r) +
+        ", config: dp.json, model: tiny, data: corpus.txt, steps: 8, out: dp_out, offload: [off" +
+        std::to_string(r) + "]}\n";
+  yaml += "rendezvous: \"tcp://127.0.0.1:" + std::to_string(free_port()) + "\"\n";
+  write_file(dir.path() / "deploy.yaml", yaml);
+  const auto up = run_dsactor("up deploy.yaml", dir.path());
+  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
+  EXPECT_NE((up.out + up.err).find("rank 1 of 2"), std::string::npos) << up.out << up.err;
+
+  const auto train = run_dsactor(
+      "train --config one.json --model tiny --data corpus.txt --steps 8 --out one --sample 0",
+      dir.path());
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  ASSERT_EQ(run_dsactor("export --checkpoint one --to one.safetensors", dir.path()).exit_code, 0);
+  const auto a = storage::read_safetensors(dir.path() / "dp_out" / "model.safetensors");
+  const auto b = storage::read_safetensors(dir.path() / "one.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  float worst = 0;
+  for (const auto& [name, t] : a.tensors) {
+    const auto& u = b.tensors.at(name).bytes;
+    ASSERT_EQ(t.bytes.size(), u.size()) << name;
+    for (size_t i = 0; i < t.bytes.size() / 4; ++i) {
+      float x, y;
+      std::memcpy(&x, t.bytes.data() + 4 * i, 4);
+      std::memcpy(&y, u.data() + 4 * i, 4);
+      worst = std::max(worst, std::abs(x - y));
+    }
+  }
+  EXPECT_LE(worst, 1e-4f);
+}
 
 }  // namespace
 }  // namespace dsactor::actors
