@@ -44,6 +44,7 @@ struct Placement {
   int world_size = 1;
   std::string coordinator;
   bool serve = false;
+  int local_rank = 0;
   std::string source = "flags";
 };
 
@@ -55,6 +56,7 @@ Placement resolve_placement(const StartTrainerArgs& a) {
     if (auto env = actors::launch_info_from_env()) {
       p.rank = env->rank;
       p.world_size = env->world_size;
+      p.local_rank = env->local_rank;
       p.source = env->source;
       if (p.coordinator.empty()) {
         // torchrun's rule: rank 0 hosts the store at MASTER_ADDR:MASTER_PORT.
@@ -65,6 +67,7 @@ Placement resolve_placement(const StartTrainerArgs& a) {
   } else {
     p.rank = a.rank < 0 ? 0 : a.rank;
     p.world_size = a.world_size == 0 ? 1 : a.world_size;
+    p.local_rank = p.rank;  // one host, unless a launcher says otherwise
   }
   if (p.rank >= p.world_size)
     throw std::invalid_argument(
@@ -115,18 +118,37 @@ struct Comms {
 
 Comms connect_trainers(const StartTrainerArgs& a, const Placement& p, bool want_param_comm) {
   Comms c;
-  if (p.world_size == 1) return c;
+  const bool nccl = a.collectives == "nccl";
+  if (p.world_size == 1 && !nccl) return c;
   const auto timeout = std::chrono::milliseconds(a.comm_timeout_ms);
-  if (p.serve) {
-    c.server = std::make_unique<actors::RendezvousServer>(p.coordinator);
-    spdlog::info("{}: serving the trainers' rendezvous on {}", a.name, c.server->endpoint());
+  // World size 1 with NCCL: a store of our own for the unique id.
+  const std::string endpoint = p.world_size == 1 ? "tcp://127.0.0.1:*" : p.coordinator;
+  if (p.serve || p.world_size == 1) {
+    c.server = std::make_unique<actors::RendezvousServer>(endpoint);
+    if (p.world_size > 1)
+      spdlog::info("{}: serving the trainers' rendezvous on {}", a.name, c.server->endpoint());
   }
-  c.store = std::make_unique<actors::RendezvousClient>(p.coordinator, a.job, timeout);
+  c.store = std::make_unique<actors::RendezvousClient>(
+      c.server && p.world_size == 1 ? c.server->endpoint() : p.coordinator, a.job, timeout);
+  if (nccl) {
+    actors::NcclCollectivesOptions no;
+    no.timeout = timeout;
+    no.prefix = "grad-nccl";
+    const int device = a.device >= 0 ? a.device : p.local_rank;
+    c.grad = actors::make_nccl_collectives(p.rank, p.world_size, device, *c.store, no);
+    spdlog::info("{}: rank {} of {}: gradients' collectives on NCCL, CUDA device {}", a.name,
+                 p.rank, p.world_size, device);
+    if (!want_param_comm || p.world_size == 1) return c;
+  }
   actors::GlooCollectivesOptions o;
   o.timeout = timeout;
   o.address = local_address_towards(p.coordinator);
   o.prefix = "grad";
-  c.grad = std::make_unique<actors::GlooCollectives>(p.rank, p.world_size, *c.store, o);
+  if (!c.grad)
+    c.grad = std::make_unique<actors::GlooCollectives>(p.rank, p.world_size, *c.store, o);
+  // Stage 3's parameter allgathers run on the fetcher's thread while the gradients' run on
+  // the engine's: two NCCL communicators on one device whose calls interleave differently
+  // on different ranks can deadlock inside NCCL, so the second one is always Gloo.
   if (want_param_comm) {
     o.prefix = "param";
     c.param = std::make_unique<actors::GlooCollectives>(p.rank, p.world_size, *c.store, o);
@@ -251,6 +273,14 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
   cmd.add_flag("--serve-coordinator", a.serve_coordinator,
                "trainer: bind the rendezvous endpoint in this process (normally rank 0; "
                "otherwise `dsactor start --role coordinator` serves it)");
+  cmd.add_option("--collectives", a.collectives,
+                 "trainer: gloo (CPU) or nccl (the gradients' collectives on a CUDA device; "
+                 "also at world size 1, where it is an identity through the device)")
+      ->check(CLI::IsMember({"gloo", "nccl"}))
+      ->capture_default_str();
+  cmd.add_option("--device", a.device,
+                 "trainer: CUDA device of --collectives nccl (default: the local rank)")
+      ->check(CLI::NonNegativeNumber);
   cmd.add_option("--comm-timeout-ms", a.comm_timeout_ms,
                  "trainer: how long one collective may wait for the other trainers before the "
                  "run stops naming the missing rank")

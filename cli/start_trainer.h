@@ -33,6 +33,11 @@ struct StartTrainerArgs {
   std::string coordinator;
   bool serve_coordinator = false;    // this trainer binds the rendezvous endpoint itself
   int64_t comm_timeout_ms = 300000;  // deadline of one collective (a dead or hung peer)
+  // The gradients' collectives: "gloo" (CPU, TCP, rank-order sums) or "nccl" (CUDA device
+  // `device`, default the local rank; NCCL picks the summation order). Stage 3's parameter
+  // allgathers stay on Gloo (see cmd_start_trainer.cpp).
+  std::string collectives = "gloo";
+  int device = -1;
   // If set: the final weights go to <out>/model.safetensors and a resumable checkpoint
   // (ZeroEngine::save_checkpoint, with the data cursor) to <out>/checkpoint.
   std::string out;
