@@ -10,6 +10,7 @@
 #include "storage/safetensors.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
+#include "tests/zero/weights_test_util.h"
 
 namespace dsactor::actors {
 namespace {
@@ -113,21 +114,9 @@ TEST(UpDataParallel, TwoTrainersEndWithTheWeightsOfOneTrainerWithTwiceTheBatch) 
       dir.path());
   ASSERT_EQ(train.exit_code, 0) << train.err;
   ASSERT_EQ(run_dsactor("export --checkpoint one --to one.safetensors", dir.path()).exit_code, 0);
-  const auto a = storage::read_safetensors(dir.path() / "dp_out" / "model.safetensors");
-  const auto b = storage::read_safetensors(dir.path() / "one.safetensors");
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  float worst = 0;
-  for (const auto& [name, t] : a.tensors) {
-    const auto& u = b.tensors.at(name).bytes;
-    ASSERT_EQ(t.bytes.size(), u.size()) << name;
-    for (size_t i = 0; i < t.bytes.size() / 4; ++i) {
-      float x, y;
-      std::memcpy(&x, t.bytes.data() + 4 * i, 4);
-      std::memcpy(&y, u.data() + 4 * i, 4);
-      worst = std::max(worst, std::abs(x - y));
-    }
-  }
-  EXPECT_LE(worst, 1e-4f);
+  EXPECT_LE(dsactor::testing::max_weight_difference(dir.path() / "dp_out" / "model.safetensors",
+                                                    dir.path() / "one.safetensors"),
+            1e-4f);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
+#include "tests/zero/weights_test_util.h"
 
 namespace dsactor {
 namespace {
@@ -152,21 +153,8 @@ TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
   // Learning happened, so equal losses are not two runs that both stood still.
   EXPECT_LT(dp.back(), dp.front() - 0.5);
 
-  const auto a = storage::read_safetensors(dir / (tag + "_out/model.safetensors"));
-  const auto b = storage::read_safetensors(ref_->weights);
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  double worst_weight = 0;
-  for (const auto& [tensor, t] : a.tensors) {
-    ASSERT_EQ(b.tensors.count(tensor), 1u) << tensor;
-    const auto& u = b.tensors.at(tensor).bytes;
-    ASSERT_EQ(t.bytes.size(), u.size()) << tensor;
-    for (size_t i = 0; i < t.bytes.size() / 4; ++i) {
-      float x, y;
-      std::memcpy(&x, t.bytes.data() + 4 * i, 4);
-      std::memcpy(&y, u.data() + 4 * i, 4);
-      worst_weight = std::max(worst_weight, static_cast<double>(std::abs(x - y)));
-    }
-  }
+  const double worst_weight = dsactor::testing::max_weight_difference(
+      dir / (tag + "_out/model.safetensors"), ref_->weights);
   EXPECT_LE(worst_weight, 1e-4);
   std::printf("%s: worst loss difference %.3g relative, worst weight difference %.3g\n", name,
               worst, worst_weight);

@@ -19,12 +19,14 @@
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
+#include "tests/zero/weights_test_util.h"
 
 namespace dsactor {
 namespace {
 
 using dsactor::testing::Child;
 using dsactor::testing::free_port;
+using dsactor::testing::max_weight_difference;
 using dsactor::testing::run_dsactor;
 using dsactor::testing::TempDir;
 using dsactor::testing::write_file;
@@ -47,24 +49,6 @@ void write_inputs(const std::filesystem::path& dir) {
       R"("gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 0.002}})";
   write_file(dir / "b4.json", std::string(R"({"train_micro_batch_size_per_gpu": 4, )") + opt + "}");
   write_file(dir / "b2.json", std::string(R"({"train_micro_batch_size_per_gpu": 2, )") + opt + "}");
-}
-
-// Largest absolute difference between two safetensors files' float tensors.
-float max_difference(const std::filesystem::path& x, const std::filesystem::path& y) {
-  const auto a = storage::read_safetensors(x), b = storage::read_safetensors(y);
-  EXPECT_EQ(a.tensors.size(), b.tensors.size());
-  float worst = 0;
-  for (const auto& [name, t] : a.tensors) {
-    const auto& u = b.tensors.at(name).bytes;
-    EXPECT_EQ(t.bytes.size(), u.size()) << name;
-    for (size_t i = 0; i < std::min(t.bytes.size(), u.size()) / 4; ++i) {
-      float p, q;
-      std::memcpy(&p, t.bytes.data() + 4 * i, 4);
-      std::memcpy(&q, u.data() + 4 * i, 4);
-      worst = std::max(worst, std::abs(p - q));
-    }
-  }
-  return worst;
 }
 
 TEST(NcclTrainer, RefusedWithAMessageWhenNotBuiltOrNoDevice) {
@@ -102,7 +86,8 @@ TEST(NcclTrainer, OneRankOnTheDeviceTrainsExactlyLikeThePlainRun) {
       dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("on NCCL, CUDA device 0"), std::string::npos) << r.err;
-  EXPECT_EQ(max_difference(dir.path() / "nccl/model.safetensors", dir.path() / "plain.safetensors"),
+  EXPECT_EQ(max_weight_difference(dir.path() / "nccl/model.safetensors",
+                                  dir.path() / "plain.safetensors"),
             0.0f);
 }
 
@@ -133,8 +118,9 @@ TEST(NcclTrainer, TwoRanksOnTwoDevicesTrainLikeOneRankWithTwiceTheBatch) {
                                             dir.path() / ("rank" + std::to_string(r) + ".log")));
   }
   for (auto& c : ranks) ASSERT_EQ(c->wait(std::chrono::seconds(300)), 0) << c->log();
-  EXPECT_LE(max_difference(dir.path() / "dp/model.safetensors", dir.path() / "plain.safetensors"),
-            1e-4f);
+  EXPECT_LE(
+      max_weight_difference(dir.path() / "dp/model.safetensors", dir.path() / "plain.safetensors"),
+      1e-4f);
 }
 
 }  // namespace
