@@ -16,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include "actors/collectives.h"
 #include "actors/launch_env.h"
@@ -352,20 +353,29 @@ int run_start_trainer(const StartTrainerArgs& a) {
     throw CLI::RuntimeError(128 + (signals.received() ? signals.received() : SIGTERM));
   };
   const std::filesystem::path out(a.out);
+  // Either engine: resume (checkpoint and data cursor), then the engine actor's run.
+  auto resume_and_run = [&](auto& engine, const std::filesystem::path& resume_dir) {
+    if (!a.resume.empty()) {
+      const nlohmann::json extra = engine.load_checkpoint(resume_dir);
+      if (!extra.contains("train_cursor"))
+        throw std::invalid_argument(fmt::format(
+            "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", a.resume));
+      train.restore(extra.at("train_cursor"));
+      spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
+    }
+    StepEngineOf<std::remove_reference_t<decltype(engine)>> steps(engine);
+    RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
+                                          tokens_per_step, signals, a.name);
+    check(outcome);
+    return outcome;
+  };
 
   if (stage == 0) {
     Engine engine(gpt, config, a.seed, comms.grad.get());
     spdlog::info("{}: ZeRO stage 0 ({}), rank {} of {}", a.name, precision_name(engine.precision()),
                  place.rank, place.world_size);
-    if (!a.resume.empty()) {
-      const nlohmann::json extra = engine.load_checkpoint(find_checkpoint(a.resume));
-      train.restore(extra.at("train_cursor"));
-      spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
-    }
-    StepEngineOf<Engine> steps(engine);
-    const RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
-                                                tokens_per_step, signals, a.name);
-    check(outcome);
+    const RunOutcome outcome = resume_and_run(
+        engine, a.resume.empty() ? std::filesystem::path() : find_checkpoint(a.resume));
     const StepResult& r = outcome.last;
     spdlog::info("{}: done at step {}: loss {:.4f}", a.name, engine.global_step(), r.loss);
     log_validation(engine, split, B, T, a.seed, a.name);
@@ -394,18 +404,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
   spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
                engine.stage(), precision_name(engine.precision()), place.rank, place.world_size,
                o.services.size(), engine.plan().blocks());
-  if (!a.resume.empty()) {
-    const nlohmann::json extra = engine.load_checkpoint(a.resume);
-    if (!extra.contains("train_cursor"))
-      throw std::invalid_argument(fmt::format(
-          "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", a.resume));
-    train.restore(extra.at("train_cursor"));
-    spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
-  }
-  StepEngineOf<ZeroEngine> steps(engine);
-  const RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
-                                              tokens_per_step, signals, a.name);
-  check(outcome);
+  const RunOutcome outcome = resume_and_run(engine, a.resume);
   const StepResult& r = outcome.last;
   const ZeroStats s = engine.stats();
   spdlog::info(
