@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "actors/service_process.h"
+#include "bench/forked_child.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/param_blocks.h"
@@ -31,62 +32,21 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// A field of /proc/self/status in bytes (VmRSS, VmHWM; the kernel reports kB).
-size_t proc_status_bytes(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const std::string key = std::string(field) + ":";
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
-  return 0;
-}
-
 // Runs `phase` in a forked child and returns its JSON with the child's VmRSS at the start
 // and VmHWM at the end. A fork per phase because VmHWM cannot be reset: each phase's
 // high-water mark must be its own, not the previous phase's. The parent has started no
 // threads before forking (the service is a separate exec'd process), so the child is safe.
 template <class F>
 nlohmann::json in_child(const char* name, F&& phase) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    close(fds[0]);
-    nlohmann::json j;
-    int code = 0;
-    try {
-      const size_t rss0 = proc_status_bytes("VmRSS");
-      j = phase();
-      j["rss_at_start_bytes"] = rss0;
-      j["vm_hwm_bytes"] = proc_status_bytes("VmHWM");
-      j["vm_hwm_minus_start_bytes"] = j["vm_hwm_bytes"].get<size_t>() - rss0;
-    } catch (const std::exception& e) {
-      j = {{"error", e.what()}};
-      code = 1;
-    }
-    const std::string s = j.dump();
-    for (size_t off = 0; off < s.size();) {
-      const ssize_t n = write(fds[1], s.data() + off, s.size() - off);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    close(fds[1]);
-    _exit(code);  // no destructors or atexit handlers of the parent's state
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (out.empty()) throw std::runtime_error(std::string("bench zero: phase ") + name + " died");
-  auto j = nlohmann::json::parse(out);
-  if (j.contains("error"))
-    throw std::runtime_error(std::string("bench zero: phase ") + name + ": " +
-                             j["error"].get<std::string>());
-  return j;
+  ForkedChild child(std::string("bench zero ") + name, [&]() -> nlohmann::json {
+    const size_t rss0 = proc_status_bytes("VmRSS");
+    nlohmann::json j = phase();
+    j["rss_at_start_bytes"] = rss0;
+    j["vm_hwm_bytes"] = proc_status_bytes("VmHWM");
+    j["vm_hwm_minus_start_bytes"] = j["vm_hwm_bytes"].get<size_t>() - rss0;
+    return j;
+  });
+  return child.result();
 }
 
 nlohmann::json base_config(const ZeroBenchOptions& o) {
@@ -158,7 +118,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     try {
       // A fresh service per phase: the phases do not share its memory or its jobs.
       actors::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(), {},
-                                      dir / "offload.log");
+                                     dir / "offload.log");
       j = in_child(name, [&] {
         nlohmann::json cfg = base_config(o);
         cfg["zero_optimization"] = {{"stage", 3},
