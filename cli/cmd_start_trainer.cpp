@@ -394,7 +394,10 @@ int run_start_trainer(const StartTrainerArgs& a) {
   ZeroOptions o;
   o.services = a.offload;
   o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
-  o.job_id = a.job;
+  // Each rank its own job on the services: ranks may share a service (a deployment's
+  // default gives every trainer every offload role), and a job's step commits come from one
+  // trainer. The rendezvous keeps the shared job name.
+  o.job_id = place.world_size == 1 ? a.job : fmt::format("{}-rank{}", a.job, place.rank);
   o.rank = static_cast<uint32_t>(place.rank);
   o.world_size = static_cast<uint32_t>(place.world_size);
   o.grad_comm = comms.grad.get();

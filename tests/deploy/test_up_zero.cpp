@@ -81,7 +81,12 @@ namespace {
 // rendezvous the deployment assigns), each with its own offload service, against `dsactor
 // train` with twice the micro-batch. Tolerance as in tests/zero/test_data_parallel.cpp: only
 // the summation order of the two halves of the batch differs.
-TEST(UpDataParallel, TwoTrainersEndWithTheWeightsOfOneTrainerWithTwiceTheBatch) {
+// own_services: each trainer lists its own offload role; otherwise both trainers use both
+// services (the deployment's default), each rank under its own job there.
+class UpDataParallel : public ::testing::TestWithParam<bool> {};
+
+TEST_P(UpDataParallel, TwoTrainersEndWithTheWeightsOfOneTrainerWithTwiceTheBatch) {
+  const bool own_services = GetParam();
   TempDir dir;
   std::string corpus;
   for (int i = 0; i < 200; ++i)
@@ -99,10 +104,9 @@ TEST(UpDataParallel, TwoTrainersEndWithTheWeightsOfOneTrainerWithTwiceTheBatch) 
     yaml += "  - {role: offload, name: off" + std::to_string(r) +
             ", listen: \"tcp://127.0.0.1:" + std::to_string(free_port()) + "\"}\n";
   for (int r = 0; r < 2; ++r)
-    yaml +=
-        "  - {role: trainer, name: t" + std::to_string(r) + ", rank: " + std::to_string(r) +
-        ", config: dp.json, model: tiny, data: corpus.txt, steps: 8, out: dp_out, offload: [off" +
-        std::to_string(r) + "]}\n";
+    yaml += "  - {role: trainer, name: t" + std::to_string(r) + ", rank: " + std::to_string(r) +
+            ", config: dp.json, model: tiny, data: corpus.txt, steps: 8, out: dp_out" +
+            (own_services ? ", offload: [off" + std::to_string(r) + "]" : std::string()) + "}\n";
   yaml += "rendezvous: \"tcp://127.0.0.1:" + std::to_string(free_port()) + "\"\n";
   write_file(dir.path() / "deploy.yaml", yaml);
   const auto up = run_dsactor("up deploy.yaml", dir.path());
@@ -118,6 +122,11 @@ TEST(UpDataParallel, TwoTrainersEndWithTheWeightsOfOneTrainerWithTwiceTheBatch) 
                                                     dir.path() / "one.safetensors"),
             1e-4f);
 }
+
+INSTANTIATE_TEST_SUITE_P(Placement, UpDataParallel, ::testing::Values(true, false),
+                         [](const auto& info) {
+                           return std::string(info.param ? "OwnServices" : "SharedServices");
+                         });
 
 }  // namespace
 }  // namespace dsactor::actors
