@@ -66,9 +66,11 @@ Placement resolve_placement(const StartTrainerArgs& a) {
       }
     }
   } else {
-    p.rank = a.rank < 0 ? 0 : a.rank;
     p.world_size = a.world_size == 0 ? 1 : a.world_size;
-    p.local_rank = p.rank;  // one host, unless a launcher says otherwise
+    // --world-size W > 1 without --rank: the coordinator hands out ranks in joining order.
+    p.rank = a.rank >= 0 ? a.rank : (p.world_size > 1 ? -1 : 0);
+    if (p.rank < 0) p.source = "the coordinator (joining order)";
+    p.local_rank = std::max(p.rank, 0);  // one host, unless a launcher says otherwise
   }
   if (p.rank >= p.world_size)
     throw std::invalid_argument(
@@ -117,12 +119,11 @@ struct Comms {
   std::unique_ptr<actors::Collectives> grad, param;
 };
 
-Comms connect_trainers(const StartTrainerArgs& a, const Placement& p, bool want_param_comm) {
-  Comms c;
-  const bool nccl = a.collectives == "nccl";
-  if (p.world_size == 1 && !nccl) return c;
+// The rendezvous store (served here with --serve-coordinator) and, when the rank was not
+// given, this trainer's rank from the coordinator's counter.
+void open_store(const StartTrainerArgs& a, Placement& p, Comms& c) {
   const auto timeout = std::chrono::milliseconds(a.comm_timeout_ms);
-  // World size 1 with NCCL: a store of our own for the unique id.
+  // World size 1 (NCCL only): a store of our own for the unique id.
   const std::string endpoint = p.world_size == 1 ? "tcp://127.0.0.1:*" : p.coordinator;
   if (p.serve || p.world_size == 1) {
     c.server = std::make_unique<actors::RendezvousServer>(endpoint);
@@ -131,6 +132,23 @@ Comms connect_trainers(const StartTrainerArgs& a, const Placement& p, bool want_
   }
   c.store = std::make_unique<actors::RendezvousClient>(
       c.server && p.world_size == 1 ? c.server->endpoint() : p.coordinator, a.job, timeout);
+  if (p.rank >= 0) return;
+  const int64_t joined = c.store->add("trainer_ranks", 1);
+  if (joined > p.world_size)
+    throw std::invalid_argument(fmt::format(
+        "{}: trainer number {} joined job '{}' at {}, but the world size is {} (a trainer too "
+        "many, or a coordinator still holding an earlier run of this job: use a new --job)",
+        a.name, joined, a.job, p.coordinator, p.world_size));
+  p.rank = static_cast<int>(joined - 1);
+  p.local_rank = p.rank;
+  spdlog::info("{}: the coordinator assigned rank {} of {}", a.name, p.rank, p.world_size);
+}
+
+Comms connect_trainers(const StartTrainerArgs& a, const Placement& p, bool want_param_comm,
+                       Comms c) {
+  const bool nccl = a.collectives == "nccl";
+  if (p.world_size == 1 && !nccl) return c;
+  const auto timeout = std::chrono::milliseconds(a.comm_timeout_ms);
   if (nccl) {
     actors::NcclCollectivesOptions no;
     no.timeout = timeout;
@@ -301,7 +319,9 @@ int run_start_trainer(const StartTrainerArgs& a) {
     throw std::invalid_argument(
         "dsactor start --role trainer needs --config and --data (and --offload endpoints for "
         "ZeRO stages 1-3), or --deploy");
-  const Placement place = resolve_placement(a);
+  Placement place = resolve_placement(a);
+  Comms store;  // the rendezvous (and the rank, when the coordinator assigns it)
+  if (place.world_size > 1 || a.collectives == "nccl") open_store(a, place, store);
   const DsConfig config = load_ds_config(a.config, place.world_size);
   const int stage = config.zero_optimization.stage;
   if (stage == 0)
@@ -324,7 +344,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
                                               a.data, t, gpt.vocab_size));
   // Every rank walks the same windows (same seed) and takes its own rows of each.
   BatchLoader train(&split.train, B, T, true, a.seed, place.rank, place.world_size);
-  Comms comms = connect_trainers(a, place, stage == 3);
+  Comms comms = connect_trainers(a, place, stage == 3, std::move(store));
 
   int64_t target = a.steps;
   if (target <= 0)

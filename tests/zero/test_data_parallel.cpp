@@ -173,7 +173,8 @@ INSTANTIATE_TEST_SUITE_P(
             R"({"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}, "stage3_prefetch_bucket_size": 15000})")),
     [](const auto& info) { return std::string(info.param.first); });
 
-// Ranks from the launchers' environment instead of flags: torchrun (RANK, WORLD_SIZE,
+// Ranks from the launchers' environment instead of flags (and, last, from the coordinator
+// when only --world-size is given): torchrun (RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT), srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the master's
 // address from SLURM_LAUNCH_NODE_IPADDR) and mpirun (OMPI_COMM_WORLD_*). Rank 0 serves the
 // rendezvous at MASTER_ADDR:MASTER_PORT as torchrun's rank 0 hosts its store.
@@ -194,18 +195,28 @@ TEST_P(LauncherEnvironment, RanksFromTheEnvironmentTrainLikeRanksFromFlags) {
     else if (launcher == "slurm")
       env = {"SLURM_PROCID=" + rank, "SLURM_NTASKS=2", "SLURM_LOCALID=" + rank,
              "SLURM_LAUNCH_NODE_IPADDR=127.0.0.1", "MASTER_PORT=" + port};
-    else
+    else if (launcher == "openmpi")
       env = {"OMPI_COMM_WORLD_RANK=" + rank, "OMPI_COMM_WORLD_SIZE=2",
              "OMPI_COMM_WORLD_LOCAL_RANK=" + rank, "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
-    ranks.push_back(std::make_unique<Child>(
-        dir,
-        std::vector<std::string>{"start", "--role", "trainer", "--config", launcher + ".json",
-                                 "--model", "tiny", "--data", "corpus.txt", "--steps",
-                                 std::to_string(kSteps), "--comm-timeout-ms", "60000"},
-        dir / (launcher + "_rank" + rank + ".log"), env));
+    std::vector<std::string> args = {
+        "start", "--role", "trainer",    "--config", launcher + ".json",     "--model",
+        "tiny",  "--data", "corpus.txt", "--steps",  std::to_string(kSteps), "--comm-timeout-ms",
+        "60000"};
+    if (launcher == "coordinator") {
+      // No rank anywhere: the coordinator hands them out in joining order.
+      args.insert(args.end(), {"--world-size", "2", "--coordinator", "tcp://127.0.0.1:" + port});
+      if (r == 0) args.push_back("--serve-coordinator");
+    }
+    ranks.push_back(
+        std::make_unique<Child>(dir, args, dir / (launcher + "_rank" + rank + ".log"), env));
   }
   for (auto& r : ranks) ASSERT_EQ(r->wait(std::chrono::seconds(240)), 0) << r->log();
-  EXPECT_NE(ranks[1]->log().find("rank 1 of 2"), std::string::npos) << ranks[1]->log();
+  const std::string logs = ranks[0]->log() + ranks[1]->log();
+  EXPECT_NE(logs.find("rank 0 of 2"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("rank 1 of 2"), std::string::npos) << logs;
+  if (launcher == "coordinator") {
+    EXPECT_NE(logs.find("the coordinator assigned rank"), std::string::npos) << logs;
+  }
   const auto dp = losses(dir / (launcher + "_monitor/run/Train_Samples_train_loss.csv"));
   ASSERT_EQ(dp.size(), ref_->losses.size());
   for (size_t i = 0; i < dp.size(); ++i)
@@ -216,7 +227,8 @@ TEST_P(LauncherEnvironment, RanksFromTheEnvironmentTrainLikeRanksFromFlags) {
 INSTANTIATE_TEST_SUITE_P(Launchers, LauncherEnvironment,
                          ::testing::Values(std::make_pair("torchrun", ""),
                                            std::make_pair("slurm", ""),
-                                           std::make_pair("openmpi", "")),
+                                           std::make_pair("openmpi", ""),
+                                           std::make_pair("coordinator", "")),
                          [](const auto& info) { return std::string(info.param.first); });
 
 // A rank that leaves mid-run: the other must stop within its collective timeout with an
