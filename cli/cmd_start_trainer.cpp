@@ -432,9 +432,9 @@ int run_start_trainer(const StartTrainerArgs& a) {
   const ZeroStats s = engine.stats();
   spdlog::info(
       "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; peak resident "
-      "params {} of {} B",
+      "params {} of {} B; {} reduce-scatters overlapped with the backward",
       a.name, engine.global_step(), r.loss, s.bytes_pushed, s.bytes_fetched,
-      s.peak_resident_param_bytes, s.total_param_bytes);
+      s.peak_resident_param_bytes, s.total_param_bytes, s.overlapped_reductions);
   log_validation(engine, split, B, T, a.seed, a.name);
   if (!a.out.empty()) {
     std::filesystem::create_directories(out);

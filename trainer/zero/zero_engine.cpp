@@ -142,7 +142,7 @@ class ZeroEngine::Hooks final : public BlockHooks {
   }
   void grads_begin(size_t b) override { e_.begin_block_grad(b); }
   void grads_ready(size_t b) override {
-    if (push_) e_.finish_block_grad(b);
+    if (push_) e_.block_grad_ready(b);
   }
 
  private:
@@ -228,7 +228,9 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
   }
 }
 
-ZeroEngine::~ZeroEngine() = default;
+ZeroEngine::~ZeroEngine() {
+  drain_reductions();
+}
 
 std::vector<actors::OffloadClient*> ZeroEngine::main_clients() const {
   std::vector<actors::OffloadClient*> c;
@@ -401,28 +403,78 @@ void ZeroEngine::drop_grad(FloatBuffer& g) {
   g = FloatBuffer();
 }
 
-void ZeroEngine::finish_block_grad(size_t b) {
-  // The step's gradient of block b leaves grads_ here: from now on it is only this push's.
-  FloatBuffer g = std::move(grads_.blocks[b]);
-  if (g.size() == 0)
+void ZeroEngine::block_grad_ready(size_t b) {
+  if (plan_.world_size() == 1 || !config_.zero_optimization.overlap_comm)
+    return finish_block_grad(b);
+  PendingReduction r;
+  r.block = b;
+  r.full = std::move(grads_.blocks[b]);
+  if (r.full.size() == 0)
     throw std::logic_error(
         fmt::format("block {}'s gradient is ready but was never begun", model_.layouts()[b].name));
+  r.reduced = FloatBuffer(plan_.partition_numel(b));
+  grad_memory_->add(r.reduced.bytes());
+  r.done = options_.grad_comm->reduce_scatter_sum_async(r.full.data(), r.reduced.data(),
+                                                        plan_.partition_numel(b));
+  reductions_.push_back(std::move(r));
+  ++overlapped_reductions_;
+  // One reduction in flight behind the backward: the older one is pushed now.
+  while (reductions_.size() > 1) complete_oldest_reduction();
+}
+
+void ZeroEngine::complete_oldest_reduction() {
+  PendingReduction r = std::move(reductions_.front());
+  reductions_.pop_front();
+  try {
+    r.done.get();
+  } catch (const actors::CollectiveError& e) {
+    drop_grad(r.full);
+    drop_grad(r.reduced);
+    throw ZeroServiceError(fmt::format(
+        "reduce-scatter of block {}'s gradient across {} trainers failed at step {}: {}",
+        model_.layouts()[r.block].name, plan_.world_size(), global_step_ + 1, e.what()));
+  }
+  drop_grad(r.full);
+  finish_block_grad(r.block, std::move(r.reduced));
+}
+
+void ZeroEngine::drain_reductions() noexcept {
+  for (auto& r : reductions_) {
+    try {
+      r.done.wait();
+    } catch (...) {
+    }
+    drop_grad(r.full);
+    drop_grad(r.reduced);
+  }
+  reductions_.clear();
+}
+
+void ZeroEngine::finish_block_grad(size_t b, FloatBuffer reduced) {
   const PartitionSlice& p = plan_.slice(b, options_.rank);
   auto payload = std::make_shared<GradPayload>();
   payload->memory = grad_memory_;
   // This rank's partition of the step's gradient: at world size 1 the block itself; with
   // more ranks the rank-order sum of every rank's slice (dloss carried 1/W: the mean). The
   // full block is freed as soon as the reduce-scatter is done.
-  FloatBuffer part = std::move(g);
-  if (plan_.world_size() > 1) {
+  const bool already_reduced = reduced.size() > 0;
+  FloatBuffer part = std::move(reduced);
+  if (!already_reduced) {
+    // The step's gradient of block b leaves grads_ here: from now on it is only this push's.
+    part = std::move(grads_.blocks[b]);
+    if (part.size() == 0)
+      throw std::logic_error(fmt::format("block {}'s gradient is ready but was never begun",
+                                         model_.layouts()[b].name));
+  }
+  if (plan_.world_size() > 1 && !already_reduced) {
     const size_t P = plan_.partition_numel(b);
     const size_t W = plan_.world_size();
-    FloatBuffer reduced(P);
-    grad_memory_->add(reduced.bytes());
+    FloatBuffer mine(P);
+    grad_memory_->add(mine.bytes());
     try {
-      options_.grad_comm->reduce_scatter_sum(part.data(), reduced.data(), P);
+      options_.grad_comm->reduce_scatter_sum(part.data(), mine.data(), P);
     } catch (const actors::CollectiveError& e) {
-      drop_grad(reduced);
+      drop_grad(mine);
       drop_grad(part);
       throw ZeroServiceError(
           fmt::format("reduce-scatter of block {}'s gradient across {} "
@@ -430,7 +482,7 @@ void ZeroEngine::finish_block_grad(size_t b) {
                       model_.layouts()[b].name, W, global_step_ + 1, e.what()));
     }
     drop_grad(part);
-    part = std::move(reduced);
+    part = std::move(mine);
   }
   const size_t count = p.count;
   // Half precision: the gradient a half-precision model holds, exactly as Engine rounds it
@@ -545,6 +597,7 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
   // A step that failed part-way may have left gradients and unanswered pushes: start over.
+  drain_reductions();
   abandon_pushes();
   for (auto& g : grads_.blocks)
     if (g.size() > 0) drop_grad(g);
@@ -573,6 +626,7 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   r.loss = static_cast<float>(loss_sum / static_cast<double>(gas));
 
   const auto t_opt = Clock::now();
+  while (!reductions_.empty()) complete_oldest_reduction();
   // The global norm and overflow verdict from every push reply, before any commit: a
   // service that failed a push stops this step here (no commit went anywhere).
   while (!pushes_.empty()) collect_push();
@@ -892,6 +946,7 @@ ZeroStats ZeroEngine::stats() const {
   s.peak_resident_param_bytes = peak_resident_bytes_;
   s.peak_resident_grad_bytes = grad_memory_->peak.load();
   s.max_pushes_in_flight = max_pushes_seen_;
+  s.overlapped_reductions = overlapped_reductions_;
   if (scheduler_) {
     s.scheduler = scheduler_->stats();
     s.peak_resident_param_bytes = s.scheduler.peak_resident_bytes;

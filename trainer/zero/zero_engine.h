@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -70,8 +71,9 @@ struct ZeroStats {
   // The most gradient bytes held at once: fp32 blocks being computed or accumulated, the
   // reduced partitions, the half-precision payloads until ZeroMQ has sent them.
   size_t peak_resident_grad_bytes = 0;
-  size_t max_pushes_in_flight = 0;  // the most pushes awaiting their replies at once
-  SchedulerStats scheduler;         // stage 3 only
+  size_t max_pushes_in_flight = 0;     // the most pushes awaiting their replies at once
+  uint64_t overlapped_reductions = 0;  // reduce-scatters that ran behind the backward (W > 1)
+  SchedulerStats scheduler;            // stage 3 only
 };
 
 // ZeRO stages 1-3 with the optimizer in offload services (trainer/README.md, "ZeRO with
@@ -159,7 +161,14 @@ class ZeroEngine {
   size_t grad_numel(size_t block) const;
   void begin_block_grad(size_t block);
   void drop_grad(FloatBuffer& g);
-  void finish_block_grad(size_t block);
+  // Last micro-step: block b's gradient is complete. W > 1 with overlap_comm starts its
+  // reduce-scatter and finishes the previous block's (so the reduction of block l runs
+  // during the backward of block l-1); otherwise finish_block_grad at once.
+  void block_grad_ready(size_t block);
+  void complete_oldest_reduction();
+  void drain_reductions() noexcept;  // waits, ignoring errors (buffers must outlive the comm)
+  // `reduced`: this rank's partition already reduce-scattered (empty: reduce here).
+  void finish_block_grad(size_t block, FloatBuffer reduced = {});
   void collect_push();
   void abandon_pushes();
   void combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite);
@@ -181,6 +190,13 @@ class ZeroEngine {
   BlockSet grads_;
   std::shared_ptr<GradMemory> grad_memory_;  // shared with payloads ZeroMQ still holds
   std::deque<PendingPush> pushes_;           // sent, replies not collected, oldest first
+  struct PendingReduction {
+    size_t block;
+    FloatBuffer full, reduced;  // the comm thread reads full and writes reduced
+    std::future<void> done;
+  };
+  uint64_t overlapped_reductions_ = 0;
+  std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished
   size_t max_pushes_seen_ = 0;
   std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
   // The fetcher's sockets; declared before the scheduler, so they outlive its actor.
