@@ -51,6 +51,11 @@ struct ZeroOptions {
   // block b-1 runs while block b's push travels and the service sums its squares. Each one
   // in flight holds its gradient payload, so this also bounds that memory. At least 1.
   size_t max_pushes_in_flight = 2;
+  // Same host (a service at ipc:// or tcp://127.x / localhost): parameters and gradients
+  // travel through a shared-memory arena each client maps with its service (MapArena)
+  // instead of through the socket. Falls back to frames, logged once, where the service
+  // cannot map it. false: always frames. Results are bit-identical either way.
+  bool shared_memory = true;
 };
 
 // Traffic and memory of the ZeRO engine, cumulative.
@@ -63,7 +68,10 @@ struct ZeroStats {
   // reduced partitions, the half-precision payloads until ZeroMQ has sent them.
   size_t peak_resident_grad_bytes = 0;
   size_t max_pushes_in_flight = 0;  // the most pushes awaiting their replies at once
-  SchedulerStats scheduler;         // stage 3 only
+  // Shared-memory arenas mapped with the services (0: every payload went as frames). Not
+  // in the peaks above: its pages, once touched, stay resident for the engine's life.
+  size_t arena_bytes = 0;
+  SchedulerStats scheduler;  // stage 3 only
 };
 
 // ZeRO stages 1-3 with the optimizer in offload services (trainer/README.md, "ZeRO with
@@ -140,6 +148,7 @@ class ZeroEngine {
     size_t block;
     size_t service;
     uint64_t request;
+    size_t arena_bytes = 0;  // gradient bytes held in an arena slot until the reply
   };
   void register_and_initialise(uint64_t seed);
   template <class F>
@@ -152,6 +161,8 @@ class ZeroEngine {
   void begin_block_grad(size_t block);
   void drop_grad(FloatBuffer& g);
   void finish_block_grad(size_t block);
+  bool push_through_arena(size_t block, const PartitionSlice& p, FloatBuffer& part);
+  void map_arenas();
   void collect_push();
   void abandon_pushes();
   void combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite);
