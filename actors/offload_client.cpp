@@ -1,6 +1,16 @@
 #include "actors/offload_client.h"
 
+#include <spdlog/spdlog.h>
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+
 #include <zmq_addon.hpp>
+
+#include "actors/shm_arena.h"
+#include "messages/payload_crc.h"
 
 namespace dsactor::actors {
 
@@ -24,7 +34,128 @@ OffloadClient::OffloadClient(std::string endpoint, std::chrono::milliseconds tim
   socket_.connect(endpoint_);
 }
 
-OffloadClient::~OffloadClient() = default;
+OffloadClient::~OffloadClient() {
+  unmap_arena();
+}
+
+// ---- arena ----------------------------------------------------------------------------
+
+ArenaBuffer::ArenaBuffer(ArenaBuffer&& o) noexcept
+    : client_(std::exchange(o.client_, nullptr)),
+      slot_(o.slot_),
+      offset_(o.offset_),
+      bytes_(o.bytes_) {}
+
+ArenaBuffer& ArenaBuffer::operator=(ArenaBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    client_ = std::exchange(o.client_, nullptr);
+    slot_ = o.slot_;
+    offset_ = o.offset_;
+    bytes_ = o.bytes_;
+  }
+  return *this;
+}
+
+ArenaBuffer::~ArenaBuffer() {
+  release();
+}
+
+void ArenaBuffer::release() {
+  if (client_) client_->release_slot(slot_);
+  client_ = nullptr;
+}
+
+bool OffloadClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes) {
+  if (has_arena() || slot_bytes == 0 || slots == 0 || !is_local_endpoint(endpoint_)) return false;
+  // Slots page-aligned, so half and float views of them are aligned too.
+  const size_t page = 4096;
+  const size_t slot = (slot_bytes + page - 1) / page * page;
+  auto fallback = [&](const std::string& why) {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      spdlog::warn("offload client: no shared-memory arena with {} ({}); payloads go as frames",
+                   endpoint_, why);
+    } else {
+      spdlog::debug("offload client: no shared-memory arena with {} ({})", endpoint_, why);
+    }
+    return false;
+  };
+  std::unique_ptr<SharedArena> arena;
+  try {
+    arena = std::make_unique<SharedArena>(slot * slots);
+  } catch (const std::exception& e) {
+    return fallback(e.what());
+  }
+  const msg::Header reply = call(msg::MapArena{arena->path(), arena->size()});
+  if (const auto* e = std::get_if<msg::ErrorReply>(&reply.body))
+    return fallback(std::string(msg::to_string(e->code)) + ": " + e->message);
+  const auto* ok = std::get_if<msg::MapArenaReply>(&reply.body);
+  if (!ok || ok->arena_id == 0 || ok->size != arena->size())
+    return fallback("unexpected reply " + std::string(msg::kind_name(reply.body)));
+  arena_ = std::move(arena);
+  arena_id_ = ok->arena_id;
+  slot_bytes_ = slot;
+  // Compared before rounding up: keep_bytes may be SIZE_MAX ("keep everything").
+  keep_bytes_ = keep_bytes >= slot ? slot : (keep_bytes + page - 1) / page * page;
+  slot_busy_.assign(slots, 0);
+  slot_used_.assign(slots, 0);
+  spdlog::debug("offload client: {} maps our {}-byte arena as {}", endpoint_, arena_->size(),
+                arena_id_);
+  return true;
+}
+
+size_t OffloadClient::arena_bytes() const {
+  return has_arena() ? arena_->size() : 0;
+}
+
+void OffloadClient::unmap_arena() {
+  if (!has_arena()) return;
+  // Best effort: a service that is gone unmaps everything when it stops anyway. The
+  // linger lets the request leave before the socket closes, without waiting for a reply.
+  try {
+    send(msg::UnmapArena{arena_id_});
+    socket_.set(zmq::sockopt::linger, 200);
+  } catch (const std::exception&) {
+  }
+  arena_id_ = 0;
+}
+
+void OffloadClient::release_slot(size_t slot) {
+  slot_busy_[slot] = 0;
+  const size_t used = std::exchange(slot_used_[slot], 0);
+  if (used <= keep_bytes_) return;
+  // MADV_REMOVE frees the memfd's pages (for the service's mapping too); they read back
+  // as zeros and are faulted in again by the next use that needs them.
+  const size_t page = 4096;
+  const size_t end = std::min(slot_bytes_, (used + page - 1) / page * page);
+  std::byte* base = arena_->data() + slot * slot_bytes_;
+  madvise(base + keep_bytes_, end - keep_bytes_, MADV_REMOVE);
+}
+
+ArenaBuffer OffloadClient::arena_buffer(size_t bytes) {
+  ArenaBuffer b;
+  if (!has_arena() || bytes > slot_bytes_) return b;
+  for (size_t i = 0; i < slot_busy_.size(); ++i) {
+    if (slot_busy_[i]) continue;
+    slot_busy_[i] = 1;
+    slot_used_[i] = bytes;
+    b.client_ = this;
+    b.slot_ = i;
+    b.offset_ = i * slot_bytes_;
+    b.bytes_ = {arena_->data() + b.offset_, slot_bytes_};
+    return b;
+  }
+  return b;
+}
+
+void OffloadClient::forget(uint64_t id) {
+  outstanding_.erase(id);
+  if (auto l = leases_.find(id); l != leases_.end()) {
+    stale_.insert_or_assign(id, std::move(l->second));
+    leases_.erase(l);
+  }
+}
 
 msg::Header OffloadClient::call(msg::Body body, std::span<const std::byte> payload,
                                 std::shared_ptr<const void> owner, zmq::message_t* payload_frame) {
@@ -50,13 +181,22 @@ uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
 }
 
 void OffloadClient::abandon(uint64_t request_id) {
-  outstanding_.erase(request_id);
-  arrived_.erase(request_id);
+  // A reply that already arrived means the service is done with the slot.
+  if (arrived_.erase(request_id) > 0) {
+    leases_.erase(request_id);
+    outstanding_.erase(request_id);
+    return;
+  }
+  forget(request_id);
 }
 
-msg::Header OffloadClient::receive(uint64_t id, zmq::message_t* payload_frame) {
+msg::Header OffloadClient::receive(uint64_t id, zmq::message_t* payload_frame, ArenaBuffer* arena) {
   auto take = [&](Reply& r) {
     if (payload_frame && r.payload.size() > 0) *payload_frame = std::move(r.payload);
+    if (auto l = leases_.find(id); l != leases_.end()) {
+      if (arena) *arena = std::move(l->second);
+      leases_.erase(l);
+    }
     return std::move(r.header);
   };
   if (auto it = arrived_.find(id); it != arrived_.end()) {
@@ -75,7 +215,7 @@ msg::Header OffloadClient::receive(uint64_t id, zmq::message_t* payload_frame) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
       const std::string kind = waiting->second;
-      outstanding_.erase(waiting);  // a reply that still comes is discarded
+      forget(id);  // a reply that still comes is discarded
       throw OffloadTimeout("offload service at " + endpoint_ + " did not answer " + kind +
                            " (request " + std::to_string(id) + ") within " +
                            std::to_string(timeout_.count()) + " ms");
@@ -95,7 +235,10 @@ msg::Header OffloadClient::receive(uint64_t id, zmq::message_t* payload_frame) {
     const bool mine =
         rid == id || (rid == 0 && std::holds_alternative<msg::ErrorReply>(decoded->header.body));
     const bool other = !mine && outstanding_.count(rid) > 0;
-    if (!mine && !other) continue;  // a late reply to a request that timed out: skip it
+    if (!mine && !other) {  // a late reply to a request that timed out: skip it
+      stale_.erase(rid);    // the service is done with its slot
+      continue;
+    }
     Reply r{std::move(decoded->header), {}};
     if (msg::has_payload(r.header.body) && env->body.size() == 2) {
       // The decoded payload views reply's last frame; keep the frame itself.
@@ -141,7 +284,8 @@ msg::PushReply OffloadClient::push_gradients(uint64_t partition_id, uint64_t ste
                                              std::shared_ptr<const void> owner) {
   const uint64_t n = grads.size() / msg::dtype_size(dtype);
   return expect<msg::PushReply>(
-      call(msg::PushGradients{partition_id, step, micro_step, dtype, n}, grads, std::move(owner)),
+      call(msg::PushGradients{partition_id, step, micro_step, dtype, n, {}}, grads,
+           std::move(owner)),
       "pushGradients");
 }
 
@@ -150,8 +294,23 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
                                             std::span<const std::byte> grads,
                                             std::shared_ptr<const void> owner) {
   const uint64_t n = grads.size() / msg::dtype_size(dtype);
-  return send(msg::PushGradients{partition_id, step, micro_step, dtype, n}, grads,
+  return send(msg::PushGradients{partition_id, step, micro_step, dtype, n, {}}, grads,
               std::move(owner));
+}
+
+uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step,
+                                            uint32_t micro_step, msg::DType dtype, uint64_t count,
+                                            ArenaBuffer grads) {
+  const uint64_t bytes = count * msg::dtype_size(dtype);
+  if (!grads || grads.client_ != this || bytes > grads.bytes().size())
+    throw std::invalid_argument("send_push_gradients: " + std::to_string(bytes) +
+                                " bytes do not fit the arena buffer given");
+  const uint32_t crc = msg::payload_crc32c(grads.bytes().data(), bytes);
+  msg::PushGradients push{partition_id, step, micro_step, dtype, count, {}};
+  push.arena = msg::ArenaSlice{arena_id_, grads.offset(), bytes, crc};
+  const uint64_t id = send(push);
+  leases_.emplace(id, std::move(grads));
+  return id;
 }
 
 msg::PushReply OffloadClient::receive_push_reply(uint64_t request_id) {
@@ -169,9 +328,40 @@ msg::CommitReply OffloadClient::skip(uint64_t step) {
 FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_version,
                                        msg::DType dtype) {
   FetchedParameters out;
-  out.reply = expect<msg::FetchReply>(
-      call(msg::FetchParameters{partition_id, min_version, dtype}, {}, nullptr, &out.frame),
-      "fetchParameters");
+  msg::FetchParameters request{partition_id, min_version, dtype, {}};
+  ArenaBuffer slot = arena_buffer(slot_bytes_);
+  if (!slot) {
+    out.reply = expect<msg::FetchReply>(call(request, {}, nullptr, &out.frame), "fetchParameters");
+    return out;
+  }
+  request.arena = msg::ArenaSlice{arena_id_, slot.offset(), slot.bytes().size(), 0};
+  const std::span<std::byte> region = slot.bytes();
+  const uint64_t id = send(request);
+  leases_.emplace(id, std::move(slot));
+  out.reply = expect<msg::FetchReply>(receive(id, &out.frame, &out.arena), "fetchParameters");
+  if (!out.reply.arena) {
+    // The service answered with a frame (a partition larger than the slot): untouched.
+    if (out.arena) slot_used_[out.arena.slot_] = 0;
+    out.arena = {};
+    return out;
+  }
+  const msg::ArenaSlice& a = *out.reply.arena;
+  if (a.arena_id != arena_id_ || a.offset != request.arena->offset || a.length > region.size())
+    throw std::runtime_error("offload service at " + endpoint_ + " answered fetch of partition " +
+                             std::to_string(partition_id) + " with arena range [" +
+                             std::to_string(a.offset) + ", +" + std::to_string(a.length) +
+                             ") of arena " + std::to_string(a.arena_id) + ", asked [" +
+                             std::to_string(request.arena->offset) + ", +" +
+                             std::to_string(region.size()) + ") of " + std::to_string(arena_id_));
+  out.arena_bytes = region.first(a.length);
+  slot_used_[out.arena.slot_] = a.length;  // what the service wrote
+  // The frame path's decode verifies the crc; the arena path keeps that guarantee.
+  const uint32_t crc = msg::payload_crc32c(out.arena_bytes.data(), out.arena_bytes.size());
+  if (crc != a.crc32c)
+    throw OffloadError(msg::ErrorCode::checksumMismatch,
+                       "fetch of partition " + std::to_string(partition_id) + " from " + endpoint_ +
+                           ": arena bytes have crc32c " + std::to_string(crc) +
+                           ", the reply declares " + std::to_string(a.crc32c));
   return out;
 }
 

@@ -5,6 +5,13 @@
 // requests can be in flight (the trainer pipelines its gradient pushes), each reply
 // collected by its id. A late reply to a request that timed out or was abandoned is
 // discarded. Not thread-safe (one socket, one owner).
+//
+// Same host (map_arena): payloads can travel through a shared-memory arena of fixed slots
+// instead of frames. A fetch asks the service to write into a free slot; a push sends a
+// slot the caller filled (arena_buffer). A slot stays taken until its reply is received;
+// one whose request timed out or was abandoned stays taken until the late reply shows the
+// service is done with it (or forever), so the service never writes into a slot that
+// holds something else. Without a free slot, or without an arena, frames are used.
 
 #include <chrono>
 #include <cstdint>
@@ -20,6 +27,32 @@
 #include "messages/codec.h"
 
 namespace dsactor::actors {
+
+class SharedArena;
+class OffloadClient;
+
+// One slot of a client's arena, held: writable bytes the caller fills for a push (or a
+// fetch reply was written to). Returns the slot when destroyed; must not outlive its
+// client. Move-only.
+class ArenaBuffer {
+ public:
+  ArenaBuffer() = default;
+  ArenaBuffer(ArenaBuffer&& o) noexcept;
+  ArenaBuffer& operator=(ArenaBuffer&& o) noexcept;
+  ~ArenaBuffer();
+  explicit operator bool() const { return client_ != nullptr; }
+  // The whole slot (at least the size asked for).
+  std::span<std::byte> bytes() const { return bytes_; }
+  uint64_t offset() const { return offset_; }
+
+ private:
+  friend class OffloadClient;
+  void release();
+  OffloadClient* client_ = nullptr;
+  size_t slot_ = 0;
+  uint64_t offset_ = 0;
+  std::span<std::byte> bytes_;
+};
 
 // The service answered with an ErrorReply.
 class OffloadError : public std::runtime_error {
@@ -39,8 +72,12 @@ class OffloadTimeout : public std::runtime_error {
 
 struct FetchedParameters {
   messages::FetchReply reply;
-  zmq::message_t frame;  // owns the bytes
+  zmq::message_t frame;  // owns the bytes when they came as a frame
+  ArenaBuffer arena;     // holds them when the service wrote them into the arena
+  std::span<const std::byte> arena_bytes;
+  bool in_arena() const { return static_cast<bool>(arena); }
   std::span<const std::byte> bytes() const {
+    if (in_arena()) return arena_bytes;
     return {static_cast<const std::byte*>(frame.data()), frame.size()};
   }
 };
@@ -57,6 +94,22 @@ class OffloadClient {
 
   const std::string& endpoint() const { return endpoint_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  // Same host only: creates an arena of `slots` slots of `slot_bytes` and has the service
+  // map it (MapArena). Returns false, keeping frames, when the endpoint is not local
+  // (silently) or the arena cannot be created or mapped (logged once per process, the
+  // reason at debug level). Throws OffloadTimeout when the service does not answer.
+  // A slot keeps up to `keep_bytes` of its pages resident between uses; what a use
+  // touched beyond that is given back when the slot is released (so one large block, an
+  // embedding, costs its memory only while it is in flight, as a frame would).
+  bool map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
+  bool has_arena() const { return arena_id_ != 0; }
+  uint64_t arena_id() const { return arena_id_; }  // the service's name for it; 0 = none
+  size_t arena_slot_bytes() const { return slot_bytes_; }
+  // Bytes of the arena (0 without one).
+  size_t arena_bytes() const;
+  // A free slot of at least `bytes`, or an empty buffer (no arena, too large, all taken).
+  ArenaBuffer arena_buffer(size_t bytes);
 
   messages::RegisterReply register_partitions(uint32_t rank, uint32_t world_size,
                                               std::vector<messages::PartitionSpec> specs);
@@ -88,6 +141,10 @@ class OffloadClient {
   uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
                                messages::DType dtype, std::span<const std::byte> grads,
                                std::shared_ptr<const void> owner = nullptr);
+  // The same from an arena slot: its first count * dtype size bytes are the gradient. The
+  // slot is held until the reply is received.
+  uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
+                               messages::DType dtype, uint64_t count, ArenaBuffer grads);
   // Waits up to the timeout (from this call) for that push's reply; throws as
   // push_gradients does (OffloadTimeout, OffloadError).
   messages::PushReply receive_push_reply(uint64_t request_id);
@@ -103,7 +160,10 @@ class OffloadClient {
   // A request whose receive() timed out is no longer outstanding.
   uint64_t send(messages::Body body, std::span<const std::byte> payload = {},
                 std::shared_ptr<const void> owner = nullptr);
-  messages::Header receive(uint64_t request_id, zmq::message_t* payload_frame = nullptr);
+  // A request sent with an arena slot gives the slot to *arena when given (the fetch
+  // reply's bytes are there), else releases it.
+  messages::Header receive(uint64_t request_id, zmq::message_t* payload_frame = nullptr,
+                           ArenaBuffer* arena = nullptr);
   // Stops waiting for a request: its reply, if it ever comes, is discarded.
   void abandon(uint64_t request_id);
   // Requests sent whose replies have not been received yet.
@@ -116,6 +176,12 @@ class OffloadClient {
   };
   template <class T>
   T expect(messages::Header reply, const char* what);
+  friend class ArenaBuffer;
+  void release_slot(size_t slot);
+  // A request stops being outstanding without its reply: its slot stays taken until the
+  // late reply comes.
+  void forget(uint64_t request_id);
+  void unmap_arena();
 
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
@@ -125,6 +191,15 @@ class OffloadClient {
   std::map<uint64_t, Reply> arrived_;            // replies received while waiting for another
   zmq::context_t context_;
   zmq::socket_t socket_;
+  // Arena (declared after the socket: unmap_arena() in the destructor still sends on it).
+  std::unique_ptr<SharedArena> arena_;
+  uint64_t arena_id_ = 0;
+  size_t slot_bytes_ = 0;
+  size_t keep_bytes_ = 0;
+  std::vector<char> slot_busy_;
+  std::vector<size_t> slot_used_;           // bytes the current use of each slot may have touched
+  std::map<uint64_t, ArenaBuffer> leases_;  // request id -> slot the service may touch
+  std::map<uint64_t, ArenaBuffer> stale_;   // timed out or abandoned: held until late reply
 };
 
 }  // namespace dsactor::actors

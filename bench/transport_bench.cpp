@@ -87,7 +87,11 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
   return {{"push_gbps", push}, {"fetch_gbps", fetch}, {"endpoint", endpoint}};
 }
 
-nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int iterations) {
+// Through a real (in-process) offload service. `arena`: the same-host shared-memory
+// arena instead of frames; a push then includes writing the bytes into the slot (the
+// trainer writes its half copy there instead of into a frame buffer).
+nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int iterations,
+                            bool arena) {
   offload::ServiceOptions o;
   o.listen = "tcp://127.0.0.1:*";
   offload::OffloadService service(o);
@@ -99,14 +103,24 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
   spec.served_dtype = msg::DType::bf16;
   client.register_partitions(0, 1, {spec});
   client.set_parameters(1, 0, msg::DType::fp32, buf->span(), buf);
+  if (arena && !client.map_arena(buf->size(), 2))
+    throw std::runtime_error("transport bench: the service did not map the arena");
 
   // Pushes are micro-steps of step 1; fetches read the fp32 master.
   uint32_t micro = 0;
-  client.push_gradients(1, 1, micro++, msg::DType::fp32, buf->span(), buf);
+  auto push_once = [&] {
+    if (!arena) {
+      client.push_gradients(1, 1, micro++, msg::DType::fp32, buf->span(), buf);
+      return;
+    }
+    actors::ArenaBuffer slot = client.arena_buffer(buf->size());
+    std::memcpy(slot.bytes().data(), buf->data(), buf->size());
+    client.receive_push_reply(
+        client.send_push_gradients(1, 1, micro++, msg::DType::fp32, n, std::move(slot)));
+  };
+  push_once();
   auto t = Clock::now();
-  for (int i = 0; i < iterations; ++i) {
-    client.push_gradients(1, 1, micro++, msg::DType::fp32, buf->span(), buf);
-  }
+  for (int i = 0; i < iterations; ++i) push_once();
   const double push = double(buf->size()) * iterations / seconds_since(t) / 1e9;
   (void)client.fetch(1, 0, msg::DType::fp32);
   t = Clock::now();
@@ -129,14 +143,19 @@ nlohmann::json run_transport_bench(size_t partition_bytes, int iterations) {
   for (size_t i = 0; i < partition_bytes / 4; ++i) f[i] = float(i % 1000) * 1e-3f;
 
   const auto raw = raw_zmq(buf, iterations);
-  const auto svc = service_path(buf, iterations);
+  const auto svc = service_path(buf, iterations, false);
+  const auto arena = service_path(buf, iterations, true);
   nlohmann::json out{{"partition_bytes", partition_bytes},
                      {"iterations", iterations},
                      {"transport", "tcp loopback"},
                      {"service", svc},
+                     {"service_arena", arena},
                      {"raw_zmq", raw}};
   out["ratio"] = {{"push", svc["push_gbps"].get<double>() / raw["push_gbps"].get<double>()},
                   {"fetch", svc["fetch_gbps"].get<double>() / raw["fetch_gbps"].get<double>()}};
+  out["arena_ratio"] = {
+      {"push", arena["push_gbps"].get<double>() / raw["push_gbps"].get<double>()},
+      {"fetch", arena["fetch_gbps"].get<double>() / raw["fetch_gbps"].get<double>()}};
   return out;
 }
 

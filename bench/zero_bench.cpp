@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,17 +58,49 @@ nlohmann::json base_config(const ZeroBenchOptions& o) {
 
 struct Timing {
   double step_s = 0, fwd = 0, bwd = 0, opt = 0;
+  // CPU seconds (user + system, all threads) per step of this process and of the offload
+  // service: on a shared box the wall-clock ratio swings with the neighbours' load, the
+  // CPU the step costs much less.
+  double user_s = 0, sys_s = 0, service_cpu_s = 0;
   nlohmann::json to_json() const {
     return {{"ms_per_step", step_s * 1e3},
             {"forward_ms", fwd * 1e3},
             {"backward_ms", bwd * 1e3},
-            {"optimizer_ms", opt * 1e3}};
+            {"optimizer_ms", opt * 1e3},
+            {"cpu_user_ms_per_step", user_s * 1e3},
+            {"cpu_sys_ms_per_step", sys_s * 1e3},
+            {"service_cpu_ms_per_step", service_cpu_s * 1e3},
+            {"total_cpu_ms_per_step", (user_s + sys_s + service_cpu_s) * 1e3}};
   }
 };
 
+std::pair<double, double> own_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return {sec(u.ru_utime), sec(u.ru_stime)};
+}
+
+// utime + stime of another process (/proc/<pid>/stat fields 14 and 15); 0 when unknown.
+double process_cpu_seconds(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const size_t close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i)
+    if (i >= 14) ticks += std::stod(field);
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 template <class E>
-Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps) {
+Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t service = -1) {
   Timing t;
+  const auto [u0, s0] = own_cpu_seconds();
+  const double svc0 = process_cpu_seconds(service);
   const auto t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
     const auto r = engine.train_step(loader);
@@ -76,6 +109,10 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps) {
     t.opt += r.optimizer_seconds / steps;
   }
   t.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
+  const auto [u1, s1] = own_cpu_seconds();
+  t.user_s = (u1 - u0) / steps;
+  t.sys_s = (s1 - s0) / steps;
+  t.service_cpu_s = (process_cpu_seconds(service) - svc0) / steps;
   return t;
 }
 
@@ -131,11 +168,12 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.services = {service.endpoint()};
         zo.timeout = std::chrono::seconds(o.timeout_seconds);
         zo.job_id = std::string("bench-zero-") + name;
+        zo.shared_memory = o.shared_memory;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
         ZeroEngine engine(gpt, parse_ds_config(cfg, "bench zero"), o.seed, zo);
         for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
         const ZeroStats before = engine.stats();
-        nlohmann::json r = time_steps(engine, loader, o.steps).to_json();
+        nlohmann::json r = time_steps(engine, loader, o.steps, service.pid()).to_json();
         const ZeroStats after = engine.stats();
         const double n = o.steps;
         const double fetch_s = after.scheduler.fetch_seconds - before.scheduler.fetch_seconds;
@@ -156,6 +194,8 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         // Gradients live from their block's backward to its push (gas 1, as here).
         r["peak_resident_grad_bytes"] = after.peak_resident_grad_bytes;
         r["max_pushes_in_flight"] = after.max_pushes_in_flight;
+        // Shared-memory arenas with the service (0: frames); resident once touched.
+        r["arena_bytes"] = after.arena_bytes;
         // The two peaks need not coincide: their sum bounds the model state held at once.
         r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes;
         return r;
@@ -184,9 +224,12 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
       {"micro_batch", o.micro_batch},
       {"seq", o.seq},
       {"steps_measured", o.steps},
+      {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
       {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
       {"step_time_goal", 1.25},
+      {"cpu_ratio_prefetch_on", ratio(on, stage0, "total_cpu_ms_per_step")},
+      {"cpu_ratio_prefetch_off", ratio(off, stage0, "total_cpu_ms_per_step")},
       {"peak_rss_ratio", ratio(on, stage0, "vm_hwm_bytes")},
       {"peak_rss_delta_ratio", ratio(on, stage0, "vm_hwm_minus_start_bytes")},
       {"accounted_bytes_ratio", ratio(on, stage0, "accounted_bytes")},

@@ -24,6 +24,9 @@ struct ZeroBenchOptions {
   int64_t max_live = 0;
   int64_t reuse_distance = 0;  // keep a released block only when it is needed next
   int timeout_seconds = 120;   // per service request
+  // Payloads through the same-host shared-memory arena (ZeroOptions::shared_memory);
+  // false: frames over loopback tcp, as before the arena existed.
+  bool shared_memory = true;
 };
 
 // Stage 0 (trainer::Engine) against stage 3 with offload_optimizer and offload_param on

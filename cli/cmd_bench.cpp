@@ -48,6 +48,7 @@ void add_bench_command(CLI::App& app) {
   zero->add_option("--prefetch-bucket", zo->prefetch_bucket, "stage3_prefetch_bucket_size of the prefetch-on phase; 0: one transformer layer")->check(CLI::NonNegativeNumber)->capture_default_str();
   zero->add_option("--max-live", zo->max_live, "stage3_max_live_parameters; 0: the largest block plus two layers")->capture_default_str();
   zero->add_option("--reuse-distance", zo->reuse_distance, "stage3_max_reuse_distance")->capture_default_str();
+  zero->add_flag("--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; }, "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] { print_result(bench::run_zero_bench(*zo), *json); });
 
@@ -72,7 +73,7 @@ void add_bench_command(CLI::App& app) {
     print_result(bench::run_nvme_bench(*nvme_dir, *nvme_bytes, *nvme_opts), *json);
   });
 
-  auto* transport = bench->add_subcommand("transport", "push/fetch GB/s through an offload service against raw ZeroMQ, same bytes, same run");
+  auto* transport = bench->add_subcommand("transport", "push/fetch GB/s through an offload service (frames, and the same-host shared-memory arena) against raw ZeroMQ, same bytes, same run");
   auto part_bytes = std::make_shared<size_t>(size_t{64} << 20);
   auto transport_iters = std::make_shared<int>(10);
   transport->add_option("--partition-bytes", *part_bytes, "bytes per partition")->capture_default_str();

@@ -27,6 +27,7 @@ struct StartArgs {
   unsigned buffer_count = 4;
   uint64_t buffer_size = 0;
   unsigned workers = 0;
+  uint64_t max_arena = uint64_t{64} << 30;
   bool no_mlock = false;
   bool no_cuda_pinning = false;
 };
@@ -62,6 +63,7 @@ int run_offload(const StartArgs& a) {
   o.store.buffer_count = a.buffer_count;
   o.store.buffer_size = a.buffer_size;
   o.store.workers = a.workers;
+  o.store.max_arena_bytes = a.max_arena;
   if (!a.nvme.empty()) o.store.nvme_dir = a.nvme;
   o.store.service_id = "offload@" + a.listen;
   // Bad knobs are named before anything is opened or bound.
@@ -138,6 +140,11 @@ void add_start_command(CLI::App& app) {
                   "offload: partition workers; a job's partitions are placed on them "
                   "round-robin in registration order; 0 = one per two hardware threads")
       ->check(CLI::Range(0u, 256u))
+      ->capture_default_str();
+  cmd->add_option("--max-arena", a->max_arena,
+                  "offload: bytes of same-host trainers' shared-memory arenas mapped at once "
+                  "(MapArena); beyond it a trainer moves payloads as frames; 0 = never map")
+      ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   cmd->add_flag("--no-mlock", a->no_mlock,
                 "offload: do not pin RAM buffers at all (neither cudaHostAlloc nor mlock)");

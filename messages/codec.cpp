@@ -16,7 +16,7 @@
 namespace dsactor::messages {
 
 static_assert(wire::SCHEMA_VERSION == kSchemaVersion, "codec.h and offload.capnp disagree");
-static_assert(std::variant_size_v<Body> == 20, "a kind was added: extend encode/decode");
+static_assert(std::variant_size_v<Body> == 24, "a kind was added: extend encode/decode");
 
 namespace {
 
@@ -117,6 +117,33 @@ std::vector<PartitionVersion> versions(capnp::List<wire::PartitionVersion>::Read
   return out;
 }
 
+// An optional arena slice. A set one names an arena (id != 0) and a range that does not
+// wrap around; whether it fits the mapping is the receiver's check (it knows the size).
+// `shape`: the payload it stands for must fill it exactly (push, fetch reply).
+std::optional<ArenaSlice> arena_slice(bool present, wire::ArenaSlice::Reader a,
+                                      const Limits& limits, const char* field,
+                                      std::optional<std::pair<DType, uint64_t>> shape) {
+  if (!present) return std::nullopt;
+  ArenaSlice out{a.getArenaId(), a.getOffset(), a.getLength(), a.getCrc32c()};
+  const std::string f(field);
+  if (out.arena_id == 0) fail(DecodeErrc::badField, f + ".arenaId: 0 names no arena");
+  if (out.length > limits.max_payload_bytes)
+    fail(DecodeErrc::tooLarge,
+         f + ".length: " + std::to_string(out.length) + " bytes exceed max_payload_bytes");
+  if (out.offset > UINT64_MAX - out.length)
+    fail(DecodeErrc::badField, f + ".offset: " + std::to_string(out.offset) + " + length " +
+                                   std::to_string(out.length) + " overflows");
+  if (shape) {
+    const auto [dtype, count] = *shape;
+    // Division, not count * size, so a huge element count cannot wrap around.
+    if (out.length % dtype_size(dtype) != 0 || count != out.length / dtype_size(dtype))
+      fail(DecodeErrc::lengthMismatch, f + ".length: " + std::to_string(count) + " elements of " +
+                                           std::string(to_string(dtype)) + " do not fill " +
+                                           std::to_string(out.length) + " bytes");
+  }
+  return out;
+}
+
 Body decode_body(wire::Header::Reader h, const Limits& limits) {
   auto k = h.getKind();
   switch (k.which()) {
@@ -153,8 +180,12 @@ Body decode_body(wire::Header::Reader h, const Limits& limits) {
     }
     case wire::Header::Kind::PUSH_GRADIENTS: {
       auto r = k.getPushGradients();
-      return PushGradients{r.getPartitionId(), r.getStep(), r.getMicroStep(),
-                           from_wire(r.getDtype(), "pushGradients.dtype"), r.getElementCount()};
+      PushGradients out{r.getPartitionId(),  r.getStep(),
+                        r.getMicroStep(),    from_wire(r.getDtype(), "pushGradients.dtype"),
+                        r.getElementCount(), {}};
+      out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "pushGradients.arena",
+                              std::pair{out.dtype, out.element_count});
+      return out;
     }
     case wire::Header::Kind::PUSH_REPLY: {
       auto r = k.getPushReply();
@@ -174,13 +205,20 @@ Body decode_body(wire::Header::Reader h, const Limits& limits) {
     }
     case wire::Header::Kind::FETCH_PARAMETERS: {
       auto r = k.getFetchParameters();
-      return FetchParameters{r.getPartitionId(), r.getMinVersion(),
-                             from_wire(r.getDtype(), "fetchParameters.dtype")};
+      return FetchParameters{
+          r.getPartitionId(), r.getMinVersion(), from_wire(r.getDtype(), "fetchParameters.dtype"),
+          arena_slice(r.hasArena(), r.getArena(), limits, "fetchParameters.arena", std::nullopt)};
     }
     case wire::Header::Kind::FETCH_REPLY: {
       auto r = k.getFetchReply();
-      return FetchReply{r.getPartitionId(), r.getVersion(),
-                        from_wire(r.getDtype(), "fetchReply.dtype"), r.getElementCount()};
+      FetchReply out{r.getPartitionId(),
+                     r.getVersion(),
+                     from_wire(r.getDtype(), "fetchReply.dtype"),
+                     r.getElementCount(),
+                     {}};
+      out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "fetchReply.arena",
+                              std::pair{out.dtype, out.element_count});
+      return out;
     }
     case wire::Header::Kind::STATS:
       return Stats{};
@@ -230,6 +268,18 @@ Body decode_body(wire::Header::Reader h, const Limits& limits) {
       }
       return ErrorReply{static_cast<ErrorCode>(raw), std::move(message)};
     }
+    case wire::Header::Kind::MAP_ARENA: {
+      auto r = k.getMapArena();
+      return MapArena{text(r.getPath(), limits, "mapArena.path"), r.getSize()};
+    }
+    case wire::Header::Kind::MAP_ARENA_REPLY: {
+      auto r = k.getMapArenaReply();
+      return MapArenaReply{r.getArenaId(), r.getSize()};
+    }
+    case wire::Header::Kind::UNMAP_ARENA:
+      return UnmapArena{k.getUnmapArena().getArenaId()};
+    case wire::Header::Kind::UNMAP_ARENA_REPLY:
+      return UnmapArenaReply{k.getUnmapArenaReply().getArenaId()};
   }
   fail(DecodeErrc::unknownKind,
        "unknown kind ordinal " + std::to_string(static_cast<unsigned>(k.which())));
@@ -328,6 +378,13 @@ void set_versions(capnp::List<wire::PartitionVersion>::Builder list,
   }
 }
 
+void set_arena(wire::ArenaSlice::Builder b, const ArenaSlice& a) {
+  b.setArenaId(a.arena_id);
+  b.setOffset(a.offset);
+  b.setLength(a.length);
+  b.setCrc32c(a.crc32c);
+}
+
 kj::StringPtr text_ptr(const std::string& s) {
   if (s.find('\0') != std::string::npos)
     throw std::invalid_argument("encode: text fields may not contain NUL bytes");
@@ -383,6 +440,7 @@ void build_body(wire::Header::Kind::Builder k, const Body& body) {
                    b.setMicroStep(r.micro_step);
                    b.setDtype(to_wire(r.dtype));
                    b.setElementCount(r.element_count);
+                   if (r.arena) set_arena(b.initArena(), *r.arena);
                  },
                  [&](const PushReply& r) {
                    auto b = k.initPushReply();
@@ -412,6 +470,7 @@ void build_body(wire::Header::Kind::Builder k, const Body& body) {
                    b.setPartitionId(r.partition_id);
                    b.setMinVersion(r.min_version);
                    b.setDtype(to_wire(r.dtype));
+                   if (r.arena) set_arena(b.initArena(), *r.arena);
                  },
                  [&](const FetchReply& r) {
                    auto b = k.initFetchReply();
@@ -419,6 +478,7 @@ void build_body(wire::Header::Kind::Builder k, const Body& body) {
                    b.setVersion(r.version);
                    b.setDtype(to_wire(r.dtype));
                    b.setElementCount(r.element_count);
+                   if (r.arena) set_arena(b.initArena(), *r.arena);
                  },
                  [&](const Stats&) { k.initStats(); },
                  [&](const StatsReply& r) {
@@ -464,6 +524,18 @@ void build_body(wire::Header::Kind::Builder k, const Body& body) {
                    b.setCode(static_cast<wire::ErrorCode>(raw));
                    b.setMessage(text_ptr(r.message));
                  },
+                 [&](const MapArena& r) {
+                   auto b = k.initMapArena();
+                   b.setPath(text_ptr(r.path));
+                   b.setSize(r.size);
+                 },
+                 [&](const MapArenaReply& r) {
+                   auto b = k.initMapArenaReply();
+                   b.setArenaId(r.arena_id);
+                   b.setSize(r.size);
+                 },
+                 [&](const UnmapArena& r) { k.initUnmapArena().setArenaId(r.arena_id); },
+                 [&](const UnmapArenaReply& r) { k.initUnmapArenaReply().setArenaId(r.arena_id); },
              },
              body);
 }
@@ -595,7 +667,11 @@ std::string_view kind_name(const Body& body) {
                                                 "restoreReply",
                                                 "ping",
                                                 "pong",
-                                                "errorReply"};
+                                                "errorReply",
+                                                "mapArena",
+                                                "mapArenaReply",
+                                                "unmapArena",
+                                                "unmapArenaReply"};
   static_assert(std::size(kNames) == std::variant_size_v<Body>);
   return body.valueless_by_exception() ? "valueless" : kNames[body.index()];
 }
@@ -603,10 +679,19 @@ std::string_view kind_name(const Body& body) {
 std::optional<std::pair<DType, uint64_t>> payload_shape(const Body& body) {
   if (const auto* b = std::get_if<SetParameters>(&body))
     return std::pair{b->dtype, b->element_count};
-  if (const auto* b = std::get_if<PushGradients>(&body))
+  // With an arena slice the bytes are in shared memory: no frame 1.
+  if (const auto* b = std::get_if<PushGradients>(&body); b && !b->arena)
     return std::pair{b->dtype, b->element_count};
-  if (const auto* b = std::get_if<FetchReply>(&body)) return std::pair{b->dtype, b->element_count};
+  if (const auto* b = std::get_if<FetchReply>(&body); b && !b->arena)
+    return std::pair{b->dtype, b->element_count};
   return std::nullopt;
+}
+
+const ArenaSlice* arena_of(const Body& body) {
+  if (const auto* b = std::get_if<PushGradients>(&body)) return b->arena ? &*b->arena : nullptr;
+  if (const auto* b = std::get_if<FetchParameters>(&body)) return b->arena ? &*b->arena : nullptr;
+  if (const auto* b = std::get_if<FetchReply>(&body)) return b->arena ? &*b->arena : nullptr;
+  return nullptr;
 }
 
 bool has_payload(const Body& body) {

@@ -80,6 +80,16 @@ struct PartitionVersion {
   bool operator==(const PartitionVersion&) const = default;
 };
 
+// A byte range of a shared-memory arena (MapArena) that stands in for a payload frame
+// between processes on one host (messages/README.md, "Shared-memory arena").
+struct ArenaSlice {
+  uint64_t arena_id = 0;  // from MapArenaReply; never 0
+  uint64_t offset = 0;
+  uint64_t length = 0;  // bytes
+  uint32_t crc32c = 0;  // of the bytes; 0 in FetchParameters
+  bool operator==(const ArenaSlice&) const = default;
+};
+
 // Requests are sent trainer -> service; each has the reply named next to it, or ErrorReply.
 struct Register {
   uint32_t rank = 0;
@@ -107,13 +117,15 @@ struct SetParametersReply {
   bool operator==(const SetParametersReply&) const = default;
 };
 
-// Payload: element_count gradient values of dtype.
+// Payload: element_count gradient values of dtype, in frame 1 or, with `arena`, in that
+// region of a mapped arena (then the message is one frame).
 struct PushGradients {
   uint64_t partition_id = 0;
   uint64_t step = 0;
   uint32_t micro_step = 0;
   DType dtype = DType::fp32;
   uint64_t element_count = 0;
+  std::optional<ArenaSlice> arena;
   bool operator==(const PushGradients&) const = default;
 };
 struct PushReply {
@@ -147,14 +159,19 @@ struct FetchParameters {
   uint64_t partition_id = 0;
   uint64_t min_version = 0;
   DType dtype = DType::bf16;
+  // Set: the service writes the values into this region (length = capacity) and answers
+  // with FetchReply::arena instead of a payload frame.
+  std::optional<ArenaSlice> arena;
   bool operator==(const FetchParameters&) const = default;
 };
-// Payload: element_count values of dtype.
+// Payload: element_count values of dtype, in frame 1 or, with `arena`, in that region of
+// the arena the request named.
 struct FetchReply {
   uint64_t partition_id = 0;
   uint64_t version = 0;
   DType dtype = DType::bf16;
   uint64_t element_count = 0;
+  std::optional<ArenaSlice> arena;
   bool operator==(const FetchReply&) const = default;
 };
 
@@ -206,6 +223,26 @@ struct Pong {
   bool operator==(const Pong&) const = default;
 };
 
+// Same host only: map the requester's arena, a sealed memfd named /proc/<pid>/fd/<fd>.
+struct MapArena {
+  std::string path;
+  uint64_t size = 0;
+  bool operator==(const MapArena&) const = default;
+};
+struct MapArenaReply {
+  uint64_t arena_id = 0;
+  uint64_t size = 0;
+  bool operator==(const MapArenaReply&) const = default;
+};
+struct UnmapArena {
+  uint64_t arena_id = 0;
+  bool operator==(const UnmapArena&) const = default;
+};
+struct UnmapArenaReply {
+  uint64_t arena_id = 0;
+  bool operator==(const UnmapArenaReply&) const = default;
+};
+
 struct ErrorReply {
   ErrorCode code = ErrorCode::internal;
   std::string message;
@@ -213,17 +250,21 @@ struct ErrorReply {
 };
 
 // Order matches the wire union ordinals; append only.
-using Body = std::variant<Register, RegisterReply, SetParameters, SetParametersReply, PushGradients,
-                          PushReply, CommitStep, SkipStep, CommitReply, FetchParameters, FetchReply,
-                          Stats, StatsReply, Checkpoint, CheckpointReply, Restore, RestoreReply,
-                          Ping, Pong, ErrorReply>;
+using Body =
+    std::variant<Register, RegisterReply, SetParameters, SetParametersReply, PushGradients,
+                 PushReply, CommitStep, SkipStep, CommitReply, FetchParameters, FetchReply, Stats,
+                 StatsReply, Checkpoint, CheckpointReply, Restore, RestoreReply, Ping, Pong,
+                 ErrorReply, MapArena, MapArenaReply, UnmapArena, UnmapArenaReply>;
 
 // Name of the body's kind ("pushGradients", ...), for logs and error messages.
 std::string_view kind_name(const Body& body);
-// True for SetParameters, PushGradients and FetchReply: the kinds with a frame 1.
+// True for SetParameters, PushGradients and FetchReply without an arena slice: the
+// messages with a frame 1.
 bool has_payload(const Body& body);
-// Payload dtype and element count of a payload kind; nullopt for the others.
+// Payload dtype and element count of a message with a frame 1; nullopt for the others.
 std::optional<std::pair<DType, uint64_t>> payload_shape(const Body& body);
+// The arena slice a PushGradients, FetchParameters or FetchReply carries; nullptr otherwise.
+const ArenaSlice* arena_of(const Body& body);
 
 // Frame 0 in plain C++.
 struct Header {

@@ -98,6 +98,9 @@ struct PushGradients {
   microStep @2 :UInt32;
   dtype @3 :DType;
   elementCount @4 :UInt64;
+  # Set: the gradient bytes are this region of a mapped arena, not a payload frame (the
+  # message is one frame; header payloadLength and payloadCrc32c are 0).
+  arena @5 :ArenaSlice;
 }
 
 struct PushReply {
@@ -129,6 +132,9 @@ struct FetchParameters {
   partitionId @0 :UInt64;
   minVersion @1 :UInt64;
   dtype @2 :DType;
+  # Set: write the values into this region of a mapped arena (length = its capacity,
+  # crc32c 0) and answer with FetchReply.arena instead of a payload frame.
+  arena @3 :ArenaSlice;
 }
 
 # Payload: elementCount values of dtype.
@@ -137,6 +143,9 @@ struct FetchReply {
   version @1 :UInt64;
   dtype @2 :DType;
   elementCount @3 :UInt64;
+  # Set: the values were written to this region of the arena the request named (one
+  # frame; header payloadLength and payloadCrc32c are 0).
+  arena @4 :ArenaSlice;
 }
 
 struct Stats {}
@@ -182,6 +191,36 @@ struct Pong {
   nonce @0 :UInt64;
 }
 
+# ---- same-host shared memory (messages/README.md, "Shared-memory arena") ----
+
+# A byte range of an arena that stands in for a payload frame.
+struct ArenaSlice {
+  arenaId @0 :UInt64;        # from MapArenaReply; 0 names no arena
+  offset @1 :UInt64;
+  length @2 :UInt64;         # bytes
+  crc32c @3 :UInt32;         # CRC-32C of the bytes (0 in FetchParameters)
+}
+
+# Asks the service to map the requester's arena: `path` is a sealed memfd of the
+# requester as /proc/<pid>/fd/<fd>, `size` the bytes to map.
+struct MapArena {
+  path @0 :Text;
+  size @1 :UInt64;
+}
+
+struct MapArenaReply {
+  arenaId @0 :UInt64;
+  size @1 :UInt64;
+}
+
+struct UnmapArena {
+  arenaId @0 :UInt64;
+}
+
+struct UnmapArenaReply {
+  arenaId @0 :UInt64;
+}
+
 struct ErrorReply {
   code @0 :ErrorCode;
   message @1 :Text;
@@ -193,7 +232,7 @@ struct Header {
   requestId @1 :UInt64;      # chosen by the requester, echoed in the reply
   jobId @2 :Text;
   # Describes frame 1 when the kind carries a payload (setParameters, pushGradients,
-  # fetchReply); both are zero otherwise.
+  # fetchReply, unless its `arena` is set); both are zero otherwise.
   payloadLength @3 :UInt64;
   payloadCrc32c @4 :UInt32;
 
@@ -218,5 +257,9 @@ struct Header {
     ping @22 :Ping;
     pong @23 :Pong;
     errorReply @24 :ErrorReply;
+    mapArena @25 :MapArena;
+    mapArenaReply @26 :MapArenaReply;
+    unmapArena @27 :UnmapArena;
+    unmapArenaReply @28 :UnmapArenaReply;
   }
 }

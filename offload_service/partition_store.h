@@ -77,6 +77,15 @@ struct StoreOptions {
   // do not depend on it (each partition's pass is the same).
   unsigned workers = 0;
 
+  // Same-host shared memory (MapArena): bytes of trainers' arenas mapped at once, over
+  // all jobs; a MapArena beyond it is refused (the trainer then uses frames). The pages
+  // are the trainers'; the bound keeps a client from exhausting address space and
+  // mappings. Default 64 GiB.
+  uint64_t max_arena_bytes = uint64_t{64} << 30;
+  // Check the crc32c of pushed arena bytes, as the gateway checks frames (the service
+  // sets it from its decode Limits::verify_checksum). Default: true.
+  bool verify_arena_checksum = true;
+
   // Name in RegisterReply.service_id.
   std::string service_id = "offload";
 };

@@ -35,6 +35,7 @@ struct WorkerState {
   std::unique_ptr<NvmeIo> nvme;
   std::map<PartitionKey, WorkerPartition> parts;
   std::optional<Staged> staged;
+  bool verify_arena_checksum = true;
   static inline const char* name = "partition_worker";
 
   BufPtr alloc(uint64_t bytes) { return memory->allocate(bytes); }
@@ -77,9 +78,25 @@ struct WorkerState {
 
   // ---- requests answered here ----
 
-  Reply on_push(const msg::Message& m, const msg::PushGradients& g, uint64_t next_step) {
+  Reply on_push(const detail::Incoming& in, const msg::PushGradients& g, uint64_t next_step) {
+    const msg::Message& m = *in.message;
     WorkerPartition& p = at(m.header.job_id, g.partition_id);
     const std::string id = "partition " + std::to_string(g.partition_id);
+    // The gradient: frame 1 (length and crc checked by the codec) or the arena range the
+    // coordinator checked against the mapping. The trainer can change arena bytes while we
+    // read them; that only spoils its own step, never our memory.
+    std::span<const std::byte> payload = m.payload;
+    if (g.arena) {
+      payload = *in.arena->range(g.arena->offset, g.arena->length);
+      if (verify_arena_checksum) {
+        const uint32_t crc = msg::payload_crc32c(payload.data(), payload.size());
+        if (crc != g.arena->crc32c) {
+          refuse(ErrorCode::checksumMismatch,
+                 "pushGradients.arena: " + id + ": arena bytes have crc32c " + std::to_string(crc) +
+                     ", declared " + std::to_string(g.arena->crc32c));
+        }
+      }
+    }
     if (g.element_count != p.n()) {
       refuse(ErrorCode::malformed, id + " has " + std::to_string(p.n()) + " elements, push sends " +
                                        std::to_string(g.element_count));
@@ -102,7 +119,7 @@ struct WorkerState {
     std::vector<float> tmp(kBlock);
     for (uint64_t i = 0; i < p.n(); i += kBlock) {
       const uint64_t c = std::min(kBlock, p.n() - i);
-      detail::payload_to_floats(tmp.data(), m.payload, g.dtype, i, c);
+      detail::payload_to_floats(tmp.data(), payload, g.dtype, i, c);
       float* a = acc + i;
       if (first) {
         for (uint64_t k = 0; k < c; ++k) a[k] = 0.0f + tmp[k];
@@ -119,6 +136,20 @@ struct WorkerState {
             {}};
   }
 
+  // A fetch that named an arena: the served bytes go into its range when they fit (one
+  // copy, no frame); else the reply keeps its frame.
+  void into_arena(Reply& r, const detail::Incoming& in, const msg::FetchParameters& f) {
+    if (!f.arena || r.payload.size() > f.arena->length) return;
+    const std::span<std::byte> dst = *in.arena->range(f.arena->offset, r.payload.size());
+    std::memcpy(dst.data(), r.payload.data(), r.payload.size());
+    const uint32_t crc = r.crc32c ? *r.crc32c : msg::payload_crc32c(dst.data(), dst.size());
+    std::get<msg::FetchReply>(r.header.body).arena =
+        msg::ArenaSlice{f.arena->arena_id, f.arena->offset, r.payload.size(), crc};
+    r.payload = {};
+    r.owner.reset();
+    r.crc32c.reset();
+  }
+
   Reply on_fetch(const msg::Header& h, const msg::FetchParameters& f) {
     WorkerPartition& p = at(h.job_id, f.partition_id);
     if (f.min_version > p.version) {
@@ -128,7 +159,8 @@ struct WorkerState {
                                           std::to_string(f.min_version));
     }
     Reply r;
-    r.header = {h.request_id, h.job_id, msg::FetchReply{f.partition_id, p.version, f.dtype, p.n()}};
+    r.header = {h.request_id, h.job_id,
+                msg::FetchReply{f.partition_id, p.version, f.dtype, p.n(), {}}};
     const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
     auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {
       if (!cache) cache = msg::payload_crc32c(buf->data(), bytes);
@@ -174,9 +206,12 @@ struct WorkerState {
     detail::answer(*in, [&]() -> Reply {
       const auto& m = *in->message;
       if (auto* g = std::get_if<msg::PushGradients>(&m.header.body)) {
-        return on_push(m, *g, next_step);
+        return on_push(*in, *g, next_step);
       }
-      return on_fetch(m.header, std::get<msg::FetchParameters>(m.header.body));
+      const auto& f = std::get<msg::FetchParameters>(m.header.body);
+      Reply r = on_fetch(m.header, f);
+      into_arena(r, *in, f);
+      return r;
     });
   }
 
@@ -482,6 +517,7 @@ partition_worker::behavior_type worker_behavior(
     partition_worker::stateful_pointer<WorkerState> self, std::shared_ptr<WorkerConfig> cfg) {
   auto& st = self->state;
   st.index = cfg->index;
+  st.verify_arena_checksum = cfg->verify_arena_checksum;
   st.system = &self->system();
   st.memory = std::make_unique<HostAllocator>(cfg->memory);
   if (cfg->nvme) st.nvme = std::make_unique<NvmeIo>(self->system(), *cfg->nvme);

@@ -132,6 +132,7 @@ struct WorkerConfig {
   HostMemoryOptions memory;
   std::optional<nvme_io_actor> nvme;           // absent without an NVMe tier
   std::shared_ptr<WorkerPartitions> reloaded;  // NVMe partitions found at startup
+  bool verify_arena_checksum = true;           // StoreOptions::verify_arena_checksum
 };
 
 partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig config);

@@ -17,6 +17,7 @@ struct OffloadService::Impl {
 };
 
 OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<Impl>()) {
+  options.store.verify_arena_checksum = options.limits.verify_checksum;
   impl_->store = spawn_store(impl_->runtime.system(), options.store);
   actors::GatewayOptions g;
   g.listen = options.listen;

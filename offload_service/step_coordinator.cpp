@@ -69,10 +69,21 @@ struct CoordinatorSetup {
   PinningKind pinning = PinningKind::kNone;
 };
 
+// A trainer's shared-memory arena, mapped for one job.
+struct MappedArena {
+  std::string job;
+  std::shared_ptr<const actors::ArenaMapping> mapping;
+};
+
 struct CoordinatorState {
   CoordinatorSetup s;
   caf::actor_system* system = nullptr;
   std::unique_ptr<NvmeIo> nvme;
+  // Arenas by id (never 0), unmapped by UnmapArena or when the service stops (requests in
+  // flight hold their mapping until answered).
+  std::map<uint64_t, MappedArena> arenas;
+  uint64_t next_arena = 1;
+  uint64_t arena_bytes = 0;
   uint64_t ram_used = 0;
   uint64_t ram_opt_used = 0;
   uint64_t steps_applied = 0;
@@ -746,18 +757,80 @@ struct CoordinatorState {
     return msg::RestoreReply{rq.tag, step, versions(job)};
   }
 
+  // ---- shared-memory arenas ----
+
+  msg::Body on_map_arena(const msg::Header& h, const msg::MapArena& r) {
+    if (r.size > s.opt.max_arena_bytes - std::min(arena_bytes, s.opt.max_arena_bytes)) {
+      refuse(ErrorCode::tooLarge, "mapArena.size: " + fmt_bytes(r.size) + " with " +
+                                      fmt_bytes(arena_bytes) + " already mapped exceeds the " +
+                                      fmt_bytes(s.opt.max_arena_bytes) + " arena limit");
+    }
+    std::shared_ptr<const actors::ArenaMapping> mapping;
+    try {
+      mapping = actors::ArenaMapping::open(r.path, r.size);
+    } catch (const std::exception& e) {
+      refuse(ErrorCode::malformed, std::string("mapArena.path: ") + e.what());
+    }
+    const uint64_t id = next_arena++;
+    arenas.emplace(id, MappedArena{h.job_id, mapping});
+    arena_bytes += r.size;
+    spdlog::info("offload: job '{}' mapped a {} arena as {} (same-host payloads)", h.job_id,
+                 fmt_bytes(r.size), id);
+    return msg::MapArenaReply{id, r.size};
+  }
+
+  // The arena `id` of the request's job, or a refusal naming `field`.
+  const MappedArena& arena(const msg::Header& h, uint64_t id, const std::string& field) {
+    auto a = arenas.find(id);
+    if (a == arenas.end() || a->second.job != h.job_id) {
+      refuse(ErrorCode::malformed, field + ".arenaId: arena " + std::to_string(id) +
+                                       " is not mapped for job '" + h.job_id + "'");
+    }
+    return a->second;
+  }
+
+  msg::Body on_unmap_arena(const msg::Header& h, const msg::UnmapArena& r) {
+    const MappedArena& a = arena(h, r.arena_id, "unmapArena");
+    arena_bytes -= a.mapping->size();
+    arenas.erase(r.arena_id);
+    return msg::UnmapArenaReply{r.arena_id};
+  }
+
+  // A push or fetch naming an arena: the mapping, after checking that the slice lies
+  // inside it (a fetch's length is the capacity the reply may fill).
+  std::shared_ptr<const actors::ArenaMapping> resolve_arena(const msg::Header& h,
+                                                            const msg::ArenaSlice& slice) {
+    const std::string field = std::holds_alternative<msg::PushGradients>(h.body)
+                                  ? "pushGradients.arena"
+                                  : "fetchParameters.arena";
+    const MappedArena& a = arena(h, slice.arena_id, field);
+    if (!a.mapping->range(slice.offset, slice.length)) {
+      refuse(ErrorCode::malformed, field + ": [" + std::to_string(slice.offset) + ", +" +
+                                       std::to_string(slice.length) + ") is outside the " +
+                                       std::to_string(a.mapping->size()) + "-byte arena " +
+                                       std::to_string(slice.arena_id));
+    }
+    return a.mapping;
+  }
+
   // One request: forwarded to a worker, or answered here.
   void handle(const detail::IncomingPtr& in) {
     const auto& h = in->header();
     if (std::holds_alternative<msg::PushGradients>(h.body) ||
         std::holds_alternative<msg::FetchParameters>(h.body)) {
-      // The worker answers; only an unknown partition is answered here.
+      // The worker answers; only an unknown partition or a bad arena slice is answered here.
       const uint64_t pid = std::holds_alternative<msg::PushGradients>(h.body)
                                ? std::get<msg::PushGradients>(h.body).partition_id
                                : std::get<msg::FetchParameters>(h.body).partition_id;
       try {
         const PartMeta& p = find(h, pid);
-        caf::anon_send(s.workers[p.worker], serve_atom::value, in, s.jobs.at(h.job_id).step + 1);
+        detail::IncomingPtr fwd = in;
+        if (const msg::ArenaSlice* slice = msg::arena_of(h.body)) {
+          auto with_arena = std::make_shared<detail::Incoming>(*in);
+          with_arena->arena = resolve_arena(h, *slice);
+          fwd = std::move(with_arena);
+        }
+        caf::anon_send(s.workers[p.worker], serve_atom::value, fwd, s.jobs.at(h.job_id).step + 1);
       } catch (const Refusal& r) {
         in->error(r.code, r.what());
       }
@@ -786,6 +859,10 @@ struct CoordinatorState {
               return reply(on_checkpoint(h, body));
             } else if constexpr (std::is_same_v<T, msg::Restore>) {
               return reply(on_restore(h, body));
+            } else if constexpr (std::is_same_v<T, msg::MapArena>) {
+              return reply(on_map_arena(h, body));
+            } else if constexpr (std::is_same_v<T, msg::UnmapArena>) {
+              return reply(on_unmap_arena(h, body));
             } else {
               refuse(ErrorCode::malformed,
                      std::string(msg::kind_name(h.body)) + " is a reply, not a request");
@@ -947,6 +1024,7 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
     c.memory = mem;
     c.nvme = out.nvme_io;
     c.reloaded = per_worker[i];
+    c.verify_arena_checksum = options.verify_arena_checksum;
     out.workers.push_back(spawn_partition_worker(system, std::move(c)));
   }
   setup->workers = out.workers;

@@ -18,6 +18,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/shm_arena.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/cast.h"
 #include "messages/codec.h"
@@ -68,6 +69,10 @@ struct Incoming {
   const msg::Message* message = nullptr;
   std::shared_ptr<const void> keep;
   std::function<void(Reply)> respond;
+  // The mapped arena the request's arena slice names (the coordinator resolved it and
+  // checked the slice lies inside); held until the request is answered, so an UnmapArena
+  // meanwhile cannot pull the pages from under it.
+  std::shared_ptr<const actors::ArenaMapping> arena;
 
   const msg::Header& header() const { return message->header; }
   void error(msg::ErrorCode code, const std::string& text) const;

@@ -37,6 +37,14 @@ void check(std::span<const zmq::message_t> frames, const Limits& limits) {
   }
   const Message& m = r.value();
   if (!has_payload(m.header.body) && !m.payload.empty()) die("payload on a kind without one");
+  // An arena slice that decodes names an arena and a range a receiver can add up safely
+  // (it still checks the range against its mapping), and replaces frame 1.
+  if (const ArenaSlice* a = arena_of(m.header.body)) {
+    if (a->arena_id == 0) die("arena slice with id 0");
+    if (a->offset > UINT64_MAX - a->length) die("arena slice wraps around");
+    if (a->length > limits.max_payload_bytes) die("arena slice above max_payload_bytes");
+    if (frames.size() != 1) die("arena slice with a payload frame");
+  }
   std::vector<zmq::message_t> once;
   try {
     once = reencode(m);

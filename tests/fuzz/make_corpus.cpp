@@ -32,13 +32,13 @@ int main(int argc, char** argv) {
       RegisterReply{"svc", versions},
       SetParameters{1, 0, DType::fp32, 8},
       SetParametersReply{1, 0},
-      PushGradients{1, 3, 1, DType::bf16, 8},
+      PushGradients{1, 3, 1, DType::bf16, 8, {}},
       PushReply{1, 3, 1, 2.5, false},
       CommitStep{3, 1.0, 1024.0, 1e-4},
       SkipStep{4},
       CommitReply{3, true, versions},
-      FetchParameters{1, 3, DType::fp16},
-      FetchReply{1, 3, DType::fp16, 8},
+      FetchParameters{1, 3, DType::fp16, {}},
+      FetchReply{1, 3, DType::fp16, 8, {}},
       Stats{},
       StatsReply{1, 2, 3, 4},
       Checkpoint{"t", "/p"},
@@ -48,6 +48,14 @@ int main(int argc, char** argv) {
       Ping{7},
       Pong{7},
       ErrorReply{ErrorCode::unknownPartition, "no such partition"},
+      MapArena{"/proc/1/fd/3", 1 << 20},
+      MapArenaReply{1, 1 << 20},
+      UnmapArena{1},
+      UnmapArenaReply{1},
+      // Payload kinds whose bytes lie in a shared-memory arena (one frame).
+      PushGradients{1, 3, 1, DType::bf16, 8, ArenaSlice{1, 4096, 16, 0x1234}},
+      FetchParameters{1, 3, DType::fp16, ArenaSlice{1, 0, 4096, 0}},
+      FetchReply{1, 3, DType::fp16, 8, ArenaSlice{1, 0, 16, 0x5678}},
   };
   int n = 0;
   auto write = [&](const std::vector<uint8_t>& bytes) {

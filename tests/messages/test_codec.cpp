@@ -56,13 +56,13 @@ std::vector<Header> every_kind() {
   add(RegisterReply{"offload-0@host", versions});
   add(SetParameters{11, 0, DType::fp32, 256});
   add(SetParametersReply{11, 0});
-  add(PushGradients{11, 5, 2, DType::bf16, 512});
+  add(PushGradients{11, 5, 2, DType::bf16, 512, {}});
   add(PushReply{11, 5, 2, 12.5, true});
   add(CommitStep{5, 0.5, 65536.0, 1e-4});
   add(SkipStep{6});
   add(CommitReply{5, false, versions});
-  add(FetchParameters{11, 4, DType::fp16});
-  add(FetchReply{11, 5, DType::fp16, 300});
+  add(FetchParameters{11, 4, DType::fp16, {}});
+  add(FetchReply{11, 5, DType::fp16, 300, {}});
   add(Stats{});
   add(StatsReply{1ull << 33, 1ull << 36, 48, 1000, "mlock", 40, 8});
   add(Checkpoint{"step1000", "/ckpt/run"});
@@ -72,6 +72,14 @@ std::vector<Header> every_kind() {
   add(Ping{0xdeadbeef});
   add(Pong{0xdeadbeef});
   add(ErrorReply{ErrorCode::versionOrder, "step 4 < committed 5"});
+  add(MapArena{"/proc/1234/fd/7", 1ull << 30});
+  add(MapArenaReply{3, 1ull << 30});
+  add(UnmapArena{3});
+  add(UnmapArenaReply{3});
+  // The payload kinds with their bytes in a shared-memory arena instead of frame 1.
+  add(PushGradients{11, 5, 2, DType::bf16, 512, ArenaSlice{3, 4096, 1024, 0xabcdef01}});
+  add(FetchParameters{11, 4, DType::fp16, ArenaSlice{3, 8192, 1 << 20, 0}});
+  add(FetchReply{11, 5, DType::fp16, 300, ArenaSlice{3, 8192, 600, 0x12345678}});
   return h;
 }
 
@@ -108,7 +116,7 @@ TEST(Codec, EveryKindRoundTrips) {
 
 TEST(Codec, DefaultsAndEmptyPayloadRoundTrip) {
   // Zero-length payloads still travel as an (empty) frame 1.
-  Header h{0, "", PushGradients{0, 0, 0, DType::fp32, 0}};
+  Header h{0, "", PushGradients{0, 0, 0, DType::fp32, 0, {}}};
   auto frames = encode_copy(h, {});
   ASSERT_EQ(frames.size(), 2u);
   auto msg = decode(frames);
@@ -125,7 +133,7 @@ TEST(Codec, ZeroCopyPayloadKeepsOwnerAlive) {
   auto buffer = std::make_shared<std::vector<std::byte>>(random_bytes(64 * 1024, 1));
   std::weak_ptr<std::vector<std::byte>> watch = buffer;
   const std::byte* source = buffer->data();
-  Header h{9, "job", FetchReply{4, 2, DType::bf16, 32 * 1024}};
+  Header h{9, "job", FetchReply{4, 2, DType::bf16, 32 * 1024, {}}};
 
   auto frames = encode(h, std::span<const std::byte>(*buffer), buffer);
   EXPECT_EQ(frames[1].data(), static_cast<const void*>(source));
@@ -156,16 +164,18 @@ TEST(Codec, EncodeRejectsProgrammingErrors) {
   const auto payload = random_bytes(64, 3);
   auto owner = std::make_shared<int>(0);
   EXPECT_THROW(encode(Header{1, "j", Stats{}}, payload, owner), std::invalid_argument);
-  EXPECT_THROW(encode(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}}),
+  EXPECT_THROW(encode(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16, {}}}),
                std::invalid_argument);
-  EXPECT_THROW(encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 15}}, payload),
+  EXPECT_THROW(encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 15, {}}}, payload),
                std::invalid_argument);
-  EXPECT_THROW(encode(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}}, payload, nullptr),
-               std::invalid_argument);
+  EXPECT_THROW(
+      encode(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16, {}}}, payload, nullptr),
+      std::invalid_argument);
   EXPECT_THROW(encode(Header{1, std::string("a\0b", 3), Stats{}}), std::invalid_argument);
   // Huge count whose byte size wraps around 2^64 to the real payload size.
   EXPECT_THROW(
-      encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, (1ull << 62) + 16}}, payload),
+      encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, (1ull << 62) + 16, {}}},
+                  payload),
       std::invalid_argument);
 }
 
@@ -240,7 +250,7 @@ TEST(CodecMalformed, WrongFrameCount) {
   EXPECT_EQ(error_of({}), DecodeErrc::wrongFrameCount);
 
   const auto payload = random_bytes(64, 4);
-  Header push{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}};
+  Header push{1, "j", PushGradients{1, 1, 0, DType::fp32, 16, {}}};
   auto frames = encode_copy(push, payload);
   EXPECT_EQ(error_of(std::span(frames).first(1)), DecodeErrc::wrongFrameCount);
   frames.emplace_back(payload.data(), payload.size());
@@ -253,7 +263,7 @@ TEST(CodecMalformed, WrongFrameCount) {
 
 TEST(CodecMalformed, PayloadLengthMismatch) {
   const auto payload = random_bytes(64, 5);
-  auto frames = encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16}}, payload);
+  auto frames = encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16, {}}}, payload);
   frames[1] = zmq::message_t(payload.data(), 60);
   EXPECT_EQ(error_of(frames), DecodeErrc::lengthMismatch);
 
@@ -279,7 +289,7 @@ TEST(CodecMalformed, PayloadLengthMismatch) {
 
 TEST(CodecMalformed, ChecksumMismatch) {
   auto payload = random_bytes(4096, 6);
-  auto frames = encode_copy(Header{1, "j", FetchReply{1, 1, DType::fp16, 2048}}, payload);
+  auto frames = encode_copy(Header{1, "j", FetchReply{1, 1, DType::fp16, 2048, {}}}, payload);
   static_cast<std::byte*>(frames[1].data())[1234] ^= std::byte{0x10};
   EXPECT_EQ(error_of(frames), DecodeErrc::checksumMismatch);
 
@@ -377,6 +387,65 @@ TEST(CodecMalformed, FieldsOutOfRange) {
   limits = {};
   limits.max_list_items = 1;
   EXPECT_EQ(error_of(encode(every_kind()[0]), limits), DecodeErrc::badField);  // 2 specs
+}
+
+TEST(CodecMalformed, ArenaSlices) {
+  // A push whose 16 fp32 values are said to lie in an arena.
+  auto push = [](uint64_t id, uint64_t offset, uint64_t length, uint64_t count = 16) {
+    return [=](wire::Header::Builder h) {
+      auto p = h.getKind().initPushGradients();
+      p.setPartitionId(1);
+      p.setStep(1);
+      p.setDtype(wire::DType::FP32);
+      p.setElementCount(count);
+      auto a = p.initArena();
+      a.setArenaId(id);
+      a.setOffset(offset);
+      a.setLength(length);
+    };
+  };
+  ASSERT_TRUE(decode(one(forged(push(1, 0, 64)))).ok());
+  EXPECT_EQ(error_of(one(forged(push(0, 0, 64)))), DecodeErrc::badField);  // id 0
+  // offset + length wraps around 2^64: refused before any receiver adds them.
+  EXPECT_EQ(error_of(one(forged(push(1, UINT64_MAX - 10, 64)))), DecodeErrc::badField);
+  EXPECT_EQ(error_of(one(forged(push(1, 0, 60)))), DecodeErrc::lengthMismatch);
+  // count * 4 wraps to 64: the division check does not fall for it.
+  EXPECT_EQ(error_of(one(forged(push(1, 0, 64, (1ull << 62) + 16)))), DecodeErrc::lengthMismatch);
+  Limits small;
+  small.max_payload_bytes = 32;
+  EXPECT_EQ(error_of(one(forged(push(1, 0, 64))), small), DecodeErrc::tooLarge);
+  // Bytes in the arena and a payload frame too, or a header that declares a frame.
+  const auto payload = random_bytes(64, 9);
+  EXPECT_EQ(error_of(two(forged(push(1, 0, 64)), payload)), DecodeErrc::wrongFrameCount);
+  EXPECT_EQ(error_of(one(forged(push(1, 0, 64), 64, payload_crc32c(payload.data(), 64)))),
+            DecodeErrc::lengthMismatch);
+
+  auto fetch = [](uint64_t id, uint64_t offset, uint64_t length) {
+    return [=](wire::Header::Builder h) {
+      auto f = h.getKind().initFetchParameters();
+      f.setDtype(wire::DType::BF16);
+      auto a = f.initArena();
+      a.setArenaId(id);
+      a.setOffset(offset);
+      a.setLength(length);
+    };
+  };
+  ASSERT_TRUE(decode(one(forged(fetch(2, 4096, 1 << 20)))).ok());
+  EXPECT_EQ(error_of(one(forged(fetch(0, 0, 64)))), DecodeErrc::badField);
+  EXPECT_EQ(error_of(one(forged(fetch(2, UINT64_MAX, 1)))), DecodeErrc::badField);
+
+  auto reply = [](uint64_t length) {
+    return [=](wire::Header::Builder h) {
+      auto f = h.getKind().initFetchReply();
+      f.setDtype(wire::DType::BF16);
+      f.setElementCount(300);
+      auto a = f.initArena();
+      a.setArenaId(2);
+      a.setLength(length);
+    };
+  };
+  ASSERT_TRUE(decode(one(forged(reply(600)))).ok());
+  EXPECT_EQ(error_of(one(forged(reply(602)))), DecodeErrc::lengthMismatch);
 }
 
 TEST(CodecMalformed, ZeroSizedListElementsDoNotAmplify) {
@@ -506,7 +575,7 @@ TEST(Loopback, RouterDealerPushOverTcp) {
   constexpr size_t kBytes = 4u << 20;
   auto grads = std::make_shared<std::vector<std::byte>>(random_bytes(kBytes, 10));
   std::weak_ptr<std::vector<std::byte>> watch = grads;
-  const Header push{77, "gpt2-ci", PushGradients{3, 12, 1, DType::fp32, kBytes / 4}};
+  const Header push{77, "gpt2-ci", PushGradients{3, 12, 1, DType::fp32, kBytes / 4, {}}};
   {
     auto out = with_envelope({}, encode(push, std::span<const std::byte>(*grads), grads));
     ASSERT_TRUE(zmq::send_multipart(dealer, out));

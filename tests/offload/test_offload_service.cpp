@@ -318,7 +318,7 @@ TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
   std::vector<float> g(5000, 1.0f);
   {
     auto f = msg::encode_copy(
-        msg::Header{2, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}}, bytes_of(g));
+        msg::Header{2, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000, {}}}, bytes_of(g));
     f[0] = forge(f[0], [](msg::wire::Header::Builder h) {
       h.setPayloadLength(uint64_t{1} << 42);
       h.getKind().getPushGradients().setElementCount(uint64_t{1} << 40);
@@ -329,14 +329,14 @@ TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
   // Truncated payload frame.
   {
     auto f = msg::encode_copy(
-        msg::Header{7, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}}, bytes_of(g));
+        msg::Header{7, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000, {}}}, bytes_of(g));
     f[1] = zmq::message_t(f[1].data(), 100);
     EXPECT_EQ(error_code(raw_call(s, enveloped(std::move(f)))), ErrorCode::malformed);
   }
   // Payload changed after the crc was computed.
   {
     auto f = msg::encode_copy(
-        msg::Header{3, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000}}, bytes_of(g));
+        msg::Header{3, "default", msg::PushGradients{1, 1, 0, DType::fp32, 5000, {}}}, bytes_of(g));
     static_cast<char*>(f[1].data())[10] ^= 1;
     EXPECT_EQ(error_code(raw_call(s, enveloped(std::move(f)))), ErrorCode::checksumMismatch);
   }
@@ -348,16 +348,18 @@ TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
     EXPECT_FALSE(raw_call(s, std::move(f)).has_value());
   }
   // Well-formed but wrong for the service's state.
-  EXPECT_EQ(error_code(raw_call(
-                s, enveloped(msg::encode_copy(
-                       msg::Header{4, "default", msg::PushGradients{99, 1, 0, DType::fp32, 5000}},
-                       bytes_of(g))))),
-            ErrorCode::unknownPartition);
-  EXPECT_EQ(error_code(raw_call(
-                s, enveloped(msg::encode_copy(
-                       msg::Header{5, "default", msg::PushGradients{1, 7, 0, DType::fp32, 5000}},
-                       bytes_of(g))))),
-            ErrorCode::versionOrder);
+  EXPECT_EQ(
+      error_code(raw_call(
+          s, enveloped(msg::encode_copy(
+                 msg::Header{4, "default", msg::PushGradients{99, 1, 0, DType::fp32, 5000, {}}},
+                 bytes_of(g))))),
+      ErrorCode::unknownPartition);
+  EXPECT_EQ(
+      error_code(raw_call(
+          s, enveloped(msg::encode_copy(
+                 msg::Header{5, "default", msg::PushGradients{1, 7, 0, DType::fp32, 5000, {}}},
+                 bytes_of(g))))),
+      ErrorCode::versionOrder);
   EXPECT_EQ(error_code(raw_call(
                 s, enveloped(msg::encode(msg::Header{6, "default", msg::CommitStep{1, 1, 1, 1}})))),
             ErrorCode::versionOrder);

@@ -42,7 +42,7 @@ class Harness {
     return r.is_error() ? std::get<msg::ErrorReply>(r.header.body) : msg::ErrorReply{};
   }
   std::vector<std::byte> fetch(uint64_t pid, DType d, uint64_t min_version = 0) {
-    Reply r = call(msg::FetchParameters{pid, min_version, d});
+    Reply r = call(msg::FetchParameters{pid, min_version, d, {}});
     EXPECT_FALSE(r.is_error());
     return {r.payload.begin(), r.payload.end()};
   }
@@ -73,7 +73,7 @@ void run_steps(Harness& h, std::vector<RefPartition>& ref, int steps, int micro,
         auto g = random_floats(p.master.size(), seed++, 1024.0f);
         p.accumulate(g, k == 0);
         auto r = h.ok<msg::PushReply>(
-            msg::PushGradients{p.spec.partition_id, step, uint32_t(k), DType::fp32, g.size()},
+            msg::PushGradients{p.spec.partition_id, step, uint32_t(k), DType::fp32, g.size(), {}},
             bytes_of(g));
         const auto st = kernels::cpu::grad_stats(p.grad.data(), p.grad.size());
         EXPECT_EQ(r.sum_squares, st.sum_squares);
@@ -132,7 +132,8 @@ TEST(OffloadStore, HalfPrecisionGradientsAccumulateInFp32) {
     std::vector<float> back(g.size());
     kernels::cpu::half_to_floats(back.data(), gh.data(), g.size(), kernels::cpu::HalfKind::kBF16);
     ref[0].accumulate(back, k == 0);
-    h.ok<msg::PushReply>(msg::PushGradients{5, 1, uint32_t(k), DType::bf16, 5000}, bytes_of(gh));
+    h.ok<msg::PushReply>(msg::PushGradients{5, 1, uint32_t(k), DType::bf16, 5000, {}},
+                         bytes_of(gh));
   }
   h.ok<msg::CommitReply>(msg::CommitStep{1, 1.0, 1.0, 1e-2});
   ref[0].step(1.0, 1.0, 1e-2);
@@ -149,7 +150,7 @@ TEST(OffloadStore, SkipAndRefusalsLeaveStateUntouched) {
   // Overflow: a push with inf says so; skip discards, versions stay.
   std::vector<float> bad(3000, 1.0f);
   bad[17] = std::numeric_limits<float>::infinity();
-  auto pr = h.ok<msg::PushReply>(msg::PushGradients{1, 2, 0, DType::fp32, 3000}, bytes_of(bad));
+  auto pr = h.ok<msg::PushReply>(msg::PushGradients{1, 2, 0, DType::fp32, 3000, {}}, bytes_of(bad));
   EXPECT_TRUE(pr.nonfinite);
   auto sr = h.ok<msg::CommitReply>(msg::SkipStep{2});
   EXPECT_FALSE(sr.applied);
@@ -157,19 +158,20 @@ TEST(OffloadStore, SkipAndRefusalsLeaveStateUntouched) {
   EXPECT_EQ(h.fetch(1, DType::fp32), before);
 
   std::vector<float> g(3000, 0.5f);
-  EXPECT_EQ(h.err(msg::PushGradients{77, 3, 0, DType::fp32, 3000}, bytes_of(g)).code,
+  EXPECT_EQ(h.err(msg::PushGradients{77, 3, 0, DType::fp32, 3000, {}}, bytes_of(g)).code,
             ErrorCode::unknownPartition);
   EXPECT_EQ(
-      h.err(msg::PushGradients{1, 3, 0, DType::fp32, 2999}, bytes_of(g).subspan(0, 2999 * 4)).code,
+      h.err(msg::PushGradients{1, 3, 0, DType::fp32, 2999, {}}, bytes_of(g).subspan(0, 2999 * 4))
+          .code,
       ErrorCode::malformed);
-  EXPECT_EQ(h.err(msg::PushGradients{1, 2, 0, DType::fp32, 3000}, bytes_of(g)).code,
+  EXPECT_EQ(h.err(msg::PushGradients{1, 2, 0, DType::fp32, 3000, {}}, bytes_of(g)).code,
             ErrorCode::versionOrder);  // step 2 is over (skipped)
-  EXPECT_EQ(h.err(msg::PushGradients{1, 3, 1, DType::fp32, 3000}, bytes_of(g)).code,
+  EXPECT_EQ(h.err(msg::PushGradients{1, 3, 1, DType::fp32, 3000, {}}, bytes_of(g)).code,
             ErrorCode::versionOrder);  // micro-step 1 before 0
   EXPECT_EQ(h.err(msg::CommitStep{3, 1, 1, 1e-3}).code, ErrorCode::versionOrder);  // no grads
   EXPECT_EQ(h.err(msg::CommitStep{5, 1, 1, 1e-3}).code, ErrorCode::versionOrder);
   EXPECT_EQ(h.err(msg::CommitStep{3, 1, 0, 1e-3}).code, ErrorCode::malformed);
-  EXPECT_EQ(h.err(msg::FetchParameters{1, 2, DType::bf16}).code, ErrorCode::versionOrder);
+  EXPECT_EQ(h.err(msg::FetchParameters{1, 2, DType::bf16, {}}).code, ErrorCode::versionOrder);
   EXPECT_EQ(h.err(msg::Checkpoint{"t", "relative/dir"}).code, ErrorCode::malformed);
   EXPECT_EQ(h.err(msg::Restore{"t", "/nonexistent/dsactor-checkpoint"}).code, ErrorCode::malformed);
   EXPECT_EQ(h.err(msg::PushReply{}).code, ErrorCode::malformed);
@@ -194,7 +196,7 @@ TEST(OffloadStore, MemoryLimitRefusesAndDisturbsNothing) {
   EXPECT_NE(e.message.find("no --nvme"), std::string::npos) << e.message;
   EXPECT_EQ(store.stats().bytes_in_ram, used);
   EXPECT_EQ(store.stats().partitions, 1u);
-  EXPECT_EQ(h.err(msg::FetchParameters{3, 0, DType::bf16}).code, ErrorCode::unknownPartition);
+  EXPECT_EQ(h.err(msg::FetchParameters{3, 0, DType::bf16, {}}).code, ErrorCode::unknownPartition);
   run_steps(h, ref, 1, 1, 1, 5);
 }
 
@@ -256,19 +258,19 @@ TEST(OffloadStore, NvmeCorruptExtentIsReportedNeverServed) {
   PartitionStore store(o);
   Harness h(store);
   expect_bits_equal(ref[0].master, h.fetch(1, DType::fp32), "intact partition");
-  auto e = h.err(msg::FetchParameters{2, 0, DType::bf16});
+  auto e = h.err(msg::FetchParameters{2, 0, DType::bf16, {}});
   EXPECT_EQ(e.code, ErrorCode::checksumMismatch);
   EXPECT_NE(e.message.find("crc32c"), std::string::npos) << e.message;
-  EXPECT_EQ(h.err(msg::FetchParameters{2, 0, DType::fp32}).code, ErrorCode::checksumMismatch);
+  EXPECT_EQ(h.err(msg::FetchParameters{2, 0, DType::fp32, {}}).code, ErrorCode::checksumMismatch);
   // A commit over the corrupt extent is refused as a whole: partition 1 keeps step 1.
   for (auto& p : ref) {
     std::vector<float> g(2000, 1.0f);
-    h.ok<msg::PushReply>(msg::PushGradients{p.spec.partition_id, 2, 0, DType::fp32, 2000},
+    h.ok<msg::PushReply>(msg::PushGradients{p.spec.partition_id, 2, 0, DType::fp32, 2000, {}},
                          bytes_of(g));
   }
   EXPECT_EQ(h.err(msg::CommitStep{2, 1, 1, 1e-3}).code, ErrorCode::checksumMismatch);
   expect_bits_equal(ref[0].master, h.fetch(1, DType::fp32, 1), "after refused commit");
-  EXPECT_EQ(h.err(msg::FetchParameters{1, 2, DType::fp32}).code, ErrorCode::versionOrder);
+  EXPECT_EQ(h.err(msg::FetchParameters{1, 2, DType::fp32, {}}).code, ErrorCode::versionOrder);
 }
 
 // Partitions are placed on the workers round-robin in registration order (both tiers on

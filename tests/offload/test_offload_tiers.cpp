@@ -43,7 +43,7 @@ struct Harness {
     return r.is_error() ? std::get<msg::ErrorReply>(r.header.body) : msg::ErrorReply{};
   }
   std::vector<std::byte> fetch(uint64_t pid, DType d = DType::fp32, uint64_t min_version = 0) {
-    Reply r = call(msg::FetchParameters{pid, min_version, d});
+    Reply r = call(msg::FetchParameters{pid, min_version, d, {}});
     EXPECT_FALSE(r.is_error());
     return {r.payload.begin(), r.payload.end()};
   }
@@ -80,7 +80,7 @@ void step(Harness& h, std::vector<RefPartition>& ref, uint64_t s, uint32_t seed)
       auto g = random_floats(p.master.size(), seed++, 64.0f);
       p.accumulate(g, k == 0);
       h.ok<msg::PushReply>(
-          msg::PushGradients{p.spec.partition_id, s, uint32_t(k), DType::fp32, g.size()},
+          msg::PushGradients{p.spec.partition_id, s, uint32_t(k), DType::fp32, g.size(), {}},
           bytes_of(g));
     }
   }
@@ -345,7 +345,7 @@ TEST(OffloadTiers, BadCheckpointsAreRefusedAndTheLiveStateIsUntouched) {
 
   // Checkpoints are refused while gradients are pending.
   std::vector<float> g(2000, 1.0f);
-  h.ok<msg::PushReply>(msg::PushGradients{1, 4, 0, DType::fp32, 2000}, bytes_of(g));
+  h.ok<msg::PushReply>(msg::PushGradients{1, 4, 0, DType::fp32, 2000, {}}, bytes_of(g));
   EXPECT_EQ(h.err(msg::Checkpoint{"p", (ck.path / "p").string()}).code, ErrorCode::versionOrder);
   EXPECT_FALSE(std::filesystem::exists(ck.path / "p"));
 }

@@ -272,6 +272,31 @@ TEST_F(ZeroEngineTest, Stage3AccumulatingMicroStepsHoldEveryGradient) {
   EXPECT_GE(st.peak_resident_grad_bytes, st.total_param_bytes);
 }
 
+// The services are on 127.0.0.1, so the engine moves payloads through shared-memory
+// arenas by default (every other test here runs that way); forced onto frames it must
+// give the same run bit for bit, as both give stage 0's.
+TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
+  const auto tokens = corpus(6000, 6);
+  const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
+  for (const std::string mode : {"fp32", "bf16"}) {
+    SCOPED_TRACE(mode);
+    const Trace want = run_stage0(kTiny, config(mode, 0, "none", "", extra), tokens, 4);
+    ZeroStats arena_stats, frame_stats;
+    const Trace arena = run_zero(kTiny, config(mode, 3, "cpu", "", extra),
+                                 options("cpu", "arena-" + mode), tokens, 4, &arena_stats);
+    ZeroOptions o = options("cpu", "frames-" + mode);
+    o.shared_memory = false;
+    const Trace frames =
+        run_zero(kTiny, config(mode, 3, "cpu", "", extra), std::move(o), tokens, 4, &frame_stats);
+    EXPECT_GT(arena_stats.arena_bytes, 0u) << "loopback services map an arena";
+    EXPECT_EQ(frame_stats.arena_bytes, 0u);
+    EXPECT_EQ(arena_stats.bytes_fetched, frame_stats.bytes_fetched);
+    EXPECT_EQ(arena_stats.bytes_pushed, frame_stats.bytes_pushed);
+    expect_equal_runs(want, arena);
+    expect_equal_runs(want, frames);
+  }
+}
+
 TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithinTheTimeout) {
   ZeroOptions o;
   o.services = {"tcp://127.0.0.1:9"};  // discard port: nothing answers

@@ -226,6 +226,34 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     refresh_all_params();
     peak_resident_bytes_ = params_.numel() * sizeof(float);
   }
+  map_arenas();
+}
+
+void ZeroEngine::map_arenas() {
+  if (!options_.shared_memory) return;
+  // A slot holds this rank's largest partition on the service in the served dtype. The
+  // main client needs one per push in flight (its fetches, between steps, take a free
+  // one), the scheduler's client one for its one fetch at a time. Slots keep the pages of
+  // the second-largest partition resident; the largest (the embedding, 4x a gpt2 layer)
+  // gives its pages back after each use instead of pinning them for the engine's life.
+  const size_t elem = msg::dtype_size(served_dtype(precision_));
+  for (size_t s = 0; s < services_.size(); ++s) {
+    std::vector<size_t> sizes;
+    for (size_t b = 0; b < model_.layouts().size(); ++b) {
+      const PartitionSlice& p = plan_.slice(b, options_.rank);
+      if (p.service == s && p.count > 0) sizes.push_back(p.count * elem);
+    }
+    if (sizes.empty()) continue;
+    std::sort(sizes.rbegin(), sizes.rend());
+    const size_t slot = sizes[0], keep = sizes.size() > 1 ? sizes[1] : sizes[0];
+    on_service(s, "map_arena", [&](actors::OffloadClient& c) {
+      return c.map_arena(slot, options_.max_pushes_in_flight, keep);
+    });
+    if (s < fetch_clients_.size())
+      on_service(s, "map_arena", [&](actors::OffloadClient&) {
+        return fetch_clients_[s]->map_arena(slot, 1, keep);
+      });
+  }
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -279,20 +307,21 @@ void ZeroEngine::register_and_initialise(uint64_t seed) {
 
 namespace {
 
-// Copies a received parameter frame into `out` (widening a half type) chunk by chunk and
-// hands each fully copied page of the frame back to the kernel as it goes: the frame is
-// ours alone and freed right after, and a large block (gpt2's embedding is 158 MB) would
-// otherwise be resident twice, once received and once in the resident set.
-void copy_out_releasing(zmq::message_t& frame, float* out, size_t count, msg::DType dtype,
-                        k::HalfKind kind) {
+// Copies fetched parameter bytes into `out` (widening a half type) chunk by chunk. A
+// received frame (`release`) hands each fully copied page back to the kernel as it goes:
+// the frame is ours alone and freed right after, and a large block (gpt2's embedding is
+// 158 MB) would otherwise be resident twice, once received and once in the resident set.
+// Arena bytes stay: the slot is reused by the next fetch.
+void copy_out(std::span<const std::byte> bytes, bool release, float* out, size_t count,
+              msg::DType dtype, k::HalfKind kind) {
   constexpr size_t kChunk = size_t{4} << 20;        // bytes of the frame per step
   constexpr size_t kReleaseFrom = size_t{1} << 20;  // smaller frames: not worth a syscall
   const size_t elem = dtype == msg::DType::fp32 ? sizeof(float) : sizeof(uint16_t);
   const size_t total = count * elem;
-  if (frame.size() != total)
+  if (bytes.size() != total)
     throw std::runtime_error(
-        fmt::format("a fetch reply of {} elements carried {} bytes", count, frame.size()));
-  auto* src = static_cast<std::byte*>(frame.data());
+        fmt::format("a fetch reply of {} elements carried {} bytes", count, bytes.size()));
+  const std::byte* src = bytes.data();
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   uintptr_t released = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
   std::vector<uint16_t> aligned;
@@ -310,7 +339,7 @@ void copy_out_releasing(zmq::message_t& frame, float* out, size_t count, msg::DT
       k::half_to_floats(out + off / elem, aligned.data(), n / elem, kind);
     }
     const uintptr_t done = (reinterpret_cast<uintptr_t>(src + off + n)) / page * page;
-    if (total >= kReleaseFrom && done > released) {
+    if (release && total >= kReleaseFrom && done > released) {
       // Best effort: a refusal only costs memory. The pages read back as zeros, and
       // nothing reads them again.
       madvise(reinterpret_cast<void*>(released), done - released, MADV_DONTNEED);
@@ -341,9 +370,9 @@ void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionS
         "version {} with {}: another trainer is committing to this job?",
         options_.services[p.service], p.id, f.reply.version, f.reply.element_count, version,
         p.count));
-  const size_t size = f.frame.size();
-  copy_out_releasing(f.frame, out, p.count, dtype, half_kind(precision_));
-  bytes_fetched_ += size;
+  const std::span<const std::byte> bytes = f.bytes();
+  copy_out(bytes, !f.in_arena(), out, p.count, dtype, half_kind(precision_));
+  bytes_fetched_ += bytes.size();
 }
 
 void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients,
@@ -485,6 +514,8 @@ void ZeroEngine::finish_block_grad(size_t b, FloatBuffer reduced) {
     part = std::move(mine);
   }
   const size_t count = p.count;
+  if (count > 0 && services_[p.service]->client->has_arena() && push_through_arena(b, p, part))
+    return;
   // Half precision: the gradient a half-precision model holds, exactly as Engine rounds it
   // (fp16 overflow turns into inf here); sent as that half type, which is exact. The fp32
   // copy goes as soon as the half one exists.
@@ -523,9 +554,50 @@ void ZeroEngine::finish_block_grad(size_t b, FloatBuffer reduced) {
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
 }
 
+// The push of finish_block_grad through the service's arena: the half copy (or the fp32
+// gradient) is written straight into a slot, which the service reads in place. False,
+// with `part` untouched, when no slot is free: then the push goes as a frame.
+bool ZeroEngine::push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part) {
+  actors::OffloadClient& client = *services_[p.service]->client;
+  const msg::DType dtype = served_dtype(precision_);
+  const size_t count = p.count;
+  const size_t bytes = count * msg::dtype_size(dtype);
+  // A slot per push in flight: the oldest reply first, as the frame path does.
+  while (pushes_.size() >= options_.max_pushes_in_flight) collect_push();
+  actors::ArenaBuffer slot = client.arena_buffer(bytes);
+  if (!slot) return false;
+  if (precision_ != Precision::kFp32) {
+    // Exactly the frame path's rounding (fp16 overflow turns into inf here).
+    grads_nonfinite_local_ |= k::round_through_half(part.data(), count, half_kind(precision_));
+    k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
+                      half_kind(precision_));
+  } else {
+    std::memcpy(slot.bytes().data(), part.data(), bytes);
+  }
+  grad_memory_->add(bytes);  // the slot's bytes are this push's gradient until the reply
+  drop_grad(part);
+  block_sum_squares_[b] = 0;
+  block_nonfinite_[b] = 0;
+  const uint64_t step = static_cast<uint64_t>(global_step_) + 1;
+  uint64_t request = 0;
+  try {
+    request = on_service(p.service, "push_gradients", [&](actors::OffloadClient& c) {
+      return c.send_push_gradients(p.id, step, 0, dtype, count, std::move(slot));
+    });
+  } catch (...) {
+    grad_memory_->sub(bytes);
+    throw;
+  }
+  bytes_pushed_ += bytes;
+  pushes_.push_back(PendingPush{b, p.service, request, bytes});
+  max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+  return true;
+}
+
 void ZeroEngine::collect_push() {
   const PendingPush push = pushes_.front();
   pushes_.pop_front();
+  grad_memory_->sub(push.arena_bytes);
   const msg::PushReply reply =
       on_service(push.service, "push_gradients",
                  [&](actors::OffloadClient& c) { return c.receive_push_reply(push.request); });
@@ -536,7 +608,10 @@ void ZeroEngine::collect_push() {
 }
 
 void ZeroEngine::abandon_pushes() {
-  for (const auto& push : pushes_) services_[push.service]->client->abandon(push.request);
+  for (const auto& push : pushes_) {
+    services_[push.service]->client->abandon(push.request);
+    grad_memory_->sub(push.arena_bytes);
+  }
   pushes_.clear();
 }
 
@@ -947,6 +1022,8 @@ ZeroStats ZeroEngine::stats() const {
   s.peak_resident_grad_bytes = grad_memory_->peak.load();
   s.max_pushes_in_flight = max_pushes_seen_;
   s.overlapped_reductions = overlapped_reductions_;
+  for (const auto& svc : services_) s.arena_bytes += svc->client->arena_bytes();
+  for (const auto& c : fetch_clients_) s.arena_bytes += c->arena_bytes();
   if (scheduler_) {
     s.scheduler = scheduler_->stats();
     s.peak_resident_param_bytes = s.scheduler.peak_resident_bytes;

@@ -60,6 +60,11 @@ struct ZeroOptions {
   // The actor system the engine's actors (stage 3's parameter fetcher) run in; null: the
   // engine starts one of its own.
   caf::actor_system* system = nullptr;
+  // Same host (a service at ipc:// or tcp://127.x / localhost): parameters and gradients
+  // travel through a shared-memory arena each client maps with its service (MapArena)
+  // instead of through the socket. Falls back to frames, logged once, where the service
+  // cannot map it. false: always frames. Results are bit-identical either way.
+  bool shared_memory = true;
 };
 
 // Traffic and memory of the ZeRO engine, cumulative.
@@ -73,7 +78,10 @@ struct ZeroStats {
   size_t peak_resident_grad_bytes = 0;
   size_t max_pushes_in_flight = 0;     // the most pushes awaiting their replies at once
   uint64_t overlapped_reductions = 0;  // reduce-scatters that ran behind the backward (W > 1)
-  SchedulerStats scheduler;            // stage 3 only
+  // Shared-memory arenas mapped with the services (0: every payload went as frames). Not
+  // in the peaks above: its pages, once touched, stay resident for the engine's life.
+  size_t arena_bytes = 0;
+  SchedulerStats scheduler;  // stage 3 only
 };
 
 // ZeRO stages 1-3 with the optimizer in offload services (trainer/README.md, "ZeRO with
@@ -150,6 +158,7 @@ class ZeroEngine {
     size_t block;
     size_t service;
     uint64_t request;
+    size_t arena_bytes = 0;  // gradient bytes held in an arena slot until the reply
   };
   void register_and_initialise(uint64_t seed);
   template <class F>
@@ -169,6 +178,8 @@ class ZeroEngine {
   void drain_reductions() noexcept;  // waits, ignoring errors (buffers must outlive the comm)
   // `reduced`: this rank's partition already reduce-scattered (empty: reduce here).
   void finish_block_grad(size_t block, FloatBuffer reduced = {});
+  bool push_through_arena(size_t block, const PartitionSlice& p, FloatBuffer& part);
+  void map_arenas();
   void collect_push();
   void abandon_pushes();
   void combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite);

@@ -1,0 +1,265 @@
+// The same-host shared-memory arena against real `dsactor start --role offload`
+// processes: pushes and fetches through the arena give the bytes and results of frames,
+// hostile arena requests (unmapped, out of bounds, wrong crc, files that are not sealed
+// memfds) are refused with the field named while the service keeps serving, and a client
+// that cannot map falls back to frames.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "actors/offload_client.h"
+#include "actors/shm_arena.h"
+#include "messages/payload_crc.h"
+#include "tests/offload/offload_test_util.h"
+
+namespace dsactor::offload::test {
+namespace {
+
+namespace msg = dsactor::messages;
+using actors::OffloadClient;
+using msg::DType;
+using msg::ErrorCode;
+using namespace std::chrono_literals;
+
+msg::PartitionSpec spec(uint64_t id, uint64_t n) {
+  msg::PartitionSpec s;
+  s.partition_id = id;
+  s.element_count = n;
+  s.served_dtype = DType::bf16;
+  s.optimizer = {msg::OptimizerKind::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01, true};
+  return s;
+}
+
+std::vector<std::byte> copy(std::span<const std::byte> b) {
+  return {b.begin(), b.end()};
+}
+
+msg::PushReply push_through_arena(OffloadClient& c, uint64_t pid, uint64_t step, uint32_t micro,
+                                  DType dtype, std::span<const std::byte> grads) {
+  actors::ArenaBuffer slot = c.arena_buffer(grads.size());
+  EXPECT_TRUE(slot) << "no free arena slot";
+  std::memcpy(slot.bytes().data(), grads.data(), grads.size());
+  const uint64_t id = c.send_push_gradients(pid, step, micro, dtype,
+                                            grads.size() / msg::dtype_size(dtype), std::move(slot));
+  return c.receive_push_reply(id);
+}
+
+const msg::ErrorReply& error(const msg::Header& h) {
+  static const msg::ErrorReply none{ErrorCode::internal, "(not an ErrorReply)"};
+  const auto* e = std::get_if<msg::ErrorReply>(&h.body);
+  EXPECT_NE(e, nullptr) << "expected an ErrorReply, got " << msg::kind_name(h.body);
+  return e ? *e : none;
+}
+
+class OffloadArena : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    logs_ = new TempDir();
+    svc_ = new ServiceProcess({}, logs_->path);
+  }
+  static void TearDownTestSuite() {
+    svc_->stop();
+    delete svc_;
+    delete logs_;
+  }
+  static inline TempDir* logs_ = nullptr;
+  static inline ServiceProcess* svc_ = nullptr;
+};
+
+// Two jobs with the same partitions and gradients, one through the arena, one through
+// frames: every push reply, and fp32 and bf16 fetches after each step, are bit-identical.
+TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
+  OffloadClient arena(svc_->endpoint(), 10s, "arena");
+  OffloadClient frames(svc_->endpoint(), 10s, "frames");
+  const std::vector<msg::PartitionSpec> specs{spec(1, 300000), spec(2, 4097)};
+  ASSERT_TRUE(arena.map_arena(300000 * 4, 3));
+  EXPECT_FALSE(frames.has_arena());
+  for (OffloadClient* c : {&arena, &frames}) {
+    c->register_partitions(0, 1, specs);
+    for (const auto& s : specs)
+      c->set_parameters(s.partition_id, 0, DType::fp32,
+                        bytes_of(random_floats(s.element_count, 11 + s.partition_id)));
+  }
+  uint32_t seed = 100;
+  for (uint64_t step = 1; step <= 3; ++step) {
+    for (uint32_t micro = 0; micro < 2; ++micro) {
+      for (const auto& s : specs) {
+        // fp32 on the first micro-step, bf16 on the second: both dtypes through the arena.
+        const auto g = random_floats(s.element_count, seed++, 64.0f);
+        std::vector<uint16_t> half(g.size());
+        kernels::cpu::floats_to_half(half.data(), g.data(), g.size(),
+                                     kernels::cpu::HalfKind::kBF16);
+        const DType dt = micro == 0 ? DType::fp32 : DType::bf16;
+        const auto bytes = micro == 0 ? bytes_of(g) : bytes_of(half);
+        const auto a = push_through_arena(arena, s.partition_id, step, micro, dt, bytes);
+        const auto f = frames.push_gradients(s.partition_id, step, micro, dt, bytes);
+        EXPECT_EQ(a.sum_squares, f.sum_squares);
+        EXPECT_EQ(a.nonfinite, f.nonfinite);
+      }
+    }
+    const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
+    arena.commit(commit);
+    frames.commit(commit);
+    for (const auto& s : specs) {
+      for (DType dt : {DType::fp32, DType::bf16}) {
+        auto a = arena.fetch(s.partition_id, step, dt);
+        auto f = frames.fetch(s.partition_id, step, dt);
+        EXPECT_TRUE(a.in_arena());
+        EXPECT_FALSE(f.in_arena());
+        EXPECT_EQ(a.reply.version, step);
+        EXPECT_EQ(a.reply.element_count, s.element_count);
+        EXPECT_EQ(copy(a.bytes()), copy(f.bytes())) << "partition " << s.partition_id;
+      }
+    }
+  }
+}
+
+// A fetch larger than the slot it offered is answered with a frame, same bytes.
+TEST_F(OffloadArena, FetchLargerThanTheSlotComesAsAFrame) {
+  OffloadClient c(svc_->endpoint(), 10s, "small-slot");
+  ASSERT_TRUE(c.map_arena(4096, 1));
+  c.register_partitions(0, 1, {spec(1, 5000)});
+  const auto values = random_floats(5000, 3);
+  c.set_parameters(1, 0, DType::fp32, bytes_of(values));
+  auto big = c.fetch(1, 0, DType::fp32);  // 20000 bytes > 4096
+  EXPECT_FALSE(big.in_arena());
+  expect_bits_equal(values, big.bytes(), "fp32 fetch as a frame");
+}
+
+TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
+  OffloadClient c(svc_->endpoint(), 10s, "hostile");
+  OffloadClient other(svc_->endpoint(), 10s, "other-job");
+  ASSERT_TRUE(c.map_arena(65536, 2));
+  const uint64_t size = c.arena_bytes();
+  c.register_partitions(0, 1, {spec(1, 1024)});
+  other.register_partitions(0, 1, {spec(1, 1024)});
+  const auto values = random_floats(1024, 5);
+  c.set_parameters(1, 0, DType::fp32, bytes_of(values));
+  auto expect_refused = [](const msg::Header& h, ErrorCode code, const std::string& field,
+                           const std::string& why) {
+    const auto& e = error(h);
+    EXPECT_EQ(e.code, code) << e.message;
+    EXPECT_NE(e.message.find(field), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find(why), std::string::npos) << e.message;
+  };
+  const uint64_t id = c.arena_id();
+  auto push = [&](msg::ArenaSlice a) {
+    return msg::PushGradients{1, 1, 0, DType::fp32, a.length / 4, a};
+  };
+  // Out of bounds: past the end, straddling it, and an offset whose sum wraps (refused
+  // by the decoder before the service adds anything).
+  expect_refused(c.call(push({id, size, 4096, 0})), ErrorCode::malformed, "pushGradients.arena",
+                 "outside");
+  expect_refused(c.call(push({id, size - 1024, 4096, 0})), ErrorCode::malformed,
+                 "pushGradients.arena", "outside");
+  expect_refused(c.call(push({id, UINT64_MAX - 4095, 4096, 0})), ErrorCode::malformed,
+                 "pushGradients.arena.offset", "overflows");
+  expect_refused(c.call(msg::FetchParameters{1, 0, DType::fp32, msg::ArenaSlice{id, 8, size, 0}}),
+                 ErrorCode::malformed, "fetchParameters.arena", "outside");
+  // Arenas that are not mapped, or mapped for another job.
+  expect_refused(c.call(push({id + 1000, 0, 4096, 0})), ErrorCode::malformed,
+                 "pushGradients.arena.arenaId", "not mapped");
+  expect_refused(
+      other.call(msg::FetchParameters{1, 0, DType::fp32, msg::ArenaSlice{id, 0, 4096, 0}}),
+      ErrorCode::malformed, "fetchParameters.arena.arenaId", "not mapped");
+  // Arena bytes that do not match their crc.
+  actors::ArenaBuffer slot = c.arena_buffer(4096);
+  ASSERT_TRUE(slot);
+  std::memset(slot.bytes().data(), 0, 4096);
+  const uint32_t crc = msg::payload_crc32c(slot.bytes().data(), 4096);
+  expect_refused(c.call(push({id, slot.offset(), 4096, crc ^ 1})), ErrorCode::checksumMismatch,
+                 "pushGradients.arena", "crc32c");
+  // MapArena of things that are not a sealed memfd of the right size.
+  const std::string self_fd = "/proc/" + std::to_string(getpid()) + "/fd/";
+  const int plain = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(plain, 0);
+  ASSERT_EQ(ftruncate(plain, 65536), 0);
+  const int sealed = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(sealed, 0);
+  ASSERT_EQ(ftruncate(sealed, 4096), 0);
+  ASSERT_EQ(fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  const TempDir dir;
+  const std::string file = (dir.path / "f").string();
+  { std::ofstream(file) << std::string(65536, 'x'); }
+  const int regular = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(regular, 0);
+  for (const auto& [path, bytes, why] : std::vector<std::tuple<std::string, uint64_t, std::string>>{
+           {"/etc/passwd", 4096, "not of the form"},
+           {file, 4096, "not of the form"},
+           // "not a sealable memfd" or, on tmpfs, "not sealed against shrinking".
+           {self_fd + std::to_string(regular), 4096, "seal"},
+           {self_fd + std::to_string(plain), 4096, "not sealed against shrinking"},
+           {self_fd + std::to_string(sealed), 8192, "asked to map"},
+           {self_fd + "999999", 4096, "stat"},
+           {self_fd + std::to_string(sealed), uint64_t{1} << 50, "arena limit"},
+       }) {
+    SCOPED_TRACE(path);
+    expect_refused(c.call(msg::MapArena{path, bytes}),
+                   bytes > (uint64_t{1} << 40) ? ErrorCode::tooLarge : ErrorCode::malformed,
+                   "mapArena", why);
+  }
+  ::close(regular);
+  ::close(plain);
+  ::close(sealed);
+  // Unmapping someone else's arena is refused; the service still serves the real one.
+  expect_refused(other.call(msg::UnmapArena{id}), ErrorCode::malformed, "unmapArena.arenaId",
+                 "not mapped");
+  slot = {};
+  auto f = c.fetch(1, 0, DType::fp32);
+  EXPECT_TRUE(f.in_arena());
+  expect_bits_equal(values, f.bytes(), "fetch after the refusals");
+}
+
+// Unmapped with its client: the id names nothing afterwards.
+TEST_F(OffloadArena, ClientUnmapsItsArenaWhenItGoes) {
+  uint64_t id = 0;
+  {
+    OffloadClient c(svc_->endpoint(), 10s, "short-lived");
+    ASSERT_TRUE(c.map_arena(4096, 1));
+    id = c.arena_id();
+  }
+  OffloadClient c(svc_->endpoint(), 10s, "short-lived");
+  c.register_partitions(0, 1, {spec(1, 64)});
+  // UnmapArena is sent on the way out without waiting for its reply: poll for its effect.
+  std::string message;
+  for (int i = 0; i < 100 && message.find("not mapped") == std::string::npos; ++i) {
+    const auto h = c.call(msg::FetchParameters{1, 0, DType::fp32, msg::ArenaSlice{id, 0, 256, 0}});
+    if (const auto* e = std::get_if<msg::ErrorReply>(&h.body)) message = e->message;
+    if (message.empty()) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_NE(message.find("not mapped"), std::string::npos) << message;
+}
+
+// No arena where none can be had: a remote-looking endpoint (no request at all) or a
+// service that maps none (--max-arena 0); everything still works through frames.
+TEST(OffloadArenaFallback, FramesWhenTheServiceCannotMap) {
+  OffloadClient remote("tcp://192.0.2.1:5555", 100ms);
+  EXPECT_FALSE(remote.map_arena(4096, 2));
+  TempDir tmp;
+  ServiceProcess svc({"--max-arena", "0"}, tmp.path);
+  OffloadClient c(svc.endpoint(), 10s);
+  EXPECT_FALSE(c.map_arena(4096, 2));
+  EXPECT_FALSE(c.has_arena());
+  EXPECT_FALSE(c.arena_buffer(16));
+  c.register_partitions(0, 1, {spec(1, 1000)});
+  const auto values = random_floats(1000, 8);
+  c.set_parameters(1, 0, DType::fp32, bytes_of(values));
+  auto f = c.fetch(1, 0, DType::fp32);
+  EXPECT_FALSE(f.in_arena());
+  expect_bits_equal(values, f.bytes(), "fetch as a frame");
+}
+
+TEST(SharedArena, LocalEndpoints) {
+  EXPECT_TRUE(actors::is_local_endpoint("tcp://127.0.0.1:5555"));
+  EXPECT_TRUE(actors::is_local_endpoint("tcp://localhost:5555"));
+  EXPECT_TRUE(actors::is_local_endpoint("ipc:///tmp/x"));
+  EXPECT_FALSE(actors::is_local_endpoint("tcp://10.0.0.2:5555"));
+  EXPECT_FALSE(actors::is_local_endpoint("tcp://127example.com:5555"));
+}
+
+}  // namespace
+}  // namespace dsactor::offload::test
