@@ -292,6 +292,9 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
   cmd.add_flag("--serve-coordinator", a.serve_coordinator,
                "trainer: bind the rendezvous endpoint in this process (normally rank 0; "
                "otherwise `dsactor start --role coordinator` serves it)");
+  cmd.add_flag("--no-shared-memory", a.no_shared_memory,
+               "trainer: move payloads to same-host offload services as frames over the socket "
+               "instead of a shared-memory arena (lower peak memory, more CPU)");
   cmd.add_option("--collectives", a.collectives,
                  "trainer: gloo (CPU) or nccl (the gradients' collectives on a CUDA device; "
                  "also at world size 1, where it is an identity through the device)")
@@ -423,6 +426,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
   o.grad_comm = comms.grad.get();
   o.param_comm = comms.param.get();
   o.system = &runtime.system();
+  o.shared_memory = !a.no_shared_memory;
   ZeroEngine engine(gpt, config, a.seed, o);
   spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
                engine.stage(), precision_name(engine.precision()), place.rank, place.world_size,
@@ -432,9 +436,11 @@ int run_start_trainer(const StartTrainerArgs& a) {
   const ZeroStats s = engine.stats();
   spdlog::info(
       "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; peak resident "
-      "params {} of {} B; {} reduce-scatters overlapped with the backward",
+      "params {} of {} B; {} reduce-scatters overlapped with the backward; payloads {}",
       a.name, engine.global_step(), r.loss, s.bytes_pushed, s.bytes_fetched,
-      s.peak_resident_param_bytes, s.total_param_bytes, s.overlapped_reductions);
+      s.peak_resident_param_bytes, s.total_param_bytes, s.overlapped_reductions,
+      s.arena_bytes > 0 ? fmt::format("through a {} B shared-memory arena", s.arena_bytes)
+                        : std::string("as frames"));
   log_validation(engine, split, B, T, a.seed, a.name);
   if (!a.out.empty()) {
     std::filesystem::create_directories(out);

@@ -36,6 +36,9 @@ struct StartTrainerArgs {
   // The gradients' collectives: "gloo" (CPU, TCP, rank-order sums) or "nccl" (CUDA device
   // `device`, default the local rank; NCCL picks the summation order). Stage 3's parameter
   // allgathers stay on Gloo (see cmd_start_trainer.cpp).
+  // Same-host services: payloads through a shared-memory arena (false: frames over the
+  // socket; results are bit-identical either way).
+  bool no_shared_memory = false;
   std::string collectives = "gloo";
   int device = -1;
   // If set: the final weights go to <out>/model.safetensors and a resumable checkpoint

@@ -230,12 +230,14 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
 }
 
 void ZeroEngine::map_arenas() {
+  arena_push_limit_.assign(services_.size(), 0);
   if (!options_.shared_memory) return;
   // A slot holds this rank's largest partition on the service in the served dtype. The
   // main client needs one per push in flight (its fetches, between steps, take a free
-  // one), the scheduler's client one for its one fetch at a time. Slots keep the pages of
-  // the second-largest partition resident; the largest (the embedding, 4x a gpt2 layer)
-  // gives its pages back after each use instead of pinning them for the engine's life.
+  // one), the scheduler's client one for its one fetch at a time. Slots are sized to the
+  // second-largest partition: the largest (the embedding, 4x a gpt2 layer) travels as
+  // frames, zero-copy for pushes and copied out in chunks for fetches, because through a
+  // slot it would exist twice (slot and buffer) at the step's memory peak.
   const size_t elem = msg::dtype_size(served_dtype(precision_));
   for (size_t s = 0; s < services_.size(); ++s) {
     std::vector<size_t> sizes;
@@ -245,13 +247,18 @@ void ZeroEngine::map_arenas() {
     }
     if (sizes.empty()) continue;
     std::sort(sizes.rbegin(), sizes.rend());
-    const size_t slot = sizes[0], keep = sizes.size() > 1 ? sizes[1] : sizes[0];
+    const size_t keep = sizes.size() > 1 ? sizes[1] : sizes[0];
+    // Pushes: a gradient copied into a slot exists twice until the copy is done, so the
+    // largest one (the embedding's, alive through the whole backward) goes zero-copy as a
+    // frame instead; push slots give their pages back after each use (the pushes of one
+    // step touch each slot once per block, and resident slots would add to the peak).
+    arena_push_limit_[s] = keep;
     on_service(s, "map_arena", [&](actors::OffloadClient& c) {
-      return c.map_arena(slot, options_.max_pushes_in_flight, keep);
+      return c.map_arena(keep, options_.max_pushes_in_flight, 0);
     });
     if (s < fetch_clients_.size())
       on_service(s, "map_arena", [&](actors::OffloadClient&) {
-        return fetch_clients_[s]->map_arena(slot, 1, keep);
+        return fetch_clients_[s]->map_arena(keep, 1, keep);
       });
   }
 }
@@ -564,6 +571,7 @@ bool ZeroEngine::push_through_arena(size_t b, const PartitionSlice& p, FloatBuff
   const size_t bytes = count * msg::dtype_size(dtype);
   // A slot per push in flight: the oldest reply first, as the frame path does.
   while (pushes_.size() >= options_.max_pushes_in_flight) collect_push();
+  if (bytes > arena_push_limit_[p.service]) return false;
   actors::ArenaBuffer slot = client.arena_buffer(bytes);
   if (!slot) return false;
   if (precision_ != Precision::kFp32) {

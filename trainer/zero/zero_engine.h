@@ -207,6 +207,7 @@ class ZeroEngine {
     std::future<void> done;
   };
   uint64_t overlapped_reductions_ = 0;
+  std::vector<size_t> arena_push_limit_;     // per service: larger pushes go as frames
   std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished
   size_t max_pushes_seen_ = 0;
   std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
