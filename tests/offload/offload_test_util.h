@@ -96,6 +96,16 @@ inline kernels::cpu::AdamHyper hyper_of(const messages::OptimizerConfig& o, doub
   return h;
 }
 
+// The partition the service tests register: n elements, AdamW, served as bf16.
+inline messages::PartitionSpec spec(uint64_t id, uint64_t n) {
+  messages::PartitionSpec s;
+  s.partition_id = id;
+  s.element_count = n;
+  s.served_dtype = messages::DType::bf16;
+  s.optimizer = {messages::OptimizerKind::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01, true};
+  return s;
+}
+
 // The trainer-side model of one partition: master, moments, accumulation, the scalar
 // reference step.
 struct RefPartition {

@@ -24,15 +24,6 @@ using msg::ErrorCode;
 using storage::align_up;
 using namespace std::chrono_literals;
 
-msg::PartitionSpec spec(uint64_t id, uint64_t n) {
-  msg::PartitionSpec s;
-  s.partition_id = id;
-  s.element_count = n;
-  s.served_dtype = DType::bf16;
-  s.optimizer = {msg::OptimizerKind::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01, true};
-  return s;
-}
-
 std::vector<RefPartition> setup(OffloadClient& c, std::vector<msg::PartitionSpec> specs) {
   c.register_partitions(0, 1, specs);
   std::vector<RefPartition> ref;

@@ -25,15 +25,6 @@ using msg::DType;
 using msg::ErrorCode;
 using namespace std::chrono_literals;
 
-msg::PartitionSpec spec(uint64_t id, uint64_t n) {
-  msg::PartitionSpec s;
-  s.partition_id = id;
-  s.element_count = n;
-  s.served_dtype = DType::bf16;
-  s.optimizer = {msg::OptimizerKind::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01, true};
-  return s;
-}
-
 std::vector<RefPartition> setup(OffloadClient& c, std::vector<msg::PartitionSpec> specs) {
   auto reg = c.register_partitions(0, 1, specs);
   EXPECT_EQ(reg.partitions.size(), specs.size());

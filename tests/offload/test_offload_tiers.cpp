@@ -49,15 +49,6 @@ struct Harness {
   }
 };
 
-msg::PartitionSpec spec(uint64_t id, uint64_t n) {
-  msg::PartitionSpec s;
-  s.partition_id = id;
-  s.element_count = n;
-  s.served_dtype = DType::bf16;
-  s.optimizer = {msg::OptimizerKind::adamw, 1e-3, 0.9, 0.999, 1e-8, 0.01, true};
-  return s;
-}
-
 uint64_t opt_bytes(uint64_t n) {
   return 3 * align_up(4 * n);
 }
