@@ -133,13 +133,7 @@ void open_store(const StartTrainerArgs& a, Placement& p, Comms& c) {
   c.store = std::make_unique<actors::RendezvousClient>(
       c.server && p.world_size == 1 ? c.server->endpoint() : p.coordinator, a.job, timeout);
   if (p.rank >= 0) return;
-  const int64_t joined = c.store->add("trainer_ranks", 1);
-  if (joined > p.world_size)
-    throw std::invalid_argument(fmt::format(
-        "{}: trainer number {} joined job '{}' at {}, but the world size is {} (a trainer too "
-        "many, or a coordinator still holding an earlier run of this job: use a new --job)",
-        a.name, joined, a.job, p.coordinator, p.world_size));
-  p.rank = static_cast<int>(joined - 1);
+  p.rank = actors::assign_rank(*c.store, p.world_size);
   p.local_rank = p.rank;
   spdlog::info("{}: the coordinator assigned rank {} of {}", a.name, p.rank, p.world_size);
 }
