@@ -38,22 +38,30 @@ ParamScheduler::ParamScheduler(caf::actor_system& system, std::vector<size_t> bl
       system_(system) {
   params_.blocks.resize(numel_.size());
   // Detached: a fetch blocks on its sockets (and on the allgather with the other ranks).
-  fetcher_ = system_.spawn<caf::detached>([this]() -> caf::behavior {
-    return {
-        [this](fetch_atom, const FetchJobPtr& job) {
-          const auto t0 = std::chrono::steady_clock::now();
-          try {
-            FloatBuffer buf = FloatBuffer::uninitialized(job->numel);  // fetch_ fills it
-            fetch_(job->block, job->version, buf.data());
-            add_fetch_time(t0);
-            job->promise.set_value(std::move(buf));
-          } catch (...) {
-            add_fetch_time(t0);
-            job->promise.set_exception(std::current_exception());
-          }
-        },
-    };
-  });
+  // The scheduler is passed as a spawn argument: CAF 0.17 dereferences a null argument
+  // tuple for argument-less spawns (UBSan in the sanitizer configuration).
+  fetcher_ = system_.spawn<caf::detached>(
+      [](caf::event_based_actor*, ParamScheduler* scheduler) -> caf::behavior {
+        return scheduler->fetcher_behavior();
+      },
+      this);
+}
+
+caf::behavior ParamScheduler::fetcher_behavior() {
+  return {
+      [this](fetch_atom, const FetchJobPtr& job) {
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          FloatBuffer buf = FloatBuffer::uninitialized(job->numel);  // fetch_ fills it
+          fetch_(job->block, job->version, buf.data());
+          add_fetch_time(t0);
+          job->promise.set_value(std::move(buf));
+        } catch (...) {
+          add_fetch_time(t0);
+          job->promise.set_exception(std::current_exception());
+        }
+      },
+  };
 }
 
 ParamScheduler::~ParamScheduler() {

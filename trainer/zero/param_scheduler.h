@@ -93,6 +93,7 @@ class ParamScheduler final : public BlockHooks {
   void prefetch_ahead();
   bool reused_soon(size_t b) const;
   void note_live();
+  caf::behavior fetcher_behavior();
   void add_fetch_time(std::chrono::steady_clock::time_point t0);
 
   std::vector<size_t> numel_;
