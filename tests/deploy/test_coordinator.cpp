@@ -17,6 +17,7 @@
 
 #include "actors/rendezvous_store.h"
 #include "actors/supervisor.h"
+#include "tests/cli/child_process.h"
 #include "tests/deploy/deploy_test_util.h"
 
 extern char** environ;
@@ -30,60 +31,11 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-// `dsactor <args>` in the background, stdout and stderr going to files in `dir`.
-class Dsactor {
+// `dsactor ARGS` in the background, stdout/stderr in dir/dsactor.out and dir/dsactor.err.
+class Dsactor : public DsactorProcess {
  public:
   Dsactor(const TempDir& dir, std::vector<std::string> args)
-      : out_(dir / "dsactor.out"), err_(dir / "dsactor.err") {
-    args.insert(args.begin(), DSACTOR_BINARY);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, DSACTOR_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~Dsactor() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  std::string out() const { return read_file(out_); }
-  std::string err() const { return read_file(err_); }
-
-  // The exit code (128 + signal when killed), or -1 when it did not end within `timeout`.
-  int wait(std::chrono::milliseconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
-
-  // The pids `up` logged as "started NAME (pid N)".
-  std::vector<pid_t> children() const {
-    std::vector<pid_t> out;
-    const std::string e = err();
-    static const std::regex re(R"(started \S+ \(pid (\d+)\))");
-    for (auto it = std::sregex_iterator(e.begin(), e.end(), re); it != std::sregex_iterator(); ++it)
-      out.push_back(static_cast<pid_t>(std::stol((*it)[1])));
-    return out;
-  }
-
- private:
-  std::filesystem::path out_, err_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
+      : DsactorProcess(std::move(args), dir / "dsactor.out", dir / "dsactor.err") {}
 };
 
 // Two trainers' worth of store traffic through the coordinator at `endpoint`: a blocking

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/launcher.h"
+#include "tests/cli/child_process.h"
 #include "tests/deploy/deploy_test_util.h"
 
 extern char** environ;
@@ -114,52 +115,19 @@ TEST(LaunchPlan, Refusals) {
   EXPECT_THROW(actors::plan_launch({{"a", 1}}, o), actors::LaunchConfigError);
 }
 
-// `dsactor launch ...` in the background with extra environment, output to files.
-class Launch {
+// `dsactor launch ARGS` in the background with extra environment, stdout/stderr in
+// dir/launch.out and dir/launch.err.
+class Launch : public DsactorProcess {
  public:
   Launch(const TempDir& dir, std::vector<std::string> args, std::vector<std::string> extra_env = {})
-      : out_(dir / "launch.out"), err_(dir / "launch.err") {
-    args.insert(args.begin(), {DSACTOR_BINARY, "launch"});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_store = std::move(extra_env);
-    for (char** e = environ; *e; ++e) env_store.emplace_back(*e);
-    std::vector<char*> envp;
-    for (auto& e : env_store) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, DSACTOR_BINARY, &fa, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~Launch() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  std::string out() const { return read_file(out_); }
-  std::string err() const { return read_file(err_); }
-  int wait(std::chrono::milliseconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
+      : DsactorProcess(with_launch(std::move(args)), dir / "launch.out", dir / "launch.err",
+                       std::move(extra_env)) {}
 
  private:
-  std::filesystem::path out_, err_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
+  static std::vector<std::string> with_launch(std::vector<std::string> args) {
+    args.insert(args.begin(), "launch");
+    return args;
+  }
 };
 
 void write_script(const std::filesystem::path& p, const std::string& text) {

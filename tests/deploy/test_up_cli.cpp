@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cli/child_process.h"
 #include "tests/deploy/deploy_test_util.h"
 
 extern char** environ;
@@ -27,60 +28,17 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-// `dsactor up ...` running in the background, its stdout/stderr going to files.
-class UpProcess {
+// `dsactor up ARGS` in the background, stdout/stderr in dir/up.out and dir/up.err.
+class UpProcess : public DsactorProcess {
  public:
   UpProcess(const TempDir& dir, std::vector<std::string> args)
-      : out_(dir / "up.out"), err_(dir / "up.err") {
-    args.insert(args.begin(), {DSACTOR_BINARY, "up"});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, DSACTOR_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~UpProcess() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  std::string out() const { return read_file(out_); }
-  std::string err() const { return read_file(err_); }
-
-  // The exit code, or -1 (after killing it) when it did not end within `timeout`.
-  int wait(std::chrono::milliseconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
-
-  // The pids `up` logged as "started NAME (pid N)".
-  std::vector<pid_t> children() const {
-    std::vector<pid_t> out;
-    const std::string e = err();
-    static const std::regex re(R"(started \S+ \(pid (\d+)\))");
-    for (auto it = std::sregex_iterator(e.begin(), e.end(), re); it != std::sregex_iterator(); ++it)
-      out.push_back(static_cast<pid_t>(std::stol((*it)[1])));
-    return out;
-  }
+      : DsactorProcess(with_up(std::move(args)), dir / "up.out", dir / "up.err") {}
 
  private:
-  std::filesystem::path out_, err_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
+  static std::vector<std::string> with_up(std::vector<std::string> args) {
+    args.insert(args.begin(), "up");
+    return args;
+  }
 };
 
 void expect_gone(const std::vector<pid_t>& pids) {
