@@ -65,6 +65,24 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+bool skip_on_overflow(Precision precision, bool nonfinite, LossScaler& scaler, int64_t global_step,
+                      int64_t& skipped_steps, StepResult& r) {
+  if (nonfinite && precision != Precision::kFp16)
+    throw std::runtime_error(fmt::format(
+        "non-finite gradient at step {} in {} training (loss {}): the run diverged; lower "
+        "the lr or enable gradient_clipping",
+        global_step, precision_name(precision), r.loss));
+  if (precision == Precision::kFp16) scaler.update(nonfinite);
+  if (!nonfinite) return false;
+  ++skipped_steps;
+  r.skipped = true;
+  r.grad_norm = std::numeric_limits<double>::infinity();
+  r.global_step = global_step;
+  spdlog::info("step {}: fp16 gradient overflow, step skipped; loss scale {} -> {}", global_step,
+               r.loss_scale, scaler.scale());
+  return true;
+}
+
 void check_supported(const DsConfig& c, int world_size) {
   const auto& z = c.zero_optimization;
   if (z.stage != 0)
@@ -219,20 +237,8 @@ StepResult Engine::train_step(BatchLoader& loader) {
     nonfinite |= s.nonfinite;
   }
   ++global_step_;
-  if (nonfinite && precision_ != Precision::kFp16)
-    throw std::runtime_error(fmt::format(
-        "non-finite gradient at step {} in {} training (loss {}): the run diverged; lower "
-        "the lr or enable gradient_clipping",
-        global_step_, precision_name(precision_), r.loss));
-  if (precision_ == Precision::kFp16) scaler_.update(nonfinite);
-  if (nonfinite) {
-    ++skipped_steps_;
-    r.skipped = true;
-    r.grad_norm = std::numeric_limits<double>::infinity();
-    r.global_step = global_step_;
+  if (skip_on_overflow(precision_, nonfinite, scaler_, global_step_, skipped_steps_, r)) {
     r.optimizer_seconds = seconds_since(t_opt);
-    spdlog::info("step {}: fp16 gradient overflow, step skipped; loss scale {} -> {}", global_step_,
-                 r.loss_scale, scaler_.scale());
     return r;
   }
   // DeepSpeed's fp16 optimizer: gradients are unscaled and clipped inside Adam by one

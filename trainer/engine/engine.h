@@ -109,6 +109,13 @@ class Engine {
   std::vector<int32_t> inputs_, targets_;
 };
 
+// DeepSpeed's verdict on one step's gradients, the same for every engine: a non-finite
+// gradient outside fp16 throws (the run diverged); in fp16 the loss scaler is updated and an
+// overflow marks `r` as a skipped step (counted, logged). Returns whether the optimizer step
+// is skipped. `global_step` is the step just attempted.
+bool skip_on_overflow(Precision precision, bool nonfinite, LossScaler& scaler, int64_t global_step,
+                      int64_t& skipped_steps, StepResult& r);
+
 // Refuses, with a message that says so, what this engine cannot run (ZeRO stages 1-3 and
 // offload need offload services: trainer/zero/, `dsactor start --role trainer` / `dsactor
 // up`). `world_size` is the number of data-parallel ranks the engine will run with.

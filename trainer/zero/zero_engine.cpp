@@ -732,23 +732,10 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
     for (size_t s = 0; s < services_.size(); ++s)
       on_service(s, "skip_step", [&](actors::OffloadClient& c) { return c.skip(step); });
   };
-  if (nonfinite && precision_ != Precision::kFp16) {
-    skip_everywhere();  // leave the services consistent before stopping
-    throw std::runtime_error(fmt::format(
-        "non-finite gradient at step {} in {} training (loss {}): the run diverged; lower "
-        "the lr or enable gradient_clipping",
-        global_step_, precision_name(precision_), r.loss));
-  }
-  if (precision_ == Precision::kFp16) scaler_.update(nonfinite);
-  if (nonfinite) {
-    skip_everywhere();
-    ++skipped_steps_;
-    r.skipped = true;
-    r.grad_norm = std::numeric_limits<double>::infinity();
-    r.global_step = global_step_;
+  // A diverged run (throw) and an fp16 overflow both leave every service skipping the step.
+  if (nonfinite) skip_everywhere();
+  if (skip_on_overflow(precision_, nonfinite, scaler_, global_step_, skipped_steps_, r)) {
     r.optimizer_seconds = seconds_since(t_opt);
-    spdlog::info("step {}: fp16 gradient overflow, step skipped; loss scale {} -> {}", global_step_,
-                 r.loss_scale, scaler_.scale());
     return r;
   }
   const double norm = std::sqrt(sum_squares) / r.loss_scale;
