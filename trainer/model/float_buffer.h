@@ -1,6 +1,4 @@
 #pragma once
-#include <sys/mman.h>
-
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -13,12 +11,18 @@ namespace dsactor::trainer {
 // (or its gradient / Adam moments). Cache-line alignment keeps every SIMD kernel on aligned
 // loads and lets a block be split into partitions at cache-line boundaries.
 //
-// Buffers of 1 MiB and more are their own anonymous mappings (zeroed by the kernel, pages
-// touched only when written, transparent huge pages where the kernel allows them): freeing
-// one returns its memory to the system at once. Through malloc, a ZeRO-3 trainer that
-// allocates and frees blocks every step from several threads (the fetch thread, the compute
-// thread) would keep each thread's arena at its own high-water mark, and its resident
-// memory would be the sum of those, well above what it holds at any moment.
+// Buffers of 1 MiB and more are their own anonymous mappings (pages touched only when
+// written, transparent huge pages where the kernel allows them). Through malloc, a ZeRO-3
+// trainer that allocates and frees blocks every step from several threads (the fetch
+// thread, the compute thread) would keep each thread's arena at its own high-water mark,
+// and its resident memory would be the sum of those, well above what it holds at any
+// moment.
+//
+// A freed mapping goes to a process-wide cache of idle mappings, up to a byte limit
+// (set_cache_limit, 0 by default: freed memory goes back to the system at once), and the
+// next buffer of exactly that size takes it: a ZeRO-3 step frees and allocates every
+// block's parameters twice and its gradient once, and fresh pages cost a page fault and
+// the kernel's zeroing each, which on gpt2 was a third of the trainer's CPU time.
 class FloatBuffer {
  public:
   static constexpr size_t kAlignment = 64;
@@ -43,6 +47,12 @@ class FloatBuffer {
   FloatBuffer& operator=(const FloatBuffer&) = delete;
   ~FloatBuffer() { release(); }
 
+  // The most bytes of idle mappings the process keeps for reuse, and the largest mapping
+  // it keeps (thread-safe; lowering the limit unmaps what is over at once). Returns the
+  // previous limit.
+  static size_t set_cache_limit(size_t bytes, size_t largest_mapping);
+  static size_t cached_bytes();  // idle mappings held now
+
   float* data() { return data_; }
   const float* data() const { return data_; }
   size_t size() const { return n_; }
@@ -61,10 +71,7 @@ class FloatBuffer {
     if (n == 0) return;
     const size_t bytes = allocated_bytes(n);
     if (bytes >= kMapFrom) {
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      madvise(p, bytes, MADV_HUGEPAGE);  // best effort: fewer page faults per block
-      data_ = static_cast<float*>(p);    // page-aligned, and already zero
+      data_ = static_cast<float*>(map_pages(bytes, zeroed));
       return;
     }
     data_ = static_cast<float*>(std::aligned_alloc(kAlignment, bytes));
@@ -74,11 +81,16 @@ class FloatBuffer {
   static size_t allocated_bytes(size_t n) {
     return (n * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
   }
+  // A mapping of `bytes`, from the cache when one of that size is idle (zeroed on request;
+  // a fresh one is zero already).
+  static void* map_pages(size_t bytes, bool zeroed);
+  // To the cache, or back to the system when the cache is full.
+  static void unmap_pages(void* p, size_t bytes);
   void release() {
     if (data_ == nullptr) return;
     const size_t bytes = allocated_bytes(n_);
     if (bytes >= kMapFrom)
-      munmap(data_, bytes);
+      unmap_pages(data_, bytes);
     else
       std::free(data_);
     data_ = nullptr;

@@ -179,6 +179,7 @@ class ZeroEngine {
   // `reduced`: this rank's partition already reduce-scattered (empty: reduce here).
   void finish_block_grad(size_t block, FloatBuffer reduced = {});
   bool push_through_arena(size_t block, const PartitionSlice& p, FloatBuffer& part);
+  void reuse_block_mappings();
   void map_arenas();
   void collect_push();
   void abandon_pushes();
