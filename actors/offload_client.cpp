@@ -122,6 +122,7 @@ void OffloadClient::unmap_arena() {
 }
 
 void OffloadClient::release_slot(size_t slot) {
+  std::lock_guard lock(slots_mu_);
   slot_busy_[slot] = 0;
   const size_t used = std::exchange(slot_used_[slot], 0);
   if (used <= keep_bytes_) return;
@@ -133,9 +134,15 @@ void OffloadClient::release_slot(size_t slot) {
   madvise(base + keep_bytes_, end - keep_bytes_, MADV_REMOVE);
 }
 
+void OffloadClient::set_slot_used(size_t slot, size_t bytes) {
+  std::lock_guard lock(slots_mu_);
+  slot_used_[slot] = bytes;
+}
+
 ArenaBuffer OffloadClient::arena_buffer(size_t bytes) {
   ArenaBuffer b;
   if (!has_arena() || bytes > slot_bytes_) return b;
+  std::lock_guard lock(slots_mu_);
   for (size_t i = 0; i < slot_busy_.size(); ++i) {
     if (slot_busy_[i]) continue;
     slot_busy_[i] = 1;
@@ -341,7 +348,7 @@ FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_versi
   out.reply = expect<msg::FetchReply>(receive(id, &out.frame, &out.arena), "fetchParameters");
   if (!out.reply.arena) {
     // The service answered with a frame (a partition larger than the slot): untouched.
-    if (out.arena) slot_used_[out.arena.slot_] = 0;
+    if (out.arena) set_slot_used(out.arena.slot_, 0);
     out.arena = {};
     return out;
   }
@@ -354,7 +361,7 @@ FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_versi
                              std::to_string(request.arena->offset) + ", +" +
                              std::to_string(region.size()) + ") of " + std::to_string(arena_id_));
   out.arena_bytes = region.first(a.length);
-  slot_used_[out.arena.slot_] = a.length;  // what the service wrote
+  set_slot_used(out.arena.slot_, a.length);  // what the service wrote
   // The frame path's decode verifies the crc; the arena path keeps that guarantee.
   const uint32_t crc = msg::payload_crc32c(out.arena_bytes.data(), out.arena_bytes.size());
   if (crc != a.crc32c)

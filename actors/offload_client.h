@@ -11,12 +11,15 @@
 // slot the caller filled (arena_buffer). A slot stays taken until its reply is received;
 // one whose request timed out or was abandoned stays taken until the late reply shows the
 // service is done with it (or forever), so the service never writes into a slot that
-// holds something else. Without a free slot, or without an arena, frames are used.
+// holds something else. Without a free slot, or without an arena, frames are used. Slot
+// bookkeeping (arena_buffer, an ArenaBuffer's release) is thread-safe: a slot may be
+// taken and filled on one thread and sent, then released, on the client's owner thread.
 
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -178,6 +181,7 @@ class OffloadClient {
   T expect(messages::Header reply, const char* what);
   friend class ArenaBuffer;
   void release_slot(size_t slot);
+  void set_slot_used(size_t slot, size_t bytes);
   // A request stops being outstanding without its reply: its slot stays taken until the
   // late reply comes.
   void forget(uint64_t request_id);
@@ -196,6 +200,7 @@ class OffloadClient {
   uint64_t arena_id_ = 0;
   size_t slot_bytes_ = 0;
   size_t keep_bytes_ = 0;
+  std::mutex slots_mu_;  // slot_busy_, slot_used_
   std::vector<char> slot_busy_;
   std::vector<size_t> slot_used_;           // bytes the current use of each slot may have touched
   std::map<uint64_t, ArenaBuffer> leases_;  // request id -> slot the service may touch

@@ -15,6 +15,7 @@
 #include "actors/collectives.h"
 #include "actors/offload_client.h"
 #include "actors/runtime.h"
+#include "actors/service_client.h"
 #include "kernels/cpu/cast.h"
 #include "storage/checkpoint.h"
 #include "trainer/config/lr_schedule.h"
@@ -104,7 +105,7 @@ std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
 
 struct ZeroEngine::Service {
   std::string endpoint;
-  std::unique_ptr<actors::OffloadClient> client;
+  std::unique_ptr<actors::ServiceClient> client;  // the actor that owns the socket
 };
 
 // Gradient bytes alive now and at most. Shared with the push payloads, because ZeroMQ
@@ -152,26 +153,38 @@ class ZeroEngine::Hooks final : public BlockHooks {
   bool push_;
 };
 
+template <class T>
+T ZeroEngine::unwrap(size_t service, const char* what, actors::ServiceResult<T> result) const {
+  if (result.ok()) return std::move(result.value());
+  const actors::ServiceFailure& f = result.failure();
+  const std::string& ep = services_[service]->endpoint;
+  switch (f.kind) {
+    case actors::ServiceFailure::Kind::timeout:
+      throw ZeroServiceError(fmt::format(
+          "offload service {} did not answer {} within {} ms (down, unreachable or stuck); "
+          "last committed step {}: {}",
+          ep, what, options_.timeout.count(), version_, f.message));
+    case actors::ServiceFailure::Kind::refused:
+      throw ZeroServiceError(
+          fmt::format("offload service {} refused {}; last committed step {}: {}", ep, what,
+                      version_, f.message));
+    case actors::ServiceFailure::Kind::failed:
+      break;
+  }
+  try {
+    std::rethrow_exception(f.error);
+  } catch (const ZeroServiceError&) {
+    throw;  // already says which service and what
+  } catch (...) {
+  }
+  throw ZeroServiceError(
+      fmt::format("offload service {} failed during {}; last committed step {}: {}", ep, what,
+                  version_, f.message));
+}
+
 template <class F>
 auto ZeroEngine::on_service(size_t service, const char* what, F&& f) const {
-  const std::string& ep = services_[service]->endpoint;
-  try {
-    return f(*services_[service]->client);
-  } catch (const actors::OffloadTimeout& e) {
-    throw ZeroServiceError(fmt::format(
-        "offload service {} did not answer {} within {} ms (down, unreachable or stuck); "
-        "last committed step {}: {}",
-        ep, what, options_.timeout.count(), version_, e.what()));
-  } catch (const actors::OffloadError& e) {
-    throw ZeroServiceError(fmt::format("offload service {} refused {}; last committed step {}: {}",
-                                       ep, what, version_, e.what()));
-  } catch (const ZeroServiceError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw ZeroServiceError(
-        fmt::format("offload service {} failed during {}; last committed step {}: {}", ep, what,
-                    version_, e.what()));
-  }
+  return unwrap(service, what, services_[service]->client->call(std::forward<F>(f)));
 }
 
 ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t seed,
@@ -185,9 +198,15 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
             options_.world_size, options_.services.size()),
       adam_(adam_hyper_of(config.optimizer)),
       scaler_(config.fp16) {
+  caf::actor_system* system = options_.system;
+  if (!system) {
+    own_runtime_ = std::make_unique<actors::Runtime>();
+    system = &own_runtime_->system();
+  }
   for (const auto& ep : options_.services)
     services_.push_back(std::make_unique<Service>(Service{
-        ep, std::make_unique<actors::OffloadClient>(ep, options_.timeout, options_.job_id)}));
+        ep,
+        std::make_unique<actors::ServiceClient>(*system, ep, options_.timeout, options_.job_id)}));
   grad_memory_ = std::make_shared<GradMemory>();
   const size_t nblocks = model_.layouts().size();
   grads_.blocks.resize(nblocks);  // allocated block by block as the backward reaches them
@@ -210,18 +229,15 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     so.max_live_parameters = z.max_live_parameters;
     so.max_reuse_distance = z.max_reuse_distance;
     so.persistence_threshold = z.param_persistence_threshold;
-    std::vector<actors::OffloadClient*> fc;
-    for (auto& c : fetch_clients_) fc.push_back(c.get());
-    caf::actor_system* system = options_.system;
-    if (!system) {
-      own_runtime_ = std::make_unique<actors::Runtime>();
-      system = &own_runtime_->system();
-    }
-    scheduler_ =
-        std::make_unique<ParamScheduler>(*system, block_numels(model_.layouts()), params_, so,
-                                         [this, fc](size_t b, uint64_t version, float* out) {
-                                           fetch_block(fc, options_.param_comm, b, version, out);
-                                         });
+    // The scheduler's fetcher actor owns these sockets: it fetches on its own thread.
+    auto fetch_own = [this](const PartitionSlice& p, uint64_t version, float* out) {
+      fetch_partition(*fetch_clients_[p.service], p, version, out);
+    };
+    scheduler_ = std::make_unique<ParamScheduler>(
+        *system, block_numels(model_.layouts()), params_, so,
+        [this, fetch_own](size_t b, uint64_t version, float* out) {
+          fetch_block(fetch_own, options_.param_comm, b, version, out);
+        });
   } else {
     // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at
     // world size 1 are the whole model): every block resident, refreshed after each step.
@@ -280,21 +296,21 @@ void ZeroEngine::map_arenas() {
     on_service(s, "map_arena", [&](actors::OffloadClient& c) {
       return c.map_arena(keep, options_.max_pushes_in_flight, keep);
     });
-    if (s < fetch_clients_.size())
-      on_service(s, "map_arena", [&](actors::OffloadClient&) {
-        return fetch_clients_[s]->map_arena(keep, 1, keep);
-      });
+    if (s < fetch_clients_.size()) {
+      // The fetcher has not fetched yet: this thread may use its client once more.
+      actors::ServiceResult<bool> mapped = false;
+      try {
+        mapped = fetch_clients_[s]->map_arena(keep, 1, keep);
+      } catch (...) {
+        mapped = actors::describe_failure(std::current_exception());
+      }
+      unwrap(s, "map_arena", std::move(mapped));
+    }
   }
 }
 
 ZeroEngine::~ZeroEngine() {
   drain_reductions();
-}
-
-std::vector<actors::OffloadClient*> ZeroEngine::main_clients() const {
-  std::vector<actors::OffloadClient*> c;
-  for (const auto& s : services_) c.push_back(s->client.get());
-  return c;
 }
 
 void ZeroEngine::register_and_initialise(uint64_t seed) {
@@ -406,12 +422,11 @@ void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionS
   bytes_fetched_ += bytes.size();
 }
 
-void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients,
-                             actors::Collectives* comm, size_t block, uint64_t version,
-                             float* out) {
+void ZeroEngine::fetch_block(const FetchPartitionFn& fetch, actors::Collectives* comm, size_t block,
+                             uint64_t version, float* out) {
   const PartitionSlice& mine = plan_.slice(block, options_.rank);
   if (plan_.world_size() == 1) {  // the partition is the block
-    if (mine.count > 0) fetch_partition(*clients[mine.service], mine, version, out);
+    if (mine.count > 0) fetch(mine, version, out);
     return;
   }
   // This rank's partition from its service, the others' by allgather: W equal slots of P
@@ -420,7 +435,7 @@ void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients,
   const size_t W = plan_.world_size();
   std::vector<float> gathered(W * P, 0.0f);
   float* slot = gathered.data() + static_cast<size_t>(options_.rank) * P;
-  if (mine.count > 0) fetch_partition(*clients[mine.service], mine, version, slot);
+  if (mine.count > 0) fetch(mine, version, slot);
   try {
     comm->allgather(slot, gathered.data(), P);
   } catch (const actors::CollectiveError& e) {
@@ -430,17 +445,24 @@ void ZeroEngine::fetch_block(const std::vector<actors::OffloadClient*>& clients,
   std::memcpy(out, gathered.data(), model_.layouts()[block].numel * sizeof(float));
 }
 
+ZeroEngine::FetchPartitionFn ZeroEngine::fetch_through_services() {
+  return [this](const PartitionSlice& p, uint64_t version, float* out) {
+    on_service(p.service, "fetch_parameters",
+               [&](actors::OffloadClient& c) { fetch_partition(c, p, version, out); });
+  };
+}
+
 void ZeroEngine::refresh_all_params() {
-  const auto clients = main_clients();
+  const FetchPartitionFn fetch = fetch_through_services();
   for (size_t b = 0; b < params_.blocks.size(); ++b)
-    fetch_block(clients, options_.grad_comm, b, version_, params_.blocks[b].data());
+    fetch_block(fetch, options_.grad_comm, b, version_, params_.blocks[b].data());
 }
 
 BlockSet ZeroEngine::gather_params() {
   BlockSet full = BlockSet::zeros(model_.layouts());
-  const auto clients = main_clients();
+  const FetchPartitionFn fetch = fetch_through_services();
   for (size_t b = 0; b < full.blocks.size(); ++b)
-    fetch_block(clients, options_.grad_comm, b, version_, full.blocks[b].data());
+    fetch_block(fetch, options_.grad_comm, b, version_, full.blocks[b].data());
   return full;
 }
 
@@ -575,13 +597,17 @@ void ZeroEngine::finish_block_grad(size_t b, FloatBuffer reduced) {
           : std::as_bytes(std::span<const uint16_t>(payload->half.data(), count));
   // At most max_pushes_in_flight unanswered: the oldest reply first (usually long there).
   while (pushes_.size() >= options_.max_pushes_in_flight) collect_push();
-  // Zero-copy: the frame owns the payload, which frees the gradient once it is sent.
-  const uint64_t request = on_service(p.service, "push_gradients", [&](actors::OffloadClient& c) {
-    return c.send_push_gradients(p.id, step, 0, dtype, bytes, payload);
-  });
-  payload.reset();
+  // Zero-copy: the frame owns the payload, which frees the gradient once it is sent. The
+  // service's client actor sends it and awaits the reply while the backward goes on.
+  const uint64_t id = p.id;
+  auto reply = services_[p.service]->client->post(
+      [id, step, dtype, bytes, payload = std::move(payload)](actors::OffloadClient& c) mutable {
+        const uint64_t request = c.send_push_gradients(id, step, 0, dtype, bytes, payload);
+        payload.reset();  // ZeroMQ holds it until sent
+        return c.receive_push_reply(request);
+      });
   bytes_pushed_ += bytes.size();
-  pushes_.push_back(PendingPush{b, p.service, request});
+  pushes_.push_back(PendingPush{b, p.service, std::move(reply)});
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
 }
 
@@ -589,7 +615,7 @@ void ZeroEngine::finish_block_grad(size_t b, FloatBuffer reduced) {
 // gradient) is written straight into a slot, which the service reads in place. False,
 // with `part` untouched, when no slot is free: then the push goes as a frame.
 bool ZeroEngine::push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part) {
-  actors::OffloadClient& client = *services_[p.service]->client;
+  actors::ServiceClient& client = *services_[p.service]->client;
   const msg::DType dtype = served_dtype(precision_);
   const size_t count = p.count;
   const size_t bytes = count * msg::dtype_size(dtype);
@@ -611,28 +637,24 @@ bool ZeroEngine::push_through_arena(size_t b, const PartitionSlice& p, FloatBuff
   block_sum_squares_[b] = 0;
   block_nonfinite_[b] = 0;
   const uint64_t step = static_cast<uint64_t>(global_step_) + 1;
-  uint64_t request = 0;
-  try {
-    request = on_service(p.service, "push_gradients", [&](actors::OffloadClient& c) {
-      return c.send_push_gradients(p.id, step, 0, dtype, count, std::move(slot));
-    });
-  } catch (...) {
-    grad_memory_->sub(bytes);
-    throw;
-  }
+  const uint64_t id = p.id;
+  // The slot goes with the request; the actor releases it when the reply is in.
+  auto held = std::make_shared<actors::ArenaBuffer>(std::move(slot));
+  auto reply = client.post([id, step, dtype, count, held](actors::OffloadClient& c) {
+    const uint64_t request = c.send_push_gradients(id, step, 0, dtype, count, std::move(*held));
+    return c.receive_push_reply(request);
+  });
   bytes_pushed_ += bytes;
-  pushes_.push_back(PendingPush{b, p.service, request, bytes});
+  pushes_.push_back(PendingPush{b, p.service, std::move(reply), bytes});
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
   return true;
 }
 
 void ZeroEngine::collect_push() {
-  const PendingPush push = pushes_.front();
+  PendingPush push = std::move(pushes_.front());
   pushes_.pop_front();
   grad_memory_->sub(push.arena_bytes);
-  const msg::PushReply reply =
-      on_service(push.service, "push_gradients",
-                 [&](actors::OffloadClient& c) { return c.receive_push_reply(push.request); });
+  const msg::PushReply reply = unwrap(push.service, "push_gradients", push.reply.get());
   // Kept per block and added in block order later, whatever order the replies come in.
   block_sum_squares_[push.block] = reply.sum_squares;
   block_nonfinite_[push.block] = reply.nonfinite;
@@ -640,10 +662,8 @@ void ZeroEngine::collect_push() {
 }
 
 void ZeroEngine::abandon_pushes() {
-  for (const auto& push : pushes_) {
-    services_[push.service]->client->abandon(push.request);
-    grad_memory_->sub(push.arena_bytes);
-  }
+  // Their actors finish the round trips (or time out) and drop the replies.
+  for (const auto& push : pushes_) grad_memory_->sub(push.arena_bytes);
   pushes_.clear();
 }
 
@@ -655,7 +675,8 @@ void ZeroEngine::combine_across_ranks(StepResult& r, double& sum_squares, bool& 
   const size_t nblocks = block_sum_squares_.size();
   const size_t per_rank = 2 * nblocks + nblocks + 3;  // sums, flags, local overflow, loss, stop
   std::vector<float> mine(per_rank, 0.0f);
-  std::memcpy(mine.data(), block_sum_squares_.data(), nblocks * sizeof(double));
+  std::memcpy(mine.data(), block_sum_squares_.data(),
+              std::min(nblocks * sizeof(double), mine.size() * sizeof(float)));
   for (size_t b = 0; b < nblocks; ++b) mine[2 * nblocks + b] = block_nonfinite_[b] ? 1.0f : 0.0f;
   mine[3 * nblocks] = grads_nonfinite_local_ ? 1.0f : 0.0f;
   mine[3 * nblocks + 1] = r.loss;
@@ -753,8 +774,10 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   ++global_step_;
   const uint64_t step = static_cast<uint64_t>(global_step_);
   auto skip_everywhere = [&] {
-    for (size_t s = 0; s < services_.size(); ++s)
-      on_service(s, "skip_step", [&](actors::OffloadClient& c) { return c.skip(step); });
+    std::vector<std::future<actors::ServiceResult<msg::CommitReply>>> skips;
+    for (auto& svc : services_)
+      skips.push_back(svc->client->post([step](actors::OffloadClient& c) { return c.skip(step); }));
+    for (size_t s = 0; s < services_.size(); ++s) unwrap(s, "skip_step", skips[s].get());
   };
   // A diverged run (throw) and an fp16 overflow both leave every service skipping the step.
   if (nonfinite) skip_everywhere();
@@ -766,16 +789,29 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   r.grad_norm = norm;
   const msg::CommitStep commit{step, k::clip_coefficient(norm, config_.gradient_clipping),
                                r.loss_scale, r.lr};
+  // Every service commits at once (each on its client actor); the verdict is the same
+  // for all, so they apply the same step.
+  std::vector<std::future<actors::ServiceResult<msg::CommitReply>>> commits;
+  for (auto& svc : services_)
+    commits.push_back(
+        svc->client->post([commit](actors::OffloadClient& c) { return c.commit(commit); }));
+  std::vector<actors::ServiceResult<msg::CommitReply>> answers;
+  size_t committed = 0;
+  for (auto& c : commits) {
+    answers.push_back(c.get());
+    committed += answers.back().ok() ? 1 : 0;
+  }
   for (size_t s = 0; s < services_.size(); ++s) {
+    if (answers[s].ok()) continue;
     try {
-      on_service(s, "commit_step", [&](actors::OffloadClient& c) { return c.commit(commit); });
+      unwrap(s, "commit_step", std::move(answers[s]));
     } catch (const ZeroServiceError& e) {
-      if (s == 0) throw;
-      // Earlier services applied the step: say so, a resume must restore all of them.
+      if (committed == 0) throw;
+      // Other services applied the step: say so, a resume must restore all of them.
       throw ZeroServiceError(fmt::format(
           "{} (step {} was already committed on {} of {} services: restore every service "
           "from a checkpoint before resuming)",
-          e.what(), step, s, services_.size()));
+          e.what(), step, committed, services_.size()));
     }
   }
   ++optimizer_steps_;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -12,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/service_client.h"
 #include "kernels/cpu/adam.h"
+#include "messages/codec.h"
 #include "trainer/config/ds_config.h"
 #include "trainer/config/loss_scaler.h"
 #include "trainer/engine/engine.h"
@@ -157,14 +160,23 @@ class ZeroEngine {
   struct PendingPush {
     size_t block;
     size_t service;
-    uint64_t request;
+    std::future<actors::ServiceResult<messages::PushReply>> reply;  // from the client actor
     size_t arena_bytes = 0;  // gradient bytes held in an arena slot until the reply
   };
+  // Fetches one partition of this rank into `out` (the engine's clients or the
+  // scheduler's).
+  using FetchPartitionFn = std::function<void(const PartitionSlice&, uint64_t, float*)>;
   void register_and_initialise(uint64_t seed);
+  // A service's answer, or ZeroServiceError naming the endpoint, what the trainer was
+  // doing and the last committed step.
+  template <class T>
+  T unwrap(size_t service, const char* what, actors::ServiceResult<T> result) const;
+  // Runs f(client) on the service's client actor and waits: unwrap()'s value.
   template <class F>
   auto on_service(size_t service, const char* what, F&& f) const;
-  void fetch_block(const std::vector<actors::OffloadClient*>& clients, actors::Collectives* comm,
-                   size_t block, uint64_t version, float* out);
+  FetchPartitionFn fetch_through_services();
+  void fetch_block(const FetchPartitionFn& fetch, actors::Collectives* comm, size_t block,
+                   uint64_t version, float* out);
   void fetch_partition(actors::OffloadClient& client, const PartitionSlice& p, uint64_t version,
                        float* out);
   size_t grad_numel(size_t block) const;
@@ -184,7 +196,6 @@ class ZeroEngine {
   void collect_push();
   void abandon_pushes();
   void combine_across_ranks(StepResult& r, double& sum_squares, bool& nonfinite);
-  std::vector<actors::OffloadClient*> main_clients() const;
   void refresh_all_params();
 
   GptConfig gpt_;
@@ -195,6 +206,8 @@ class ZeroEngine {
   PartitionPlan plan_;
   kernels::cpu::AdamHyper adam_;
   LossScaler scaler_;
+  // Declared before the services: their client actors run in this system.
+  std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
   std::vector<std::unique_ptr<Service>> services_;
   BlockSet params_;  // stages 1/2: every block; stage 3: the resident set
   // fp32, accumulated over the micro-steps (the stage-0 engine's order); a block is
@@ -211,7 +224,6 @@ class ZeroEngine {
   std::vector<size_t> arena_push_limit_;     // per service: larger pushes go as frames
   std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished
   size_t max_pushes_seen_ = 0;
-  std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
   // The fetcher's sockets; declared before the scheduler, so they outlive its actor.
   std::vector<std::unique_ptr<actors::OffloadClient>> fetch_clients_;
   std::unique_ptr<ParamScheduler> scheduler_;
