@@ -1,5 +1,5 @@
-#include "actors/key_suggestion.h"
 #include "actors/deploy_config.h"
+#include "actors/key_suggestion.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -88,6 +88,9 @@ const std::vector<KeySpec>& key_table() {
        "io_uring overrides: block_size, queue_depth"},
       {Scope::kRole, "mlock", kOffloadBit, "bool", "true",
        "lock RAM buffers with mlock where allowed"},
+      {Scope::kRole, "max_arena", kOffloadBit, "bytes", "64GiB",
+       "shared-memory arenas of same-host trainers mapped at once; beyond it a trainer moves "
+       "payloads as frames; 0: never map"},
       {Scope::kRole, "config", kTrainerBit, "path", "(required)",
        "the trainer's ds_config (.json or .yaml)"},
       {Scope::kRole, "model", kTrainerBit, "preset | path", "the trainer's default",
@@ -100,6 +103,9 @@ const std::vector<KeySpec>& key_table() {
        "data-parallel rank"},
       {Scope::kRole, "world_size", kTrainerBit, "integer >= 1", "number of trainers in the file",
        "data-parallel world size (larger when other machines run more trainers)"},
+      {Scope::kRole, "shared_memory", kTrainerBit, "bool", "true",
+       "move payloads to same-host offload services through a shared-memory arena; false: as "
+       "frames over the socket (lower peak memory, more CPU)"},
       {Scope::kRole, "offload", kTrainerBit, "name | list of names",
        "every offload role in the file", "offload services this trainer's partitions go to"},
       {Scope::kRole, "env", kAllRoles, "map", "{}",
@@ -508,6 +514,9 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const fs::path& s
     if (n["nvme"]) r.nvme = resolve(ctx, read_string(ctx, n["nvme"], p + ".nvme"));
     if (n["memory_limit"]) r.memory_limit = read_bytes(ctx, n["memory_limit"], p + ".memory_limit");
     if (n["mlock"]) r.mlock = read_bool(ctx, n["mlock"], p + ".mlock");
+    if (n["max_arena"]) r.max_arena = read_bytes(ctx, n["max_arena"], p + ".max_arena");
+    if (n["shared_memory"])
+      r.shared_memory = read_bool(ctx, n["shared_memory"], p + ".shared_memory");
     if (const YAML::Node aio = n["aio"]) {
       if (!aio.IsMap())
         ctx.fail(aio, p + ".aio", fmt::format("expected a map, got {}", shown(aio)));
@@ -789,6 +798,7 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
       if (role.aio.queue_depth)
         a.insert(a.end(), {"--aio-queue-depth", std::to_string(*role.aio.queue_depth)});
       if (!role.mlock) a.emplace_back("--no-mlock");
+      if (role.max_arena) a.insert(a.end(), {"--max-arena", std::to_string(*role.max_arena)});
       break;
     case RoleKind::kTrainer:
       a.insert(a.end(), {"--name", role.name, "--deploy", config.source.string(), "--config",
@@ -800,6 +810,7 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
       if (!role.data.empty()) a.insert(a.end(), {"--data", role.data});
       if (role.steps) a.insert(a.end(), {"--steps", std::to_string(role.steps)});
       if (!role.out.empty()) a.insert(a.end(), {"--out", role.out});
+      if (!role.shared_memory) a.emplace_back("--no-shared-memory");
       if (!config.rendezvous.empty()) {
         a.insert(a.end(), {"--coordinator", config.rendezvous});
         if (config.rendezvous_in_rank0 && role.rank == 0) a.emplace_back("--serve-coordinator");

@@ -51,7 +51,8 @@ struct RoleSpec {
   std::optional<std::filesystem::path> nvme;  // NVMe tier directory (absolute)
   uint64_t memory_limit = 0;  // bytes of RAM partitions may take; 0 = physical memory
   AioOverrides aio;
-  bool mlock = true;  // false: `--no-mlock`
+  bool mlock = true;                  // false: `--no-mlock`
+  std::optional<uint64_t> max_arena;  // `--max-arena`; unset: the service's default
 
   // trainer
   std::filesystem::path config;  // ds_config (absolute; must exist)
@@ -62,6 +63,7 @@ struct RoleSpec {
   int rank = 0;
   int world_size = 1;
   std::vector<std::string> offload;  // names of offload roles; default: every offload role here
+  bool shared_memory = true;         // false: `--no-shared-memory`
 
   // every role
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own

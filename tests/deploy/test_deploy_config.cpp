@@ -369,7 +369,7 @@ TEST_F(DeployConfigTest, CommandLines) {
   const auto cfg = load(R"(
 roles:
   - {role: offload, name: a, nvme: ssd, memory_limit: 1GiB, aio: {block_size: 8KiB, queue_depth: 4}, mlock: false}
-  - {role: offload, name: b, listen: "tcp://127.0.0.1:7001"}
+  - {role: offload, name: b, listen: "tcp://127.0.0.1:7001", max_arena: 0}
   - {role: coordinator, name: c, listen: "tcp://127.0.0.1:7002"}
   - {role: trainer, name: t, config: ds.json, offload: [b, a], model: tiny, data: d.txt, steps: 3, out: o}
 )");
@@ -378,7 +378,8 @@ roles:
                           "--nvme", (dir / "ssd").string(), "--memory-limit", "1073741824",
                           "--aio-block-size", "8192", "--aio-queue-depth", "4", "--no-mlock"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[1]),
-              ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:7001"));
+              ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:7001",
+                          "--max-arena", "0"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[2]),
               ElementsAre("start", "--role", "coordinator", "--name", "c", "--deploy", file(),
                           "--listen", "tcp://127.0.0.1:7002"));
@@ -389,6 +390,34 @@ roles:
                   "tcp://127.0.0.1:7001", "--offload", "tcp://127.0.0.1:5555", "--model", "tiny",
                   "--data", (dir / "d.txt").string(), "--steps", "3", "--out", (dir / "o").string(),
                   "--coordinator", "tcp://127.0.0.1:7002"));
+  const auto t = to_command_line(cfg, cfg.roles[3]);
+  EXPECT_EQ(std::count(t.begin(), t.end(), "--no-shared-memory"), 0);
+  const auto u = load(
+      "roles:\n  - {role: offload}\n"
+      "  - {role: trainer, config: ds.json, shared_memory: false}\n");
+  const auto argv = to_command_line(u, u.roles[1]);
+  EXPECT_EQ(std::count(argv.begin(), argv.end(), "--no-shared-memory"), 1)
+      << ::testing::PrintToString(argv);
+}
+
+// The payload keys are typed and belong to their roles.
+TEST_F(DeployConfigTest, PayloadKeysAreCheckedAndBelongToTheirRoles) {
+  auto error_of = [&](const std::string& text) -> std::string {
+    try {
+      load(text);
+    } catch (const DeployConfigError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_THAT(error_of("roles:\n  - {role: offload, max_arena: lots}\n"),
+              ::testing::HasSubstr("roles[0].max_arena"));
+  EXPECT_THAT(error_of("roles:\n  - {role: trainer, config: ds.json, shared_memory: maybe}\n"),
+              ::testing::HasSubstr("roles[0].shared_memory"));
+  EXPECT_THAT(error_of("roles:\n  - {role: offload, shared_memory: false}\n"),
+              ::testing::HasSubstr("shared_memory"));
+  EXPECT_THAT(error_of("roles:\n  - {role: trainer, config: ds.json, max_arena: 1GiB}\n"),
+              ::testing::HasSubstr("max_arena"));
 }
 
 // The trainers' rendezvous contract: --coordinator E for every trainer, --serve-coordinator
