@@ -54,17 +54,23 @@ class GptModel {
                               BlockHooks* hooks = nullptr);
   // Wall time of the last forward pass (for the forward/backward split of benchmarks).
   double last_forward_seconds() const { return last_forward_seconds_; }
+  // true: the logits (B*T*Vp floats, gpt2 at B4 T64: 51 MB) are freed once the LM head's
+  // backward has spent them and mapped again by the next forward. For a resident-set
+  // engine, whose memory peak comes later in the backward; a holder of the whole model
+  // keeps them and saves the page faults.
+  void set_transient_logits(bool transient) { transient_logits_ = transient; }
 
  private:
   struct Activations {
     int B = 0, T = 0;
     FloatBuffer encoded;  // (B,T,C)
     std::vector<FloatBuffer> ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean,
-        ln2_rstd, fch, fch_gelu, residual3;  // per layer
-    FloatBuffer lnf, lnf_mean, lnf_rstd;     // (B,T,C), (B,T), (B,T)
-    FloatBuffer logits;                      // (B,T,Vp); dlogits in place
-    FloatBuffer losses;                      // (B,T)
-    FloatBuffer scratch_btc;                 // projection outputs (B,T,C)
+        ln2_rstd, fch, residual3;         // per layer
+    FloatBuffer fch_gelu;                 // (B,T,4C): one layer's, recomputed in the backward
+    FloatBuffer lnf, lnf_mean, lnf_rstd;  // (B,T,C), (B,T), (B,T)
+    FloatBuffer logits;                   // (B,T,Vp); dlogits in place
+    FloatBuffer losses;                   // (B,T)
+    FloatBuffer scratch_btc;              // projection outputs (B,T,C)
     // backward scratch
     FloatBuffer dresidual, dln, datty, dqkv, dfch, dfch_gelu, dlnf, datt;
   };
@@ -77,6 +83,7 @@ class GptModel {
   std::vector<BlockLayout> layouts_;
   Activations acts_;
   double last_forward_seconds_ = 0;
+  bool transient_logits_ = false;
 };
 
 }  // namespace dsactor::trainer
