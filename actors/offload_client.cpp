@@ -100,6 +100,7 @@ bool OffloadClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes
   keep_bytes_ = keep_bytes >= slot ? slot : (keep_bytes + page - 1) / page * page;
   slot_busy_.assign(slots, 0);
   slot_used_.assign(slots, 0);
+  slot_resident_.assign(slots, 0);
   spdlog::debug("offload client: {} maps our {}-byte arena as {}", endpoint_, arena_->size(),
                 arena_id_);
   return true;
@@ -125,18 +126,38 @@ void OffloadClient::release_slot(size_t slot) {
   std::lock_guard lock(slots_mu_);
   slot_busy_[slot] = 0;
   const size_t used = std::exchange(slot_used_[slot], 0);
-  if (used <= keep_bytes_) return;
-  // MADV_REMOVE frees the memfd's pages (for the service's mapping too); they read back
-  // as zeros and are faulted in again by the next use that needs them.
+  if (used <= keep_bytes_) {
+    slot_resident_[slot] = std::max(slot_resident_[slot], used);
+    return;
+  }
+  // A large payload's slot keeps nothing: what it touched is given back whole, so the
+  // slot holds no pages until its next use (the large one is rare, and its first
+  // keep_bytes would sit idle through the memory peaks between). MADV_REMOVE frees the
+  // memfd's pages (for the service's mapping too); they read back as zeros and are
+  // faulted in again by the next use that needs them.
   const size_t page = 4096;
   const size_t end = std::min(slot_bytes_, (used + page - 1) / page * page);
-  std::byte* base = arena_->data() + slot * slot_bytes_;
-  madvise(base + keep_bytes_, end - keep_bytes_, MADV_REMOVE);
+  madvise(arena_->data() + slot * slot_bytes_, end, MADV_REMOVE);
+  slot_resident_[slot] = 0;
 }
 
 void OffloadClient::set_slot_used(size_t slot, size_t bytes) {
   std::lock_guard lock(slots_mu_);
   slot_used_[slot] = bytes;
+}
+
+size_t OffloadClient::trim_free_slots() {
+  std::lock_guard lock(slots_mu_);
+  size_t given = 0;
+  const size_t page = 4096;
+  for (size_t i = 0; i < slot_busy_.size(); ++i) {
+    if (slot_busy_[i] || slot_resident_[i] == 0) continue;
+    const size_t bytes = (slot_resident_[i] + page - 1) / page * page;
+    madvise(arena_->data() + i * slot_bytes_, std::min(bytes, slot_bytes_), MADV_REMOVE);
+    given += slot_resident_[i];
+    slot_resident_[i] = 0;
+  }
+  return given;
 }
 
 ArenaBuffer OffloadClient::arena_buffer(size_t bytes) {

@@ -102,9 +102,10 @@ class OffloadClient {
   // map it (MapArena). Returns false, keeping frames, when the endpoint is not local
   // (silently) or the arena cannot be created or mapped (logged once per process, the
   // reason at debug level). Throws OffloadTimeout when the service does not answer.
-  // A slot keeps up to `keep_bytes` of its pages resident between uses; what a use
-  // touched beyond that is given back when the slot is released (so one large block, an
-  // embedding, costs its memory only while it is in flight, as a frame would).
+  // A slot keeps the pages of a use that touched at most `keep_bytes` resident between
+  // uses; a use that touched more gives back all of them when the slot is released (so one
+  // large block, an embedding, costs its memory only while it is in flight or resident,
+  // as a frame would).
   bool map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
   bool has_arena() const { return arena_id_ != 0; }
   uint64_t arena_id() const { return arena_id_; }  // the service's name for it; 0 = none
@@ -113,6 +114,10 @@ class OffloadClient {
   size_t arena_bytes() const;
   // A free slot of at least `bytes`, or an empty buffer (no arena, too large, all taken).
   ArenaBuffer arena_buffer(size_t bytes);
+  // Gives back the pages free slots kept (MADV_REMOVE, for the service's mapping too):
+  // for a caller that knows a memory peak is coming and the slots are idle until after
+  // it. Thread-safe. Returns the bytes given back.
+  size_t trim_free_slots();
 
   messages::RegisterReply register_partitions(uint32_t rank, uint32_t world_size,
                                               std::vector<messages::PartitionSpec> specs);
@@ -203,6 +208,7 @@ class OffloadClient {
   std::mutex slots_mu_;  // slot_busy_, slot_used_
   std::vector<char> slot_busy_;
   std::vector<size_t> slot_used_;           // bytes the current use of each slot may have touched
+  std::vector<size_t> slot_resident_;       // bytes a free slot kept from its uses (up to keep)
   std::map<uint64_t, ArenaBuffer> leases_;  // request id -> slot the service may touch
   std::map<uint64_t, ArenaBuffer> stale_;   // timed out or abandoned: held until late reply
 };

@@ -109,6 +109,7 @@ class ServiceClient {
 
   // Thread-safe (see above). An empty buffer: no arena, too large, or every slot taken.
   ArenaBuffer arena_buffer(size_t bytes) { return client_->arena_buffer(bytes); }
+  size_t trim_free_slots() { return client_->trim_free_slots(); }
   // Set once when the arena is mapped (a request), read by any thread after its answer.
   bool has_arena() const { return client_->has_arena(); }
   size_t arena_bytes() const { return client_->arena_bytes(); }

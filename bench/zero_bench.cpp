@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -37,11 +38,35 @@ namespace {
 // and VmHWM at the end. A fork per phase because VmHWM cannot be reset: each phase's
 // high-water mark must be its own, not the previous phase's. The parent has started no
 // threads before forking (the service is a separate exec'd process), so the child is safe.
+// A sampler thread reads VmRSS every millisecond and keeps, at its highest reading, how
+// much was private memory and how much shared (the arenas): what the peak is made of.
 template <class F>
 nlohmann::json in_child(const char* name, F&& phase) {
   ForkedChild child(std::string("bench zero ") + name, [&]() -> nlohmann::json {
     const size_t rss0 = proc_status_bytes("VmRSS");
-    nlohmann::json j = phase();
+    std::atomic<bool> done{false};
+    size_t sampled = 0, anon = 0, shmem = 0;
+    std::thread sampler([&] {
+      while (!done.load()) {
+        if (const size_t rss = proc_status_bytes("VmRSS"); rss > sampled) {
+          sampled = rss;
+          anon = proc_status_bytes("RssAnon");
+          shmem = proc_status_bytes("RssShmem");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+    nlohmann::json j;
+    try {
+      j = phase();
+    } catch (...) {
+      done = true;
+      sampler.join();
+      throw;
+    }
+    done = true;
+    sampler.join();
+    j["sampled_peak"] = {{"rss_bytes", sampled}, {"anon_bytes", anon}, {"shmem_bytes", shmem}};
     j["rss_at_start_bytes"] = rss0;
     j["vm_hwm_bytes"] = proc_status_bytes("VmHWM");
     j["vm_hwm_minus_start_bytes"] = j["vm_hwm_bytes"].get<size_t>() - rss0;
@@ -196,6 +221,8 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         r["max_pushes_in_flight"] = after.max_pushes_in_flight;
         // Shared-memory arenas with the service (0: frames); resident once touched.
         r["arena_bytes"] = after.arena_bytes;
+        r["pushes_in_place"] = after.pushes_in_place;
+        r["fetches_in_place"] = after.fetches_in_place;
         // The two peaks need not coincide: their sum bounds the model state held at once.
         r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes;
         return r;

@@ -274,7 +274,10 @@ TEST_F(ZeroEngineTest, Stage3AccumulatingMicroStepsHoldEveryGradient) {
 
 // The services are on 127.0.0.1, so the engine moves payloads through shared-memory
 // arenas by default (every other test here runs that way); forced onto frames it must
-// give the same run bit for bit, as both give stage 0's.
+// give the same run bit for bit, as both give stage 0's. In fp32 the arena is used in
+// place: the backward writes each layer's gradient into the push slot the service reads,
+// and a fetched layer stays resident in the slot the service wrote it into; bf16 copies
+// (the slot holds the rounded payload).
 TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
   const auto tokens = corpus(6000, 6);
   const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
@@ -292,6 +295,16 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
     EXPECT_EQ(frame_stats.arena_bytes, 0u);
     EXPECT_EQ(arena_stats.bytes_fetched, frame_stats.bytes_fetched);
     EXPECT_EQ(arena_stats.bytes_pushed, frame_stats.bytes_pushed);
+    if (mode == "fp32") {
+      // Blocks that fit their service's slots (not the embedding, which is larger).
+      EXPECT_GT(arena_stats.pushes_in_place, 0u);
+      EXPECT_GT(arena_stats.fetches_in_place, 0u);
+    } else {
+      EXPECT_EQ(arena_stats.pushes_in_place, 0u);
+      EXPECT_EQ(arena_stats.fetches_in_place, 0u);
+    }
+    EXPECT_EQ(frame_stats.pushes_in_place, 0u);
+    EXPECT_EQ(frame_stats.fetches_in_place, 0u);
     expect_equal_runs(want, arena);
     expect_equal_runs(want, frames);
   }

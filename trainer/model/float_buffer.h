@@ -2,6 +2,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <utility>
 
@@ -33,16 +34,29 @@ class FloatBuffer {
   // as they are written (a fetch that copies a large block in chunks while giving the
   // received copy back never holds the block twice).
   static FloatBuffer uninitialized(size_t n) { return FloatBuffer(n, false); }
+  // n floats at `data` (64-byte aligned) that `owner` keeps alive: released with the
+  // buffer instead of being freed (a shared-memory slot a service wrote a block into).
+  static FloatBuffer adopt(float* data, size_t n, std::shared_ptr<void> owner) {
+    FloatBuffer b;
+    b.data_ = data;
+    b.n_ = n;
+    b.owner_ = std::move(owner);
+    return b;
+  }
   FloatBuffer(FloatBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        n_(std::exchange(o.n_, 0)),
+        owner_(std::move(o.owner_)) {}
   FloatBuffer& operator=(FloatBuffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       n_ = std::exchange(o.n_, 0);
+      owner_ = std::move(o.owner_);
     }
     return *this;
   }
+  bool adopted() const { return owner_ != nullptr; }
   FloatBuffer(const FloatBuffer&) = delete;
   FloatBuffer& operator=(const FloatBuffer&) = delete;
   ~FloatBuffer() { release(); }
@@ -87,6 +101,11 @@ class FloatBuffer {
   // To the cache, or back to the system when the cache is full.
   static void unmap_pages(void* p, size_t bytes);
   void release() {
+    if (owner_) {
+      owner_.reset();
+      data_ = nullptr;
+      return;
+    }
     if (data_ == nullptr) return;
     const size_t bytes = allocated_bytes(n_);
     if (bytes >= kMapFrom)
@@ -98,6 +117,7 @@ class FloatBuffer {
 
   float* data_ = nullptr;
   size_t n_ = 0;
+  std::shared_ptr<void> owner_;  // adopted memory
 };
 
 }  // namespace dsactor::trainer

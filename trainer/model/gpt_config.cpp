@@ -2,8 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <array>
 #include <fmt/format.h>
+#include <array>
 #include <stdexcept>
 
 namespace dsactor::trainer {
@@ -44,9 +44,9 @@ void GptConfig::validate(const std::string& source) const {
 
 GptConfig load_model_yaml(const std::filesystem::path& file) {
   if (!std::filesystem::exists(file)) {
-    throw std::invalid_argument(fmt::format(
-        "model '{}' is neither a preset ({}) nor an existing YAML file", file.string(),
-        model_presets_help()));
+    throw std::invalid_argument(
+        fmt::format("model '{}' is neither a preset ({}) nor an existing YAML file", file.string(),
+                    model_presets_help()));
   }
   YAML::Node root;
   try {

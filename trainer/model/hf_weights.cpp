@@ -14,8 +14,8 @@ namespace {
 
 // Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are [in, out] in HF.
 bool is_conv1d_weight(const std::string& name) {
-  return name.ends_with(".weight") && (name.find("attn.c_") != std::string::npos ||
-                                       name.find("mlp.c_") != std::string::npos);
+  return name.ends_with(".weight") &&
+         (name.find("attn.c_") != std::string::npos || name.find("mlp.c_") != std::string::npos);
 }
 
 std::string full_name(const BlockLayout& b, const TensorSlot& t) {
@@ -110,9 +110,8 @@ void import_hf_safetensors(const std::filesystem::path& file, const GptConfig& c
       const std::string name = full_name(layouts[b], t);
       auto it = by_name.find(name);
       if (it == by_name.end())
-        throw std::invalid_argument(
-            fmt::format("{}: tensor '{}' is missing (model has n_layer={})", file.string(), name,
-                        c.n_layer));
+        throw std::invalid_argument(fmt::format("{}: tensor '{}' is missing (model has n_layer={})",
+                                                file.string(), name, c.n_layer));
       const auto& d = *it->second;
       const auto want = hf_shape(c, name, t.shape);
       if (d.shape != want)
@@ -124,10 +123,9 @@ void import_hf_safetensors(const std::filesystem::path& file, const GptConfig& c
       if (d.dtype == "F32") {
         std::memcpy(src.data(), d.bytes.data(), n * sizeof(float));
       } else if (d.dtype == "BF16" || d.dtype == "F16") {
-        kernels::cpu::half_to_floats(src.data(), reinterpret_cast<const uint16_t*>(d.bytes.data()),
-                                     n,
-                                     d.dtype == "BF16" ? kernels::cpu::HalfKind::kBF16
-                                                       : kernels::cpu::HalfKind::kFP16);
+        kernels::cpu::half_to_floats(
+            src.data(), reinterpret_cast<const uint16_t*>(d.bytes.data()), n,
+            d.dtype == "BF16" ? kernels::cpu::HalfKind::kBF16 : kernels::cpu::HalfKind::kFP16);
       } else {
         throw std::invalid_argument(fmt::format(
             "{}: tensor '{}' has dtype {}; allowed: F32, BF16, F16", file.string(), name, d.dtype));
@@ -145,9 +143,9 @@ void import_hf_safetensors(const std::filesystem::path& file, const GptConfig& c
   }
   for (const auto& [name, _] : by_name)
     if (!used.count(name))
-      throw std::invalid_argument(fmt::format(
-          "{}: unexpected tensor '{}' (not part of a GPT-2 with n_layer={})", file.string(), name,
-          c.n_layer));
+      throw std::invalid_argument(
+          fmt::format("{}: unexpected tensor '{}' (not part of a GPT-2 with n_layer={})",
+                      file.string(), name, c.n_layer));
   params = std::move(staged);
 }
 

@@ -12,7 +12,9 @@ namespace {
 
 constexpr size_t kSlotAlign = 16;  // floats: 64 bytes
 
-size_t round_up(size_t n) { return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
+size_t round_up(size_t n) {
+  return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+}
 
 void add(BlockLayout& b, std::string name, std::vector<int64_t> shape) {
   size_t numel = 1;
@@ -67,8 +69,8 @@ size_t total_numel(const std::vector<BlockLayout>& layouts) {
 
 size_t parameter_count(const GptConfig& c) {
   const size_t C = c.n_embd;
-  const size_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C +
-                           4 * C * C + C;
+  const size_t per_layer =
+      2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
   return static_cast<size_t>(c.vocab_size) * C + static_cast<size_t>(c.block_size) * C +
          c.n_layer * per_layer + 2 * C;
 }

@@ -13,8 +13,8 @@ namespace dsactor::trainer {
 // One named tensor inside a flat block: [offset, offset + numel) in floats. Offsets are
 // multiples of 16 floats (64 bytes) so every tensor starts on a cache line.
 struct TensorSlot {
-  std::string name;             // Hugging Face GPT-2 suffix, e.g. "attn.c_attn.weight"
-  std::vector<int64_t> shape;   // dsactor's layout (weights are (OC, C) as in llm.c)
+  std::string name;            // Hugging Face GPT-2 suffix, e.g. "attn.c_attn.weight"
+  std::vector<int64_t> shape;  // dsactor's layout (weights are (OC, C) as in llm.c)
   size_t offset = 0;
   size_t numel = 0;
 };

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <stdexcept>
 
 namespace dsactor::trainer {
 
@@ -52,8 +53,9 @@ caf::behavior ParamScheduler::fetcher_behavior() {
       [this](fetch_atom, const FetchJobPtr& job) {
         const auto t0 = std::chrono::steady_clock::now();
         try {
-          FloatBuffer buf = FloatBuffer::uninitialized(job->numel);  // fetch_ fills it
-          fetch_(job->block, job->version, buf.data());
+          FloatBuffer buf = fetch_(job->block, job->version, job->numel);
+          if (buf.size() != job->numel)
+            throw std::logic_error("the fetch of a block returned the wrong size");
           add_fetch_time(t0);
           job->promise.set_value(std::move(buf));
         } catch (...) {

@@ -45,13 +45,13 @@ struct SchedulerStats {
 // Fetches run on the scheduler's fetcher, a detached CAF actor of `system` (its own
 // thread): acquire() and the prefetch send it one message per block, in the order the
 // model's hooks decide (the mailbox keeps it, which collectives issued inside `fetch` rely
-// on), and wait on a future only when the block is needed. `fetch(block, version, out)`
-// fills out[0, numel) with the block's parameters at exactly `version`; it runs on the
-// fetcher's thread (it must use its own sockets) and its exceptions are rethrown by the
-// acquire() that needs the block.
+// on), and wait on a future only when the block is needed. `fetch(block, version, numel)`
+// returns the block's numel parameters at exactly `version` (in memory of its own, or
+// adopted); it runs on the fetcher's thread (it must use its own sockets) and its
+// exceptions are rethrown by the acquire() that needs the block.
 class ParamScheduler final : public BlockHooks {
  public:
-  using FetchFn = std::function<void(size_t block, uint64_t version, float* out)>;
+  using FetchFn = std::function<FloatBuffer(size_t block, uint64_t version, size_t numel)>;
   ParamScheduler(caf::actor_system& system, std::vector<size_t> block_numel, BlockSet& params,
                  SchedulerOptions options, FetchFn fetch);
   ~ParamScheduler() override;

@@ -210,6 +210,7 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
   grad_memory_ = std::make_shared<GradMemory>();
   const size_t nblocks = model_.layouts().size();
   grads_.blocks.resize(nblocks);  // allocated block by block as the backward reaches them
+  grad_slots_.resize(nblocks);
   block_sum_squares_.assign(nblocks, 0.0);
   block_nonfinite_.assign(nblocks, 0);
   block_pushed_.assign(nblocks, 0);
@@ -224,6 +225,7 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     for (const auto& ep : options_.services)
       fetch_clients_.push_back(
           std::make_unique<actors::OffloadClient>(ep, options_.timeout, options_.job_id));
+    model_.set_transient_logits(true);  // not held through the backward's peak
     SchedulerOptions so;
     so.prefetch_bucket_size = z.prefetch_bucket_size;
     so.max_live_parameters = z.max_live_parameters;
@@ -235,8 +237,15 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     };
     scheduler_ = std::make_unique<ParamScheduler>(
         *system, block_numels(model_.layouts()), params_, so,
-        [this, fetch_own](size_t b, uint64_t version, float* out) {
-          fetch_block(fetch_own, options_.param_comm, b, version, out);
+        [this, fetch_own](size_t b, uint64_t version, size_t numel) {
+          const PartitionSlice& mine = plan_.slice(b, options_.rank);
+          // One rank, fp32: the slot the service wrote the block into becomes the resident
+          // block itself (no copy, no second buffer); a frame is copied out.
+          if (plan_.world_size() == 1 && precision_ == Precision::kFp32 && mine.count == numel)
+            return fetch_adopting(*fetch_clients_[mine.service], mine, version);
+          FloatBuffer buf = FloatBuffer::uninitialized(numel);
+          fetch_block(fetch_own, options_.param_comm, b, version, buf.data());
+          return buf;
         });
   } else {
     // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at
@@ -270,12 +279,23 @@ void ZeroEngine::reuse_block_mappings() {
 void ZeroEngine::map_arenas() {
   arena_push_limit_.assign(services_.size(), 0);
   if (!options_.shared_memory) return;
-  // A slot holds this rank's largest partition on the service in the served dtype. The
-  // main client needs one per push in flight (its fetches, between steps, take a free
-  // one), the scheduler's client one for its one fetch at a time. Slots are sized to the
-  // second-largest partition: the largest (the embedding, 4x a gpt2 layer) travels as
-  // frames, zero-copy for pushes and copied out in chunks for fetches, because through a
-  // slot it would exist twice (slot and buffer) at the step's memory peak.
+  // Slots per client: the main client needs one per push in flight and one for the
+  // gradient the backward is writing (begin_grad_in_slot); its fetches (stages 1/2,
+  // between steps) take a free one. The scheduler's client needs one per block the
+  // resident set can hold besides the one being fetched, because a block fetched in fp32
+  // lives in its slot while resident (fetch_adopting). Without a free slot a payload goes
+  // as a frame. Slots are taken lowest first, so only as many are touched as are used at
+  // once, and a slot keeps the pages of one layer-sized partition (the second largest)
+  // between uses: giving them back after each use cost a page fault per 4 KiB every time
+  // (gpt2: 0.3 s of system time per step); trim_idle_slots() gives them back once a step.
+  //
+  // Slot size: in place (one rank, fp32: the backward writes a gradient into its slot, a
+  // fetched block stays in its slot) slots hold the largest partition too, the embedding,
+  // whose pages beyond a layer's are given back when its slot is released. Otherwise a
+  // payload is copied between a slot and a buffer, and the embedding's would exist twice
+  // at the step's memory peak: slots hold the second largest, and the largest travels as
+  // frames (zero-copy for pushes, copied out in chunks for fetches).
+  const bool in_place = plan_.world_size() == 1 && precision_ == Precision::kFp32;
   const size_t elem = msg::dtype_size(served_dtype(precision_));
   for (size_t s = 0; s < services_.size(); ++s) {
     std::vector<size_t> sizes;
@@ -286,21 +306,20 @@ void ZeroEngine::map_arenas() {
     if (sizes.empty()) continue;
     std::sort(sizes.rbegin(), sizes.rend());
     const size_t keep = sizes.size() > 1 ? sizes[1] : sizes[0];
-    // Pushes: a gradient copied into a slot exists twice until the copy is done, so the
-    // largest one (the embedding's, alive through the whole backward) goes zero-copy as a
-    // frame instead. Push slots keep their pages: the backward reuses every slot once per
-    // layer, and giving them back after each use cost a page fault per 4 KiB each time
-    // (measured on gpt2: 0.3 s of system time per step), while the memory peak, in the
-    // backward, finds them in use anyway (unchanged at 0.272 of stage 0).
-    arena_push_limit_[s] = keep;
+    const size_t slot = in_place ? sizes[0] : keep;
+    arena_push_limit_[s] = slot;
     on_service(s, "map_arena", [&](actors::OffloadClient& c) {
-      return c.map_arena(keep, options_.max_pushes_in_flight, keep);
+      return c.map_arena(slot, options_.max_pushes_in_flight + 1, keep);
     });
     if (s < fetch_clients_.size()) {
       // The fetcher has not fetched yet: this thread may use its client once more.
+      const auto max_live =
+          static_cast<size_t>(std::max<int64_t>(1, config_.zero_optimization.max_live_parameters));
+      const size_t resident = max_live / std::max<size_t>(1, keep / elem);
+      const size_t fetch_slots = std::clamp<size_t>(resident + 1, 1, sizes.size());
       actors::ServiceResult<bool> mapped = false;
       try {
-        mapped = fetch_clients_[s]->map_arena(keep, 1, keep);
+        mapped = fetch_clients_[s]->map_arena(slot, fetch_slots, keep);
       } catch (...) {
         mapped = actors::describe_failure(std::current_exception());
       }
@@ -311,6 +330,11 @@ void ZeroEngine::map_arenas() {
 
 ZeroEngine::~ZeroEngine() {
   drain_reductions();
+  // Resident blocks may hold arena slots of the fetch clients: give them back first.
+  scheduler_.reset();
+  params_.blocks.clear();
+  grads_.blocks.clear();
+  grad_slots_.clear();
 }
 
 void ZeroEngine::register_and_initialise(uint64_t seed) {
@@ -397,8 +421,8 @@ void copy_out(std::span<const std::byte> bytes, bool release, float* out, size_t
 
 }  // namespace
 
-void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionSlice& p,
-                                 uint64_t version, float* out) {
+actors::FetchedParameters ZeroEngine::receive_partition(actors::OffloadClient& client,
+                                                        const PartitionSlice& p, uint64_t version) {
   const msg::DType dtype = served_dtype(precision_);
   actors::FetchedParameters f;
   try {
@@ -417,9 +441,30 @@ void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionS
         "version {} with {}: another trainer is committing to this job?",
         options_.services[p.service], p.id, f.reply.version, f.reply.element_count, version,
         p.count));
-  const std::span<const std::byte> bytes = f.bytes();
-  copy_out(bytes, !f.in_arena(), out, p.count, dtype, half_kind(precision_));
-  bytes_fetched_ += bytes.size();
+  bytes_fetched_ += f.bytes().size();
+  return f;
+}
+
+void ZeroEngine::fetch_partition(actors::OffloadClient& client, const PartitionSlice& p,
+                                 uint64_t version, float* out) {
+  const actors::FetchedParameters f = receive_partition(client, p, version);
+  copy_out(f.bytes(), !f.in_arena(), out, p.count, served_dtype(precision_), half_kind(precision_));
+}
+
+FloatBuffer ZeroEngine::fetch_adopting(actors::OffloadClient& client, const PartitionSlice& p,
+                                       uint64_t version) {
+  actors::FetchedParameters f = receive_partition(client, p, version);
+  if (f.in_arena() && f.reply.dtype == msg::DType::fp32) {
+    // The slot stays taken (the service never writes into a taken slot) until the block
+    // is dropped; any thread may drop it (slot bookkeeping is thread-safe).
+    auto slot = std::make_shared<actors::ArenaBuffer>(std::move(f.arena));
+    float* data = reinterpret_cast<float*>(slot->bytes().data());
+    ++fetches_in_place_;
+    return FloatBuffer::adopt(data, p.count, std::move(slot));
+  }
+  FloatBuffer buf = FloatBuffer::uninitialized(p.count);
+  copy_out(f.bytes(), !f.in_arena(), buf.data(), p.count, f.reply.dtype, half_kind(precision_));
+  return buf;
 }
 
 void ZeroEngine::fetch_block(const FetchPartitionFn& fetch, actors::Collectives* comm, size_t block,
@@ -474,10 +519,55 @@ size_t ZeroEngine::grad_numel(size_t b) const {
 }
 
 void ZeroEngine::begin_block_grad(size_t b) {
+  if (!backward_begun_) {
+    // The forward's fetch slots that no resident block holds sit idle through the
+    // backward, where the step's memory peak is: their pages go back now.
+    backward_begun_ = true;
+    for (auto& c : fetch_clients_) c->trim_free_slots();
+  }
   FloatBuffer& g = grads_.blocks[b];
-  if (g.size() > 0) return;        // accumulating since an earlier micro-step
-  g = FloatBuffer(grad_numel(b));  // zeroed: the backward adds into it
+  if (g.size() > 0) return;  // accumulating since an earlier micro-step
+  if (!begin_grad_in_slot(b)) g = FloatBuffer(grad_numel(b));  // zeroed: the backward adds
   grad_memory_->add(g.bytes());
+}
+
+bool ZeroEngine::begin_grad_in_slot(size_t b) {
+  // One rank, fp32, one micro-step: block b's gradient is exactly its push payload, so
+  // the backward writes it straight into a push slot the service then reads in place (no
+  // second buffer, no copy). Larger partitions (the embedding), half precision (the slot
+  // holds the rounded copy) and accumulation over micro-steps (a slot is for a push in
+  // flight, not for a whole step) keep a buffer of their own.
+  if (plan_.world_size() != 1 || precision_ != Precision::kFp32 ||
+      config_.gradient_accumulation_steps != 1)
+    return false;
+  const PartitionSlice& p = plan_.slice(b, options_.rank);
+  actors::ServiceClient& client = *services_[p.service]->client;
+  const size_t bytes = p.count * sizeof(float);
+  if (p.count == 0 || !client.has_arena() || bytes > arena_push_limit_[p.service]) return false;
+  actors::ArenaBuffer slot = client.arena_buffer(bytes);
+  // Every slot in flight: the oldest push's reply frees one (it is usually long there).
+  while (!slot && !pushes_.empty()) {
+    collect_push();
+    slot = client.arena_buffer(bytes);
+  }
+  if (!slot) return false;
+  std::memset(slot.bytes().data(), 0, bytes);
+  auto held = std::make_shared<actors::ArenaBuffer>(std::move(slot));
+  float* data = reinterpret_cast<float*>(held->bytes().data());
+  grads_.blocks[b] = FloatBuffer::adopt(data, p.count, held);
+  grad_slots_[b] = std::move(held);
+  return true;
+}
+
+void ZeroEngine::trim_idle_slots() {
+  // The LM head (the embedding's parameters resident, every activation held, the logits)
+  // is the step's memory peak, before any push and after every layer's forward. Between
+  // steps every slot is idle: they give their pages back here instead of keeping them
+  // through that peak (the push slots' first use comes a layer after it). Each step then
+  // faults those pages in once more (gpt2: about five layers' worth), instead of once per
+  // use as without kept pages.
+  for (auto& svc : services_) svc->client->trim_free_slots();
+  for (auto& c : fetch_clients_) c->trim_free_slots();
 }
 
 void ZeroEngine::drop_grad(FloatBuffer& g) {
@@ -622,18 +712,28 @@ bool ZeroEngine::push_through_arena(size_t b, const PartitionSlice& p, FloatBuff
   // A slot per push in flight: the oldest reply first, as the frame path does.
   while (pushes_.size() >= options_.max_pushes_in_flight) collect_push();
   if (bytes > arena_push_limit_[p.service]) return false;
-  actors::ArenaBuffer slot = client.arena_buffer(bytes);
-  if (!slot) return false;
-  if (precision_ != Precision::kFp32) {
-    // Exactly the frame path's rounding (fp16 overflow turns into inf here).
-    grads_nonfinite_local_ |= k::round_through_half(part.data(), count, half_kind(precision_));
-    k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
-                      half_kind(precision_));
+  actors::ArenaBuffer slot;
+  if (grad_slots_[b]) {
+    // The backward wrote the gradient into this slot (begin_grad_in_slot): it goes as is,
+    // and its bytes, counted since the block began, are the push's until the reply.
+    slot = std::move(*grad_slots_[b]);
+    grad_slots_[b].reset();
+    part = FloatBuffer();
+    ++pushes_in_place_;
   } else {
-    std::memcpy(slot.bytes().data(), part.data(), bytes);
+    slot = client.arena_buffer(bytes);
+    if (!slot) return false;
+    if (precision_ != Precision::kFp32) {
+      // Exactly the frame path's rounding (fp16 overflow turns into inf here).
+      grads_nonfinite_local_ |= k::round_through_half(part.data(), count, half_kind(precision_));
+      k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
+                        half_kind(precision_));
+    } else {
+      std::memcpy(slot.bytes().data(), part.data(), bytes);
+    }
+    grad_memory_->add(bytes);  // the slot's bytes are this push's gradient until the reply
+    drop_grad(part);
   }
-  grad_memory_->add(bytes);  // the slot's bytes are this push's gradient until the reply
-  drop_grad(part);
   block_sum_squares_[b] = 0;
   block_nonfinite_[b] = 0;
   const uint64_t step = static_cast<uint64_t>(global_step_) + 1;
@@ -729,6 +829,7 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   abandon_pushes();
   for (auto& g : grads_.blocks)
     if (g.size() > 0) drop_grad(g);
+  for (auto& slot : grad_slots_) slot.reset();
   std::fill(block_sum_squares_.begin(), block_sum_squares_.end(), 0.0);
   std::fill(block_nonfinite_.begin(), block_nonfinite_.end(), 0);
   std::fill(block_pushed_.begin(), block_pushed_.end(), 0);
@@ -744,6 +845,7 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
     loader.next(inputs_.data(), targets_.data());
     const auto t0 = Clock::now();
     Hooks hooks(*this, micro == gas - 1);
+    backward_begun_ = false;
     if (scheduler_) scheduler_->begin_pass(true);
     loss_sum += model_.forward_backward(params_, grads_, inputs_.data(), targets_.data(), B, T,
                                         dloss, &hooks);
@@ -758,6 +860,7 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   // The global norm and overflow verdict from every push reply, before any commit: a
   // service that failed a push stops this step here (no commit went anywhere).
   while (!pushes_.empty()) collect_push();
+  trim_idle_slots();
   for (size_t b = 0; b < block_pushed_.size(); ++b)
     if (!block_pushed_[b])
       throw std::logic_error(fmt::format("block {} was never pushed", model_.layouts()[b].name));
@@ -1077,6 +1180,8 @@ ZeroStats ZeroEngine::stats() const {
   s.peak_resident_grad_bytes = grad_memory_->peak.load();
   s.max_pushes_in_flight = max_pushes_seen_;
   s.overlapped_reductions = overlapped_reductions_;
+  s.pushes_in_place = pushes_in_place_;
+  s.fetches_in_place = fetches_in_place_.load();
   for (const auto& svc : services_) s.arena_bytes += svc->client->arena_bytes();
   for (const auto& c : fetch_clients_) s.arena_bytes += c->arena_bytes();
   if (scheduler_) {

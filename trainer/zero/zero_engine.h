@@ -84,6 +84,10 @@ struct ZeroStats {
   // Shared-memory arenas mapped with the services (0: every payload went as frames). Not
   // in the peaks above: its pages, once touched, stay resident for the engine's life.
   size_t arena_bytes = 0;
+  // Zero-copy through the arena (one rank, fp32): pushes whose gradient the backward wrote
+  // straight into a push slot, and stage-3 fetches whose slot became the resident block.
+  uint64_t pushes_in_place = 0;
+  uint64_t fetches_in_place = 0;
   SchedulerStats scheduler;  // stage 3 only
 };
 
@@ -177,11 +181,21 @@ class ZeroEngine {
   FetchPartitionFn fetch_through_services();
   void fetch_block(const FetchPartitionFn& fetch, actors::Collectives* comm, size_t block,
                    uint64_t version, float* out);
+  // This rank's partition at exactly `version`, checked (version, count, dtype).
+  actors::FetchedParameters receive_partition(actors::OffloadClient& client,
+                                              const PartitionSlice& p, uint64_t version);
+  // The partition as a buffer of its own: the arena slot it arrived in, adopted (fp32),
+  // else a copy.
+  FloatBuffer fetch_adopting(actors::OffloadClient& client, const PartitionSlice& p,
+                             uint64_t version);
   void fetch_partition(actors::OffloadClient& client, const PartitionSlice& p, uint64_t version,
                        float* out);
   size_t grad_numel(size_t block) const;
   void begin_block_grad(size_t block);
+  // The block's gradient allocated in a push slot of its service; false: not possible.
+  bool begin_grad_in_slot(size_t block);
   void drop_grad(FloatBuffer& g);
+  void trim_idle_slots();
   // Last micro-step: block b's gradient is complete. W > 1 with overlap_comm starts its
   // reduce-scatter and finishes the previous block's (so the reduction of block l runs
   // during the backward of block l-1); otherwise finish_block_grad at once.
@@ -214,7 +228,9 @@ class ZeroEngine {
   // allocated by the backward's grads_begin and handed to its push by grads_ready.
   BlockSet grads_;
   std::shared_ptr<GradMemory> grad_memory_;  // shared with payloads ZeroMQ still holds
-  std::deque<PendingPush> pushes_;           // sent, replies not collected, oldest first
+  // Per block: the push slot its gradient lives in (begin_grad_in_slot), until pushed.
+  std::vector<std::shared_ptr<actors::ArenaBuffer>> grad_slots_;
+  std::deque<PendingPush> pushes_;  // sent, replies not collected, oldest first
   struct PendingReduction {
     size_t block;
     FloatBuffer full, reduced;  // the comm thread reads full and writes reduced
@@ -232,12 +248,15 @@ class ZeroEngine {
   std::vector<char> block_nonfinite_, block_pushed_;
   bool grads_nonfinite_local_ = false;
   bool stop_requested_ = false, stop_agreed_ = false;
+  bool backward_begun_ = false;  // this micro-step's backward has begun a block
   uint64_t version_ = 0;  // last committed step (SetParameters gave version 0)
   int64_t global_step_ = 0;
   int64_t optimizer_steps_ = 0;
   int64_t skipped_steps_ = 0;
   uint64_t bytes_pushed_ = 0;
   std::atomic<uint64_t> bytes_fetched_{0};  // the scheduler's thread fetches too
+  uint64_t pushes_in_place_ = 0;
+  std::atomic<uint64_t> fetches_in_place_{0};
   size_t peak_resident_bytes_ = 0;
   std::vector<int32_t> inputs_, targets_;
 };
