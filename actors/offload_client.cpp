@@ -10,7 +10,7 @@
 #include <zmq_addon.hpp>
 
 #include "actors/shm_arena.h"
-#include "messages/payload_crc.h"
+#include "checksum/crc32c.h"
 
 namespace dsactor::actors {
 
@@ -333,7 +333,7 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
   if (!grads || grads.client_ != this || bytes > grads.bytes().size())
     throw std::invalid_argument("send_push_gradients: " + std::to_string(bytes) +
                                 " bytes do not fit the arena buffer given");
-  const uint32_t crc = msg::payload_crc32c(grads.bytes().data(), bytes);
+  const uint32_t crc = checksum::crc32c(grads.bytes().data(), bytes);
   msg::PushGradients push{partition_id, step, micro_step, dtype, count, {}};
   push.arena = msg::ArenaSlice{arena_id_, grads.offset(), bytes, crc};
   const uint64_t id = send(push);
@@ -384,7 +384,7 @@ FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_versi
   out.arena_bytes = region.first(a.length);
   set_slot_used(out.arena.slot_, a.length);  // what the service wrote
   // The frame path's decode verifies the crc; the arena path keeps that guarantee.
-  const uint32_t crc = msg::payload_crc32c(out.arena_bytes.data(), out.arena_bytes.size());
+  const uint32_t crc = checksum::crc32c(out.arena_bytes.data(), out.arena_bytes.size());
   if (crc != a.crc32c)
     throw OffloadError(msg::ErrorCode::checksumMismatch,
                        "fetch of partition " + std::to_string(partition_id) + " from " + endpoint_ +

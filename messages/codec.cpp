@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "checksum/crc32c.h"
 #include "messages/offload.capnp.h"
-#include "messages/payload_crc.h"
 
 namespace dsactor::messages {
 
@@ -360,7 +360,7 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
   msg.payload = {static_cast<const std::byte*>(body.data()), body.size()};
   msg.payload_crc32c = h.getPayloadCrc32c();
   if (limits.verify_checksum) {
-    const uint32_t actual = payload_crc32c(msg.payload.data(), msg.payload.size());
+    const uint32_t actual = checksum::crc32c(msg.payload.data(), msg.payload.size());
     if (actual != msg.payload_crc32c)
       fail(DecodeErrc::checksumMismatch, "payload crc32c " + std::to_string(actual) +
                                              " != declared " + std::to_string(msg.payload_crc32c));
@@ -734,7 +734,7 @@ std::vector<zmq::message_t> encode(const Header& header, std::span<const std::by
                                    std::optional<uint32_t> crc32c) {
   check_payload_fits(header, payload);
   if (!owner) throw std::invalid_argument("encode: zero-copy payload needs an owner");
-  const uint32_t crc = crc32c ? *crc32c : payload_crc32c(payload.data(), payload.size());
+  const uint32_t crc = crc32c ? *crc32c : checksum::crc32c(payload.data(), payload.size());
   std::vector<zmq::message_t> frames;
   frames.reserve(2);
   frames.push_back(header_frame(header, payload.size(), crc));
@@ -754,7 +754,7 @@ std::vector<zmq::message_t> encode(const Header& header, std::span<const std::by
 std::vector<zmq::message_t> encode_copy(const Header& header, std::span<const std::byte> payload,
                                         std::optional<uint32_t> crc32c) {
   check_payload_fits(header, payload);
-  const uint32_t crc = crc32c ? *crc32c : payload_crc32c(payload.data(), payload.size());
+  const uint32_t crc = crc32c ? *crc32c : checksum::crc32c(payload.data(), payload.size());
   std::vector<zmq::message_t> frames;
   frames.reserve(2);
   frames.push_back(header_frame(header, payload.size(), crc));

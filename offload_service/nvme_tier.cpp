@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "storage/crc32c.h"
+#include "checksum/crc32c.h"
 
 namespace dsactor::offload {
 
@@ -142,14 +142,14 @@ NvmeLocation NvmeTier::stream(const NvmeLocation* from, uint64_t n, const ChunkF
     for (uint64_t k = 0; k < chunks; ++k) {
       const size_t b = k % B;
       if (rd[b]) file_->wait(*std::exchange(rd[b], std::nullopt));
-      if (from) crc_in = storage::crc32c(buf[b], bytes(k), crc_in);
+      if (from) crc_in = checksum::crc32c(buf[b], bytes(k), crc_in);
       if (fn) {
         auto* f = reinterpret_cast<float*>(buf[b]);
         const uint64_t s = section(k) / sizeof(float);
         fn(Chunk{k * C, count(k), f, f + s, f + 2 * s});
       }
       if (write) {
-        crc_out = storage::crc32c(buf[b], bytes(k), crc_out);
+        crc_out = checksum::crc32c(buf[b], bytes(k), crc_out);
         wr[b] = file_->submit_write(out.extent.offset + k * full, buf[b], bytes(k));
       }
       if (k + B - 1 < chunks) start_read(k + B - 1);

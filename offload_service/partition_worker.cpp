@@ -7,7 +7,7 @@
 #include <functional>
 #include <map>
 
-#include "messages/payload_crc.h"
+#include "checksum/crc32c.h"
 
 namespace dsactor::offload {
 
@@ -89,7 +89,7 @@ struct WorkerState {
     if (g.arena) {
       payload = *in.arena->range(g.arena->offset, g.arena->length);
       if (verify_arena_checksum) {
-        const uint32_t crc = msg::payload_crc32c(payload.data(), payload.size());
+        const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
         if (crc != g.arena->crc32c) {
           refuse(ErrorCode::checksumMismatch,
                  "pushGradients.arena: " + id + ": arena bytes have crc32c " + std::to_string(crc) +
@@ -142,7 +142,7 @@ struct WorkerState {
     if (!f.arena || r.payload.size() > f.arena->length) return;
     const std::span<std::byte> dst = *in.arena->range(f.arena->offset, r.payload.size());
     std::memcpy(dst.data(), r.payload.data(), r.payload.size());
-    const uint32_t crc = r.crc32c ? *r.crc32c : msg::payload_crc32c(dst.data(), dst.size());
+    const uint32_t crc = r.crc32c ? *r.crc32c : checksum::crc32c(dst.data(), dst.size());
     std::get<msg::FetchReply>(r.header.body).arena =
         msg::ArenaSlice{f.arena->arena_id, f.arena->offset, r.payload.size(), crc};
     r.payload = {};
@@ -163,7 +163,7 @@ struct WorkerState {
                 msg::FetchReply{f.partition_id, p.version, f.dtype, p.n(), {}}};
     const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
     auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {
-      if (!cache) cache = msg::payload_crc32c(buf->data(), bytes);
+      if (!cache) cache = checksum::crc32c(buf->data(), bytes);
       r.payload = {buf->data(), bytes};
       r.owner = buf;
       r.crc32c = cache;

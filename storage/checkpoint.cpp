@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "storage/crc32c.h"
+#include "checksum/crc32c.h"
 #include "storage/safetensors.h"
 
 namespace dsactor::storage {
@@ -211,7 +211,7 @@ void CheckpointWriter::add_tensor(std::string name, std::string dtype, std::vect
   TensorInfo info;
   info.offset = (end_ + kCheckpointAlignment - 1) / kCheckpointAlignment * kCheckpointAlignment;
   info.bytes = bytes;
-  info.crc32c = crc32c(data, bytes);
+  info.crc32c = checksum::crc32c(data, bytes);
   write_all(fd_, data, bytes, info.offset, tmp_dir_ / kTensors);
   end_ = info.offset + bytes;
   info.name = std::move(name);
@@ -430,7 +430,7 @@ void CheckpointReader::read_tensor(const std::string& name, void* out, size_t by
     off += static_cast<uint64_t>(r);
     left -= static_cast<size_t>(r);
   }
-  const uint32_t got = crc32c(out, bytes);
+  const uint32_t got = checksum::crc32c(out, bytes);
   if (got != t.crc32c)
     throw CheckpointError(fmt::format(
         "{}: crc32c mismatch (manifest 0x{:08x}, data 0x{:08x}): {} is corrupt at [{}, {})",

@@ -21,9 +21,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "checksum/crc32c.h"
 #include "messages/codec.h"
 #include "messages/offload.capnp.h"
-#include "messages/payload_crc.h"
 
 namespace dsactor::messages {
 namespace {
@@ -107,7 +107,7 @@ TEST(Codec, EveryKindRoundTrips) {
     EXPECT_TRUE(
         std::equal(msg->payload.begin(), msg->payload.end(), payload.begin(), payload.end()));
     if (has_payload(h.body)) {
-      EXPECT_EQ(msg->payload_crc32c, payload_crc32c(payload.data(), payload.size()));
+      EXPECT_EQ(msg->payload_crc32c, checksum::crc32c(payload.data(), payload.size()));
       EXPECT_EQ(msg->payload.data(), frames[1].data());  // a view, not a copy
     }
   }
@@ -143,7 +143,7 @@ TEST(Codec, ZeroCopyPayloadKeepsOwnerAlive) {
   auto msg = decode(frames);
   ASSERT_TRUE(msg.ok()) << msg.error().message;
   EXPECT_EQ(msg->payload.data(), source);
-  EXPECT_EQ(msg->payload_crc32c, payload_crc32c(source, 64 * 1024));
+  EXPECT_EQ(msg->payload_crc32c, checksum::crc32c(source, 64 * 1024));
 
   frames.clear();
   EXPECT_TRUE(watch.expired()) << "releasing the frame must release the owner";
@@ -152,7 +152,7 @@ TEST(Codec, ZeroCopyPayloadKeepsOwnerAlive) {
 TEST(Codec, KnownChecksumIsSentAsGiven) {
   const auto payload = random_bytes(1024, 2);
   Header h{1, "job", SetParameters{1, 0, DType::fp32, 256}};
-  const uint32_t good = payload_crc32c(payload.data(), payload.size());
+  const uint32_t good = checksum::crc32c(payload.data(), payload.size());
   ASSERT_TRUE(decode(encode_copy(h, payload, good)).ok());
   // A stale stored checksum is the receiver's to catch: end-to-end integrity.
   auto bad = decode(encode_copy(h, payload, good ^ 1u));
@@ -275,7 +275,7 @@ TEST(CodecMalformed, PayloadLengthMismatch) {
       p.setElementCount(count);
     };
   };
-  const uint32_t crc = payload_crc32c(payload.data(), payload.size());
+  const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
   EXPECT_EQ(error_of(two(forged(fill(31), 64, crc), payload)), DecodeErrc::lengthMismatch);
   // A count whose byte size wraps around 2^64 to 64.
   EXPECT_EQ(error_of(two(forged(fill((1ull << 63) + 32), 64, crc), payload)),
@@ -320,7 +320,7 @@ TEST(CodecMalformed, OversizedPayloadAndHeader) {
 
 TEST(CodecMalformed, BadDtype) {
   const auto payload = random_bytes(64, 8);
-  const uint32_t crc = payload_crc32c(payload.data(), payload.size());
+  const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
   for (uint16_t raw : {uint16_t{0}, uint16_t{4}, uint16_t{999}}) {
     SCOPED_TRACE(raw);
     auto fill = [raw](wire::Header::Builder h) {
@@ -417,7 +417,7 @@ TEST(CodecMalformed, ArenaSlices) {
   // Bytes in the arena and a payload frame too, or a header that declares a frame.
   const auto payload = random_bytes(64, 9);
   EXPECT_EQ(error_of(two(forged(push(1, 0, 64)), payload)), DecodeErrc::wrongFrameCount);
-  EXPECT_EQ(error_of(one(forged(push(1, 0, 64), 64, payload_crc32c(payload.data(), 64)))),
+  EXPECT_EQ(error_of(one(forged(push(1, 0, 64), 64, checksum::crc32c(payload.data(), 64)))),
             DecodeErrc::lengthMismatch);
 
   auto fetch = [](uint64_t id, uint64_t offset, uint64_t length) {
@@ -512,25 +512,6 @@ TEST(Codec, ErrorReplyForUndecodableRequest) {
   EXPECT_EQ(reply_code(DecodeErrc::tooLarge), ErrorCode::tooLarge);
   EXPECT_EQ(reply_code(DecodeErrc::badHeader), ErrorCode::malformed);
   EXPECT_EQ(reply_code(DecodeErrc::schemaMismatch), ErrorCode::schemaMismatch);
-}
-
-// ---- checksum -------------------------------------------------------------------------
-
-TEST(PayloadCrc, KnownVectorAndPaths) {
-  const char* check = "123456789";
-  EXPECT_EQ(payload_crc32c(check, 9), 0xE3069283u);  // CRC-32C check value
-  EXPECT_EQ(payload_crc32c_software(check, 9), 0xE3069283u);
-  EXPECT_EQ(payload_crc32c(nullptr, 0), 0u);
-  const auto data = random_bytes(10000, 9);
-  for (size_t off : {0, 1, 3, 7}) {
-    for (size_t n : {0, 1, 7, 8, 9, 63, 4096, 9990}) {
-      EXPECT_EQ(payload_crc32c(data.data() + off, n), payload_crc32c_software(data.data() + off, n))
-          << off << " " << n;
-    }
-  }
-  // Extendable: crc(a ++ b) == crc(b, crc(a)).
-  EXPECT_EQ(payload_crc32c(data.data(), 10000),
-            payload_crc32c(data.data() + 3333, 6667, payload_crc32c(data.data(), 3333)));
 }
 
 // ---- envelopes and sockets ------------------------------------------------------------

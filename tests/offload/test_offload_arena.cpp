@@ -13,7 +13,7 @@
 
 #include "actors/offload_client.h"
 #include "actors/shm_arena.h"
-#include "messages/payload_crc.h"
+#include "checksum/crc32c.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace dsactor::offload::test {
@@ -161,7 +161,7 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
   actors::ArenaBuffer slot = c.arena_buffer(4096);
   ASSERT_TRUE(slot);
   std::memset(slot.bytes().data(), 0, 4096);
-  const uint32_t crc = msg::payload_crc32c(slot.bytes().data(), 4096);
+  const uint32_t crc = checksum::crc32c(slot.bytes().data(), 4096);
   expect_refused(c.call(push({id, slot.offset(), 4096, crc ^ 1})), ErrorCode::checksumMismatch,
                  "pushGradients.arena", "crc32c");
   // MapArena of things that are not a sealed memfd of the right size.

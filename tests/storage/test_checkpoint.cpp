@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "storage/crc32c.h"
+#include "checksum/crc32c.h"
 
 namespace dsactor::storage {
 namespace {
@@ -94,7 +94,7 @@ TEST_F(CheckpointTest, RoundTrip) {
   EXPECT_EQ(i.dtype, "BF16");
   EXPECT_EQ(i.shape, (std::vector<int64_t>{50, 100}));
   EXPECT_EQ(i.bytes, 10000u);
-  EXPECT_EQ(i.crc32c, crc32c(big.data(), 10000));
+  EXPECT_EQ(i.crc32c, checksum::crc32c(big.data(), 10000));
   EXPECT_EQ(r.info("d").offset % kCheckpointAlignment, 0u);
   std::vector<uint16_t> got(5000);
   r.read_tensor("h.0.attn.w", got.data(), 10000);

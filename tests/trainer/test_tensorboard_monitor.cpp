@@ -7,7 +7,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "storage/crc32c.h"
+#include "checksum/crc32c.h"
 #include "trainer/monitor/tensorboard_monitor.h"
 
 namespace dsactor::trainer {
@@ -16,7 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 uint32_t masked(const std::string& s) {
-  const uint32_t crc = storage::crc32c(s.data(), s.size());
+  const uint32_t crc = checksum::crc32c(s.data(), s.size());
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 

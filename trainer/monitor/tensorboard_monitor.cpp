@@ -7,7 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "storage/crc32c.h"
+#include "checksum/crc32c.h"
 
 namespace dsactor::trainer {
 namespace {
@@ -66,7 +66,7 @@ std::string scalar_event(double t, int64_t step, const std::string& tag, float v
 }  // namespace
 
 uint32_t tfrecord_masked_crc(const void* data, size_t n) {
-  const uint32_t crc = storage::crc32c(data, n);
+  const uint32_t crc = checksum::crc32c(data, n);
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace dsactor::storage {
+namespace dsactor::checksum {
 
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum every partition,
 // wire payload and checkpoint tensor carries. Extendable: crc32c(b, nb, crc32c(a, na))
@@ -19,4 +19,4 @@ uint32_t crc32c_software(const void* data, size_t n, uint32_t crc = 0);
 uint32_t crc32c_hardware(const void* data, size_t n, uint32_t crc = 0);
 bool crc32c_hardware_available();
 
-}  // namespace dsactor::storage
+}  // namespace dsactor::checksum

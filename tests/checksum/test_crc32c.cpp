@@ -1,4 +1,4 @@
-#include "storage/crc32c.h"
+#include "checksum/crc32c.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace dsactor::storage {
+namespace dsactor::checksum {
 namespace {
 
 struct Vector {
@@ -85,4 +85,4 @@ TEST(Crc32c, DetectsSingleBitFlip) {
 }
 
 }  // namespace
-}  // namespace dsactor::storage
+}  // namespace dsactor::checksum

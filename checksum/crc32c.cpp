@@ -1,4 +1,4 @@
-#include "storage/crc32c.h"
+#include "checksum/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -8,7 +8,7 @@
 #define DSACTOR_CRC32C_X86 1
 #endif
 
-namespace dsactor::storage {
+namespace dsactor::checksum {
 namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
@@ -161,4 +161,4 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   return crc32c_software(data, n, crc);
 }
 
-}  // namespace dsactor::storage
+}  // namespace dsactor::checksum
