@@ -18,6 +18,18 @@ size_t proc_status_bytes(const char* field) {
   return 0;
 }
 
+std::map<std::string, size_t> proc_status_snapshot() {
+  std::ifstream in("/proc/self/status");
+  std::map<std::string, size_t> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos || line.find(" kB", colon) == std::string::npos) continue;
+    out[line.substr(0, colon)] = std::stoull(line.substr(colon + 1)) * 1024;
+  }
+  return out;
+}
+
 ForkedChild::ForkedChild(std::string name, const std::function<nlohmann::json()>& phase)
     : name_(std::move(name)) {
   int fds[2];

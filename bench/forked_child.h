@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -30,5 +31,7 @@ class ForkedChild {
 
 // VmRSS / VmHWM of /proc/self/status in bytes.
 size_t proc_status_bytes(const char* field);
+// Every "<field>: <n> kB" line of /proc/self/status from one read (one snapshot), in bytes.
+std::map<std::string, size_t> proc_status_snapshot();
 
 }  // namespace dsactor::bench

@@ -17,8 +17,8 @@ using Clock = std::chrono::steady_clock;
 double train_step_flops(int L, int C, int Vp, int B, int T) {
   const double N = static_cast<double>(B) * T;
   // qkv, attn proj, fc, fc proj per layer; the LM head once.
-  const double matmul_fwd = L * 2.0 * N * (C * 3.0 * C + C * C + C * 4.0 * C + 4.0 * C * C) +
-                            2.0 * N * C * Vp;
+  const double matmul_fwd =
+      L * 2.0 * N * (C * 3.0 * C + C * C + C * 4.0 * C + 4.0 * C * C) + 2.0 * N * C * Vp;
   // QK^T and att@V over the full T x T square (what the kernels compute), per layer.
   const double attn_fwd = L * 2.0 * 2.0 * B * static_cast<double>(T) * T * C;
   return 3.0 * (matmul_fwd + attn_fwd);
@@ -33,8 +33,8 @@ double measure_sgemm_gflops(int N, int C, int Vp, int repeats) {
     double best = 1e30;
     for (int i = 0; i < repeats; ++i) {
       const auto t0 = Clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, K, 1.0f, a.data(), K, b.data(),
-                  K, 0.0f, out.data(), OC);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, K, 1.0f, a.data(), K, b.data(), K,
+                  0.0f, out.data(), OC);
       best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
     }
     total_flops += 2.0 * N * K * OC;
@@ -52,8 +52,10 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
   const DsConfig config = parse_ds_config(cfg, "bench train");
   // Synthetic tokens: the speed of a step does not depend on what the tokens say.
   Rng rng(o.seed);
-  std::vector<int32_t> tokens(static_cast<size_t>(o.micro_batch) * o.seq * (o.steps + o.warmup_steps + 1) + 1);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(gpt.vocab_size));
+  std::vector<int32_t> tokens(
+      static_cast<size_t>(o.micro_batch) * o.seq * (o.steps + o.warmup_steps + 1) + 1);
+  for (auto& t : tokens)
+    t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(gpt.vocab_size));
   BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
   Engine engine(gpt, config, o.seed);
   for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
@@ -66,8 +68,10 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
     opt += r.optimizer_seconds;
   }
   const double step_s = std::chrono::duration<double>(Clock::now() - t0).count() / o.steps;
-  const double flops = train_step_flops(gpt.n_layer, gpt.n_embd, gpt.padded_vocab(), o.micro_batch, o.seq);
-  const double sgemm = measure_sgemm_gflops(o.micro_batch * o.seq, gpt.n_embd, gpt.padded_vocab(), 5);
+  const double flops =
+      train_step_flops(gpt.n_layer, gpt.n_embd, gpt.padded_vocab(), o.micro_batch, o.seq);
+  const double sgemm =
+      measure_sgemm_gflops(o.micro_batch * o.seq, gpt.n_embd, gpt.padded_vocab(), 5);
   const double achieved = flops / step_s / 1e9;
   // PyTorch 1.13 eager on this machine class, gpt2 B=4 T=64 fp32 AdamW (issue #2).
   constexpr double kPytorchStepSeconds = 2.97;

@@ -48,10 +48,11 @@ nlohmann::json in_child(const char* name, F&& phase) {
     size_t sampled = 0, anon = 0, shmem = 0;
     std::thread sampler([&] {
       while (!done.load()) {
-        if (const size_t rss = proc_status_bytes("VmRSS"); rss > sampled) {
-          sampled = rss;
-          anon = proc_status_bytes("RssAnon");
-          shmem = proc_status_bytes("RssShmem");
+        auto status = proc_status_snapshot();
+        if (status["VmRSS"] > sampled) {
+          sampled = status["VmRSS"];
+          anon = status["RssAnon"];
+          shmem = status["RssShmem"];
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
@@ -221,8 +222,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         r["max_pushes_in_flight"] = after.max_pushes_in_flight;
         // Shared-memory arenas with the service (0: frames); resident once touched.
         r["arena_bytes"] = after.arena_bytes;
-        r["pushes_in_place"] = after.pushes_in_place;
-        r["fetches_in_place"] = after.fetches_in_place;
+        // Of the measured steps' pushes and fetches (as `fetches`), those that went in place.
+        r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
+        r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
         // The two peaks need not coincide: their sum bounds the model state held at once.
         r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes;
         return r;
@@ -243,6 +245,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   auto ratio = [](const nlohmann::json& a, const nlohmann::json& b, const char* k) {
     return a[k].get<double>() / b[k].get<double>();
   };
+  auto trainer_cpu = [](const nlohmann::json& j) {
+    return j["cpu_user_ms_per_step"].get<double>() + j["cpu_sys_ms_per_step"].get<double>();
+  };
   return {
       {"model", o.model},
       {"n_layer", gpt.n_layer},
@@ -257,6 +262,10 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
       {"step_time_goal", 1.25},
       {"cpu_ratio_prefetch_on", ratio(on, stage0, "total_cpu_ms_per_step")},
       {"cpu_ratio_prefetch_off", ratio(off, stage0, "total_cpu_ms_per_step")},
+      // The trainer's own CPU (without the service's) over stage 0's: about the step-time
+      // ratio where the service runs on cores of its own, as an offload service does on a
+      // real host, instead of sharing this machine's with the trainer.
+      {"trainer_cpu_ratio_prefetch_on", trainer_cpu(on) / trainer_cpu(stage0)},
       {"peak_rss_ratio", ratio(on, stage0, "vm_hwm_bytes")},
       {"peak_rss_delta_ratio", ratio(on, stage0, "vm_hwm_minus_start_bytes")},
       {"accounted_bytes_ratio", ratio(on, stage0, "accounted_bytes")},

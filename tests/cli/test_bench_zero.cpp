@@ -1,0 +1,79 @@
+// `dsactor bench zero --json` through the binary on the tiny model, with the arena and
+// with frames: the report's ratios are the quotients of the figures printed beside them,
+// every gradient is pushed once per step, the arena is used (in place, fp32) exactly when
+// it is on, and the sampled peak says how much of it was shared memory. No timing or
+// memory size is asserted.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_test_util.h"
+#include "tests/deploy/deploy_test_util.h"
+
+namespace dsactor {
+namespace {
+
+nlohmann::json bench_zero(const std::string& extra) {
+  dsactor::testing::TempDir dir;
+  const auto r = dsactor::testing::run_dsactor(
+      "bench zero --json --model tiny --micro-batch 2 --seq 16 --steps 2 " + extra, dir.path());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+}
+
+double at(const nlohmann::json& j, const char* k) {
+  return j.at(k).get<double>();
+}
+
+void expect_consistent(const nlohmann::json& j) {
+  const auto& s0 = j.at("stage0");
+  const auto& on = j.at("stage3_prefetch_on");
+  const auto& off = j.at("stage3_prefetch_off");
+  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_prefetch_on"),
+                   at(on, "ms_per_step") / at(s0, "ms_per_step"));
+  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_prefetch_off"),
+                   at(off, "ms_per_step") / at(s0, "ms_per_step"));
+  EXPECT_DOUBLE_EQ(at(j, "peak_rss_ratio"), at(on, "vm_hwm_bytes") / at(s0, "vm_hwm_bytes"));
+  EXPECT_DOUBLE_EQ(at(j, "cpu_ratio_prefetch_on"),
+                   at(on, "total_cpu_ms_per_step") / at(s0, "total_cpu_ms_per_step"));
+  EXPECT_DOUBLE_EQ(at(j, "trainer_cpu_ratio_prefetch_on"),
+                   (at(on, "cpu_user_ms_per_step") + at(on, "cpu_sys_ms_per_step")) /
+                       (at(s0, "cpu_user_ms_per_step") + at(s0, "cpu_sys_ms_per_step")));
+  // Every parameter's gradient goes to the service once per step; every block is fetched
+  // at least once (blocks under the persistence threshold stay resident after that).
+  EXPECT_DOUBLE_EQ(at(j, "pushed_per_step_over_model"), 1.0);
+  EXPECT_GE(at(j, "fetched_per_step_over_model"), 1.0);
+  EXPECT_DOUBLE_EQ(at(j, "fetched_per_step_over_model"),
+                   at(on, "bytes_fetched_per_step") / at(j, "model_bytes_fp32"));
+  EXPECT_GT(at(on, "prefetch_hits"), 0) << "prefetch on follows the recorded order";
+  EXPECT_EQ(at(off, "prefetch_hits"), 0);
+  const auto& peak = on.at("sampled_peak");
+  EXPECT_LE(at(peak, "anon_bytes") + at(peak, "shmem_bytes"), at(peak, "rss_bytes"));
+  EXPECT_GT(at(peak, "rss_bytes"), 0);  // not compared with VmHWM: the kernel batches counters
+}
+
+TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
+  const auto j = bench_zero("");
+  expect_consistent(j);
+  EXPECT_EQ(j.at("payloads"), "shared-memory arena");
+  const auto& on = j.at("stage3_prefetch_on");
+  EXPECT_GT(at(on, "arena_bytes"), 0);
+  EXPECT_GT(at(on, "pushes_in_place"), 0);
+  EXPECT_LE(at(on, "fetches_in_place"), at(on, "fetches"));
+}
+
+TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
+  const auto j = bench_zero("--no-shared-memory");
+  expect_consistent(j);
+  EXPECT_EQ(j.at("payloads"), "frames over tcp");
+  for (const char* phase : {"stage3_prefetch_on", "stage3_prefetch_off"}) {
+    const auto& p = j.at(phase);
+    EXPECT_EQ(at(p, "arena_bytes"), 0) << phase;
+    EXPECT_EQ(at(p, "pushes_in_place"), 0) << phase;
+    EXPECT_EQ(at(p, "fetches_in_place"), 0) << phase;
+    EXPECT_EQ(at(p.at("sampled_peak"), "shmem_bytes"), 0) << phase;
+  }
+}
+
+}  // namespace
+}  // namespace dsactor
