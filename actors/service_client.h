@@ -21,7 +21,6 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <variant>
 
 #include <caf/all.hpp>
 
@@ -43,18 +42,9 @@ struct ServiceFailure {
   std::exception_ptr error;  // what was thrown, for a caller that knows its own types
 };
 
+// The value of a request, or why there is none.
 template <class T>
-class ServiceResult {
- public:
-  ServiceResult(T value) : v_(std::move(value)) {}
-  ServiceResult(ServiceFailure failure) : v_(std::move(failure)) {}
-  bool ok() const { return v_.index() == 0; }
-  T& value() { return std::get<0>(v_); }
-  ServiceFailure& failure() { return std::get<1>(v_); }
-
- private:
-  std::variant<T, ServiceFailure> v_;
-};
+using ServiceResult = messages::Result<T, ServiceFailure>;
 
 // What a request returns when it returns nothing.
 struct Done {};

@@ -305,23 +305,25 @@ struct DecodeError {
   std::string message;
 };
 
-// Result of decode(): either a value or a DecodeError. Small on purpose (C++20 has no
-// std::expected); value()/error() on the wrong alternative throw std::bad_variant_access.
-template <class T>
+// Result of decode() (and of other typed boundaries, with their own error type): either a
+// value or an error. Small on purpose (C++20 has no std::expected); value()/error() on the
+// wrong alternative throw std::bad_variant_access.
+template <class T, class E = DecodeError>
 class Result {
  public:
   Result(T value) : v_(std::move(value)) {}
-  Result(DecodeError error) : v_(std::move(error)) {}
+  Result(E error) : v_(std::move(error)) {}
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
   T& value() { return std::get<0>(v_); }
   const T& value() const { return std::get<0>(v_); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
-  const DecodeError& error() const { return std::get<1>(v_); }
+  const E& error() const { return std::get<1>(v_); }
+  E& error() { return std::get<1>(v_); }
 
  private:
-  std::variant<T, DecodeError> v_;
+  std::variant<T, E> v_;
 };
 
 // Limits on what decode() accepts; defaults fit GPT-2 XL partitions with room to spare.

@@ -65,6 +65,23 @@ class ServiceProcess : public actors::ServiceProcess {
   }
 };
 
+// A fixture whose tests share one service process (started once per suite, with default
+// flags) and its log directory.
+class SharedServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    logs_ = new TempDir();
+    svc_ = new ServiceProcess({}, logs_->path);
+  }
+  static void TearDownTestSuite() {
+    svc_->stop();
+    delete svc_;
+    delete logs_;
+  }
+  static inline TempDir* logs_ = nullptr;
+  static inline ServiceProcess* svc_ = nullptr;
+};
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, scale);

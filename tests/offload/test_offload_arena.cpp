@@ -46,20 +46,7 @@ const msg::ErrorReply& error(const msg::Header& h) {
   return e ? *e : none;
 }
 
-class OffloadArena : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    logs_ = new TempDir();
-    svc_ = new ServiceProcess({}, logs_->path);
-  }
-  static void TearDownTestSuite() {
-    svc_->stop();
-    delete svc_;
-    delete logs_;
-  }
-  static inline TempDir* logs_ = nullptr;
-  static inline ServiceProcess* svc_ = nullptr;
-};
+using OffloadArena = SharedServiceTest;
 
 // Two jobs with the same partitions and gradients, one through the arena, one through
 // frames: every push reply, and fp32 and bf16 fetches after each step, are bit-identical.

@@ -24,19 +24,8 @@ using actors::ServiceFailure;
 using msg::DType;
 using namespace std::chrono_literals;
 
-class ServiceClientActor : public ::testing::Test {
+class ServiceClientActor : public SharedServiceTest {
  protected:
-  static void SetUpTestSuite() {
-    logs_ = new TempDir();
-    svc_ = new ServiceProcess({}, logs_->path);
-  }
-  static void TearDownTestSuite() {
-    svc_->stop();
-    delete svc_;
-    delete logs_;
-  }
-  static inline TempDir* logs_ = nullptr;
-  static inline ServiceProcess* svc_ = nullptr;
   actors::Runtime runtime_;
 };
 
@@ -75,7 +64,7 @@ TEST_F(ServiceClientActor, PostedRequestsRunInOrderOnTheActorsThread) {
   });
   for (uint32_t micro = 0; micro < 3; ++micro) {
     auto r = pushes[micro].get();
-    ASSERT_TRUE(r.ok()) << "micro-step " << micro << ": " << r.failure().message;
+    ASSERT_TRUE(r.ok()) << "micro-step " << micro << ": " << r.error().message;
     EXPECT_EQ(r.value().micro_step, micro);
   }
   ASSERT_TRUE(commit.get().ok());
@@ -98,11 +87,11 @@ TEST_F(ServiceClientActor, ARefusalIsATypedFailure) {
   });
   auto r = refused.get();
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.failure().kind, ServiceFailure::Kind::refused);
-  EXPECT_EQ(r.failure().code, msg::ErrorCode::unknownPartition);
-  EXPECT_NE(r.failure().message.find("77"), std::string::npos) << r.failure().message;
+  EXPECT_EQ(r.error().kind, ServiceFailure::Kind::refused);
+  EXPECT_EQ(r.error().code, msg::ErrorCode::unknownPartition);
+  EXPECT_NE(r.error().message.find("77"), std::string::npos) << r.error().message;
   auto a = after.get();
-  ASSERT_TRUE(a.ok()) << a.failure().message;
+  ASSERT_TRUE(a.ok()) << a.error().message;
   EXPECT_EQ(a.value(), 1u);
 }
 
@@ -115,15 +104,15 @@ TEST_F(ServiceClientActor, TimeoutsAndOtherErrorsAreTypedFailures) {
   EXPECT_EQ(stats.wait_for(0ms), std::future_status::timeout);
   auto r = stats.get();
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.failure().kind, ServiceFailure::Kind::timeout);
-  EXPECT_NE(r.failure().message.find("127.0.0.1:9"), std::string::npos) << r.failure().message;
+  EXPECT_EQ(r.error().kind, ServiceFailure::Kind::timeout);
+  EXPECT_NE(r.error().message.find("127.0.0.1:9"), std::string::npos) << r.error().message;
 
   ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "failed");
   auto thrown = client.call([](OffloadClient&) -> int { throw std::out_of_range("local bug"); });
   ASSERT_FALSE(thrown.ok());
-  EXPECT_EQ(thrown.failure().kind, ServiceFailure::Kind::failed);
-  EXPECT_EQ(thrown.failure().message, "local bug");
-  EXPECT_THROW(std::rethrow_exception(thrown.failure().error), std::out_of_range);
+  EXPECT_EQ(thrown.error().kind, ServiceFailure::Kind::failed);
+  EXPECT_EQ(thrown.error().message, "local bug");
+  EXPECT_THROW(std::rethrow_exception(thrown.error().error), std::out_of_range);
 }
 
 // A slot taken and filled on this thread goes with a posted push; the actor releases it
@@ -153,7 +142,7 @@ TEST_F(ServiceClientActor, ArenaSlotsTravelWithPostedPushes) {
       return c.receive_push_reply(
           c.send_push_gradients(3, 1, micro, DType::fp32, n, std::move(*slot)));
     });
-    ASSERT_TRUE(r.ok()) << r.failure().message;
+    ASSERT_TRUE(r.ok()) << r.error().message;
     if (micro == 0) {
       EXPECT_NEAR(r.value().sum_squares, want, 1e-6 * want);
     }

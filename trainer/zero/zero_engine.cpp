@@ -156,7 +156,7 @@ class ZeroEngine::Hooks final : public BlockHooks {
 template <class T>
 T ZeroEngine::unwrap(size_t service, const char* what, actors::ServiceResult<T> result) const {
   if (result.ok()) return std::move(result.value());
-  const actors::ServiceFailure& f = result.failure();
+  const actors::ServiceFailure& f = result.error();
   const std::string& ep = services_[service]->endpoint;
   switch (f.kind) {
     case actors::ServiceFailure::Kind::timeout:
