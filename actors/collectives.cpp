@@ -1,5 +1,7 @@
 #include "actors/collectives.h"
 
+#include "actors/comm_thread.h"
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -92,15 +94,9 @@ struct GlooCollectives::Impl {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   uint64_t seq = 0;
-  std::string failure;  // non-empty once a collective failed; the object is then unusable
   std::vector<float> scratch;
   std::vector<float> acc;
-
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> queue;
-  bool stop = false;
-  std::thread thread;
+  std::unique_ptr<CommThread> ops;  // started once the mesh is connected
 
   // Distinct from every slot Gloo's own algorithms build (prefix in the top byte), so the
   // bench can run Gloo's calls on the same context in between ours.
@@ -268,20 +264,6 @@ struct GlooCollectives::Impl {
     wait_all(op, xs, until);
   }
 
-  void run() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock lock(mutex);
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
-        if (queue.empty()) return;  // stop requested and drained
-        task = std::move(queue.front());
-        queue.pop_front();
-      }
-      task();
-    }
-  }
-
   // After a failure the mesh is in an unknown state (messages of the failed op may still
   // arrive): drop it. Closing our sockets also makes the peers fail at once.
   void tear_down() {
@@ -326,45 +308,18 @@ GlooCollectives::GlooCollectives(int rank, int world_size, gloo::rendezvous::Sto
                           " failed: " + e.what());
   }
   spdlog::debug("{}: connected", where);
-  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+  Impl* impl = impl_.get();
+  impl_->ops = std::make_unique<CommThread>(CommThread::Hooks{
+      .on_start = {}, .on_failure = [impl] { impl->tear_down(); }, .on_exit = {}});
 }
 
 GlooCollectives::~GlooCollectives() {
-  {
-    std::lock_guard lock(impl_->mutex);
-    impl_->stop = true;
-  }
-  impl_->cv.notify_all();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->ops.reset();  // runs what is queued, then joins
 }
 
 std::future<void> GlooCollectives::submit(const char* op, std::function<void(Impl&)> fn) {
-  auto promise = std::make_shared<std::promise<void>>();
-  auto future = promise->get_future();
-  auto task = [this, op, promise, fn = std::move(fn)] {
-    Impl& impl = *impl_;
-    if (!impl.failure.empty()) {
-      promise->set_exception(std::make_exception_ptr(CollectiveError(
-          std::string(op) + ": communicator unusable after an earlier failure: " + impl.failure)));
-      return;
-    }
-    try {
-      fn(impl);
-      promise->set_value();
-    } catch (const std::exception& e) {
-      impl.failure = e.what();
-      spdlog::error("collectives: {}", impl.failure);
-      impl.tear_down();
-      promise->set_exception(std::make_exception_ptr(CollectiveError(impl.failure)));
-    }
-  };
-  {
-    std::lock_guard lock(impl_->mutex);
-    if (impl_->stop) throw CollectiveError(std::string(op) + ": collectives are shutting down");
-    impl_->queue.push_back(std::move(task));
-  }
-  impl_->cv.notify_one();
-  return future;
+  Impl* impl = impl_.get();
+  return impl->ops->submit(op, [impl, fn = std::move(fn)] { fn(*impl); });
 }
 
 std::future<void> GlooCollectives::allreduce_sum_async(float* data, size_t count) {

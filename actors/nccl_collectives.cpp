@@ -1,5 +1,7 @@
 #include "actors/nccl_collectives.h"
 
+#include "actors/comm_thread.h"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -34,13 +36,8 @@ struct NcclCollectives::Impl {
   cudaStream_t stream = nullptr;
   float* dbuf = nullptr;  // device staging buffer
   size_t dcap = 0;        // its size in floats
-  std::string failure;    // non-empty once a call failed; the object is then unusable
 
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> queue;
-  bool stop = false;
-  std::thread thread;
+  std::unique_ptr<CommThread> ops;
 
   std::string head(const char* op) const {
     return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(world) +
@@ -153,23 +150,6 @@ struct NcclCollectives::Impl {
     if (stream) cudaStreamDestroy(stream);
     stream = nullptr;
   }
-
-  void run() {
-    // The device is per thread in CUDA: every call of this object happens here.
-    cudaSetDevice(device);
-    while (true) {
-      std::function<void()> task;
-      {
-        std::unique_lock lock(mutex);
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
-        if (queue.empty()) break;
-        task = std::move(queue.front());
-        queue.pop_front();
-      }
-      task();
-    }
-    release();
-  }
 };
 
 NcclCollectives::NcclCollectives(int rank, int world_size, int device,
@@ -218,7 +198,12 @@ NcclCollectives::NcclCollectives(int rank, int world_size, int device,
     std::memcpy(id.internal, blob.data(), sizeof(id.internal));
   }
 
-  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+  Impl* impl = impl_.get();
+  // The device is per thread in CUDA: every call of this object happens on its thread.
+  impl_->ops = std::make_unique<CommThread>(
+      CommThread::Hooks{.on_start = [impl] { cudaSetDevice(impl->device); },
+                        .on_failure = [impl] { impl->abort(); },
+                        .on_exit = [impl] { impl->release(); }});
   try {
     submit("join", [id](Impl& m) {
       const auto until = m.deadline();
@@ -236,53 +221,19 @@ NcclCollectives::NcclCollectives(int rank, int world_size, int device,
       m.settle("join", "joining the communicator", until);
     }).get();
   } catch (...) {
-    {
-      std::lock_guard lock(impl_->mutex);
-      impl_->stop = true;
-    }
-    impl_->cv.notify_all();
-    impl_->thread.join();
+    impl_->ops.reset();
     throw;
   }
   spdlog::debug("{}: joined", where);
 }
 
 NcclCollectives::~NcclCollectives() {
-  {
-    std::lock_guard lock(impl_->mutex);
-    impl_->stop = true;
-  }
-  impl_->cv.notify_all();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->ops.reset();  // runs what is queued, releases the device's resources, joins
 }
 
 std::future<void> NcclCollectives::submit(const char* op, std::function<void(Impl&)> fn) {
-  auto promise = std::make_shared<std::promise<void>>();
-  auto future = promise->get_future();
-  auto task = [this, op, promise, fn = std::move(fn)] {
-    Impl& impl = *impl_;
-    if (!impl.failure.empty()) {
-      promise->set_exception(std::make_exception_ptr(CollectiveError(
-          std::string(op) + ": communicator unusable after an earlier failure: " + impl.failure)));
-      return;
-    }
-    try {
-      fn(impl);
-      promise->set_value();
-    } catch (const std::exception& e) {
-      impl.failure = e.what();
-      spdlog::error("collectives: {}", impl.failure);
-      impl.abort();
-      promise->set_exception(std::make_exception_ptr(CollectiveError(impl.failure)));
-    }
-  };
-  {
-    std::lock_guard lock(impl_->mutex);
-    if (impl_->stop) throw CollectiveError(std::string(op) + ": collectives are shutting down");
-    impl_->queue.push_back(std::move(task));
-  }
-  impl_->cv.notify_one();
-  return future;
+  Impl* impl = impl_.get();
+  return impl->ops->submit(op, [impl, fn = std::move(fn)] { fn(*impl); });
 }
 
 std::future<void> NcclCollectives::allreduce_sum_async(float* data, size_t count) {
