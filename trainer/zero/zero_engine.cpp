@@ -476,11 +476,13 @@ void ZeroEngine::fetch_block(const FetchPartitionFn& fetch, actors::Collectives*
   }
   // This rank's partition from its service, the others' by allgather: W equal slots of P
   // floats (the last rank's slot zero-padded), then the block's numel floats copied out.
+  // The allgather writes every slot: only this rank's padding needs zeros.
   const size_t P = plan_.partition_numel(block);
   const size_t W = plan_.world_size();
-  std::vector<float> gathered(W * P, 0.0f);
+  FloatBuffer gathered = FloatBuffer::uninitialized(W * P);
   float* slot = gathered.data() + static_cast<size_t>(options_.rank) * P;
   if (mine.count > 0) fetch(mine, version, slot);
+  std::fill(slot + mine.count, slot + P, 0.0f);
   try {
     comm->allgather(slot, gathered.data(), P);
   } catch (const actors::CollectiveError& e) {
