@@ -194,6 +194,33 @@ struct CoordinatorState {
     return out;
   }
 
+  // One message per worker holding partitions of `job` (a PartitionQuery or a CommitWork),
+  // each naming its job and its partitions in job order, then completed by `fill`. groups
+  // maps a worker to the positions in job.order of its partitions; ws and msgs are in
+  // worker order.
+  template <class Msg>
+  struct FanOut {
+    std::map<size_t, std::vector<size_t>> groups;
+    std::vector<size_t> ws;
+    std::vector<std::shared_ptr<const Msg>> msgs;
+  };
+  template <class Msg>
+  FanOut<Msg> fan_out(
+      const msg::Header& h, const JobMeta& job,
+      const std::function<void(Msg&)>& fill = [](Msg&) {}) {
+    FanOut<Msg> f;
+    f.groups = by_worker(job, job.order);
+    for (auto& [w, idx] : f.groups) {
+      auto m = std::make_shared<Msg>();
+      m->job = h.job_id;
+      for (size_t i : idx) m->partitions.push_back(job.order[i]);
+      fill(*m);
+      f.ws.push_back(w);
+      f.msgs.push_back(std::move(m));
+    }
+    return f;
+  }
+
   // Sends prepare (or a query, per `atom`) to each worker of `ws` with its message.
   template <class Atom, class Ptr>
   std::vector<WorkResult> ask(Atom atom, const std::vector<size_t>& ws,
@@ -235,16 +262,7 @@ struct CoordinatorState {
 
   // micro-steps of each partition of a job, in job order.
   std::vector<uint32_t> micro_steps(const msg::Header& h, const JobMeta& job) {
-    auto groups = by_worker(job, job.order);
-    std::vector<size_t> ws;
-    std::vector<PartitionQueryPtr> qs;
-    for (auto& [w, idx] : groups) {
-      auto q = std::make_shared<PartitionQuery>();
-      q->job = h.job_id;
-      for (size_t i : idx) q->partitions.push_back(job.order[i]);
-      ws.push_back(w);
-      qs.push_back(q);
-    }
+    auto [groups, ws, qs] = fan_out<PartitionQuery>(h, job);
     auto rs = ask(grads_atom::value, ws, qs);
     std::vector<uint32_t> out(job.order.size());
     size_t k = 0;
@@ -397,18 +415,10 @@ struct CoordinatorState {
       }
     }
     const float mult = grad_multiplier(c.clip_coef, c.loss_scale);
-    auto groups = by_worker(job, job.order);
-    std::vector<size_t> ws;
-    std::vector<CommitWorkPtr> msgs;
-    for (auto& [w, idx] : groups) {
-      auto cw = std::make_shared<CommitWork>();
-      cw->job = h.job_id;
-      for (size_t i : idx) cw->partitions.push_back(job.order[i]);
-      cw->commit = c;
-      cw->multiplier = mult;
-      ws.push_back(w);
-      msgs.push_back(cw);
-    }
+    auto [groups, ws, msgs] = fan_out<CommitWork>(h, job, [&](CommitWork& cw) {
+      cw.commit = c;
+      cw.multiplier = mult;
+    });
     auto rs = ask(prepare_atom::value, ws, msgs);
     if (auto* f = first_failure(rs, [&](size_t k, size_t i) { return groups.at(ws[k])[i]; })) {
       finish(ws, false);
@@ -517,16 +527,7 @@ struct CoordinatorState {
       }
     }
     // master, m, v of every partition from its worker (NVMe ones read and crc-checked).
-    auto groups = by_worker(job, job.order);
-    std::vector<size_t> ws;
-    std::vector<PartitionQueryPtr> qs;
-    for (auto& [w, idx] : groups) {
-      auto q = std::make_shared<PartitionQuery>();
-      q->job = h.job_id;
-      for (size_t i : idx) q->partitions.push_back(job.order[i]);
-      ws.push_back(w);
-      qs.push_back(q);
-    }
+    auto [groups, ws, qs] = fan_out<PartitionQuery>(h, job);
     auto rs = ask(state_atom::value, ws, qs);
     if (auto* f = first_failure(rs, [&](size_t k, size_t i) { return groups.at(ws[k])[i]; })) {
       refuse(f->code, f->message);
