@@ -325,17 +325,20 @@ TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithinTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
+// Stage 2 and 3, accumulating (gas 2) and with one micro-step (gas 1: gradients written in
+// place into push slots, pushes in flight when the service dies).
 TEST_F(ZeroEngineTest, DeadServiceStopsWithItsNameAndTheLastCommittedStep) {
-  for (int stage : {2, 3}) {
-    SCOPED_TRACE(stage);
+  for (const auto& [stage, gas] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{3, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << stage << " gas " << gas);
     ServiceProcess a({}, logs_->path);
     auto b = std::make_unique<ServiceProcess>(std::vector<std::string>{}, logs_->path);
     const std::string dead = b->endpoint();
     ZeroOptions o;
     o.services = {a.endpoint(), dead};
     o.timeout = std::chrono::milliseconds(1000);
-    o.job_id = "dead-" + std::to_string(stage);
-    ZeroEngine e(kTiny, config("fp32", stage, "cpu", ""), 5, o);
+    o.job_id = "dead-" + std::to_string(stage) + "-" + std::to_string(gas);
+    ZeroEngine e(kTiny, config("fp32", stage, "cpu", "", {{"gradient_accumulation_steps", gas}}), 5,
+                 o);
     const auto tokens = corpus(6000, 3);
     BatchLoader loader(&tokens, 4, 16, true, 9);
     for (int i = 0; i < 3; ++i) e.train_step(loader);
