@@ -18,6 +18,28 @@ find_package(Gloo REQUIRED PATHS /usr/share/cmake/Gloo)
 
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
+# FindPkgConfig builds PkgConfig::ZMQ differently on the first configure and on later ones:
+# libzmq's "-isystem /usr/include/mit-krb5" lands among the include directories once and
+# among the compile options after, which changes every compile command, so running
+# scripts/build.sh a second time rebuilt the whole tree. Both properties are set here from
+# the cached pkg-config output, the same on every configure.
+set(_zmq_system_includes "")
+set(_zmq_options "")
+set(_zmq_next_is_system FALSE)
+foreach(_flag IN LISTS ZMQ_CFLAGS_OTHER)
+  if(_zmq_next_is_system)
+    list(APPEND _zmq_system_includes "${_flag}")
+    set(_zmq_next_is_system FALSE)
+  elseif(_flag STREQUAL "-isystem")
+    set(_zmq_next_is_system TRUE)
+  else()
+    list(APPEND _zmq_options "${_flag}")
+  endif()
+endforeach()
+set_target_properties(PkgConfig::ZMQ PROPERTIES
+  INTERFACE_COMPILE_OPTIONS "${_zmq_options}"
+  INTERFACE_INCLUDE_DIRECTORIES "${ZMQ_INCLUDE_DIRS};${_zmq_system_includes}"
+  INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_zmq_system_includes}")
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
 find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
 find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
