@@ -41,9 +41,7 @@ TEST(FloatBufferCache, ReusesAMappingOfTheSameSizeZeroedWhenAsked) {
 
 TEST(FloatBufferCache, KeepsNothingOverTheLimitOrTheLargestSize) {
   CacheLimit limit(3 * kMiB, 2 * kMiB);
-  {
-    FloatBuffer a(2 * kFloatsPerMiB), b(2 * kFloatsPerMiB), big(3 * kFloatsPerMiB);
-  }
+  { FloatBuffer a(2 * kFloatsPerMiB), b(2 * kFloatsPerMiB), big(3 * kFloatsPerMiB); }
   // big is over the largest size kept; of a and b only one fits under 3 MiB.
   EXPECT_EQ(FloatBuffer::cached_bytes(), 2 * kMiB);
   FloatBuffer::set_cache_limit(1 * kMiB, 2 * kMiB);  // lowering it unmaps what is over

@@ -249,7 +249,7 @@ class ZeroEngine {
   bool grads_nonfinite_local_ = false;
   bool stop_requested_ = false, stop_agreed_ = false;
   bool backward_begun_ = false;  // this micro-step's backward has begun a block
-  uint64_t version_ = 0;  // last committed step (SetParameters gave version 0)
+  uint64_t version_ = 0;         // last committed step (SetParameters gave version 0)
   int64_t global_step_ = 0;
   int64_t optimizer_steps_ = 0;
   int64_t skipped_steps_ = 0;
