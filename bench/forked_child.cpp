@@ -9,15 +9,6 @@
 
 namespace dsactor::bench {
 
-size_t proc_status_bytes(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const std::string key = std::string(field) + ":";
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
-  return 0;
-}
-
 std::map<std::string, size_t> proc_status_snapshot() {
   std::ifstream in("/proc/self/status");
   std::map<std::string, size_t> out;
@@ -28,6 +19,12 @@ std::map<std::string, size_t> proc_status_snapshot() {
     out[line.substr(0, colon)] = std::stoull(line.substr(colon + 1)) * 1024;
   }
   return out;
+}
+
+size_t proc_status_bytes(const char* field) {
+  const auto status = proc_status_snapshot();
+  const auto it = status.find(field);
+  return it == status.end() ? 0 : it->second;
 }
 
 ForkedChild::ForkedChild(std::string name, const std::function<nlohmann::json()>& phase)

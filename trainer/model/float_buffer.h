@@ -56,7 +56,6 @@ class FloatBuffer {
     }
     return *this;
   }
-  bool adopted() const { return owner_ != nullptr; }
   FloatBuffer(const FloatBuffer&) = delete;
   FloatBuffer& operator=(const FloatBuffer&) = delete;
   ~FloatBuffer() { release(); }
