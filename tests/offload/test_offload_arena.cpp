@@ -192,6 +192,34 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
   expect_bits_equal(values, f.bytes(), "fetch after the refusals");
 }
 
+// Page keeping: a slot keeps the pages of a use up to keep_bytes, a larger use gives all
+// of them back at release, and trim_free_slots() gives back what free slots kept, never a
+// taken slot's.
+TEST_F(OffloadArena, SlotsKeepSmallUsesAndTrimGivesThemBack) {
+  OffloadClient c(svc_->endpoint(), 10s, "keep");
+  ASSERT_TRUE(c.map_arena(16 * 4096, 2, 4 * 4096));
+  {
+    actors::ArenaBuffer small = c.arena_buffer(3 * 4096);
+    ASSERT_TRUE(small);
+    std::memset(small.bytes().data(), 1, 3 * 4096);
+  }
+  {
+    actors::ArenaBuffer large = c.arena_buffer(10 * 4096);  // the same, lowest, slot
+    ASSERT_TRUE(large);
+  }
+  EXPECT_EQ(c.trim_free_slots(), 0u) << "the large use gave the slot's pages back";
+  actors::ArenaBuffer held = c.arena_buffer(2 * 4096);
+  ASSERT_TRUE(held);
+  {
+    actors::ArenaBuffer other = c.arena_buffer(4 * 4096);
+    ASSERT_TRUE(other);
+  }
+  EXPECT_EQ(c.trim_free_slots(), 4 * 4096u) << "the free slot's kept use, not the held one";
+  EXPECT_EQ(c.trim_free_slots(), 0u);
+  held = {};
+  EXPECT_EQ(c.trim_free_slots(), 2 * 4096u);
+}
+
 // Unmapped with its client: the id names nothing afterwards.
 TEST_F(OffloadArena, ClientUnmapsItsArenaWhenItGoes) {
   uint64_t id = 0;
