@@ -16,8 +16,8 @@
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
 
-#include "actors/collectives.h"
-#include "actors/rendezvous_store.h"
+#include "actors/collectives/collectives.h"
+#include "actors/collectives/rendezvous_store.h"
 #include "bench/forked_child.h"
 #include "trainer/config/ds_config.h"
 #include "trainer/data/batch_loader.h"

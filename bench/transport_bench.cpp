@@ -9,7 +9,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "actors/offload_client.h"
+#include "actors/offload_link/offload_client.h"
 #include "offload_service/service.h"
 #include "storage/aligned_buffer.h"
 

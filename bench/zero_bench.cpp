@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "actors/service_process.h"
 #include "bench/forked_child.h"
+#include "deploy/service_process.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/param_blocks.h"
@@ -180,7 +180,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     nlohmann::json j;
     try {
       // A fresh service per phase: the phases do not share its memory or its jobs.
-      actors::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(), {},
+      deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(), {},
                                      dir / "offload.log");
       j = in_child(name, [&] {
         nlohmann::json cfg = base_config(o);

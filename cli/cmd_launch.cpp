@@ -9,10 +9,10 @@
 #include <system_error>
 #include <vector>
 
-#include "actors/launch_env.h"
-#include "actors/launcher.h"
-#include "actors/supervisor.h"
 #include "cli/commands.h"
+#include "deploy/launch_env.h"
+#include "deploy/launcher.h"
+#include "deploy/supervisor.h"
 
 namespace dsactor::cli {
 
@@ -45,48 +45,48 @@ std::string self_binary() {
 }
 
 void run_launch(const LaunchArgs& a) {
-  actors::LaunchPlanOptions o;
+  deploy::LaunchPlanOptions o;
   o.transport =
-      a.launcher == "pdsh" ? actors::LaunchTransport::kPdsh : actors::LaunchTransport::kSsh;
+      a.launcher == "pdsh" ? deploy::LaunchTransport::kPdsh : deploy::LaunchTransport::kSsh;
   const char* env_name = a.launcher == "pdsh" ? "DSACTOR_LAUNCH_PDSH" : "DSACTOR_LAUNCH_SSH";
-  if (const char* t = std::getenv(env_name)) o.transport_command = actors::split_words(t);
+  if (const char* t = std::getenv(env_name)) o.transport_command = deploy::split_words(t);
   o.master_addr = a.master_addr;
   o.master_port = a.master_port;
   // The same install path and working directory on every host, as DeepSpeed assumes.
   o.workdir = a.workdir.empty() ? fs::current_path().string() : a.workdir;
   o.binary = a.remote_binary.empty() ? self_binary() : a.remote_binary;
   o.trainer_args = a.trainer_args;
-  std::vector<actors::RankCommand> plan;
+  std::vector<deploy::RankCommand> plan;
   try {
-    plan = actors::plan_launch(actors::parse_hostfile(a.hostfile), o);
-  } catch (const actors::LaunchConfigError& e) {
+    plan = deploy::plan_launch(deploy::parse_hostfile(a.hostfile), o);
+  } catch (const deploy::LaunchConfigError& e) {
     spdlog::error("{}", e.what());
     throw CLI::RuntimeError(kExitConfig);
   }
 
-  auto name_of = [](const actors::RankCommand& c) {
+  auto name_of = [](const deploy::RankCommand& c) {
     return "rank " + std::to_string(c.rank) + "@" + c.host;
   };
   if (a.dry_run) {
     std::printf("# %zu rank(s) from %s over %s\n", plan.size(), a.hostfile.c_str(),
                 a.launcher.c_str());
     for (const auto& c : plan)
-      std::printf("[%s] %s\n", name_of(c).c_str(), actors::shell_quote(c.argv).c_str());
+      std::printf("[%s] %s\n", name_of(c).c_str(), deploy::shell_quote(c.argv).c_str());
     std::fflush(stdout);
     return;
   }
 
-  std::vector<actors::ChildSpec> children;
+  std::vector<deploy::ChildSpec> children;
   for (const auto& c : plan) {
-    actors::ChildSpec s;
+    deploy::ChildSpec s;
     s.name = name_of(c);
     s.argv = c.argv;
     s.code_index = std::min(c.rank, 99);  // exit code 100 + rank, capped at 199
     children.push_back(std::move(s));
   }
-  actors::SupervisorOptions opt;
+  deploy::SupervisorOptions opt;
   opt.stop_signals = {SIGINT, SIGTERM, SIGHUP};
-  actors::Supervisor sup(std::move(children), opt);
+  deploy::Supervisor sup(std::move(children), opt);
   spdlog::info("dsactor launch: {} rank(s) from {} over {}", plan.size(), a.hostfile, a.launcher);
   const auto result = sup.run();
   if (result.exit_code == 0) {

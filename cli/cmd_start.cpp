@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "actors/rendezvous_store.h"
+#include "actors/collectives/rendezvous_store.h"
 #include "cli/commands.h"
 #include "cli/start_trainer.h"
 #include "offload_service/service.h"

@@ -18,11 +18,11 @@
 #include <thread>
 #include <type_traits>
 
-#include "actors/collectives.h"
-#include "actors/launch_env.h"
-#include "actors/rendezvous_store.h"
-#include "actors/runtime.h"
+#include "actors/collectives/collectives.h"
+#include "actors/collectives/rendezvous_store.h"
+#include "actors/runtime/runtime.h"
 #include "cli/start_trainer.h"
+#include "deploy/launch_env.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/data/byte_tokenizer.h"
 #include "trainer/engine/engine.h"
@@ -54,7 +54,7 @@ Placement resolve_placement(const StartTrainerArgs& a) {
   p.coordinator = a.coordinator;
   p.serve = a.serve_coordinator;
   if (a.rank < 0 && a.world_size == 0) {
-    if (auto env = actors::launch_info_from_env()) {
+    if (auto env = deploy::launch_info_from_env()) {
       p.rank = env->rank;
       p.world_size = env->world_size;
       p.local_rank = env->local_rank;

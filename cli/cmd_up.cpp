@@ -7,9 +7,9 @@
 #include <string>
 #include <system_error>
 
-#include "actors/deploy_config.h"
-#include "actors/supervisor.h"
 #include "cli/commands.h"
+#include "deploy/deploy_config.h"
+#include "deploy/supervisor.h"
 
 namespace dsactor::cli {
 
@@ -37,21 +37,21 @@ std::string self_binary() {
   return p.string();
 }
 
-void print_dry_run(const actors::DeployConfig& cfg,
-                   const std::vector<actors::ChildSpec>& children) {
+void print_dry_run(const deploy::DeployConfig& cfg,
+                   const std::vector<deploy::ChildSpec>& children) {
   std::printf("# job %s from %s: %zu role(s); services start first, trainers once they answer\n",
               cfg.job.c_str(), cfg.source.c_str(), children.size());
   for (const auto& c : children) {
     std::string env;
-    for (const auto& [k, v] : c.env) env += actors::shell_quote({k + "=" + v}) + " ";
-    std::printf("[%s] %s%s\n", c.name.c_str(), env.c_str(), actors::shell_quote(c.argv).c_str());
+    for (const auto& [k, v] : c.env) env += deploy::shell_quote({k + "=" + v}) + " ";
+    std::printf("[%s] %s%s\n", c.name.c_str(), env.c_str(), deploy::shell_quote(c.argv).c_str());
   }
   std::fflush(stdout);
 }
 
 // `nvme` and `out` directories are created before anything starts, so a typo'd mount point
 // fails here with its path rather than inside a child.
-void create_dirs(const actors::DeployConfig& cfg) {
+void create_dirs(const deploy::DeployConfig& cfg) {
   if (!cfg.create_dirs) return;
   for (const auto& r : cfg.roles) {
     for (const auto& dir : {r.nvme ? r.nvme->string() : std::string(), r.out}) {
@@ -68,23 +68,23 @@ void create_dirs(const actors::DeployConfig& cfg) {
 }
 
 void run_up(const UpArgs& a) {
-  actors::DeployConfig cfg;
+  deploy::DeployConfig cfg;
   try {
-    cfg = actors::load_deploy_config(a.deploy);
-  } catch (const actors::DeployConfigError& e) {
+    cfg = deploy::load_deploy_config(a.deploy);
+  } catch (const deploy::DeployConfigError& e) {
     spdlog::error("{}", e.what());
     throw CLI::RuntimeError(kExitConfig);
   }
-  const auto children = actors::children_for(cfg, self_binary());
+  const auto children = deploy::children_for(cfg, self_binary());
   if (a.dry_run) {
     print_dry_run(cfg, children);
     return;
   }
   create_dirs(cfg);
 
-  actors::SupervisorOptions opt;
+  deploy::SupervisorOptions opt;
   opt.stop_signals = {SIGINT, SIGTERM, SIGHUP};
-  actors::Supervisor sup(children, opt);
+  deploy::Supervisor sup(children, opt);
   spdlog::info("dsactor up: job {} with {} role(s) from {}", cfg.job, children.size(),
                cfg.source.string());
   const auto result = sup.run();

@@ -63,7 +63,7 @@ if(CMAKE_CUDA_COMPILER)
   set(DSACTOR_HAVE_CUDA ON)
 endif()
 
-# NCCL collectives (actors/nccl_collectives.cpp) need the CUDA runtime and NCCL, both host
+# NCCL collectives (actors/collectives/nccl_collectives.cpp) need the CUDA runtime and NCCL, both host
 # libraries: no nvcc involved. /usr/local/cuda is where the toolkit and NCCL live on our
 # machines and in CI; CUDAToolkit_ROOT overrides. Not found (or DSACTOR_WITH_CUDA=OFF): the
 # file is not compiled and make_nccl_collectives() throws "not built with NCCL".

@@ -3,7 +3,7 @@
 #include <future>
 #include <stdexcept>
 
-#include "actors/runtime.h"
+#include "actors/runtime/runtime.h"
 #include "offload_service/step_coordinator.h"
 #include "offload_service/store_common.h"
 

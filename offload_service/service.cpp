@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "actors/gateway.h"
-#include "actors/runtime.h"
+#include "actors/runtime/gateway.h"
+#include "actors/runtime/runtime.h"
 #include "offload_service/step_coordinator.h"
 
 namespace dsactor::offload {

@@ -72,7 +72,7 @@ struct CoordinatorSetup {
 // A trainer's shared-memory arena, mapped for one job.
 struct MappedArena {
   std::string job;
-  std::shared_ptr<const actors::ArenaMapping> mapping;
+  std::shared_ptr<const messages::ArenaMapping> mapping;
 };
 
 struct CoordinatorState {
@@ -766,9 +766,9 @@ struct CoordinatorState {
                                       fmt_bytes(arena_bytes) + " already mapped exceeds the " +
                                       fmt_bytes(s.opt.max_arena_bytes) + " arena limit");
     }
-    std::shared_ptr<const actors::ArenaMapping> mapping;
+    std::shared_ptr<const messages::ArenaMapping> mapping;
     try {
-      mapping = actors::ArenaMapping::open(r.path, r.size);
+      mapping = messages::ArenaMapping::open(r.path, r.size);
     } catch (const std::exception& e) {
       refuse(ErrorCode::malformed, std::string("mapArena.path: ") + e.what());
     }
@@ -799,8 +799,8 @@ struct CoordinatorState {
 
   // A push or fetch naming an arena: the mapping, after checking that the slice lies
   // inside it (a fetch's length is the capacity the reply may fill).
-  std::shared_ptr<const actors::ArenaMapping> resolve_arena(const msg::Header& h,
-                                                            const msg::ArenaSlice& slice) {
+  std::shared_ptr<const messages::ArenaMapping> resolve_arena(const msg::Header& h,
+                                                              const msg::ArenaSlice& slice) {
     const std::string field = std::holds_alternative<msg::PushGradients>(h.body)
                                   ? "pushGradients.arena"
                                   : "fetchParameters.arena";

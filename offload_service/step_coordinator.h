@@ -27,7 +27,7 @@
 
 #include <caf/all.hpp>
 
-#include "actors/gateway.h"
+#include "actors/runtime/gateway.h"
 #include "offload_service/metadata_actor.h"
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/partition_store.h"

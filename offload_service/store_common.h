@@ -18,10 +18,10 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
-#include "actors/shm_arena.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/cast.h"
 #include "messages/codec.h"
+#include "messages/shm_arena.h"
 #include "offload_service/partition_store.h"
 
 namespace dsactor::offload::detail {
@@ -72,7 +72,7 @@ struct Incoming {
   // The mapped arena the request's arena slice names (the coordinator resolved it and
   // checked the slice lies inside); held until the request is answered, so an UnmapArena
   // meanwhile cannot pull the pages from under it.
-  std::shared_ptr<const actors::ArenaMapping> arena;
+  std::shared_ptr<const messages::ArenaMapping> arena;
 
   const msg::Header& header() const { return message->header; }
   void error(msg::ErrorCode code, const std::string& text) const;

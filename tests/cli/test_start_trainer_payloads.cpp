@@ -3,7 +3,7 @@
 // which, and both end with the same weights bit for bit.
 #include <gtest/gtest.h>
 
-#include "actors/service_process.h"
+#include "deploy/service_process.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
 #include "tests/zero/weights_test_util.h"
@@ -25,7 +25,7 @@ TEST(StartTrainerPayloads, ArenaAndFramesTrainTheSameWeights) {
     "optimizer": {"type": "AdamW", "params": {"lr": 0.002}},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                           "offload_param": {"device": "cpu"}}})");
-  actors::ServiceProcess service(DSACTOR_BINARY, {"--no-mlock"}, dir.path() / "service.log");
+  deploy::ServiceProcess service(DSACTOR_BINARY, {"--no-mlock"}, dir.path() / "service.log");
   const std::string common =
       "start --role trainer --config z3.json --model tiny --data corpus.txt "
       "--steps 4 --offload " +

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/collectives.h"
-#include "actors/rendezvous_store.h"
+#include "actors/collectives/collectives.h"
+#include "actors/collectives/rendezvous_store.h"
 
 namespace dsactor::actors::testing {
 

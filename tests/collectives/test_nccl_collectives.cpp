@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "actors/collectives.h"
-#include "actors/nccl_collectives.h"
-#include "actors/rendezvous_store.h"
+#include "actors/collectives/collectives.h"
+#include "actors/collectives/nccl_collectives.h"
+#include "actors/collectives/rendezvous_store.h"
 
 #ifdef DSACTOR_HAVE_NCCL
 #include <cuda_runtime.h>

@@ -9,7 +9,7 @@
 #include <set>
 #include <thread>
 
-#include "actors/rendezvous_store.h"
+#include "actors/collectives/rendezvous_store.h"
 
 namespace dsactor::actors {
 namespace {

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "actors/rendezvous_store.h"
-#include "actors/supervisor.h"
+#include "actors/collectives/rendezvous_store.h"
+#include "deploy/supervisor.h"
 #include "tests/cli/child_process.h"
 #include "tests/deploy/deploy_test_util.h"
 
@@ -123,7 +123,7 @@ TEST(CoordinatorRole, SupervisorReadinessProbeIsARendezvousRoundTrip) {
   TempDir dir;
   const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
   write_file(dir / "d.yaml", "roles:\n  - {role: coordinator, listen: \"" + ep + "\"}\n");
-  auto kids = actors::children_for(actors::load_deploy_config(dir / "d.yaml"), DSACTOR_BINARY);
+  auto kids = deploy::children_for(deploy::load_deploy_config(dir / "d.yaml"), DSACTOR_BINARY);
   ASSERT_EQ(kids.size(), 1u);
   ASSERT_TRUE(kids[0].service);
   ASSERT_TRUE(kids[0].ready_probe);
@@ -132,22 +132,22 @@ TEST(CoordinatorRole, SupervisorReadinessProbeIsARendezvousRoundTrip) {
   auto silent = kids[0];
   // exec: the supervisor then reaps the coordinator itself, so the port is free once run()
   // returns.
-  silent.argv = {"sh", "-c", "exec " + actors::shell_quote(kids[0].argv) + " 2>/dev/null"};
+  silent.argv = {"sh", "-c", "exec " + deploy::shell_quote(kids[0].argv) + " 2>/dev/null"};
   silent.startup_timeout = 20s;
   std::atomic<int> probes{0};
   silent.ready_probe = [&, inner = kids[0].ready_probe] {
     ++probes;
     return inner();
   };
-  actors::ChildSpec trainer;
+  deploy::ChildSpec trainer;
   trainer.name = "trainer0";
   trainer.argv = {"sh", "-c", "echo started after the store answered"};
   trainer.code_index = 1;
   std::vector<std::string> lines;
-  actors::SupervisorOptions opt;
+  deploy::SupervisorOptions opt;
   opt.sink = [&](std::string_view l) { lines.emplace_back(l); };
   opt.probe_interval = 20ms;
-  const auto r = actors::Supervisor({silent, trainer}, opt).run();
+  const auto r = deploy::Supervisor({silent, trainer}, opt).run();
   EXPECT_EQ(r.exit_code, 0) << r.message;
   EXPECT_GE(probes.load(), 1);
   EXPECT_THAT(lines, ::testing::Contains("[trainer0] started after the store answered"));
@@ -158,7 +158,7 @@ TEST(CoordinatorRole, SupervisorReadinessProbeIsARendezvousRoundTrip) {
   auto mute = silent;
   mute.ready_probe = [] { return false; };
   mute.startup_timeout = 1500ms;
-  const auto never = actors::Supervisor({mute, trainer}, opt).run();
+  const auto never = deploy::Supervisor({mute, trainer}, opt).run();
   EXPECT_EQ(never.exit_code, 100) << never.message;
   EXPECT_THAT(never.message, HasSubstr("never became ready"));
 }

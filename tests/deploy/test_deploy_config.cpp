@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "actors/deploy_config.h"
+#include "deploy/deploy_config.h"
 #include "tests/deploy/deploy_test_util.h"
 
-namespace dsactor::actors {
+namespace dsactor::deploy {
 namespace {
 
 using dsactor::testing::TempDir;
@@ -583,4 +583,4 @@ TEST(DeployReference, ListsEveryKey) {
 }
 
 }  // namespace
-}  // namespace dsactor::actors
+}  // namespace dsactor::deploy

@@ -6,11 +6,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "actors/deploy_config.h"
+#include "deploy/deploy_config.h"
 
 TEST(DeployDocs, CommittedReferenceEqualsTheKeyTable) {
   const std::string path = std::string(DSACTOR_SOURCE_DIR) + "/docs/deploy.md";
-  const std::string generated = dsactor::actors::deploy_reference_markdown();
+  const std::string generated = dsactor::deploy::deploy_reference_markdown();
   if (std::getenv("DSACTOR_UPDATE_DOCS")) std::ofstream(path) << generated;
   std::ifstream in(path);
   std::stringstream committed;

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/launcher.h"
+#include "deploy/launcher.h"
 #include "tests/cli/child_process.h"
 #include "tests/deploy/deploy_test_util.h"
 
@@ -24,9 +24,9 @@ extern char** environ;
 namespace dsactor::testing {
 namespace {
 
-using actors::HostSlots;
-using actors::LaunchPlanOptions;
-using actors::LaunchTransport;
+using deploy::HostSlots;
+using deploy::LaunchPlanOptions;
+using deploy::LaunchTransport;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -43,7 +43,7 @@ LaunchPlanOptions options(std::vector<std::string> args = {}) {
 
 TEST(LaunchPlan, RanksFollowTheHostfileAndSlots) {
   const auto plan =
-      actors::plan_launch({{"node-a", 2}, {"node-b", 1}, {"node-c", 2}}, options({"--steps", "3"}));
+      deploy::plan_launch({{"node-a", 2}, {"node-b", 1}, {"node-c", 2}}, options({"--steps", "3"}));
   ASSERT_EQ(plan.size(), 5u);
   const std::vector<std::tuple<int, int, std::string>> want = {
       {0, 0, "node-a"}, {1, 1, "node-a"}, {2, 0, "node-b"}, {3, 0, "node-c"}, {4, 1, "node-c"}};
@@ -63,7 +63,7 @@ TEST(LaunchPlan, QuotingSurvivesTheRemoteShell) {
   auto o = options({"--data", "it's here", "--out", "$HOME/x;rm"});
   o.master_addr = "10.0.0.9";
   o.master_port = 29600;
-  const auto plan = actors::plan_launch({{"h", 1}}, o);
+  const auto plan = deploy::plan_launch({{"h", 1}}, o);
   ASSERT_EQ(plan.size(), 1u);
   EXPECT_EQ(plan[0].remote_command,
             "cd '/work dir' && env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=10.0.0.9 "
@@ -77,7 +77,7 @@ TEST(LaunchPlan, QuotingSurvivesTheRemoteShell) {
   std::filesystem::create_directories(dir / "work dir");
   o.workdir = (dir / "work dir").string();
   o.binary = (dir / "args.sh").string();
-  const auto cmd = actors::plan_launch({{"h", 1}}, o)[0].remote_command;
+  const auto cmd = deploy::plan_launch({{"h", 1}}, o)[0].remote_command;
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string got;
@@ -92,27 +92,27 @@ TEST(LaunchPlan, QuotingSurvivesTheRemoteShell) {
 TEST(LaunchPlan, PdshAndACustomTransport) {
   auto o = options();
   o.transport = LaunchTransport::kPdsh;
-  const auto pdsh = actors::plan_launch({{"a", 1}, {"b", 1}}, o);
+  const auto pdsh = deploy::plan_launch({{"a", 1}, {"b", 1}}, o);
   EXPECT_THAT(pdsh[1].argv, ElementsAre("pdsh", "-S", "-w", "b", pdsh[1].remote_command));
   o.transport = LaunchTransport::kSsh;
-  o.transport_command = actors::split_words("  ssh  -p 2222\t-q ");
-  const auto ssh = actors::plan_launch({{"a", 1}}, o);
+  o.transport_command = deploy::split_words("  ssh  -p 2222\t-q ");
+  const auto ssh = deploy::plan_launch({{"a", 1}}, o);
   EXPECT_THAT(ssh[0].argv, ElementsAre("ssh", "-p", "2222", "-q", "a", ssh[0].remote_command));
 }
 
 TEST(LaunchPlan, Refusals) {
-  EXPECT_THROW(actors::plan_launch({}, options()), actors::LaunchConfigError);
+  EXPECT_THROW(deploy::plan_launch({}, options()), deploy::LaunchConfigError);
   try {
-    actors::plan_launch({{"a", 2}}, options({"--config", "c.json", "--rank", "1"}));
+    deploy::plan_launch({{"a", 2}}, options({"--config", "c.json", "--rank", "1"}));
     FAIL();
-  } catch (const actors::LaunchConfigError& e) {
+  } catch (const deploy::LaunchConfigError& e) {
     EXPECT_THAT(e.what(), AllOf(HasSubstr("\"--rank\""), HasSubstr("RANK, WORLD_SIZE")));
   }
-  EXPECT_THROW(actors::plan_launch({{"a", 2}}, options({"--world-size=2"})),
-               actors::LaunchConfigError);
+  EXPECT_THROW(deploy::plan_launch({{"a", 2}}, options({"--world-size=2"})),
+               deploy::LaunchConfigError);
   auto o = options();
   o.master_port = 70000;
-  EXPECT_THROW(actors::plan_launch({{"a", 1}}, o), actors::LaunchConfigError);
+  EXPECT_THROW(deploy::plan_launch({{"a", 1}}, o), deploy::LaunchConfigError);
 }
 
 // `dsactor launch ARGS` in the background with extra environment, stdout/stderr in

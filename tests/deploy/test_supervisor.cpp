@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "actors/supervisor.h"
+#include "deploy/supervisor.h"
 #include "tests/deploy/deploy_test_util.h"
 
-namespace dsactor::actors {
+namespace dsactor::deploy {
 namespace {
 
 using dsactor::testing::pid_from;
@@ -25,7 +25,6 @@ using dsactor::testing::wait_until;
 using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
-using ::testing::Not;
 using ::testing::Not;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -400,4 +399,4 @@ roles:
 }
 
 }  // namespace
-}  // namespace dsactor::actors
+}  // namespace dsactor::deploy

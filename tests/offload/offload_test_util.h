@@ -23,7 +23,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/service_process.h"
+#include "deploy/service_process.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/cast.h"
 #include "messages/codec.h"
@@ -51,10 +51,10 @@ struct TempDir {
 
 // The real `dsactor start --role offload --listen tcp://127.0.0.1:* <args>`, its log in a
 // numbered file under `log_dir`.
-class ServiceProcess : public actors::ServiceProcess {
+class ServiceProcess : public deploy::ServiceProcess {
  public:
   ServiceProcess(const std::vector<std::string>& args, const fs::path& log_dir)
-      : actors::ServiceProcess(DSACTOR_BINARY, args,
+      : deploy::ServiceProcess(DSACTOR_BINARY, args,
                                log_dir / ("service-" + std::to_string(counter()++) + ".log"),
                                std::chrono::seconds(20)) {}
 

@@ -11,9 +11,9 @@
 
 #include <cstring>
 
-#include "actors/offload_client.h"
-#include "actors/shm_arena.h"
+#include "actors/offload_link/offload_client.h"
 #include "checksum/crc32c.h"
+#include "messages/shm_arena.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace dsactor::offload::test {
@@ -260,11 +260,11 @@ TEST(OffloadArenaFallback, FramesWhenTheServiceCannotMap) {
 }
 
 TEST(SharedArena, LocalEndpoints) {
-  EXPECT_TRUE(actors::is_local_endpoint("tcp://127.0.0.1:5555"));
-  EXPECT_TRUE(actors::is_local_endpoint("tcp://localhost:5555"));
-  EXPECT_TRUE(actors::is_local_endpoint("ipc:///tmp/x"));
-  EXPECT_FALSE(actors::is_local_endpoint("tcp://10.0.0.2:5555"));
-  EXPECT_FALSE(actors::is_local_endpoint("tcp://127example.com:5555"));
+  EXPECT_TRUE(messages::is_local_endpoint("tcp://127.0.0.1:5555"));
+  EXPECT_TRUE(messages::is_local_endpoint("tcp://localhost:5555"));
+  EXPECT_TRUE(messages::is_local_endpoint("ipc:///tmp/x"));
+  EXPECT_FALSE(messages::is_local_endpoint("tcp://10.0.0.2:5555"));
+  EXPECT_FALSE(messages::is_local_endpoint("tcp://127example.com:5555"));
 }
 
 }  // namespace

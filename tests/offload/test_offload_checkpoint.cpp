@@ -9,7 +9,7 @@
 
 #include <fstream>
 
-#include "actors/offload_client.h"
+#include "actors/offload_link/offload_client.h"
 #include "storage/aligned_buffer.h"
 #include "tests/offload/offload_test_util.h"
 

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <zmq_addon.hpp>
 
-#include "actors/offload_client.h"
+#include "actors/offload_link/offload_client.h"
 #include "messages/offload.capnp.h"
 #include "storage/metadata_store.h"
 #include "tests/offload/offload_test_util.h"

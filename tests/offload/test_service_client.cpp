@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "actors/runtime.h"
-#include "actors/service_client.h"
+#include "actors/offload_link/service_client.h"
+#include "actors/runtime/runtime.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace dsactor::offload::test {

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/service_process.h"
+#include "deploy/service_process.h"
 #include "storage/safetensors.h"
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
@@ -100,10 +100,10 @@ TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
   const std::string tag = name;
   write_file(dir / (tag + ".json"), config(2, tag + "_monitor", zero));
   const bool offload = tag != "stage0";
-  std::vector<std::unique_ptr<actors::ServiceProcess>> services;
+  std::vector<std::unique_ptr<deploy::ServiceProcess>> services;
   if (offload)
     for (int r = 0; r < 2; ++r)
-      services.push_back(std::make_unique<actors::ServiceProcess>(
+      services.push_back(std::make_unique<deploy::ServiceProcess>(
           DSACTOR_BINARY, std::vector<std::string>{"--no-mlock"},
           dir / (tag + "_service" + std::to_string(r) + ".log")));
   const std::string coordinator = "tcp://127.0.0.1:" + std::to_string(free_port());

@@ -12,7 +12,7 @@
 #include <memory>
 #include <optional>
 
-#include "actors/offload_client.h"
+#include "actors/offload_link/offload_client.h"
 #include "tests/offload/offload_test_util.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"

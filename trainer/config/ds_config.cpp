@@ -1,5 +1,5 @@
-#include "actors/key_suggestion.h"
 #include "trainer/config/ds_config.h"
+#include "key_table/key_suggestion.h"
 
 #include <algorithm>
 #include <cctype>
@@ -1045,7 +1045,7 @@ std::string lower(std::string_view s) {
 
 // The closest candidate, if it is close enough to be a plausible typo.
 std::optional<std::string> nearest(std::string_view word, const std::vector<std::string>& cands) {
-  return actors::nearest_key(word, cands);
+  return key_table::nearest_key(word, cands);
 }
 
 std::string fmt_number(double d) {

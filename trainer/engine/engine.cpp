@@ -10,7 +10,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "actors/collectives.h"
+#include "actors/collectives/collectives.h"
 #include "kernels/cpu/cast.h"
 #include "storage/checkpoint.h"
 #include "trainer/config/lr_schedule.h"

@@ -12,10 +12,10 @@
 #include <map>
 #include <numeric>
 
-#include "actors/collectives.h"
-#include "actors/offload_client.h"
-#include "actors/runtime.h"
-#include "actors/service_client.h"
+#include "actors/collectives/collectives.h"
+#include "actors/offload_link/offload_client.h"
+#include "actors/offload_link/service_client.h"
+#include "actors/runtime/runtime.h"
 #include "kernels/cpu/cast.h"
 #include "storage/checkpoint.h"
 #include "trainer/config/lr_schedule.h"

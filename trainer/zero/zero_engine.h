@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/service_client.h"
+#include "actors/offload_link/service_client.h"
 #include "kernels/cpu/adam.h"
 #include "messages/codec.h"
 #include "trainer/config/ds_config.h"

@@ -1,0 +1,191 @@
+#include "actors/runtime/gateway.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+namespace dsactor::actors {
+
+namespace msg = dsactor::messages;
+
+ReplySink::ReplySink() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+}
+
+ReplySink::~ReplySink() {
+  ::close(fd_);
+}
+
+void ReplySink::push(std::vector<zmq::message_t> frames) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(frames));
+  }
+  wake();
+}
+
+void ReplySink::wake() {
+  const uint64_t one = 1;
+  // EAGAIN means the counter is already non-zero: the gateway wakes anyway.
+  [[maybe_unused]] auto n = ::write(fd_, &one, sizeof one);
+}
+
+std::deque<std::vector<zmq::message_t>> ReplySink::drain() {
+  uint64_t count;
+  [[maybe_unused]] auto n = ::read(fd_, &count, sizeof count);
+  std::lock_guard lock(mutex_);
+  return std::exchange(queue_, {});
+}
+
+void Request::reply(std::vector<zmq::message_t> body) const {
+  std::span<const zmq::message_t> routing(frames.data(), routing_frames);
+  sink->push(msg::with_envelope(routing, std::move(body)));
+}
+
+struct Gateway::Shared {
+  zmq::socket_t router;
+  std::shared_ptr<ReplySink> sink = std::make_shared<ReplySink>();
+  std::atomic<bool> stop{false};
+  GatewayOptions options;
+  request_handler handler;
+  std::shared_ptr<GatewayCounters> counters;
+
+  void send(std::vector<zmq::message_t>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      // A ROUTER drops what it cannot route (peer gone); nothing to do about it here.
+      if (!router.send(frames[i], flags)) break;
+    }
+    counters->replies++;
+  }
+
+  void flush_replies() {
+    for (auto& frames : sink->drain()) send(frames);
+  }
+
+  // Receives one whole multipart message, keeping at most max_frames (+1 to tell that
+  // there were more) so a hostile sender cannot make us hold an unbounded frame list.
+  bool receive(std::vector<zmq::message_t>& frames) {
+    frames.clear();
+    bool more = true;
+    while (more) {
+      zmq::message_t part;
+      if (!router.recv(part, frames.empty() ? zmq::recv_flags::dontwait : zmq::recv_flags::none)) {
+        return false;
+      }
+      more = part.more();
+      if (frames.size() <= options.max_frames) frames.push_back(std::move(part));
+    }
+    return true;
+  }
+
+  void on_message(std::vector<zmq::message_t> frames) {
+    auto req = std::make_shared<Request>();
+    req->frames = std::move(frames);
+    req->sink = sink;
+    auto env = msg::split_envelope(req->frames);
+    if (!env) {
+      counters->dropped++;
+      spdlog::warn("gateway: dropped a message without routing envelope ({} frames)",
+                   req->frames.size());
+      return;
+    }
+    req->routing_frames = env->routing.size();
+    auto answer = [&](const msg::DecodeError& e) {
+      counters->refused++;
+      spdlog::debug("gateway: refused a request: {}: {}", msg::to_string(e.code), e.message);
+      auto reply = msg::with_envelope(env->routing, msg::encode(msg::error_reply(0, "", e)));
+      send(reply);
+    };
+    if (req->frames.size() > options.max_frames) {
+      answer({msg::DecodeErrc::wrongFrameCount,
+              "more than " + std::to_string(options.max_frames) + " frames"});
+      return;
+    }
+    auto decoded = msg::decode(env->body, options.limits);
+    if (!decoded) {
+      answer(decoded.error());
+      return;
+    }
+    req->message = std::move(decoded.value());
+    counters->requests++;
+    caf::anon_send(handler, handle_atom::value, RequestPtr(std::move(req)));
+  }
+
+  void loop() {
+    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
+                               {nullptr, sink->fd(), ZMQ_POLLIN, 0}};
+    std::vector<zmq::message_t> frames;
+    while (!stop.load()) {
+      zmq::poll(items, 2, std::chrono::milliseconds(500));
+      if (items[1].revents & ZMQ_POLLIN) flush_replies();
+      if (items[0].revents & ZMQ_POLLIN) {
+        // A bounded batch, so replies keep flowing under a flood of requests.
+        for (int i = 0; i < 64 && receive(frames); ++i) on_message(std::move(frames));
+      }
+    }
+    flush_replies();
+    router.close();
+  }
+};
+
+Gateway::Gateway(caf::actor_system& system, zmq::context_t& context, GatewayOptions options,
+                 request_handler handler)
+    : shared_(std::make_shared<Shared>()), counters_(std::make_shared<GatewayCounters>()) {
+  auto& s = *shared_;
+  s.options = std::move(options);
+  s.handler = std::move(handler);
+  s.counters = counters_;
+  s.router = zmq::socket_t(context, zmq::socket_type::router);
+  const auto& lim = s.options.limits;
+  s.router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(std::max<uint64_t>(
+                                             lim.max_payload_bytes, lim.max_header_bytes)));
+  s.router.set(zmq::sockopt::linger, 1000);
+  // Unbounded queues: a trainer's pushes are bounded by its own buckets, and a ROUTER at
+  // its high-water mark would silently drop replies.
+  s.router.set(zmq::sockopt::sndhwm, 0);
+  s.router.set(zmq::sockopt::rcvhwm, 0);
+  try {
+    s.router.bind(s.options.listen);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("gateway: cannot listen on " + s.options.listen + ": " + e.what());
+  }
+  endpoint_ = s.router.get(zmq::sockopt::last_endpoint);
+  auto promise = std::make_shared<std::promise<void>>();
+  done_ = promise->get_future();
+  // The socket moves to the detached actor's thread here; the spawn is the memory barrier
+  // ZeroMQ asks for when a socket changes threads, and no other thread touches it after.
+  // State travels as spawn arguments, not lambda captures: CAF 0.17 dereferences a null
+  // argument tuple for argument-less spawns (init_fun_factory.hpp), which UBSan reports.
+  system.spawn<caf::detached>(
+      [](caf::blocking_actor*, std::shared_ptr<Shared> shared,
+         std::shared_ptr<std::promise<void>> done) {
+        try {
+          shared->loop();
+        } catch (const std::exception& e) {
+          spdlog::error("gateway: stopped by an error: {}", e.what());
+        }
+        done->set_value();
+      },
+      shared_, promise);
+}
+
+Gateway::~Gateway() {
+  stop();
+}
+
+void Gateway::stop() {
+  if (!done_.valid()) return;
+  shared_->stop = true;
+  shared_->sink->wake();
+  done_.wait();
+  done_ = {};
+}
+
+}  // namespace dsactor::actors

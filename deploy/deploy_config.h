@@ -1,0 +1,123 @@
+#pragma once
+// The deployment file (deploy.yaml): which roles run, where they listen, where their state
+// lives, and the ds_config each trainer uses. `dsactor up deploy.yaml` starts every role it
+// names on this machine; `dsactor start --role ...` runs one of them by hand, with the
+// command line to_command_line() gives.
+//
+// Every key lives in ONE table (deploy_config.cpp, key_table()) that drives parsing, the
+// "which role may use this key" check, the "did you mean" hint and deploy_reference_markdown().
+// Relative paths in the file are resolved against the file's own directory, so a deployment
+// means the same thing whatever directory `dsactor up` runs in.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace dsactor::deploy {
+
+// A deployment the user has to fix: the message names the file (and line), the key path
+// ("roles[1].listen"), the offending value and what is allowed.
+class DeployConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class RoleKind { kOffload, kTrainer, kCoordinator };
+std::string_view role_kind_name(RoleKind k);
+
+// Storage-engine overrides of an offload service (the ds_config `aio` block's names).
+struct AioOverrides {
+  std::optional<uint64_t> block_size;   // bytes, multiple of 4096; default: the service's (1 MiB)
+  std::optional<unsigned> queue_depth;  // io_uring requests in flight; default: the service's (8)
+};
+
+struct RoleSpec {
+  RoleKind kind = RoleKind::kTrainer;
+  // Unique in the deployment; the log prefix "[name]". Default: <role><n>, n counting roles
+  // of the same kind in file order ("offload0", "trainer1").
+  std::string name;
+  size_t index = 0;  // position in `roles:` (the supervisor's exit code is 100 + index)
+
+  // offload, coordinator: the ZeroMQ endpoint bound. Default tcp://127.0.0.1:<port>, ports
+  // from 5555 up in file order, skipping ports named explicitly. "localhost" is written as
+  // 127.0.0.1 so that duplicates and readiness compare one spelling.
+  std::string listen;
+
+  // offload
+  std::optional<std::filesystem::path> nvme;  // NVMe tier directory (absolute)
+  uint64_t memory_limit = 0;  // bytes of RAM partitions may take; 0 = physical memory
+  AioOverrides aio;
+  bool mlock = true;                  // false: `--no-mlock`
+  std::optional<uint64_t> max_arena;  // `--max-arena`; unset: the service's default
+
+  // trainer
+  std::filesystem::path config;  // ds_config (absolute; must exist)
+  std::string model;             // preset name, or a model YAML (absolute when it is a path)
+  std::string data;              // absolute path, or empty
+  int64_t steps = 0;             // 0 = not set (the trainer's own default)
+  std::string out;               // absolute path, or empty
+  int rank = 0;
+  int world_size = 1;
+  std::vector<std::string> offload;  // names of offload roles; default: every offload role here
+  bool shared_memory = true;         // false: `--no-shared-memory`
+
+  // every role
+  std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
+  double startup_timeout = 60;                           // seconds until the role must answer
+  double shutdown_timeout = 10;                          // seconds from SIGTERM to SIGKILL
+};
+
+struct DeployConfig {
+  std::filesystem::path source;  // the deploy file, absolute
+  std::string job;               // default: the file's stem
+  bool allow_remote = false;     // allow listening on non-loopback addresses
+  bool create_dirs = true;       // `up` creates missing nvme/out directories
+  std::vector<RoleSpec> roles;   // in file order
+  // Where the trainers rendezvous (Gloo store, NCCL unique id): the coordinator role's
+  // `listen`; else the top-level `rendezvous` key; else, with world_size > 1, an implicit
+  // tcp://127.0.0.1:<port> on the first port of the 5555+ scheme no role uses (only when
+  // every rank runs from this file). Empty: one trainer and no coordinator, no rendezvous.
+  std::string rendezvous;
+  // No coordinator role: trainer rank 0 binds `rendezvous` itself, in-process (torchrun's
+  // rank 0 hosting the TCPStore), when this file runs rank 0.
+  bool rendezvous_in_rank0 = false;
+
+  const RoleSpec* find(std::string_view name) const;
+  std::vector<const RoleSpec*> of_kind(RoleKind k) const;
+};
+
+// Reads and validates a deploy file. Throws DeployConfigError.
+DeployConfig load_deploy_config(const std::filesystem::path& path);
+// Same, from text; `source` names the file in messages and anchors relative paths.
+DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesystem::path& source);
+
+// The argv (after the dsactor binary itself) that runs `role` by hand:
+//   offload:     start --role offload --listen E [--nvme DIR] [--memory-limit BYTES]
+//                [--aio-block-size B] [--aio-queue-depth Q] [--no-mlock]
+//   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
+//                [--offload ENDPOINT]... [--model M] [--data D] [--steps S] [--out DIR]
+//                [--coordinator ENDPOINT [--serve-coordinator]]
+//   coordinator: start --role coordinator --name N --deploy FILE --listen E
+// Every path is absolute; `--offload` lists the endpoints of the services the trainer's
+// partitions go to, in the order the deploy file names them. `--coordinator` is
+// config.rendezvous when set; `--serve-coordinator` goes to rank 0 when
+// config.rendezvous_in_rank0 (it binds the endpoint). The offload line has no --name
+// because `start --role offload` takes none (the supervisor passes DSACTOR_ROLE_NAME in the
+// environment to every role instead).
+std::vector<std::string> to_command_line(const DeployConfig& config, const RoleSpec& role);
+
+// "ds 4GiB" style byte counts: an integer, or a number with K/KiB, M/MiB, G/GiB, T/TiB (powers
+// of 1024) or KB/MB/GB/TB (powers of 1000). nullopt when `text` is none of these.
+std::optional<uint64_t> parse_byte_size(std::string_view text);
+
+// Whether a tcp:// endpoint's host is a loopback address (127.0.0.0/8, ::1, localhost).
+bool is_loopback_endpoint(std::string_view endpoint);
+
+// The key reference (docs/deploy.md is generated from it).
+std::string deploy_reference_markdown();
+
+}  // namespace dsactor::deploy

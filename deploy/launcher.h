@@ -1,0 +1,56 @@
+#pragma once
+// `dsactor launch`: DeepSpeed-style multi-host start of trainers from a hostfile. This file
+// only plans the commands (pure, testable); cli/cmd_launch.cpp runs them as children of a
+// Supervisor (parallel, `[rank r@host]` log prefixes, one failure stops the rest).
+//
+// Ranks are laid out host by host in hostfile order: host i's slot s gets
+// rank = (slots of the hosts before it) + s and local_rank = s; world size = all slots.
+// Each rank is one remote-shell command that runs, on its host,
+//   cd <workdir> && env RANK=r WORLD_SIZE=W LOCAL_RANK=l MASTER_ADDR=A MASTER_PORT=P
+//     <binary> start --role trainer <trainer args>       (one line)
+// (the trainer reads its rank from these variables; actors/launch_env.h). The command is one
+// argument to the transport, quoted for the remote `sh`:
+//   ssh:  <DSACTOR_LAUNCH_SSH, default "ssh"> HOST 'COMMAND'
+//   pdsh: <DSACTOR_LAUNCH_PDSH, default "pdsh"> -S -w HOST 'COMMAND'   (one pdsh per rank, so
+//         every rank has its own exit status and log prefix; -S returns the remote status)
+// The transport program may carry arguments ("ssh -p 2222"): split at spaces, no quoting.
+// Stopping a launch signals the local transport processes; as with DeepSpeed's pdsh runner,
+// whether the remote process dies with its ssh session depends on the remote side.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "deploy/launch_env.h"
+
+namespace dsactor::deploy {
+
+enum class LaunchTransport { kSsh, kPdsh };
+
+struct LaunchPlanOptions {
+  LaunchTransport transport = LaunchTransport::kSsh;
+  std::vector<std::string> transport_command;  // program (+ args); empty: "ssh" / "pdsh"
+  std::string master_addr;                     // empty: the hostfile's first host
+  int master_port = 29500;
+  std::string workdir;  // `cd` here on every host (absolute; normally the launch's cwd)
+  std::string binary;   // the dsactor binary on every host (absolute)
+  std::vector<std::string> trainer_args;  // appended to `start --role trainer`
+};
+
+struct RankCommand {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;
+  std::string remote_command;     // what the host's shell runs
+  std::vector<std::string> argv;  // the local transport process
+};
+
+// One command per rank, in rank order. Throws LaunchConfigError when the trainer args set
+// --rank/--world-size themselves (the launch's environment decides those), or the port is
+// not in 1..65535.
+std::vector<RankCommand> plan_launch(const std::vector<HostSlots>& hosts,
+                                     const LaunchPlanOptions& options);
+
+// "ssh -p 2222" -> {"ssh", "-p", "2222"}: split at runs of spaces and tabs.
+std::vector<std::string> split_words(std::string_view text);
+
+}  // namespace dsactor::deploy

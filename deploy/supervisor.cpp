@@ -1,0 +1,684 @@
+#include "deploy/supervisor.h"
+
+#include "actors/collectives/rendezvous_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace dsactor::deploy {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A line longer than this is emitted in pieces rather than buffered without bound.
+constexpr size_t kMaxLine = 64 * 1024;
+// How long one loop iteration may sleep: the latency of noticing an exit (waitpid is polled).
+constexpr auto kTick = std::chrono::milliseconds(50);
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+std::string signal_name(int sig) {
+  if (const char* abbrev = sigabbrev_np(sig)) return fmt::format("SIG{}", abbrev);
+  return fmt::format("signal {}", sig);
+}
+
+std::string status_text(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                       signal_name(WTERMSIG(status)));
+  return fmt::format("ended with wait status {}", status);
+}
+
+// An argv[0] without '/' is looked up in PATH here, before fork, so the child only execve()s.
+std::optional<std::string> find_executable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const auto colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  return std::nullopt;
+}
+
+// Connects once to a tcp:// or ipc:// endpoint; true when something accepts.
+bool try_connect(const std::string& endpoint) {
+  if (endpoint.starts_with("ipc://")) {
+    const std::string path = endpoint.substr(6);
+    sockaddr_un addr{};
+    if (path.size() >= sizeof(addr.sun_path)) return false;
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    return s && ::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  if (!endpoint.starts_with("tcp://")) return false;
+  const std::string rest = endpoint.substr(6);
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos) return false;
+  std::string host = rest.substr(0, colon);
+  const std::string port = rest.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  // A wildcard bind answers on loopback.
+  if (host == "*" || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return false;
+  bool ok = false;
+  for (addrinfo* ai = res; ai && !ok; ai = ai->ai_next) {
+    Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s) continue;
+    // A remote host that drops SYNs must not stall the loop.
+    timeval tv{0, 200000};
+    ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    ok = ::connect(s.get(), ai->ai_addr, ai->ai_addrlen) == 0;
+  }
+  ::freeaddrinfo(res);
+  return ok;
+}
+
+struct Child {
+  const ChildSpec* spec = nullptr;
+  pid_t pid = -1;  // also the process group id
+  Fd out, err;
+  std::string out_buf, err_buf;
+  std::deque<std::string> tail;
+  bool spawned = false, ready = false, exited = false;
+  int status = 0;
+  Clock::time_point started, next_probe, term_deadline;
+  bool term_sent = false, kill_sent = false;
+
+  bool alive() const { return spawned && !exited; }
+};
+
+// The write end of the self-pipe of the one run() that handles stop signals. A signal handler
+// can reach nothing else, so this is the single piece of mutable global state here; run()
+// claims it and gives it back.
+std::atomic<int>& signal_pipe() {
+  static std::atomic<int> fd{-1};
+  return fd;
+}
+
+void on_stop_signal(int sig) {
+  const int saved = errno;
+  const int fd = signal_pipe().load();
+  const auto b = static_cast<unsigned char>(sig);
+  if (fd >= 0) {
+    [[maybe_unused]] auto w = ::write(fd, &b, 1);
+  }
+  errno = saved;
+}
+
+// Installs on_stop_signal for the run's duration and restores the old handlers after it.
+class SignalScope {
+ public:
+  SignalScope(const std::vector<int>& signals, int pipe_fd) : signals_(signals) {
+    if (signals_.empty()) return;
+    int expected = -1;
+    if (!signal_pipe().compare_exchange_strong(expected, pipe_fd))
+      throw std::logic_error("Supervisor: another run already handles stop signals");
+    old_.resize(signals_.size());
+    for (size_t i = 0; i < signals_.size(); ++i) {
+      struct sigaction sa {};
+      sa.sa_handler = on_stop_signal;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(signals_[i], &sa, &old_[i]);
+      // A signal ignored when we started stays ignored (nohup's SIGHUP, SIGINT of a shell's
+      // background job), as shells and daemons do.
+      if (old_[i].sa_handler == SIG_IGN) ::sigaction(signals_[i], &old_[i], nullptr);
+    }
+    // Unblock them here in case the caller had blocked them (a handler must run).
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : signals_) sigaddset(&set, s);
+    ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  }
+  ~SignalScope() {
+    if (signals_.empty()) return;
+    for (size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &old_[i], nullptr);
+    signal_pipe().store(-1);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+ private:
+  std::vector<int> signals_;
+  std::vector<struct sigaction> old_;
+};
+
+}  // namespace
+
+struct Supervisor::Impl {
+  std::vector<ChildSpec> specs;
+  SupervisorOptions opt;
+  std::vector<Child> kids;
+  // Self-pipe: request_stop() writes 0, the stop-signal handler writes the signal number.
+  Fd stop_read, stop_write;
+  int stop_code = 0;  // 128 + signal once a stop was requested
+  bool ran = false;
+
+  void emit(Child& c, bool is_err, std::string_view line) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const std::string prefixed = fmt::format("[{}] {}", c.spec->name, line);
+    if (opt.sink) {
+      opt.sink(prefixed);
+    } else {
+      std::fwrite(prefixed.data(), 1, prefixed.size(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
+    if (is_err) {
+      c.tail.emplace_back(line);
+      while (c.tail.size() > opt.tail_lines) c.tail.pop_front();
+    }
+    if (c.spec->service && !c.ready && !c.spec->ready_endpoint.empty() &&
+        line.find("listening on " + c.spec->ready_endpoint) != std::string_view::npos)
+      mark_ready(c, "its log says it listens");
+  }
+
+  void mark_ready(Child& c, std::string_view how) {
+    c.ready = true;
+    const double secs = std::chrono::duration<double>(Clock::now() - c.started).count();
+    spdlog::info("{} is ready on {} after {:.2f} s ({})", c.spec->name, c.spec->ready_endpoint,
+                 secs, how);
+  }
+
+  // Reads what a pipe has now; closes it at EOF (emitting a last unterminated line).
+  void drain(Child& c, bool is_err) {
+    Fd& fd = is_err ? c.err : c.out;
+    std::string& buf = is_err ? c.err_buf : c.out_buf;
+    char chunk[16384];
+    while (fd) {
+      const ssize_t n = ::read(fd.get(), chunk, sizeof(chunk));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) {
+        if (!buf.empty()) emit(c, is_err, buf);
+        buf.clear();
+        fd.reset();
+        break;
+      }
+      buf.append(chunk, static_cast<size_t>(n));
+      size_t start = 0;
+      for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+        emit(c, is_err, std::string_view(buf).substr(start, nl - start));
+      buf.erase(0, start);
+      if (buf.size() > kMaxLine) {
+        emit(c, is_err, buf);
+        buf.clear();
+      }
+    }
+  }
+
+  void spawn(Child& c) {
+    const ChildSpec& s = *c.spec;
+    c.started = Clock::now();
+    c.next_probe = c.started;
+    c.spawned = true;
+    auto fail_now = [&](const std::string& why) {
+      // Reported like a child that exited with 127, the shell's "cannot execute".
+      c.exited = true;
+      c.status = 127 << 8;
+      c.tail.push_back(why);
+      spdlog::error("{}: {}", s.name, why);
+    };
+    if (s.argv.empty()) return fail_now("empty command line");
+    const auto exe = find_executable(s.argv[0]);
+    if (!exe) return fail_now(fmt::format("cannot start: \"{}\" is not in PATH", s.argv[0]));
+
+    // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      const std::string_view kv(*e);
+      const std::string_view key = kv.substr(0, kv.find('='));
+      const bool overridden =
+          std::any_of(s.env.begin(), s.env.end(), [&](const auto& p) { return p.first == key; });
+      if (!overridden) env_strings.emplace_back(kv);
+    }
+    for (const auto& [k, v] : s.env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> envp, argv;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> argv_strings = s.argv;
+    for (auto& a : argv_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    int out_pipe[2], err_pipe[2], exec_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0) return fail_now("pipe: " + errno_text(errno));
+    Fd out_r(out_pipe[0]), out_w(out_pipe[1]);
+    if (::pipe2(err_pipe, O_CLOEXEC) != 0) return fail_now("pipe: " + errno_text(errno));
+    Fd err_r(err_pipe[0]), err_w(err_pipe[1]);
+    // Closed by a successful execve; otherwise carries the child's errno back to us.
+    if (::pipe2(exec_pipe, O_CLOEXEC) != 0) return fail_now("pipe: " + errno_text(errno));
+    Fd exec_r(exec_pipe[0]), exec_w(exec_pipe[1]);
+    Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    const pid_t parent = ::getpid();
+
+    const pid_t pid = ::fork();
+    if (pid < 0) return fail_now("fork: " + errno_text(errno));
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // The parent may have died between fork and prctl; then nobody would ever stop us.
+      if (::getppid() != parent) ::_exit(127);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
+      if (devnull) ::dup2(devnull.get(), 0);
+      ::dup2(out_w.get(), 1);
+      ::dup2(err_w.get(), 2);
+      // Descriptors other code opened without O_CLOEXEC (sockets, files) stay ours.
+      ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+      ::execve(exe->c_str(), argv.data(), envp.data());
+      const int e = errno;
+      [[maybe_unused]] auto w = ::write(exec_w.get(), &e, sizeof(e));
+      ::_exit(127);
+    }
+    // Both sides set the group, so a signal sent right after fork already reaches it.
+    ::setpgid(pid, pid);
+    c.pid = pid;
+    out_w.reset();
+    err_w.reset();
+    exec_w.reset();
+    int child_errno = 0;
+    ssize_t n;
+    do n = ::read(exec_r.get(), &child_errno, sizeof(child_errno));
+    while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      c.pid = -1;
+      return fail_now(fmt::format("cannot start {}: {}", *exe, errno_text(child_errno)));
+    }
+    ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
+    ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
+    c.out = std::move(out_r);
+    c.err = std::move(err_r);
+    spdlog::info("started {} (pid {}): {}", s.name, pid, shell_quote(s.argv));
+  }
+
+  // Signals the child's whole process group; never pid <= 0 (kill(-1) would hit everything).
+  static void signal_group(const Child& c, int sig) {
+    if (c.pid > 0) ::kill(-c.pid, sig);
+  }
+
+  void reaped(Child& c, int status) {
+    c.exited = true;
+    c.status = status;
+    // What the child left behind in its group (a shell's background job) goes with it.
+    signal_group(c, SIGKILL);
+    drain(c, false);
+    drain(c, true);
+  }
+
+  // One wait for output, exits, stop requests; at most `max_wait`.
+  void pump(Clock::duration max_wait) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Child*, bool>> owners;
+    for (auto& c : kids) {
+      if (c.out) {
+        fds.push_back({c.out.get(), POLLIN, 0});
+        owners.emplace_back(&c, false);
+      }
+      if (c.err) {
+        fds.push_back({c.err.get(), POLLIN, 0});
+        owners.emplace_back(&c, true);
+      }
+    }
+    const size_t n_child_fds = fds.size();
+    fds.push_back({stop_read.get(), POLLIN, 0});
+    const auto wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(max_wait),
+                                 std::chrono::milliseconds(0), std::chrono::milliseconds(kTick));
+    const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+    if (rc < 0 && errno != EINTR)
+      throw std::runtime_error("supervisor: poll: " + errno_text(errno));
+    if (rc > 0) {
+      for (size_t i = 0; i < n_child_fds; ++i)
+        if (fds[i].revents) drain(*owners[i].first, owners[i].second);
+      if (fds[n_child_fds].revents) {
+        unsigned char b[64];
+        ssize_t n;
+        while ((n = ::read(stop_read.get(), b, sizeof(b))) > 0)
+          for (ssize_t i = 0; i < n; ++i) {
+            if (b[i] == 0)
+              on_stop_request(128 + SIGTERM, "stop requested");
+            else
+              on_stop_request(128 + b[i], signal_name(b[i]) + " received");
+          }
+      }
+    }
+    for (auto& c : kids) {
+      if (!c.alive()) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r == c.pid) reaped(c, status);
+    }
+  }
+
+  void on_stop_request(int code, const std::string& why) {
+    if (stop_code == 0) {
+      stop_code = code;
+      spdlog::warn("{}: stopping every role", why);
+      return;
+    }
+    // A second Ctrl-C while stopping: the user does not want to wait for shutdown timeouts.
+    spdlog::warn("{} again: killing every role now", why);
+    for (auto& c : kids)
+      if (c.alive()) {
+        signal_group(c, SIGKILL);
+        c.kill_sent = true;
+      }
+  }
+
+  // SIGTERM to each live child of the set, SIGKILL at its shutdown_timeout; returns when all
+  // have been reaped.
+  void stop(bool services) {
+    const auto now = Clock::now();
+    for (auto& c : kids) {
+      if (!c.alive() || c.spec->service != services || c.term_sent) continue;
+      signal_group(c, SIGTERM);
+      c.term_sent = true;
+      c.term_deadline = now + c.spec->shutdown_timeout;
+    }
+    while (true) {
+      bool any = false;
+      for (auto& c : kids) {
+        if (!c.alive() || c.spec->service != services) continue;
+        any = true;
+        if (!c.kill_sent && Clock::now() >= c.term_deadline) {
+          spdlog::warn("{} did not stop within {:.1f} s of SIGTERM: sending SIGKILL", c.spec->name,
+                       std::chrono::duration<double>(c.spec->shutdown_timeout).count());
+          signal_group(c, SIGKILL);
+          c.kill_sent = true;
+        }
+      }
+      if (!any) return;
+      pump(kTick);
+    }
+  }
+
+  void stop_all() {
+    stop(false);
+    stop(true);
+    // Pipes held open by nobody now: read what is left.
+    for (auto& c : kids) {
+      drain(c, false);
+      drain(c, true);
+    }
+  }
+
+  SupervisorResult fail(Child& c, const std::string& what) {
+    spdlog::error("{} {}: stopping every role", c.spec->name, what);
+    stop_all();
+    SupervisorResult r;
+    r.exit_code = 100 + std::clamp(c.spec->code_index, 0, 99);
+    r.failed = c.spec->name;
+    r.message = fmt::format("role \"{}\" {}", c.spec->name, what);
+    if (!c.tail.empty()) {
+      r.message += "; its last stderr lines:";
+      for (const auto& l : c.tail) r.message += "\n  " + l;
+    } else {
+      r.message += " (it wrote nothing to stderr)";
+    }
+    return r;
+  }
+
+  SupervisorResult stopped() {
+    stop_all();
+    SupervisorResult r;
+    r.exit_code = stop_code;
+    r.message = "stopped on request; every role has exited";
+    return r;
+  }
+
+  // The first service that ended (any exit of a service before the stop is a failure).
+  Child* dead_service() {
+    for (auto& c : kids)
+      if (c.spec->service && c.exited) return &c;
+    return nullptr;
+  }
+
+  SupervisorResult run() {
+    // Phase 1: services, in parallel, until each is ready. An endpoint that already answers
+    // belongs to some other process: the role could not bind it, and the connection probe
+    // would call it ready.
+    for (auto& c : kids) {
+      if (!c.spec->service) continue;
+      if (!c.spec->ready_endpoint.empty() && try_connect(c.spec->ready_endpoint)) {
+        c.tail.push_back(fmt::format("{} already accepts connections before {} started",
+                                     c.spec->ready_endpoint, c.spec->name));
+        return fail(c, fmt::format("cannot start: its endpoint {} is taken by another process",
+                                   c.spec->ready_endpoint));
+      }
+    }
+    for (auto& c : kids)
+      if (c.spec->service) spawn(c);
+    while (true) {
+      if (stop_code) return stopped();
+      if (Child* d = dead_service())
+        return fail(*d, (d->ready ? "" : "before it became ready: ") + status_text(d->status));
+      const auto now = Clock::now();
+      bool all_ready = true;
+      for (auto& c : kids) {
+        if (!c.spec->service || c.ready) continue;
+        if (c.spec->ready_endpoint.empty()) {
+          c.ready = true;
+          continue;
+        }
+        if (now >= c.next_probe) {
+          if (try_connect(c.spec->ready_endpoint) &&
+              (!c.spec->ready_probe || c.spec->ready_probe())) {
+            mark_ready(c, c.spec->ready_probe ? "it answers requests" : "it accepts connections");
+            continue;
+          }
+          c.next_probe = Clock::now() + opt.probe_interval;
+        }
+        if (now - c.started >= c.spec->startup_timeout)
+          return fail(c,
+                      fmt::format("never became ready: no \"listening on {}\" line and no "
+                                  "connection accepted within its startup_timeout of {:.1f} s",
+                                  c.spec->ready_endpoint,
+                                  std::chrono::duration<double>(c.spec->startup_timeout).count()));
+        all_ready = false;
+      }
+      if (all_ready) break;
+      pump(opt.probe_interval);
+    }
+
+    // Phase 2: workers; the run ends when they all have.
+    for (auto& c : kids)
+      if (!c.spec->service) spawn(c);
+    const bool any_worker =
+        std::any_of(kids.begin(), kids.end(), [](const Child& c) { return !c.spec->service; });
+    while (true) {
+      for (auto& c : kids) {
+        if (c.spec->service || !c.exited) continue;
+        if (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)
+          return fail(c, status_text(c.status));
+      }
+      if (Child* d = dead_service())
+        return fail(*d, status_text(d->status) +
+                            " while the deployment was running (a service "
+                            "must run until it is stopped)");
+      if (stop_code) return stopped();
+      const bool workers_done =
+          any_worker && std::all_of(kids.begin(), kids.end(),
+                                    [](const Child& c) { return c.spec->service || c.exited; });
+      if (workers_done) {
+        spdlog::info("every trainer exited 0: stopping the services");
+        stop_all();
+        // A service that then fails to stop in time was SIGKILLed; the run itself succeeded.
+        return SupervisorResult{};
+      }
+      pump(kTick);
+    }
+  }
+
+  // Last resort (an exception escaped run(), or run() was never called after a spawn):
+  // nothing may outlive the supervisor.
+  void kill_everything() {
+    for (auto& c : kids)
+      if (c.alive()) {
+        signal_group(c, SIGKILL);
+        int status = 0;
+        ::waitpid(c.pid, &status, 0);
+        c.exited = true;
+      }
+  }
+};
+
+Supervisor::Supervisor(std::vector<ChildSpec> children, SupervisorOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->specs = std::move(children);
+  impl_->opt = std::move(options);
+  for (const auto& s : impl_->specs) {
+    Child c;
+    c.spec = &s;
+    impl_->kids.push_back(std::move(c));
+  }
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw std::runtime_error("supervisor: pipe: " + errno_text(errno));
+  impl_->stop_read = Fd(p[0]);
+  impl_->stop_write = Fd(p[1]);
+}
+
+Supervisor::~Supervisor() {
+  impl_->kill_everything();
+}
+
+SupervisorResult Supervisor::run() {
+  if (impl_->ran) throw std::logic_error("Supervisor::run called twice");
+  impl_->ran = true;
+  // A handler rather than a signalfd: libraries (OpenBLAS) start threads before main, and a
+  // process-directed signal may land on any of them, where a blocked-mask scheme cannot reach.
+  SignalScope signals(impl_->opt.stop_signals, impl_->stop_write.get());
+  try {
+    return impl_->run();
+  } catch (...) {
+    impl_->kill_everything();
+    throw;
+  }
+}
+
+void Supervisor::request_stop() {
+  const char b = 0;
+  [[maybe_unused]] auto w = ::write(impl_->stop_write.get(), &b, 1);
+}
+
+std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary) {
+  std::vector<ChildSpec> out;
+  for (const auto& r : config.roles) {
+    ChildSpec c;
+    c.name = r.name;
+    c.argv = {binary};
+    for (auto& a : to_command_line(config, r)) c.argv.push_back(std::move(a));
+    c.env = {{"DSACTOR_JOB", config.job}, {"DSACTOR_ROLE_NAME", r.name}};
+    for (const auto& kv : r.env) c.env.push_back(kv);
+    c.service = r.kind != RoleKind::kTrainer;
+    // Services share the host with trainers and sit idle between requests: OpenMP threads
+    // that spin after each Adam pass would take the trainers' cores (measured: a 30-step
+    // run varied from 0.1 s to 30 s on 2 loaded cores). Sleep instead, unless the user
+    // chose otherwise.
+    const bool wait_policy_set = std::getenv("OMP_WAIT_POLICY") != nullptr ||
+                                 std::any_of(c.env.begin(), c.env.end(), [](const auto& kv) {
+                                   return kv.first == "OMP_WAIT_POLICY";
+                                 });
+    if (c.service && !wait_policy_set) c.env.emplace_back("OMP_WAIT_POLICY", "passive");
+    if (c.service) c.ready_endpoint = r.listen;
+    if (r.kind == RoleKind::kCoordinator) {
+      // Removing a key nobody sets is a full round trip that changes nothing.
+      c.ready_probe = [endpoint = r.listen, job = config.job] {
+        try {
+          actors::RendezvousClient probe(endpoint, job, std::chrono::milliseconds(500));
+          probe.remove("dsactor/up/ready-probe");
+          return true;
+        } catch (const std::exception&) {
+          return false;  // not answering yet (or not our protocol): probe again later
+        }
+      };
+    }
+    c.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.startup_timeout * 1000));
+    c.shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.shutdown_timeout * 1000));
+    c.code_index = static_cast<int>(r.index);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string shell_quote(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) {
+    if (!out.empty()) out += ' ';
+    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("-_./:=@,+%", ch);
+    });
+    if (plain) {
+      out += a;
+      continue;
+    }
+    out += '\'';
+    for (char ch : a) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    out += '\'';
+  }
+  return out;
+}
+
+}  // namespace dsactor::deploy

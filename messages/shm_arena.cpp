@@ -1,0 +1,112 @@
+#include "messages/shm_arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <regex>
+#include <stdexcept>
+
+namespace dsactor::messages {
+
+namespace {
+
+std::runtime_error sys_error(const std::string& what) {
+  return std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+size_t page_size() {
+  const long p = sysconf(_SC_PAGESIZE);
+  return p > 0 ? static_cast<size_t>(p) : 4096;
+}
+
+}  // namespace
+
+bool is_local_endpoint(std::string_view ep) {
+  auto starts = [&](std::string_view p) { return ep.substr(0, p.size()) == p; };
+  return starts("ipc://") || starts("inproc://") || starts("tcp://127.") ||
+         starts("tcp://localhost:") || starts("tcp://[::1]:");
+}
+
+SharedArena::SharedArena(size_t bytes) {
+  if (bytes == 0) throw std::invalid_argument("SharedArena: size 0");
+  const size_t page = page_size();
+  size_ = (bytes + page - 1) / page * page;
+  fd_ = memfd_create("dsactor-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd_ < 0) throw sys_error("memfd_create");
+  // Sealed before anyone else can see it: the peer's mapping cannot shrink under it.
+  if (ftruncate(fd_, static_cast<off_t>(size_)) != 0 ||
+      fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    auto e = sys_error("memfd of " + std::to_string(size_) + " bytes: ftruncate/seal");
+    ::close(fd_);
+    throw e;
+  }
+  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) {
+    auto e = sys_error("mmap of a " + std::to_string(size_) + "-byte arena");
+    ::close(fd_);
+    throw e;
+  }
+  data_ = static_cast<std::byte*>(p);
+}
+
+SharedArena::~SharedArena() {
+  if (data_) munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string SharedArena::path() const {
+  return "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd_);
+}
+
+std::shared_ptr<ArenaMapping> ArenaMapping::open(const std::string& path, uint64_t bytes) {
+  static const std::regex kProcFd("/proc/[0-9]{1,10}/fd/[0-9]{1,10}");
+  const std::string what = "arena '" + path + "'";
+  if (!std::regex_match(path, kProcFd))
+    throw std::runtime_error(what + ": not of the form /proc/<pid>/fd/<fd>");
+  if (bytes == 0) throw std::runtime_error(what + ": size 0");
+  if (bytes > static_cast<uint64_t>(SIZE_MAX / 2))
+    throw std::runtime_error(what + ": size " + std::to_string(bytes) + " too large");
+  // Only regular files are opened at all (opening a device or FIFO can have effects).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw sys_error(what + ": stat");
+  if (!S_ISREG(st.st_mode)) throw std::runtime_error(what + ": not a regular file");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) throw sys_error(what + ": open");
+  auto fail = [&](const std::string& why) {
+    ::close(fd);
+    return std::runtime_error(what + ": " + why);
+  };
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw fail("not a regular file");
+  // F_GET_SEALS fails on anything but a memfd; without F_SEAL_SHRINK its owner could
+  // truncate it and turn our reads into SIGBUS.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) throw fail("not a sealable memfd");
+  if (!(seals & F_SEAL_SHRINK)) throw fail("not sealed against shrinking (F_SEAL_SHRINK)");
+  if (static_cast<uint64_t>(st.st_size) < bytes)
+    throw fail("holds " + std::to_string(st.st_size) + " bytes, asked to map " +
+               std::to_string(bytes));
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    throw sys_error(what + ": mmap");
+  }
+  ::close(fd);  // the mapping keeps the memory
+  return std::shared_ptr<ArenaMapping>(new ArenaMapping(static_cast<std::byte*>(p), bytes));
+}
+
+ArenaMapping::~ArenaMapping() {
+  munmap(data_, size_);
+}
+
+std::optional<std::span<std::byte>> ArenaMapping::range(uint64_t offset, uint64_t length) const {
+  if (offset > size_ || length > size_ - offset) return std::nullopt;
+  return std::span<std::byte>(data_ + offset, length);
+}
+
+}  // namespace dsactor::messages

@@ -1,0 +1,74 @@
+#pragma once
+
+// Same-host shared memory for payloads (messages/README.md, "Shared-memory arena"): a
+// trainer and an offload service on one host move tensor bytes through a region both
+// mapped instead of through a loopback socket, which saves the copies in and out of the
+// kernel and the syscalls per chunk.
+//
+// The trainer creates the arena (SharedArena): a memfd sealed against shrinking, so the
+// service's mapping can never lose its pages under it (a truncated shared file would raise
+// SIGBUS on access). The service opens it through /proc/<pid>/fd/<fd> (ArenaMapping),
+// which works for a peer of the same user in the same PID namespace and fails otherwise:
+// the caller then falls back to payload frames.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace dsactor::messages {
+
+// True for endpoints that can only reach this host: ipc://, inproc://, tcp:// to
+// 127.x.x.x, localhost or [::1]. Whether the peer really shares our /proc is found out
+// by mapping.
+bool is_local_endpoint(std::string_view endpoint);
+
+// The creating side: a sealed memfd of `bytes` (rounded up to whole pages) mapped
+// read/write. Throws std::runtime_error naming the system call that failed.
+class SharedArena {
+ public:
+  explicit SharedArena(size_t bytes);
+  ~SharedArena();
+  SharedArena(const SharedArena&) = delete;
+  SharedArena& operator=(const SharedArena&) = delete;
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  // What a peer opens: /proc/<our pid>/fd/<memfd>.
+  std::string path() const;
+
+ private:
+  int fd_ = -1;
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// The mapping side: a peer's arena, mapped read/write. Only open() creates one.
+class ArenaMapping {
+ public:
+  // `path` must be /proc/<pid>/fd/<fd> naming a regular memfd sealed with F_SEAL_SHRINK of
+  // at least `bytes` (> 0) bytes; anything else (another file, a device, a socket, an
+  // unsealed or too small memfd, another host's path) throws std::runtime_error saying
+  // which check failed. Never maps anything but such a memfd.
+  static std::shared_ptr<ArenaMapping> open(const std::string& path, uint64_t bytes);
+  ~ArenaMapping();
+  ArenaMapping(const ArenaMapping&) = delete;
+  ArenaMapping& operator=(const ArenaMapping&) = delete;
+
+  uint64_t size() const { return size_; }
+  // [offset, offset + length) when it lies inside the mapping (overflow-safe); nullopt
+  // otherwise.
+  std::optional<std::span<std::byte>> range(uint64_t offset, uint64_t length) const;
+
+ private:
+  ArenaMapping(std::byte* data, uint64_t size) : data_(data), size_(size) {}
+  std::byte* data_;
+  uint64_t size_;
+};
+
+}  // namespace dsactor::messages
