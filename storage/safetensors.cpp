@@ -179,20 +179,17 @@ void write_safetensors(const std::filesystem::path& path,
   write_file_atomic(path, pieces);
 }
 
-SafetensorsFile read_safetensors(const std::filesystem::path& path) {
-  // Header first, then each tensor straight into its own buffer: peak memory is the
-  // tensors once, not the file plus the tensors.
-  std::error_code ec;
-  const uint64_t file_size = std::filesystem::file_size(path, ec);
-  if (ec) fail(path, "cannot stat: " + ec.message());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open for reading");
+namespace {
+
+// The header's JSON object, after the length field's checks.
+json read_header(std::ifstream& in, const std::filesystem::path& path, uint64_t file_size,
+                 uint64_t& header_len) {
   if (file_size < 8)
     fail(path,
          fmt::format("truncated: {} bytes, but the 8-byte header length alone needs 8", file_size));
   std::byte len_bytes[8];
   read_at(in, path, 0, len_bytes, 8);
-  const uint64_t header_len = load_le_u64(len_bytes);
+  header_len = load_le_u64(len_bytes);
   if (header_len > file_size - 8)
     fail(path, fmt::format("header length {} exceeds the {} bytes after the length field "
                            "(truncated file or corrupt length)",
@@ -213,58 +210,61 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     fail(path, fmt::format("header is not valid JSON: {}", e.what()));
   }
   if (!header.is_object()) fail(path, "header JSON is not an object");
+  return header;
+}
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
-  for (const auto& [key, value] : header.items()) {
-    if (key == kMetadataKey) {
-      if (!value.is_object()) fail(path, "\"__metadata__\" is not an object");
-      for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string())
-          fail(path, fmt::format("\"__metadata__\" key '{}' is {}, but values must be strings", mk,
-                                 mv.dump()));
-        out.metadata[mk] = mv.get<std::string>();
-      }
-      continue;
-    }
-    if (!value.is_object()) fail(path, fmt::format("tensor '{}': entry is not an object", key));
-    Entry e;
-    e.name = key;
-    if (!value.contains("dtype") || !value["dtype"].is_string())
-      fail(path, fmt::format("tensor '{}': missing string \"dtype\"", key));
-    e.dtype = value["dtype"].get<std::string>();
-    if (!is_safetensors_dtype(e.dtype))
-      fail(path, fmt::format("tensor '{}': unknown dtype '{}'", key, e.dtype));
-    if (!value.contains("shape")) fail(path, fmt::format("tensor '{}': missing \"shape\"", key));
-    e.shape = parse_shape(path, key, value["shape"]);
-    const json& offs = value.contains("data_offsets") ? value["data_offsets"] : json();
-    if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
-        !offs[1].is_number_unsigned())
-      fail(path, fmt::format("tensor '{}': \"data_offsets\" must be [begin, end] of unsigned "
-                             "integers, got {}",
-                             key, offs.dump()));
-    e.begin = offs[0].get<uint64_t>();
-    e.end = offs[1].get<uint64_t>();
-    if (e.end < e.begin)
-      fail(path, fmt::format("tensor '{}': data_offsets [{}, {}) ends before it begins", key,
-                             e.begin, e.end));
-    uint64_t expect = 0;
-    try {
-      expect = shape_elements(e.shape) * safetensors_dtype_size(e.dtype);
-    } catch (const std::invalid_argument& ex) {
-      fail(path, fmt::format("tensor '{}': {}", key, ex.what()));
-    }
-    if (expect != e.end - e.begin)
-      fail(path,
-           fmt::format("tensor '{}': shape {} of {} needs {} bytes but data_offsets "
-                       "[{}, {}) span {}",
-                       key, shape_str(e.shape), e.dtype, expect, e.begin, e.end, e.end - e.begin));
-    entries.push_back(std::move(e));
+void read_metadata(const std::filesystem::path& path, const json& value,
+                   std::map<std::string, std::string>& metadata) {
+  if (!value.is_object()) fail(path, "\"__metadata__\" is not an object");
+  for (const auto& [mk, mv] : value.items()) {
+    if (!mv.is_string())
+      fail(path, fmt::format("\"__metadata__\" key '{}' is {}, but values must be strings", mk,
+                             mv.dump()));
+    metadata[mk] = mv.get<std::string>();
   }
+}
 
-  // The data region must be tiled exactly, as the reference reader demands: holes would be
-  // unaccounted bytes and overlaps would alias two tensors.
-  const uint64_t data_size = file_size - 8 - header_len;
+// One tensor's header entry, its byte count checked against its shape and dtype.
+Entry read_entry(const std::filesystem::path& path, const std::string& key, const json& value) {
+  if (!value.is_object()) fail(path, fmt::format("tensor '{}': entry is not an object", key));
+  Entry e;
+  e.name = key;
+  if (!value.contains("dtype") || !value["dtype"].is_string())
+    fail(path, fmt::format("tensor '{}': missing string \"dtype\"", key));
+  e.dtype = value["dtype"].get<std::string>();
+  if (!is_safetensors_dtype(e.dtype))
+    fail(path, fmt::format("tensor '{}': unknown dtype '{}'", key, e.dtype));
+  if (!value.contains("shape")) fail(path, fmt::format("tensor '{}': missing \"shape\"", key));
+  e.shape = parse_shape(path, key, value["shape"]);
+  const json& offs = value.contains("data_offsets") ? value["data_offsets"] : json();
+  if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
+      !offs[1].is_number_unsigned())
+    fail(path, fmt::format("tensor '{}': \"data_offsets\" must be [begin, end] of unsigned "
+                           "integers, got {}",
+                           key, offs.dump()));
+  e.begin = offs[0].get<uint64_t>();
+  e.end = offs[1].get<uint64_t>();
+  if (e.end < e.begin)
+    fail(path, fmt::format("tensor '{}': data_offsets [{}, {}) ends before it begins", key, e.begin,
+                           e.end));
+  uint64_t expect = 0;
+  try {
+    expect = shape_elements(e.shape) * safetensors_dtype_size(e.dtype);
+  } catch (const std::invalid_argument& ex) {
+    fail(path, fmt::format("tensor '{}': {}", key, ex.what()));
+  }
+  if (expect != e.end - e.begin)
+    fail(path,
+         fmt::format("tensor '{}': shape {} of {} needs {} bytes but data_offsets "
+                     "[{}, {}) span {}",
+                     key, shape_str(e.shape), e.dtype, expect, e.begin, e.end, e.end - e.begin));
+  return e;
+}
+
+// The data region must be tiled exactly, as the reference reader demands: holes would be
+// unaccounted bytes and overlaps would alias two tensors. Sorts `entries` by offset.
+void check_tiling(const std::filesystem::path& path, std::vector<Entry>& entries,
+                  uint64_t data_size) {
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -287,6 +287,30 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     fail(path, fmt::format("{} trailing bytes after the last tensor (data region is {} bytes, "
                            "tensors cover {})",
                            data_size - cursor, data_size, cursor));
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+  // Header first, then each tensor straight into its own buffer: peak memory is the
+  // tensors once, not the file plus the tensors.
+  std::error_code ec;
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  if (ec) fail(path, "cannot stat: " + ec.message());
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot open for reading");
+  uint64_t header_len = 0;
+  const json header = read_header(in, path, file_size, header_len);
+
+  SafetensorsFile out;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey)
+      read_metadata(path, value, out.metadata);
+    else
+      entries.push_back(read_entry(path, key, value));
+  }
+  check_tiling(path, entries, file_size - 8 - header_len);
 
   const uint64_t data_start = 8 + header_len;
   for (Entry& e : entries) {

@@ -12,17 +12,16 @@
 #include "trainer/data/batch_loader.h"
 #include "trainer/data/byte_tokenizer.h"
 #include "trainer/model/hf_weights.h"
-#include "trainer/monitor/csv_monitor.h"
-#include "trainer/monitor/tensorboard_monitor.h"
+#include "trainer/monitor/monitors.h"
 
 namespace dsactor::trainer {
 
 std::filesystem::path find_checkpoint(const std::filesystem::path& dir) {
   if (std::filesystem::exists(dir / "manifest.json")) return dir;
   if (std::filesystem::exists(dir / "checkpoint" / "manifest.json")) return dir / "checkpoint";
-  throw std::invalid_argument(fmt::format(
-      "{}: no checkpoint here (looked for {} and {})", dir.string(),
-      (dir / "manifest.json").string(), (dir / "checkpoint" / "manifest.json").string()));
+  throw std::invalid_argument(fmt::format("{}: no checkpoint here (looked for {} and {})",
+                                          dir.string(), (dir / "manifest.json").string(),
+                                          (dir / "checkpoint" / "manifest.json").string()));
 }
 
 double unigram_entropy(const std::vector<int32_t>& tokens) {
@@ -52,9 +51,10 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
       throw std::invalid_argument(fmt::format("{}: token {} does not fit the model's vocab_size {}",
                                               o.data.string(), t, gpt.vocab_size));
   BatchLoader train(&split.train, B, T, o.shuffle, o.seed);
-  spdlog::info("data {}: {} train tokens, {} val tokens; micro-batch {} x {} tokens, {} micro-steps",
-               o.data.string(), split.train.size(), split.val.size(), B, T,
-               config.gradient_accumulation_steps);
+  spdlog::info(
+      "data {}: {} train tokens, {} val tokens; micro-batch {} x {} tokens, {} micro-steps",
+      o.data.string(), split.train.size(), split.val.size(), B, T,
+      config.gradient_accumulation_steps);
 
   Engine engine(gpt, config, o.seed);
   if (o.init) {
@@ -73,20 +73,9 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
     target = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : 100;
   }
 
-  // DeepSpeed's monitors: every enabled one gets every event.
-  std::unique_ptr<CsvMonitor> csv;
-  std::unique_ptr<TensorboardMonitor> tensorboard;
-  auto monitor_dir = [&](const MonitorConfig& m) {
-    return m.output_path.empty() ? o.out / "monitor" : std::filesystem::path(m.output_path);
-  };
-  if (config.csv_monitor.enabled)
-    csv = std::make_unique<CsvMonitor>(monitor_dir(config.csv_monitor), config.csv_monitor.job_name);
-  if (config.tensorboard.enabled)
-    tensorboard = std::make_unique<TensorboardMonitor>(monitor_dir(config.tensorboard),
-                                                       config.tensorboard.job_name);
+  Monitors monitors(config, o.out / "monitor");
   auto monitor = [&](const std::string& event, int64_t step, double value) {
-    if (csv) csv->write(event, step, value);
-    if (tensorboard) tensorboard->write(event, step, static_cast<float>(value));
+    monitors.write(event, step, value);
   };
 
   const bool have_val = split.val.size() > static_cast<size_t>(B) * T + 1;
@@ -98,9 +87,8 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   };
   const auto save = [&]() {
     const auto dir = o.out / "checkpoint";
-    engine.save_checkpoint(dir, {{"train_cursor", train.cursor()},
-                                 {"data", o.data.string()},
-                                 {"seed", o.seed}});
+    engine.save_checkpoint(
+        dir, {{"train_cursor", train.cursor()}, {"data", o.data.string()}, {"seed", o.seed}});
     return dir;
   };
 
@@ -114,13 +102,10 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
     tokens += static_cast<int64_t>(B) * T * config.gradient_accumulation_steps;
     s.last_train_loss = r.loss;
     TrainProgress p{r, target, 0, 0};
-    p.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.elapsed_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     p.tokens_per_second = tokens / std::max(p.elapsed_seconds, 1e-9);
-    monitor("Train/Samples/train_loss", r.global_step, r.loss);
-    monitor("Train/Samples/lr", r.global_step, r.lr);
-    monitor("Train/Samples/grad_norm", r.global_step, r.grad_norm);
-    if (engine.precision() == Precision::kFp16)
-      monitor("Train/Samples/loss_scale", r.global_step, r.loss_scale);
+    monitors.write_step(r, engine.precision() == Precision::kFp16);
     if (cb.on_step) cb.on_step(p);
     if (cb.log_steps && config.steps_per_print > 0 && r.global_step % config.steps_per_print == 0)
       spdlog::info("step {}/{} loss {:.4f} lr {:.3e} grad_norm {:.3f}{} {:.0f} tok/s",

@@ -5,6 +5,7 @@
 #include <list>
 #include <map>
 #include <optional>
+#include <span>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
@@ -118,126 +119,165 @@ RendezvousServer::~RendezvousServer() {
   if (thread_.joinable()) thread_.join();
 }
 
-void RendezvousServer::serve() {
-  Store store(options_.max_keys_per_job);
-  std::list<Waiter> waiters;
+namespace {
 
-  // Answers every parked request whose keys now all exist (after a set).
-  auto release_ready = [&](const std::string& job) {
-    for (auto it = waiters.begin(); it != waiters.end();) {
-      if (it->job != job || store.first_missing(job, it->keys)) {
+// The server thread's state and one handler per request kind. Every request is answered
+// (or parked, for a get/wait of missing keys) before the next one is read.
+class StoreService {
+ public:
+  StoreService(zmq::socket_t& socket, const RendezvousServerOptions& options)
+      : socket_(socket), options_(options), store_(options.max_keys_per_job) {}
+
+  // When the loop must wake at the latest: the nearest parked deadline, capped by `cap`.
+  Clock::time_point next_wake(Clock::time_point cap) const {
+    for (const auto& w : waiters_) cap = std::min(cap, w.deadline);
+    return cap;
+  }
+
+  // Answers every parked request whose deadline has passed with "timeout" and the key that
+  // is still missing.
+  void expire(Clock::time_point now) {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->deadline > now) {
         ++it;
         continue;
       }
-      const std::string payload = it->want_value ? *store.find(job, it->keys[0]) : std::string();
-      reply(socket_, std::move(it->identity), it->request_id, "ok", payload);
-      it = waiters.erase(it);
+      const std::string* missing = store_.first_missing(it->job, it->keys);
+      reply(socket_, std::move(it->identity), it->request_id, "timeout",
+            missing ? *missing : it->keys[0]);
+      it = waiters_.erase(it);
     }
+  }
+
+  // frames: identity, request id, op, job, args...
+  void handle(std::vector<zmq::message_t>& frames, Clock::time_point now) {
+    if (frames.size() < 4) {
+      spdlog::warn("rendezvous server: dropped a malformed request ({} frames)", frames.size());
+      return;
+    }
+    Incoming in{std::move(frames[0]), str(frames[1]), str(frames[2]), str(frames[3]),
+                std::span<zmq::message_t>(frames).subspan(4)};
+    const size_t nargs = in.args.size();
+    if (in.op == "set" && nargs == 2)
+      on_set(in);
+    else if ((in.op == "get" && nargs == 2) || (in.op == "wait" && nargs >= 2))
+      on_get_or_wait(in, now);
+    else if (in.op == "add" && nargs == 2)
+      on_add(in);
+    else if (in.op == "del" && nargs == 1)
+      reply(socket_, std::move(in.identity), in.request_id, "ok",
+            store_.remove(in.job, str(in.args[0])) ? "1" : "0");
+    else
+      refuse(in, "unknown request '" + in.op + "' with " + std::to_string(nargs) + " arguments");
+  }
+
+ private:
+  struct Incoming {
+    zmq::message_t identity;
+    std::string request_id, op, job;
+    std::span<zmq::message_t> args;
   };
 
+  void refuse(Incoming& in, const std::string& why) {
+    reply(socket_, std::move(in.identity), in.request_id, "error", why);
+  }
+
+  void on_set(Incoming& in) {
+    const std::string key = str(in.args[0]);
+    if (!store_.set(in.job, key, str(in.args[1]))) {
+      return refuse(in, "job '" + in.job + "' already holds " +
+                            std::to_string(options_.max_keys_per_job) + " keys; refused to set '" +
+                            key + "'");
+    }
+    reply(socket_, std::move(in.identity), in.request_id, "ok", "");
+    release_ready(in.job);
+  }
+
+  // get: args = timeout, key (reply with the value); wait: args = timeout, keys... (reply
+  // empty). Answered at once when every key exists, else parked until they do or the
+  // timeout passes.
+  void on_get_or_wait(Incoming& in, Clock::time_point now) {
+    const auto timeout_ms = decode_u64(in.args[0]);
+    if (!timeout_ms) return refuse(in, "malformed timeout");
+    Waiter w{std::move(in.identity),
+             in.request_id,
+             in.job,
+             {},
+             in.op == "get",
+             now + std::chrono::milliseconds(*timeout_ms)};
+    for (size_t i = 1; i < in.args.size(); ++i) w.keys.push_back(str(in.args[i]));
+    if (store_.first_missing(in.job, w.keys)) {
+      waiters_.push_back(std::move(w));
+      return;
+    }
+    const std::string payload = w.want_value ? *store_.find(in.job, w.keys[0]) : std::string();
+    reply(socket_, std::move(w.identity), in.request_id, "ok", payload);
+  }
+
+  // An 8-byte little-endian counter, created at 0; replies with the new value.
+  void on_add(Incoming& in) {
+    const std::string key = str(in.args[0]);
+    const auto delta = decode_u64(in.args[1]);
+    if (!delta) return refuse(in, "malformed delta");
+    const std::string* old = store_.find(in.job, key);
+    if (old && old->size() != 8) {
+      return refuse(in, "key '" + key + "' holds " + std::to_string(old->size()) +
+                            " bytes, not an 8-byte counter");
+    }
+    const int64_t value =
+        static_cast<int64_t>((old ? decode_u64(*old) : 0) + *delta);  // wraps like int64
+    if (!store_.set(in.job, key, encode_u64(static_cast<uint64_t>(value))))
+      return refuse(in, "job '" + in.job + "' is full; refused to add to '" + key + "'");
+    reply(socket_, std::move(in.identity), in.request_id, "ok",
+          encode_u64(static_cast<uint64_t>(value)));
+    release_ready(in.job);
+  }
+
+  // Answers every parked request of `job` whose keys now all exist (after a set or add).
+  void release_ready(const std::string& job) {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->job != job || store_.first_missing(job, it->keys)) {
+        ++it;
+        continue;
+      }
+      const std::string payload = it->want_value ? *store_.find(job, it->keys[0]) : std::string();
+      reply(socket_, std::move(it->identity), it->request_id, "ok", payload);
+      it = waiters_.erase(it);
+    }
+  }
+
+  zmq::socket_t& socket_;
+  const RendezvousServerOptions& options_;
+  Store store_;
+  std::list<Waiter> waiters_;
+};
+
+}  // namespace
+
+void RendezvousServer::serve() {
+  StoreService service(socket_, options_);
   while (!stop_.load()) {
     // Wake for the nearest parked deadline, and at least every 50 ms to notice stop_.
-    auto wake = Clock::now() + std::chrono::milliseconds(50);
-    for (const auto& w : waiters) wake = std::min(wake, w.deadline);
+    const auto wake = service.next_wake(Clock::now() + std::chrono::milliseconds(50));
     const auto left = std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count());
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(left));
 
     const auto now = Clock::now();
-    for (auto it = waiters.begin(); it != waiters.end();) {
-      if (it->deadline > now) {
-        ++it;
-        continue;
-      }
-      const std::string* missing = store.first_missing(it->job, it->keys);
-      reply(socket_, std::move(it->identity), it->request_id, "timeout",
-            missing ? *missing : it->keys[0]);
-      it = waiters.erase(it);
-    }
+    service.expire(now);
     if (!(item.revents & ZMQ_POLLIN)) continue;
-
     // Drain everything that arrived, without blocking.
     for (;;) {
       std::vector<zmq::message_t> frames;
       try {
-        if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+        if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
           break;
-        }
       } catch (const zmq::error_t& e) {
         spdlog::warn("rendezvous server: receive failed: {}", e.what());
         break;
       }
-      if (frames.size() < 4) {
-        spdlog::warn("rendezvous server: dropped a malformed request ({} frames)", frames.size());
-        continue;
-      }
-      zmq::message_t identity = std::move(frames[0]);
-      const std::string request_id = str(frames[1]);
-      const std::string op = str(frames[2]);
-      const std::string job = str(frames[3]);
-      const size_t nargs = frames.size() - 4;
-      auto arg = [&](size_t i) -> zmq::message_t& { return frames[4 + i]; };
-      auto refuse = [&](const std::string& why) {
-        reply(socket_, std::move(identity), request_id, "error", why);
-      };
-
-      if (op == "set" && nargs == 2) {
-        const std::string key = str(arg(0));
-        if (!store.set(job, key, str(arg(1)))) {
-          refuse("job '" + job + "' already holds " + std::to_string(options_.max_keys_per_job) +
-                 " keys; refused to set '" + key + "'");
-          continue;
-        }
-        reply(socket_, std::move(identity), request_id, "ok", "");
-        release_ready(job);
-      } else if ((op == "get" && nargs == 2) || (op == "wait" && nargs >= 2)) {
-        const auto timeout_ms = decode_u64(arg(0));
-        if (!timeout_ms) {
-          refuse("malformed timeout");
-          continue;
-        }
-        Waiter w{std::move(identity),
-                 request_id,
-                 job,
-                 {},
-                 op == "get",
-                 now + std::chrono::milliseconds(*timeout_ms)};
-        for (size_t i = 1; i < nargs; ++i) w.keys.push_back(str(arg(i)));
-        if (!store.first_missing(job, w.keys)) {
-          const std::string payload = w.want_value ? *store.find(job, w.keys[0]) : std::string();
-          reply(socket_, std::move(w.identity), request_id, "ok", payload);
-        } else {
-          waiters.push_back(std::move(w));
-        }
-      } else if (op == "add" && nargs == 2) {
-        const std::string key = str(arg(0));
-        const auto delta = decode_u64(arg(1));
-        if (!delta) {
-          refuse("malformed delta");
-          continue;
-        }
-        const std::string* old = store.find(job, key);
-        if (old && old->size() != 8) {
-          refuse("key '" + key + "' holds " + std::to_string(old->size()) +
-                 " bytes, not an 8-byte counter");
-          continue;
-        }
-        const int64_t value =
-            static_cast<int64_t>((old ? decode_u64(*old) : 0) + *delta);  // wraps like int64
-        if (!store.set(job, key, encode_u64(static_cast<uint64_t>(value)))) {
-          refuse("job '" + job + "' is full; refused to add to '" + key + "'");
-          continue;
-        }
-        reply(socket_, std::move(identity), request_id, "ok",
-              encode_u64(static_cast<uint64_t>(value)));
-        release_ready(job);
-      } else if (op == "del" && nargs == 1) {
-        const bool existed = store.remove(job, str(arg(0)));
-        reply(socket_, std::move(identity), request_id, "ok", existed ? "1" : "0");
-      } else {
-        refuse("unknown request '" + op + "' with " + std::to_string(nargs) + " arguments");
-      }
+      service.handle(frames, now);
     }
   }
 }

@@ -4,8 +4,7 @@
 
 #include <memory>
 
-#include "trainer/monitor/csv_monitor.h"
-#include "trainer/monitor/tensorboard_monitor.h"
+#include "trainer/monitor/monitors.h"
 
 namespace dsactor::trainer {
 
@@ -13,37 +12,22 @@ namespace {
 
 struct MonitorState {
   MonitorOptions options;
-  std::shared_ptr<CsvMonitor> csv;
-  std::shared_ptr<TensorboardMonitor> tensorboard;
+  std::shared_ptr<Monitors> monitors;  // null on ranks that write none
   StepReport latest;
   static inline const char* name = "monitor";
-
-  void write(const std::string& event, int64_t step, double value) {
-    if (csv) csv->write(event, step, value);
-    if (tensorboard) tensorboard->write(event, step, static_cast<float>(value));
-  }
-};
-
-struct MonitorSetup {
-  MonitorOptions options;
-  std::shared_ptr<CsvMonitor> csv;
-  std::shared_ptr<TensorboardMonitor> tensorboard;
 };
 
 monitor_actor::behavior_type monitor_behavior(monitor_actor::stateful_pointer<MonitorState> self,
-                                              std::shared_ptr<MonitorSetup> setup) {
-  self->state.options = setup->options;
-  self->state.csv = setup->csv;
-  self->state.tensorboard = setup->tensorboard;
+                                              MonitorOptions options,
+                                              std::shared_ptr<Monitors> monitors) {
+  self->state.options = std::move(options);
+  self->state.monitors = std::move(monitors);
   return {
       [self](report_atom, const StepReport& rep) {
         auto& s = self->state;
         s.latest = rep;
         const StepResult& r = rep.result;
-        s.write("Train/Samples/train_loss", r.global_step, r.loss);
-        s.write("Train/Samples/lr", r.global_step, r.lr);
-        s.write("Train/Samples/grad_norm", r.global_step, r.grad_norm);
-        if (rep.fp16) s.write("Train/Samples/loss_scale", r.global_step, r.loss_scale);
+        if (s.monitors) s.monitors->write_step(r, rep.fp16);
         if (r.global_step % s.options.print_every == 0 || r.global_step == rep.target_steps)
           spdlog::info("{}: step {}/{}: loss {:.4f} grad_norm {:.4f} lr {:.3g}{} {:.0f} tok/s",
                        s.options.name, r.global_step, rep.target_steps, r.loss, r.grad_norm, r.lr,
@@ -58,21 +42,11 @@ monitor_actor::behavior_type monitor_behavior(monitor_actor::stateful_pointer<Mo
 monitor_actor spawn_monitor(caf::actor_system& system, const DsConfig& config,
                             MonitorOptions options) {
   // The files are opened here, so a bad output_path fails the caller, not the actor.
-  auto setup = std::make_shared<MonitorSetup>();
   if (options.print_every < 1) options.print_every = 10;
-  if (options.write_monitors) {
-    auto dir = [&](const MonitorConfig& m) {
-      return m.output_path.empty() ? options.out / "monitor" : std::filesystem::path(m.output_path);
-    };
-    if (config.csv_monitor.enabled)
-      setup->csv =
-          std::make_shared<CsvMonitor>(dir(config.csv_monitor), config.csv_monitor.job_name);
-    if (config.tensorboard.enabled)
-      setup->tensorboard = std::make_shared<TensorboardMonitor>(dir(config.tensorboard),
-                                                                config.tensorboard.job_name);
-  }
-  setup->options = std::move(options);
-  return system.spawn(monitor_behavior, setup);
+  std::shared_ptr<Monitors> monitors;
+  if (options.write_monitors)
+    monitors = std::make_shared<Monitors>(config, options.out / "monitor");
+  return system.spawn(monitor_behavior, std::move(options), std::move(monitors));
 }
 
 }  // namespace dsactor::trainer
