@@ -153,6 +153,9 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128i bf16_pack_avx2(__m256 p)
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
+// The AVX-512 pass above at half the width, line for line. It is written out twice because a
+// target attribute belongs to a whole function: one template body cannot be compiled for
+// both instruction sets, and a wrapper around intrinsics would not inline across targets.
 template <bool kL2, bool kDecoupled, int kHalf>
 __attribute__((target("avx2,fma,f16c"))) void adam_range_avx2(float* param, float* m, float* v,
                                                               const float* grad, size_t lo,

@@ -35,52 +35,63 @@ inline void causal_softmax_row(float* a, int t, int T) {
   for (int t2 = t + 1; t2 < T; ++t2) a[t2] = 0.0f;
 }
 
+// The shapes of one call and where head bh = (b, h) finds its rows: q, k and v are column
+// blocks of one (T, 3C) row of qkv, the head's output a column block of a (T, C) row, and its
+// (T, T) attention matrix a slab of its own.
+struct Heads {
+  int B, T, C, NH;
+  int hs = C / NH;
+  int C3 = 3 * C;
+  float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  size_t TT = static_cast<size_t>(T) * T;
+  int count() const { return B * NH; }
+  size_t qkv_offset(int bh) const {
+    return static_cast<size_t>(bh / NH) * T * C3 + static_cast<size_t>(bh % NH) * hs;
+  }
+  size_t out_offset(int bh) const {
+    return static_cast<size_t>(bh / NH) * T * C + static_cast<size_t>(bh % NH) * hs;
+  }
+  size_t att_offset(int bh) const { return static_cast<size_t>(bh) * TT; }
+};
+
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t TT = static_cast<size_t>(T) * T;
-  const int heads = B * NH;
+  const Heads H{B, T, C, NH};
+  const int hs = H.hs, C3 = H.C3;
 #pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < heads; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+  for (int bh = 0; bh < H.count(); ++bh) {
+    const float* q = qkv + H.qkv_offset(bh);
     const float* k = q + C;
     const float* v = q + 2 * C;
-    float* a = att + static_cast<size_t>(bh) * TT;
-    float* o = out + static_cast<size_t>(b) * T * C + h * hs;
+    float* a = att + H.att_offset(bh);
+    float* o = out + H.out_offset(bh);
     // preatt (T,T) = scale * q (T,hs) @ k^T; the part above the diagonal is discarded.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, a,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, H.scale, q, C3, k, C3, 0.0f, a,
                 T);
     for (int t = 0; t < T; ++t) causal_softmax_row(a + static_cast<size_t>(t) * T, t, T);
     // out (T,hs) = att (T,T) @ v (T,hs); att is zero above the diagonal.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3, 0.0f, o,
-                C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3, 0.0f, o, C);
   }
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t TT = static_cast<size_t>(T) * T;
-  const int heads = B * NH;
+  const Heads H{B, T, C, NH};
+  const int hs = H.hs, C3 = H.C3;
+  const float scale = H.scale;
   // Each head writes only its own channels of dq, dk, dv in its own batch row: no overlap.
 #pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < heads; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+  for (int bh = 0; bh < H.count(); ++bh) {
+    const float* q = qkv + H.qkv_offset(bh);
     const float* k = q + C;
     const float* v = q + 2 * C;
-    float* dq = dqkv + static_cast<size_t>(b) * T * C3 + h * hs;
+    float* dq = dqkv + H.qkv_offset(bh);
     float* dk = dq + C;
     float* dv = dq + 2 * C;
-    const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
-    const float* a = att + static_cast<size_t>(bh) * TT;
-    float* g = scratch + static_cast<size_t>(bh) * TT;
+    const float* d = dout + H.out_offset(bh);
+    const float* a = att + H.att_offset(bh);
+    float* g = scratch + H.att_offset(bh);
     // datt (T,T) = dout (T,hs) @ v^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, C3, 0.0f, g, T);
     // dv (T,hs) += att^T (T,T) @ dout (T,hs)

@@ -70,6 +70,23 @@ inline double weighted_sum(const std::vector<double>& out, const std::vector<dou
   return s;
 }
 
+// The reference backward's gradients of a kernel with input, weight and bias against central
+// differences of `loss(inp, w, b)` in each argument.
+template <typename Loss>
+void expect_gradients_match_finite_differences(const std::vector<double>& dinp,
+                                               const std::vector<double>& dw,
+                                               const std::vector<double>& db,
+                                               const std::vector<double>& inp,
+                                               const std::vector<double>& w,
+                                               const std::vector<double>& b, Loss loss) {
+  expect_close(dinp, finite_diff(inp, [&](const auto& x) { return loss(x, w, b); }), 1e-7, 1e-6,
+               "fd dinp");
+  expect_close(dw, finite_diff(w, [&](const auto& x) { return loss(inp, x, b); }), 1e-7, 1e-6,
+               "fd dweight");
+  expect_close(db, finite_diff(b, [&](const auto& x) { return loss(inp, w, x); }), 1e-7, 1e-6,
+               "fd dbias");
+}
+
 // Runs f with the OpenMP thread count set to n, restoring it afterwards.
 template <typename F>
 void with_threads(int n, F&& f) {

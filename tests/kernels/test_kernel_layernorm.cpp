@@ -87,12 +87,7 @@ TEST(KernelLayernorm, ReferenceBackwardMatchesFiniteDifferences) {
   };
   std::vector<double> dinp, dw, db;
   ref_backward(dinp, dw, db, wts, inp, w, N, C);
-  expect_close(dinp, test::finite_diff(inp, [&](const auto& x) { return loss(x, w, b); }), 1e-7,
-               1e-6, "fd dinp");
-  expect_close(dw, test::finite_diff(w, [&](const auto& x) { return loss(inp, x, b); }), 1e-7, 1e-6,
-               "fd dweight");
-  expect_close(db, test::finite_diff(b, [&](const auto& x) { return loss(inp, w, x); }), 1e-7, 1e-6,
-               "fd dbias");
+  test::expect_gradients_match_finite_differences(dinp, dw, db, inp, w, b, loss);
 }
 
 TEST(KernelLayernorm, ForwardAndBackwardMatchReference) {
