@@ -27,6 +27,7 @@
 #include "trainer/data/byte_tokenizer.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/hf_weights.h"
+#include "trainer/run_plan.h"
 #include "trainer/runtime/engine_actor.h"
 #include "trainer/runtime/monitor_actor.h"
 #include "trainer/runtime/step_engine.h"
@@ -310,6 +311,145 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "--steps stays the total");
 }
 
+namespace {
+
+// One rank's run once it is placed and connected: what both engines' runs share.
+struct RankRun {
+  const StartTrainerArgs& a;
+  StopSignals& signals;
+  const Placement& place;
+  const DsConfig& config;
+  const GptConfig& gpt;
+  const DataSplit& split;
+  BatchLoader& train;
+  int B, T;
+  int64_t target;
+  Comms& comms;
+  actors::Runtime& runtime;
+  monitor_actor monitor;
+
+  std::filesystem::path out() const { return std::filesystem::path(a.out); }
+  int64_t tokens_per_step() const {
+    return static_cast<int64_t>(B) * T * config.gradient_accumulation_steps * place.world_size;
+  }
+
+  // Either engine: resume (checkpoint and data cursor), then the engine actor's run; a
+  // failed step throws its error.
+  template <class EngineT>
+  RunOutcome resume_and_run(EngineT& engine, const std::filesystem::path& resume_dir) {
+    if (!a.resume.empty()) {
+      const nlohmann::json extra = engine.load_checkpoint(resume_dir);
+      if (!extra.contains("train_cursor"))
+        throw std::invalid_argument(fmt::format(
+            "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", a.resume));
+      train.restore(extra.at("train_cursor"));
+      spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
+    }
+    StepEngineOf<EngineT> steps(engine);
+    RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
+                                          tokens_per_step(), signals, a.name);
+    if (!outcome.ok) throw std::runtime_error(outcome.error);
+    return outcome;
+  }
+
+  // Ends the process after a stop request was honoured: the checkpoint is written, the exit
+  // code says the run did not reach its target (128 + signal, as a shell reports it).
+  void exit_if_stopped(const RunOutcome& o) const {
+    if (!o.stopped) return;
+    spdlog::warn("{}: stopped at step {} of {}{}", a.name, o.global_step, target,
+                 a.out.empty() ? " (no --out: nothing saved)"
+                               : "; resume with --resume " + (out() / "checkpoint").string());
+    throw CLI::RuntimeError(128 + (signals.received() ? signals.received() : SIGTERM));
+  }
+};
+
+int run_stage0(RankRun& run) {
+  const StartTrainerArgs& a = run.a;
+  Engine engine(run.gpt, run.config, a.seed, run.comms.grad.get());
+  spdlog::info("{}: ZeRO stage 0 ({}), rank {} of {}", a.name, precision_name(engine.precision()),
+               run.place.rank, run.place.world_size);
+  const RunOutcome outcome = run.resume_and_run(
+      engine, a.resume.empty() ? std::filesystem::path() : find_checkpoint(a.resume));
+  spdlog::info("{}: done at step {}: loss {:.4f}", a.name, engine.global_step(), outcome.last.loss);
+  log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
+  // Every rank holds the same weights and optimizer state: rank 0 writes them.
+  if (!a.out.empty() && run.place.rank == 0) {
+    const auto out = run.out();
+    std::filesystem::create_directories(out);
+    export_hf_safetensors(out / "model.safetensors", run.gpt, engine.master_params());
+    engine.save_checkpoint(out / "checkpoint", {{"train_cursor", run.train.cursor()}});
+    spdlog::info("{}: final weights in {}, checkpoint in {}", a.name,
+                 (out / "model.safetensors").string(), (out / "checkpoint").string());
+  }
+  run.exit_if_stopped(outcome);
+  return 0;
+}
+
+ZeroOptions zero_options(const RankRun& run) {
+  const StartTrainerArgs& a = run.a;
+  ZeroOptions o;
+  o.services = a.offload;
+  o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
+  // Each rank its own job on the services: ranks may share a service (a deployment's
+  // default gives every trainer every offload role), and a job's step commits come from one
+  // trainer. The rendezvous keeps the shared job name.
+  o.job_id = run.place.world_size == 1 ? a.job : fmt::format("{}-rank{}", a.job, run.place.rank);
+  o.rank = static_cast<uint32_t>(run.place.rank);
+  o.world_size = static_cast<uint32_t>(run.place.world_size);
+  o.grad_comm = run.comms.grad.get();
+  o.param_comm = run.comms.param.get();
+  o.system = &run.runtime.system();
+  o.shared_memory = !a.no_shared_memory;
+  return o;
+}
+
+int run_zero(RankRun& run) {
+  const StartTrainerArgs& a = run.a;
+  const ZeroOptions o = zero_options(run);
+  ZeroEngine engine(run.gpt, run.config, a.seed, o);
+  spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
+               engine.stage(), precision_name(engine.precision()), run.place.rank,
+               run.place.world_size, o.services.size(), engine.plan().blocks());
+  const RunOutcome outcome = run.resume_and_run(engine, a.resume);
+  const ZeroStats s = engine.stats();
+  spdlog::info(
+      "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; peak resident "
+      "params {} of {} B; {} reduce-scatters overlapped with the backward; payloads {}",
+      a.name, engine.global_step(), outcome.last.loss, s.bytes_pushed, s.bytes_fetched,
+      s.peak_resident_param_bytes, s.total_param_bytes, s.overlapped_reductions,
+      s.arena_bytes > 0 ? fmt::format("through a {} B shared-memory arena", s.arena_bytes)
+                        : std::string("as frames"));
+  log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
+  if (!a.out.empty()) {
+    const auto out = run.out();
+    std::filesystem::create_directories(out);
+    const BlockSet full = engine.gather_params();  // a collective: every rank takes part
+    if (run.place.rank == 0) {
+      export_hf_safetensors(out / "model.safetensors", run.gpt, full);
+      spdlog::info("{}: final weights in {}", a.name, (out / "model.safetensors").string());
+    }
+    const auto ckpt = out / "checkpoint";
+    engine.save_checkpoint(ckpt, {{"train_cursor", run.train.cursor()}});
+    spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt.string());
+  }
+  run.exit_if_stopped(outcome);
+  return 0;
+}
+
+// The stage-0 engine runs without services; stages 1-3 need at least one.
+void check_engine_choice(const StartTrainerArgs& a, const DsConfig& config, int world_size) {
+  const int stage = config.zero_optimization.stage;
+  if (stage == 0)
+    check_supported(config, world_size);  // offload without a ZeRO stage is refused here
+  else if (a.offload.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: zero_optimization.stage {} keeps the optimizer in offload services: give at least "
+        "one --offload endpoint (dsactor start --role offload)",
+        a.config, stage));
+}
+
+}  // namespace
+
 int run_start_trainer(const StartTrainerArgs& a) {
   StopSignals signals;  // first: before any thread (collectives, actors) exists
   if (a.config.empty() || a.data.empty())
@@ -320,135 +460,36 @@ int run_start_trainer(const StartTrainerArgs& a) {
   Comms store;  // the rendezvous (and the rank, when the coordinator assigns it)
   if (place.world_size > 1 || a.collectives == "nccl") open_store(a, place, store);
   const DsConfig config = load_ds_config(a.config, place.world_size);
+  check_engine_choice(a, config, place.world_size);
   const int stage = config.zero_optimization.stage;
-  if (stage == 0)
-    check_supported(config, place.world_size);  // offload without a ZeRO stage is refused here
-  else if (a.offload.empty())
-    throw std::invalid_argument(fmt::format(
-        "{}: zero_optimization.stage {} keeps the optimizer in offload services: give at least "
-        "one --offload endpoint (dsactor start --role offload)",
-        a.config, stage));
   const GptConfig gpt = resolve_model(a.model);
-  const int T = a.seq > 0 ? a.seq : gpt.block_size;
-  if (T > gpt.block_size)
-    throw std::invalid_argument(
-        fmt::format("--seq {} is outside [1, block_size {}] of the model", T, gpt.block_size));
+  const int T = sequence_length(a.seq > 0 ? std::optional<int>(a.seq) : std::nullopt, gpt);
   const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  const DataSplit split = split_train_val(load_tokens(a.data), 0.1);
-  for (int32_t t : split.train)
-    if (t >= gpt.vocab_size)
-      throw std::invalid_argument(fmt::format("{}: token {} does not fit the model's vocab_size {}",
-                                              a.data, t, gpt.vocab_size));
+  const DataSplit split = load_training_data(a.data, gpt, 0.1);
   // Every rank walks the same windows (same seed) and takes its own rows of each.
   BatchLoader train(&split.train, B, T, true, a.seed, place.rank, place.world_size);
   Comms comms = connect_trainers(a, place, stage == 3, std::move(store));
 
-  int64_t target = a.steps;
-  if (target <= 0)
-    target = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : 100;
-  const bool lead = place.rank == 0;
   actors::Runtime runtime;
   MonitorOptions mo;
   mo.name = a.name;
   mo.out = a.out.empty() ? std::filesystem::path("runs/trainer") : std::filesystem::path(a.out);
-  mo.write_monitors = lead;
+  mo.write_monitors = place.rank == 0;
   mo.print_every = config.steps_per_print > 0 ? config.steps_per_print : 10;
-  const monitor_actor monitor = spawn_monitor(runtime.system(), config, mo);
-  const int64_t tokens_per_step =
-      static_cast<int64_t>(B) * T * config.gradient_accumulation_steps * place.world_size;
-  // Ends the process after a stop request was honoured: the checkpoint is written, the exit
-  // code says the run did not reach its target (128 + signal, as a shell reports it).
-  auto check = [&](const RunOutcome& o) {
-    if (!o.ok) throw std::runtime_error(o.error);
-  };
-  auto exit_if_stopped = [&](const RunOutcome& o) {
-    if (!o.stopped) return;
-    spdlog::warn("{}: stopped at step {} of {}{}", a.name, o.global_step, target,
-                 a.out.empty() ? " (no --out: nothing saved)"
-                               : "; resume with --resume " +
-                                     (std::filesystem::path(a.out) / "checkpoint").string());
-    throw CLI::RuntimeError(128 + (signals.received() ? signals.received() : SIGTERM));
-  };
-  const std::filesystem::path out(a.out);
-  // Either engine: resume (checkpoint and data cursor), then the engine actor's run.
-  auto resume_and_run = [&](auto& engine, const std::filesystem::path& resume_dir) {
-    if (!a.resume.empty()) {
-      const nlohmann::json extra = engine.load_checkpoint(resume_dir);
-      if (!extra.contains("train_cursor"))
-        throw std::invalid_argument(fmt::format(
-            "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", a.resume));
-      train.restore(extra.at("train_cursor"));
-      spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
-    }
-    StepEngineOf<std::remove_reference_t<decltype(engine)>> steps(engine);
-    RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
-                                          tokens_per_step, signals, a.name);
-    check(outcome);
-    return outcome;
-  };
-
-  if (stage == 0) {
-    Engine engine(gpt, config, a.seed, comms.grad.get());
-    spdlog::info("{}: ZeRO stage 0 ({}), rank {} of {}", a.name, precision_name(engine.precision()),
-                 place.rank, place.world_size);
-    const RunOutcome outcome = resume_and_run(
-        engine, a.resume.empty() ? std::filesystem::path() : find_checkpoint(a.resume));
-    const StepResult& r = outcome.last;
-    spdlog::info("{}: done at step {}: loss {:.4f}", a.name, engine.global_step(), r.loss);
-    log_validation(engine, split, B, T, a.seed, a.name);
-    // Every rank holds the same weights and optimizer state: rank 0 writes them.
-    if (!a.out.empty() && lead) {
-      std::filesystem::create_directories(out);
-      export_hf_safetensors(out / "model.safetensors", gpt, engine.master_params());
-      engine.save_checkpoint(out / "checkpoint", {{"train_cursor", train.cursor()}});
-      spdlog::info("{}: final weights in {}, checkpoint in {}", a.name,
-                   (out / "model.safetensors").string(), (out / "checkpoint").string());
-    }
-    exit_if_stopped(outcome);
-    return 0;
-  }
-
-  ZeroOptions o;
-  o.services = a.offload;
-  o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
-  // Each rank its own job on the services: ranks may share a service (a deployment's
-  // default gives every trainer every offload role), and a job's step commits come from one
-  // trainer. The rendezvous keeps the shared job name.
-  o.job_id = place.world_size == 1 ? a.job : fmt::format("{}-rank{}", a.job, place.rank);
-  o.rank = static_cast<uint32_t>(place.rank);
-  o.world_size = static_cast<uint32_t>(place.world_size);
-  o.grad_comm = comms.grad.get();
-  o.param_comm = comms.param.get();
-  o.system = &runtime.system();
-  o.shared_memory = !a.no_shared_memory;
-  ZeroEngine engine(gpt, config, a.seed, o);
-  spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
-               engine.stage(), precision_name(engine.precision()), place.rank, place.world_size,
-               o.services.size(), engine.plan().blocks());
-  const RunOutcome outcome = resume_and_run(engine, a.resume);
-  const StepResult& r = outcome.last;
-  const ZeroStats s = engine.stats();
-  spdlog::info(
-      "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; peak resident "
-      "params {} of {} B; {} reduce-scatters overlapped with the backward; payloads {}",
-      a.name, engine.global_step(), r.loss, s.bytes_pushed, s.bytes_fetched,
-      s.peak_resident_param_bytes, s.total_param_bytes, s.overlapped_reductions,
-      s.arena_bytes > 0 ? fmt::format("through a {} B shared-memory arena", s.arena_bytes)
-                        : std::string("as frames"));
-  log_validation(engine, split, B, T, a.seed, a.name);
-  if (!a.out.empty()) {
-    std::filesystem::create_directories(out);
-    const BlockSet full = engine.gather_params();  // a collective: every rank takes part
-    if (lead) {
-      export_hf_safetensors(out / "model.safetensors", gpt, full);
-      spdlog::info("{}: final weights in {}", a.name, (out / "model.safetensors").string());
-    }
-    const auto ckpt = out / "checkpoint";
-    engine.save_checkpoint(ckpt, {{"train_cursor", train.cursor()}});
-    spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt.string());
-  }
-  exit_if_stopped(outcome);
-  return 0;
+  RankRun run{a,
+              signals,
+              place,
+              config,
+              gpt,
+              split,
+              train,
+              B,
+              T,
+              target_steps(a.steps > 0 ? std::optional<int64_t>(a.steps) : std::nullopt, config),
+              comms,
+              runtime,
+              spawn_monitor(runtime.system(), config, mo)};
+  return stage == 0 ? run_stage0(run) : run_zero(run);
 }
 
 }  // namespace dsactor::cli

@@ -13,6 +13,7 @@
 #include "trainer/data/byte_tokenizer.h"
 #include "trainer/model/hf_weights.h"
 #include "trainer/monitor/monitors.h"
+#include "trainer/run_plan.h"
 
 namespace dsactor::trainer {
 
@@ -24,32 +25,13 @@ std::filesystem::path find_checkpoint(const std::filesystem::path& dir) {
                                           (dir / "checkpoint" / "manifest.json").string()));
 }
 
-double unigram_entropy(const std::vector<int32_t>& tokens) {
-  std::map<int32_t, int64_t> counts;
-  for (int32_t t : tokens) ++counts[t];
-  double h = 0;
-  for (const auto& [_, n] : counts) {
-    const double p = static_cast<double>(n) / static_cast<double>(tokens.size());
-    h -= p * std::log(p);
-  }
-  return h;
-}
-
 TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   const DsConfig config = load_ds_config(o.config);
   check_supported(config);
   const GptConfig gpt = resolve_model(o.model);
-  const int T = o.seq_len.value_or(gpt.block_size);
-  if (T < 1 || T > gpt.block_size)
-    throw std::invalid_argument(
-        fmt::format("--seq {} is outside [1, block_size {}] of the model", T, gpt.block_size));
+  const int T = sequence_length(o.seq_len, gpt);
   const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
-
-  const DataSplit split = split_train_val(load_tokens(o.data), o.val_fraction);
-  for (int32_t t : split.train)
-    if (t >= gpt.vocab_size)
-      throw std::invalid_argument(fmt::format("{}: token {} does not fit the model's vocab_size {}",
-                                              o.data.string(), t, gpt.vocab_size));
+  const DataSplit split = load_training_data(o.data, gpt, o.val_fraction);
   BatchLoader train(&split.train, B, T, o.shuffle, o.seed);
   spdlog::info(
       "data {}: {} train tokens, {} val tokens; micro-batch {} x {} tokens, {} micro-steps",
@@ -68,10 +50,7 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
     train.restore(extra.at("train_cursor"));
     spdlog::info("resumed from {} at step {}", dir.string(), engine.global_step());
   }
-  int64_t target = o.steps.value_or(0);
-  if (!o.steps) {
-    target = config.scheduler.total_num_steps > 0 ? config.scheduler.total_num_steps : 100;
-  }
+  const int64_t target = target_steps(o.steps, config);
 
   Monitors monitors(config, o.out / "monitor");
   auto monitor = [&](const std::string& event, int64_t step, double value) {

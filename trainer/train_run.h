@@ -12,20 +12,20 @@ namespace dsactor::trainer {
 
 // Everything `dsactor train` takes besides the ds_config itself.
 struct TrainOptions {
-  std::filesystem::path config;           // ds_config .json / .yaml
-  std::string model = "tiny";             // preset or model YAML
-  std::filesystem::path data;             // text file/dir or llm.c token file
+  std::filesystem::path config;                 // ds_config .json / .yaml
+  std::string model = "tiny";                   // preset or model YAML
+  std::filesystem::path data;                   // text file/dir or llm.c token file
   std::optional<std::filesystem::path> init;    // safetensors weights to start from
   std::optional<std::filesystem::path> resume;  // checkpoint dir (or an --out dir holding one)
   std::filesystem::path out = "runs/train";     // checkpoint goes to <out>/checkpoint
-  std::optional<int64_t> steps;           // total optimizer steps (global) to reach
-  std::optional<int> seq_len;             // default: the model's block_size
+  std::optional<int64_t> steps;                 // total optimizer steps (global) to reach
+  std::optional<int> seq_len;                   // default: the model's block_size
   bool shuffle = true;
   uint64_t seed = 1234;
   double val_fraction = 0.1;
-  int eval_every = 0;                     // 0: at the end only
+  int eval_every = 0;  // 0: at the end only
   int eval_batches = 8;
-  int save_every = 0;                     // 0: at the end only
+  int save_every = 0;  // 0: at the end only
 };
 
 struct TrainProgress {
@@ -57,8 +57,6 @@ struct TrainSummary {
 
 // The whole of `dsactor train`: config, data, engine, loop, evaluation, monitors, checkpoint.
 TrainSummary run_training(const TrainOptions& options, const TrainCallbacks& callbacks = {});
-
-double unigram_entropy(const std::vector<int32_t>& tokens);
 
 // <dir> if it is a checkpoint, else <dir>/checkpoint if that is one; errors say what was
 // looked for.
