@@ -16,18 +16,12 @@ namespace dsactor::cli {
 
 namespace {
 
+// The flags bind straight to the service's options, so their defaults (and the ones --help
+// shows) are the options structs' own (offload::ServiceOptions, StoreOptions, NvmeOptions).
 struct StartArgs {
   std::string role;
+  offload::ServiceOptions service;
   std::string nvme;
-  std::string listen = "tcp://127.0.0.1:5555";
-  uint64_t memory_limit = 0;
-  size_t aio_block_size = size_t{1} << 20;
-  unsigned aio_queue_depth = 8;
-  uint64_t max_in_cpu = 0;
-  unsigned buffer_count = 4;
-  uint64_t buffer_size = 0;
-  unsigned workers = 0;
-  uint64_t max_arena = uint64_t{64} << 30;
   bool no_mlock = false;
   bool no_cuda_pinning = false;
 };
@@ -52,27 +46,19 @@ const char* wait_for_stop(const sigset_t& stop_signals) {
 int run_offload(const StartArgs& a) {
   const sigset_t stop_signals = block_stop_signals();
 
-  offload::ServiceOptions o;
-  o.listen = a.listen;
-  o.store.memory_limit = a.memory_limit;
-  o.store.lock_memory = !a.no_mlock;
-  o.store.pin_with_cuda = !a.no_cuda_pinning;
-  o.store.nvme.block_size = a.aio_block_size;
-  o.store.nvme.queue_depth = a.aio_queue_depth;
-  o.store.max_in_cpu = a.max_in_cpu;
-  o.store.buffer_count = a.buffer_count;
-  o.store.buffer_size = a.buffer_size;
-  o.store.workers = a.workers;
-  o.store.max_arena_bytes = a.max_arena;
+  offload::ServiceOptions o = a.service;
+  if (a.no_mlock) o.store.lock_memory = false;
+  if (a.no_cuda_pinning) o.store.pin_with_cuda = false;
   if (!a.nvme.empty()) o.store.nvme_dir = a.nvme;
-  o.store.service_id = "offload@" + a.listen;
+  o.store.service_id = "offload@" + o.listen;
   // Bad knobs are named before anything is opened or bound.
   offload::validate(o.store);
   offload::OffloadService service(o);
   std::string tiers = "RAM";
   if (!a.nvme.empty()) {
-    tiers = a.max_in_cpu ? fmt::format("RAM up to {} bytes, then NVMe: {}", a.max_in_cpu, a.nvme)
-                         : "NVMe: " + a.nvme;
+    tiers = o.store.max_in_cpu
+                ? fmt::format("RAM up to {} bytes, then NVMe: {}", o.store.max_in_cpu, a.nvme)
+                : "NVMe: " + a.nvme;
   }
   spdlog::info("offload service listening on {} ({} tier; partition workers: {}; pinning: {})",
                service.endpoint(), tiers, service.workers(), service.pinning_report());
@@ -88,7 +74,7 @@ int run_offload(const StartArgs& a) {
 // calls it ready on the "listening on" line or once the store answers a request.
 int run_coordinator(const StartArgs& a, const std::string& name, const std::string& deploy) {
   const sigset_t stop_signals = block_stop_signals();
-  actors::RendezvousServer server(a.listen);
+  actors::RendezvousServer server(a.service.listen);
   spdlog::info("coordinator {}{}: rendezvous store listening on {}", name,
                deploy.empty() ? "" : " of " + deploy, server.endpoint());
   spdlog::info("coordinator: {} received, stopping", wait_for_stop(stop_signals));
@@ -105,43 +91,44 @@ void add_start_command(CLI::App& app) {
   cmd->add_option("--nvme", a->nvme,
                   "offload: directory of the NVMe tier (partitions.dat + RocksDB metadata); "
                   "a restart on the same directory serves the same state");
-  cmd->add_option("--listen", a->listen,
+  cmd->add_option("--listen", a->service.listen,
                   "offload: ZeroMQ ROUTER endpoint; coordinator: the rendezvous store's endpoint")
       ->capture_default_str();
-  cmd->add_option("--memory-limit", a->memory_limit,
+  cmd->add_option("--memory-limit", a->service.store.memory_limit,
                   "offload: bytes of RAM partitions may take (0 = physical memory); "
                   "suffixes K/M/G (powers of 1024) accepted")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
-  cmd->add_option("--aio-block-size", a->aio_block_size,
+  cmd->add_option("--aio-block-size", a->service.store.nvme.block_size,
                   "offload: io_uring request size and streaming chunk (multiple of 4096)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
-  cmd->add_option("--aio-queue-depth", a->aio_queue_depth, "offload: io_uring requests in flight")
+  cmd->add_option("--aio-queue-depth", a->service.store.nvme.queue_depth,
+                  "offload: io_uring requests in flight")
       ->check(CLI::Range(1u, 4096u))
       ->capture_default_str();
-  cmd->add_option("--max-in-cpu", a->max_in_cpu,
+  cmd->add_option("--max-in-cpu", a->service.store.max_in_cpu,
                   "offload, with --nvme: bytes of optimizer state (master+m+v, 12 per element) "
                   "kept in RAM, placed in registration order; the rest spills to NVMe "
                   "(ds_config max_in_cpu, but in bytes); 0 = everything on NVMe")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
-  cmd->add_option("--buffer-count", a->buffer_count,
+  cmd->add_option("--buffer-count", a->service.store.buffer_count,
                   "offload: NVMe staging buffers (one computed, count-2 read ahead, one "
                   "written behind; ds_config buffer_count), 3..1024")
       ->capture_default_str();
-  cmd->add_option("--buffer-size", a->buffer_size,
+  cmd->add_option("--buffer-size", a->service.store.buffer_size,
                   "offload: bytes of one NVMe staging buffer (a chunk of master, m and v; "
                   "ds_config buffer_size, in bytes), multiple of 4096, >= aio block size; "
                   "0 = 3 x aio block size; fixed for the life of an --nvme directory")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
-  cmd->add_option("--workers", a->workers,
+  cmd->add_option("--workers", a->service.store.workers,
                   "offload: partition workers; a job's partitions are placed on them "
                   "round-robin in registration order; 0 = one per two hardware threads")
       ->check(CLI::Range(0u, 256u))
       ->capture_default_str();
-  cmd->add_option("--max-arena", a->max_arena,
+  cmd->add_option("--max-arena", a->service.store.max_arena_bytes,
                   "offload: bytes of same-host trainers' shared-memory arenas mapped at once "
                   "(MapArena); beyond it a trainer moves payloads as frames; 0 = never map")
       ->transform(CLI::AsSizeValue(false))

@@ -4,8 +4,9 @@
 // names on this machine; `dsactor start --role ...` runs one of them by hand, with the
 // command line to_command_line() gives.
 //
-// Every key lives in ONE table (deploy_config.cpp, key_table()) that drives parsing, the
-// "which role may use this key" check, the "did you mean" hint and deploy_reference_markdown().
+// Every key lives in ONE table (deploy_keys.cpp, on the key_table/ engine) that drives the
+// checks of every value, the "which role may use this key" check, the "did you mean" hint
+// and deploy_reference_markdown().
 // Relative paths in the file are resolved against the file's own directory, so a deployment
 // means the same thing whatever directory `dsactor up` runs in.
 #include <cstdint>
@@ -29,10 +30,11 @@ class DeployConfigError : public std::runtime_error {
 enum class RoleKind { kOffload, kTrainer, kCoordinator };
 std::string_view role_kind_name(RoleKind k);
 
-// Storage-engine overrides of an offload service (the ds_config `aio` block's names).
+// Storage-engine overrides of an offload service (the ds_config `aio` block's names);
+// unset: the service's own (storage::NvmeOptions).
 struct AioOverrides {
-  std::optional<uint64_t> block_size;   // bytes, multiple of 4096; default: the service's (1 MiB)
-  std::optional<unsigned> queue_depth;  // io_uring requests in flight; default: the service's (8)
+  std::optional<uint64_t> block_size;   // bytes, multiple of 4096
+  std::optional<unsigned> queue_depth;  // io_uring requests in flight
 };
 
 struct RoleSpec {
@@ -47,12 +49,13 @@ struct RoleSpec {
   // 127.0.0.1 so that duplicates and readiness compare one spelling.
   std::string listen;
 
-  // offload
+  // offload; an unset value is the service's own default (offload::StoreOptions), which
+  // the reference page shows
   std::optional<std::filesystem::path> nvme;  // NVMe tier directory (absolute)
-  uint64_t memory_limit = 0;  // bytes of RAM partitions may take; 0 = physical memory
+  std::optional<uint64_t> memory_limit;       // `--memory-limit`; 0 = physical memory
   AioOverrides aio;
-  bool mlock = true;                  // false: `--no-mlock`
-  std::optional<uint64_t> max_arena;  // `--max-arena`; unset: the service's default
+  std::optional<bool> mlock;          // false: `--no-mlock`
+  std::optional<uint64_t> max_arena;  // `--max-arena`
 
   // trainer
   std::filesystem::path config;  // ds_config (absolute; must exist)
@@ -62,10 +65,10 @@ struct RoleSpec {
   std::string out;               // absolute path, or empty
   int rank = 0;
   int world_size = 1;
-  std::vector<std::string> offload;  // names of offload roles; default: every offload role here
-  bool shared_memory = true;         // false: `--no-shared-memory`
+  std::vector<std::string> offload;   // names of offload roles; default: every offload role here
+  std::optional<bool> shared_memory;  // false: `--no-shared-memory`; unset: the trainer's default
 
-  // every role
+  // every role; the timeouts' defaults are the deployment's (docs/deploy.md reads them here)
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
   double startup_timeout = 60;                           // seconds until the role must answer
   double shutdown_timeout = 10;                          // seconds from SIGTERM to SIGKILL
@@ -109,10 +112,6 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 // because `start --role offload` takes none (the supervisor passes DSACTOR_ROLE_NAME in the
 // environment to every role instead).
 std::vector<std::string> to_command_line(const DeployConfig& config, const RoleSpec& role);
-
-// "ds 4GiB" style byte counts: an integer, or a number with K/KiB, M/MiB, G/GiB, T/TiB (powers
-// of 1024) or KB/MB/GB/TB (powers of 1000). nullopt when `text` is none of these.
-std::optional<uint64_t> parse_byte_size(std::string_view text);
 
 // Whether a tcp:// endpoint's host is a loopback address (127.0.0.0/8, ::1, localhost).
 bool is_loopback_endpoint(std::string_view endpoint);

@@ -7,12 +7,6 @@
 namespace dsactor::key_table {
 namespace {
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 size_t levenshtein(std::string_view a, std::string_view b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -29,6 +23,12 @@ size_t levenshtein(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
 std::optional<std::string> nearest_key(std::string_view word,
                                        const std::vector<std::string>& candidates) {
   std::optional<std::string> best;
@@ -40,6 +40,11 @@ std::optional<std::string> nearest_key(std::string_view word,
   }
   if (!best || best_d > std::max<size_t>(2, word.size() / 3)) return std::nullopt;
   return best;
+}
+
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  const auto near = nearest_key(word, candidates);
+  return near ? " (did you mean \"" + *near + "\"?)" : std::string();
 }
 
 }  // namespace dsactor::key_table

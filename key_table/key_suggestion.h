@@ -12,4 +12,10 @@ namespace dsactor::key_table {
 std::optional<std::string> nearest_key(std::string_view word,
                                        const std::vector<std::string>& candidates);
 
+// " (did you mean \"<nearest>\"?)", or "" when no candidate is close enough.
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
+
+// ASCII lower case: key names and the values compared case-insensitively are ASCII.
+std::string lower(std::string_view s);
+
 }  // namespace dsactor::key_table

@@ -332,9 +332,10 @@ TEST(KeyErrors, SchedulerParameterOfAnotherType) {
       error_of(with_batch({{"scheduler",
                             {{"type", "WarmupCosineLR"},
                              {"params", {{"total_num_steps", 10}, {"warmup_max_lr", 0.1}}}}}}));
-  EXPECT_THAT(msg,
-              AllOf(HasSubstr("scheduler.params.warmup_max_lr"),
-                    HasSubstr("not a parameter of WarmupCosineLR"), HasSubstr("cos_min_ratio")));
+  EXPECT_THAT(msg, AllOf(HasSubstr("scheduler.params.warmup_max_lr"),
+                         HasSubstr("applies to scheduler WarmupLR, WarmupDecayLR, not to scheduler "
+                                   "WarmupCosineLR"),
+                         HasSubstr("WarmupCosineLR takes: "), HasSubstr("cos_min_ratio")));
 }
 
 TEST(KeyErrors, WandbEnabledIsNotSupported) {

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "deploy/deploy_config.h"
+#include "key_table/byte_size.h"
+#include "offload_service/partition_store.h"
 #include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor::deploy {
@@ -66,7 +68,8 @@ roles:
   EXPECT_THAT(cfg.roles[2].offload, ElementsAre("offload0", "offload1"));
   EXPECT_EQ(cfg.roles[0].startup_timeout, 60);
   EXPECT_EQ(cfg.roles[0].shutdown_timeout, 10);
-  EXPECT_TRUE(cfg.roles[0].mlock);
+  EXPECT_FALSE(cfg.roles[0].mlock.has_value());  // unset: the service's own default
+  EXPECT_FALSE(cfg.roles[0].memory_limit.has_value());
   EXPECT_FALSE(cfg.roles[0].nvme.has_value());
   EXPECT_TRUE(cfg.create_dirs);
   EXPECT_FALSE(cfg.allow_remote);
@@ -115,7 +118,7 @@ roles:
   EXPECT_EQ(o.listen, "tcp://0.0.0.0:6000");
   EXPECT_EQ(*o.nvme, dir / "ssd");
   EXPECT_EQ(o.memory_limit, uint64_t{64} << 30);
-  EXPECT_FALSE(o.mlock);
+  EXPECT_EQ(o.mlock, false);
   EXPECT_EQ(*o.aio.block_size, uint64_t{2} << 20);
   EXPECT_EQ(*o.aio.queue_depth, 32u);
   EXPECT_EQ(o.startup_timeout, 9);
@@ -160,8 +163,8 @@ roles:
     config: ds.json
 )");
   EXPECT_THAT(msg, AllOf(HasSubstr(file() + ":4:"), HasSubstr("roles[1].role"),
-                         HasSubstr("unknown role \"trainr\""),
-                         HasSubstr("allowed: offload, trainer, coordinator"),
+                         HasSubstr("value \"trainr\" is not allowed"),
+                         HasSubstr("one of \"offload\", \"trainer\", \"coordinator\""),
                          HasSubstr("did you mean \"trainer\"?")));
   EXPECT_THAT(error_of("roles: [{name: x}]"),
               AllOf(HasSubstr("roles[0].role"), HasSubstr("missing")));
@@ -173,16 +176,20 @@ TEST_F(DeployConfigTest, UnknownKeysGetTheNearestKnownKey) {
                     HasSubstr("did you mean \"roles\"?"), HasSubstr("at the top level")));
   EXPECT_THAT(error_of("roles:\n  - role: offload\n    nvmee: /x\n"),
               AllOf(HasSubstr(file() + ":3:"), HasSubstr("roles[0].nvmee: unknown key"),
-                    HasSubstr("did you mean \"nvme\"?")));
-  EXPECT_THAT(
-      error_of("roles:\n  - role: offload\n    aio: {queue_dept: 4}\n"),
-      AllOf(HasSubstr("roles[0].aio.queue_dept"), HasSubstr("did you mean \"queue_depth\"?")));
+                    HasSubstr("did you mean \"roles[0].nvme\"?")));
+  EXPECT_THAT(error_of("roles:\n  - role: offload\n    aio: {queue_dept: 4}\n"),
+              AllOf(HasSubstr("roles[0].aio.queue_dept"),
+                    HasSubstr("did you mean \"roles[0].aio.queue_depth\"?")));
+  // A key of the right name at the wrong level is pointed to where it belongs.
+  EXPECT_THAT(error_of("roles:\n  - role: offload\n    block_size: 8KiB\n"),
+              HasSubstr("did you mean \"roles[0].aio.block_size\"?"));
 }
 
 TEST_F(DeployConfigTest, KeyOfAnotherRoleIsRefused) {
   EXPECT_THAT(error_of("roles: [{role: trainer, config: ds.json, nvme: /x}]"),
               AllOf(HasSubstr("roles[0].nvme"),
-                    HasSubstr("key \"nvme\" applies to role offload, not to role trainer")));
+                    HasSubstr("key \"nvme\" applies to role offload, not to role trainer"),
+                    HasSubstr("trainer takes: role, name, config, ")));
   EXPECT_THAT(error_of("roles: [{role: offload, config: ds.json}]"),
               HasSubstr("key \"config\" applies to role trainer, not to role offload"));
 }
@@ -346,22 +353,6 @@ TEST_F(DeployConfigTest, BrokenYamlAndMissingFileAreNamed) {
     EXPECT_THAT(e.what(),
                 AllOf(HasSubstr((dir / "absent.yaml").string()), HasSubstr("cannot read")));
   }
-}
-
-TEST(ByteSize, SuffixesAndRefusals) {
-  EXPECT_EQ(parse_byte_size("4096"), 4096u);
-  EXPECT_EQ(parse_byte_size("64GiB"), uint64_t{64} << 30);
-  EXPECT_EQ(parse_byte_size("64G"), uint64_t{64} << 30);
-  EXPECT_EQ(parse_byte_size("512MiB"), uint64_t{512} << 20);
-  EXPECT_EQ(parse_byte_size("512 mib"), uint64_t{512} << 20);
-  EXPECT_EQ(parse_byte_size("4GB"), uint64_t{4000000000});
-  EXPECT_EQ(parse_byte_size("1.5KiB"), 1536u);
-  EXPECT_EQ(parse_byte_size("1TiB"), uint64_t{1} << 40);
-  EXPECT_FALSE(parse_byte_size("1.3B").has_value());  // not a whole number of bytes
-  EXPECT_FALSE(parse_byte_size("GiB").has_value());
-  EXPECT_FALSE(parse_byte_size("-1").has_value());
-  EXPECT_FALSE(parse_byte_size("99999999999999999999").has_value());
-  EXPECT_FALSE(parse_byte_size("20000000TiB").has_value());  // overflows 64 bits
 }
 
 TEST_F(DeployConfigTest, CommandLines) {
@@ -571,6 +562,18 @@ TEST(ShippedDeployments, EveryDeployYamlLoads) {
     ++n;
   }
   EXPECT_GE(n, 3);
+}
+
+// An unset offload key means the service's default: the page shows that very value.
+TEST(DeployReference, OffloadDefaultsAreTheServicesOwn) {
+  const auto md = deploy_reference_markdown();
+  const offload::StoreOptions store;
+  EXPECT_THAT(md, HasSubstr("| `max_arena` | offload | " +
+                            key_table::byte_size_text(store.max_arena_bytes) + " |"));
+  EXPECT_THAT(md, HasSubstr("| `block_size` | offload | " +
+                            key_table::byte_size_text(store.nvme.block_size) + " |"));
+  EXPECT_THAT(md, HasSubstr("| `queue_depth` | offload | " +
+                            std::to_string(store.nvme.queue_depth) + " |"));
 }
 
 TEST(DeployReference, ListsEveryKey) {

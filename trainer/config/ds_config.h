@@ -1,7 +1,7 @@
 #pragma once
 // DeepSpeed configuration (ds_config.json / .yaml) as dsactor reads it.
 //
-// Every key lives in ONE table (ds_config.cpp, key_table()) that drives parsing, type and
+// Every key lives in ONE table (ds_config_keys.cpp, ds_keys()) that drives parsing, type and
 // range checks, the "did you mean" hint and docs/ds_config.md. Key names, defaults and
 // derived rules follow DeepSpeed (deepspeed/runtime/config.py, zero/config.py,
 // zero/offload_config.py, precision_config.py, lr_schedules.py). The parser only parses

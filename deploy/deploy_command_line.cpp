@@ -1,0 +1,49 @@
+// The `dsactor start --role ...` argv of a deployment's role (format in deploy_config.h).
+// Only what the file sets is passed: an unset key leaves the role's own default.
+#include <string>
+#include <vector>
+
+#include "deploy/deploy_config.h"
+
+namespace dsactor::deploy {
+
+std::vector<std::string> to_command_line(const DeployConfig& config, const RoleSpec& role) {
+  std::vector<std::string> a = {"start", "--role", std::string(role_kind_name(role.kind))};
+  switch (role.kind) {
+    case RoleKind::kOffload:
+      a.insert(a.end(), {"--listen", role.listen});
+      if (role.nvme) a.insert(a.end(), {"--nvme", role.nvme->string()});
+      if (role.memory_limit)
+        a.insert(a.end(), {"--memory-limit", std::to_string(*role.memory_limit)});
+      if (role.aio.block_size)
+        a.insert(a.end(), {"--aio-block-size", std::to_string(*role.aio.block_size)});
+      if (role.aio.queue_depth)
+        a.insert(a.end(), {"--aio-queue-depth", std::to_string(*role.aio.queue_depth)});
+      if (role.mlock == false) a.emplace_back("--no-mlock");
+      if (role.max_arena) a.insert(a.end(), {"--max-arena", std::to_string(*role.max_arena)});
+      break;
+    case RoleKind::kTrainer:
+      a.insert(a.end(), {"--name", role.name, "--deploy", config.source.string(), "--config",
+                         role.config.string(), "--rank", std::to_string(role.rank), "--world-size",
+                         std::to_string(role.world_size)});
+      for (const auto& name : role.offload)
+        if (const RoleSpec* o = config.find(name)) a.insert(a.end(), {"--offload", o->listen});
+      if (!role.model.empty()) a.insert(a.end(), {"--model", role.model});
+      if (!role.data.empty()) a.insert(a.end(), {"--data", role.data});
+      if (role.steps) a.insert(a.end(), {"--steps", std::to_string(role.steps)});
+      if (!role.out.empty()) a.insert(a.end(), {"--out", role.out});
+      if (role.shared_memory == false) a.emplace_back("--no-shared-memory");
+      if (!config.rendezvous.empty()) {
+        a.insert(a.end(), {"--coordinator", config.rendezvous});
+        if (config.rendezvous_in_rank0 && role.rank == 0) a.emplace_back("--serve-coordinator");
+      }
+      break;
+    case RoleKind::kCoordinator:
+      a.insert(a.end(),
+               {"--name", role.name, "--deploy", config.source.string(), "--listen", role.listen});
+      break;
+  }
+  return a;
+}
+
+}  // namespace dsactor::deploy

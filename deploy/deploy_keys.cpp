@@ -1,0 +1,244 @@
+// The deployment file's key table: every key of deploy.yaml, one row each, in the order
+// docs/deploy.md lists them. A default that is another component's (the offload
+// service's StoreOptions, its io_uring options) is read from that component, so the page
+// cannot drift from what an unset key means. The table is data and stays one piece.
+#include "deploy/deploy_keys.h"
+
+#include <fmt/format.h>
+
+#include "deploy/deploy_endpoint.h"
+#include "key_table/reference_markdown.h"
+#include "offload_service/partition_store.h"
+
+namespace dsactor::deploy {
+namespace {
+
+using key_table::bool_value;
+using key_table::float_value;
+using key_table::int_value;
+using key_table::KeySpec;
+using key_table::ValueType;
+
+// KeySpec::applies_to, in the order of role_index() and of the table's applicability.
+enum RoleMask : unsigned { kOffload = 1, kTrainer = 2, kCoordinator = 4 };
+
+constexpr std::string_view kNameRule = "1-64 of [A-Za-z0-9_.-]";
+constexpr double kMaxSeconds = 86400;
+
+const std::vector<KeySpec>& deploy_keys() {
+  static const DeployConfig deployment;
+  static const RoleSpec role;
+  static const offload::StoreOptions store;
+  static const std::vector<KeySpec> table = {
+      // ---- top level ----
+      {.path = "job",
+       .type = ValueType::kString,
+       .doc = "job id the roles register under",
+       .default_doc = "the file's stem",
+       .allowed_doc = kNameRule},
+      {.path = "roles",
+       .type = ValueType::kObjectList,
+       .doc = "the processes of the deployment, in start order.",
+       .default_doc = "required",
+       .allowed_doc = "a non-empty list of maps",
+       .section = "Each entry of `roles:`"},
+      {.path = "allow_remote",
+       .type = ValueType::kBool,
+       .def = bool_value(deployment.allow_remote),
+       .doc = "allow `listen` on non-loopback addresses (the services have no authentication "
+              "yet)"},
+      {.path = "create_dirs",
+       .type = ValueType::kBool,
+       .def = bool_value(deployment.create_dirs),
+       .doc = "`dsactor up` creates missing `nvme` and `out` directories; false: a missing one "
+              "is an error"},
+      {.path = "env",
+       .type = ValueType::kStringMap,
+       .doc = "environment added to every role",
+       .default_doc = "{}"},
+      {.path = "rendezvous",
+       .type = ValueType::kEndpoint,
+       .doc = "where trainers rendezvous (`--coordinator`); without a coordinator role, trainer "
+              "rank 0 binds it (`--serve-coordinator`). Needed when trainers on other machines "
+              "take part and there is no coordinator role",
+       .default_doc = fmt::format("the coordinator's `listen`; else, with world_size > 1, "
+                                  "tcp://127.0.0.1:<first free {}+ port>",
+                                  kFirstDefaultPort)},
+      {.path = "startup_timeout",
+       .type = ValueType::kSeconds,
+       .def = float_value(role.startup_timeout),
+       .min = 0,
+       .max = kMaxSeconds,
+       .min_exclusive = true,
+       .doc = "default for every role: time a service has to answer on its endpoint"},
+      {.path = "shutdown_timeout",
+       .type = ValueType::kSeconds,
+       .def = float_value(role.shutdown_timeout),
+       .min = 0,
+       .max = kMaxSeconds,
+       .min_exclusive = true,
+       .doc = "default for every role: time from SIGTERM to SIGKILL"},
+      // ---- each entry of roles: ----
+      {.path = "roles[].role",
+       .type = ValueType::kEnum,
+       .choices = {"offload", "trainer", "coordinator"},
+       .doc = "what the process runs",
+       .default_doc = "required"},
+      {.path = "roles[].name",
+       .type = ValueType::kString,
+       .doc = "unique name; the log prefix; what trainers' `offload` lists refer to",
+       .default_doc = "<role><n>",
+       .allowed_doc = kNameRule},
+      {.path = "roles[].listen",
+       .type = ValueType::kEndpoint,
+       .doc = "ZeroMQ endpoint bound",
+       .applies_to = kOffload | kCoordinator,
+       .default_doc = fmt::format("tcp://127.0.0.1:<{}+>", kFirstDefaultPort)},
+      {.path = "roles[].nvme",
+       .type = ValueType::kPath,
+       .doc = "directory of the NVMe tier",
+       .applies_to = kOffload,
+       .default_doc = "none (RAM tier only)"},
+      {.path = "roles[].memory_limit",
+       .type = ValueType::kBytes,
+       .def = int_value(static_cast<int64_t>(store.memory_limit)),
+       .doc = "bytes of RAM partitions may take; 0: the machine's physical memory",
+       .applies_to = kOffload},
+      {.path = "roles[].aio",
+       .type = ValueType::kObject,
+       .doc = "io_uring settings of the NVMe tier.",
+       .applies_to = kOffload,
+       .allowed_doc = "a map",
+       .section = "`aio:` of an offload role"},
+      {.path = "roles[].mlock",
+       .type = ValueType::kBool,
+       .def = bool_value(store.lock_memory),
+       .doc = "pin RAM buffers (cudaHostAlloc, else mlock) where allowed",
+       .applies_to = kOffload},
+      {.path = "roles[].max_arena",
+       .type = ValueType::kBytes,
+       .def = int_value(static_cast<int64_t>(store.max_arena_bytes)),
+       .doc = "shared-memory arenas of same-host trainers mapped at once; beyond it a trainer "
+              "moves payloads as frames; 0: never map",
+       .applies_to = kOffload},
+      {.path = "roles[].config",
+       .type = ValueType::kPath,
+       .doc = "the trainer's ds_config (.json or .yaml)",
+       .applies_to = kTrainer,
+       .default_doc = "required"},
+      {.path = "roles[].model",
+       .type = ValueType::kString,
+       .doc = "model preset or model YAML",
+       .applies_to = kTrainer,
+       .default_doc = "the trainer's default",
+       .allowed_doc = "a preset name or a path"},
+      {.path = "roles[].data",
+       .type = ValueType::kPath,
+       .doc = "training data",
+       .applies_to = kTrainer,
+       .default_doc = "the trainer's default"},
+      {.path = "roles[].steps",
+       .type = ValueType::kInt,
+       .min = 1,
+       .doc = "optimizer steps",
+       .applies_to = kTrainer,
+       .default_doc = "the trainer's default"},
+      {.path = "roles[].out",
+       .type = ValueType::kPath,
+       .doc = "output directory",
+       .applies_to = kTrainer,
+       .default_doc = "the trainer's default"},
+      {.path = "roles[].rank",
+       .type = ValueType::kInt,
+       .min = 0,
+       .doc = "data-parallel rank, below world_size",
+       .applies_to = kTrainer,
+       .default_doc = "trainers numbered in file order"},
+      {.path = "roles[].world_size",
+       .type = ValueType::kInt,
+       .min = 1,
+       .max = 1 << 20,
+       .doc = "data-parallel world size (larger when other machines run more trainers)",
+       .applies_to = kTrainer,
+       .default_doc = "number of trainers in the file"},
+      {.path = "roles[].shared_memory",
+       .type = ValueType::kBool,
+       .doc = "false: payloads to same-host offload services go as frames over the socket "
+              "instead of through a shared-memory arena (lower peak memory, more CPU)",
+       .applies_to = kTrainer,
+       .default_doc = "the trainer's default"},
+      {.path = "roles[].offload",
+       .type = ValueType::kStringList,
+       .doc = "offload services this trainer's partitions go to",
+       .applies_to = kTrainer,
+       .default_doc = "every offload role in the file",
+       .allowed_doc = "an offload role's name or a list of them"},
+      {.path = "roles[].env",
+       .type = ValueType::kStringMap,
+       .doc = "environment added to this role (overrides the top-level env)",
+       .default_doc = "{}"},
+      {.path = "roles[].startup_timeout",
+       .type = ValueType::kSeconds,
+       .min = 0,
+       .max = kMaxSeconds,
+       .min_exclusive = true,
+       .doc = "see the top-level key",
+       .default_doc = "top-level value"},
+      {.path = "roles[].shutdown_timeout",
+       .type = ValueType::kSeconds,
+       .min = 0,
+       .max = kMaxSeconds,
+       .min_exclusive = true,
+       .doc = "see the top-level key",
+       .default_doc = "top-level value"},
+      // ---- aio: of an offload role (unset: the service's storage::NvmeOptions) ----
+      {.path = "roles[].aio.block_size",
+       .type = ValueType::kBytes,
+       .def = int_value(static_cast<int64_t>(store.nvme.block_size)),
+       .doc = "io_uring request size",
+       .applies_to = kOffload,
+       .allowed_doc = "a byte count, a multiple of 4096 up to 1GiB"},
+      {.path = "roles[].aio.queue_depth",
+       .type = ValueType::kInt,
+       .def = int_value(store.nvme.queue_depth),
+       .min = 1,
+       .max = 4096,
+       .doc = "io_uring requests in flight",
+       .applies_to = kOffload},
+  };
+  return table;
+}
+
+}  // namespace
+
+const key_table::KeyTable& deploy_key_table() {
+  static const key_table::KeyTable table = key_table::KeyTable::of(
+      deploy_keys(), {"role", "roles", {"offload", "trainer", "coordinator"}});
+  return table;
+}
+
+size_t role_index(RoleKind kind) {
+  switch (kind) {
+    case RoleKind::kOffload:
+      return 0;
+    case RoleKind::kTrainer:
+      return 1;
+    case RoleKind::kCoordinator:
+      break;
+  }
+  return 2;
+}
+
+std::string deploy_reference_markdown() {
+  return key_table::reference_markdown(
+      deploy_key_table(),
+      "# Deployment file (deploy.yaml)\n\n"
+      "Generated from the key table in `deploy/deploy_keys.cpp` by "
+      "`deploy_reference_markdown()`; `test_deploy_docs` fails when this file differs from it "
+      "(`DSACTOR_UPDATE_DOCS=1 build/tests/test_deploy_docs` rewrites it).\n"
+      "Relative paths are resolved against the deploy file's directory. A key of another "
+      "role, an unknown key and a value that is not allowed are errors naming the file, the "
+      "line, the key path (`roles[1].listen`) and what is allowed.\n");
+}
+
+}  // namespace dsactor::deploy
