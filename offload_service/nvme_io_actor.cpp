@@ -22,29 +22,29 @@ nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<Nv
   self->state.memory = std::move(owned->memory);
   self->state.tier = std::move(owned->tier);
   return {
-      [self](io_stream_atom, const IoRequestPtr& rq) {
+      [self](io_stream_atom, const ExtentPassPtr& rq) {
         auto& tier = *self->state.tier;
-        IoResult r;
+        ExtentPassResult r;
         try {
           switch (rq->kind) {
-            case IoRequest::Kind::kCreate:
+            case ExtentPass::Kind::kCreate:
               r.location = tier.create(rq->elements);
               break;
-            case IoRequest::Kind::kWriteNew:
+            case ExtentPass::Kind::kWriteNew:
               r.location = tier.write_new(rq->elements, rq->fn);
               break;
-            case IoRequest::Kind::kRewrite:
+            case ExtentPass::Kind::kRewrite:
               r.location = tier.rewrite(rq->from, rq->elements, rq->fn);
               break;
-            case IoRequest::Kind::kRead:
+            case ExtentPass::Kind::kRead:
               tier.read(rq->from, rq->elements, rq->fn);
               break;
           }
         } catch (const ChecksumError& e) {
-          r.status = IoResult::Status::kChecksum;
+          r.status = ExtentPassResult::Status::kChecksum;
           r.error = e.what();
         } catch (const std::exception& e) {
-          r.status = IoResult::Status::kFailed;
+          r.status = ExtentPassResult::Status::kFailed;
           r.error = e.what();
         }
         return r;
@@ -67,30 +67,31 @@ nvme_io_actor spawn_nvme_io(caf::actor_system& system, std::unique_ptr<NvmeTier>
   return system.spawn<caf::detached>(nvme_io_behavior, owned);
 }
 
-NvmeLocation NvmeIo::stream(IoRequest::Kind kind, const NvmeLocation& from, uint64_t n,
+NvmeLocation NvmeIo::stream(ExtentPass::Kind kind, const NvmeLocation& from, uint64_t n,
                             const NvmeTier::ChunkFn& fn) {
-  auto rq = std::make_shared<IoRequest>();
+  auto rq = std::make_shared<ExtentPass>();
   rq->kind = kind;
   rq->from = from;
   rq->elements = n;
   rq->fn = fn;
-  auto r = detail::call<IoResult>(*system_, actor_, io_stream_atom::value, IoRequestPtr(rq));
-  if (r.status == IoResult::Status::kChecksum) throw ChecksumError(r.error);
-  if (r.status == IoResult::Status::kFailed) throw std::runtime_error(r.error);
+  auto r =
+      detail::call<ExtentPassResult>(*system_, actor_, io_stream_atom::value, ExtentPassPtr(rq));
+  if (r.status == ExtentPassResult::Status::kChecksum) throw ChecksumError(r.error);
+  if (r.status == ExtentPassResult::Status::kFailed) throw std::runtime_error(r.error);
   return r.location;
 }
 
 NvmeLocation NvmeIo::create(uint64_t n) {
-  return stream(IoRequest::Kind::kCreate, {}, n, {});
+  return stream(ExtentPass::Kind::kCreate, {}, n, {});
 }
 NvmeLocation NvmeIo::write_new(uint64_t n, const NvmeTier::ChunkFn& fn) {
-  return stream(IoRequest::Kind::kWriteNew, {}, n, fn);
+  return stream(ExtentPass::Kind::kWriteNew, {}, n, fn);
 }
 NvmeLocation NvmeIo::rewrite(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn) {
-  return stream(IoRequest::Kind::kRewrite, from, n, fn);
+  return stream(ExtentPass::Kind::kRewrite, from, n, fn);
 }
 void NvmeIo::read(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn) {
-  stream(IoRequest::Kind::kRead, from, n, fn);
+  stream(ExtentPass::Kind::kRead, from, n, fn);
 }
 void NvmeIo::release(const storage::Extent& extent) {
   caf::anon_send(actor_, io_release_atom::value, extent.offset, extent.bytes);

@@ -19,16 +19,16 @@
 namespace dsactor::offload {
 
 // One streaming pass over an extent (NvmeTier's create / write_new / rewrite / read).
-struct IoRequest {
+struct ExtentPass {
   enum class Kind { kCreate, kWriteNew, kRewrite, kRead };
   Kind kind = Kind::kCreate;
   NvmeLocation from;  // kRewrite, kRead
   uint64_t elements = 0;
   NvmeTier::ChunkFn fn;  // kWriteNew, kRewrite, kRead
 };
-using IoRequestPtr = std::shared_ptr<const IoRequest>;
+using ExtentPassPtr = std::shared_ptr<const ExtentPass>;
 
-struct IoResult {
+struct ExtentPassResult {
   enum class Status { kOk, kChecksum, kFailed };
   Status status = Status::kOk;
   NvmeLocation location;  // the fresh extent (create, write_new, rewrite)
@@ -46,7 +46,7 @@ using io_release_atom = caf::atom_constant<caf::atom("iorelease")>;
 using io_usage_atom = caf::atom_constant<caf::atom("iousage")>;
 
 using nvme_io_actor =
-    caf::typed_actor<caf::replies_to<io_stream_atom, IoRequestPtr>::with<IoResult>,
+    caf::typed_actor<caf::replies_to<io_stream_atom, ExtentPassPtr>::with<ExtentPassResult>,
                      // Frees an extent that no record points at any more.
                      caf::reacts_to<io_release_atom, uint64_t, uint64_t>,
                      caf::replies_to<io_usage_atom>::with<IoUsage>>;
@@ -71,7 +71,7 @@ class NvmeIo {
   IoUsage usage();
 
  private:
-  NvmeLocation stream(IoRequest::Kind kind, const NvmeLocation& from, uint64_t n,
+  NvmeLocation stream(ExtentPass::Kind kind, const NvmeLocation& from, uint64_t n,
                       const NvmeTier::ChunkFn& fn);
   caf::actor_system* system_;
   nvme_io_actor actor_;
@@ -79,6 +79,6 @@ class NvmeIo {
 
 }  // namespace dsactor::offload
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::IoRequestPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::IoResult)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::ExtentPassPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::ExtentPassResult)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::IoUsage)

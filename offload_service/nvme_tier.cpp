@@ -3,9 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
-#include <optional>
 #include <vector>
 
 #include "checksum/crc32c.h"
@@ -111,61 +109,41 @@ void NvmeTier::read(const NvmeLocation& from, uint64_t n, const ChunkFn& fn) {
 }
 
 NvmeLocation NvmeTier::stream(const NvmeLocation* from, uint64_t n, const ChunkFn& fn, bool write) {
-  using Ticket = storage::NvmeFile::Ticket;
   const uint64_t C = chunk_elems_;
-  const uint64_t B = buffer_count_;
   const uint64_t chunks = (n + C - 1) / C;
-  const uint64_t full = 3 * C * sizeof(float);
-  auto count = [&](uint64_t k) { return std::min(C, n - k * C); };
-  auto section = [&](uint64_t k) { return align_up(count(k) * sizeof(float)); };
-  auto bytes = [&](uint64_t k) { return 3 * section(k); };
-  std::vector<std::byte*> buf(B);
-  for (uint64_t b = 0; b < B; ++b) buf[b] = ring_->data() + b * full;
-  std::vector<std::optional<Ticket>> rd(B), wr(B);
-
+  const uint64_t full = 3 * C * sizeof(float);  // a chunk's stride in the extent and the ring
   NvmeLocation out;
   if (write) out.extent = allocate(extent_bytes(n));
+  // Chunk k is one transfer: its three sections, each padded to 4 KiB.
+  std::vector<uint64_t> section(chunks);
+  std::vector<storage::NvmeFile::StreamStep> steps(chunks);
+  for (uint64_t k = 0; k < chunks; ++k) {
+    section[k] = align_up(std::min(C, n - k * C) * sizeof(float));
+    if (from) steps[k].read_offset = from->extent.offset + k * full;
+    if (write) steps[k].write_offset = out.extent.offset + k * full;
+    steps[k].bytes = 3 * section[k];
+  }
+  std::vector<std::byte*> buffers(buffer_count_);
+  for (unsigned b = 0; b < buffer_count_; ++b) buffers[b] = ring_->data() + b * full;
   uint32_t crc_in = 0, crc_out = 0;
   try {
-    // Chunk k lives in buffer k % B. Reading chunk k + B - 1 reuses the buffer chunk k - 1
-    // was written from, so that write (the one behind) is waited for first.
-    auto start_read = [&](uint64_t k) {
-      const size_t b = k % B;
-      if (wr[b]) file_->wait(*std::exchange(wr[b], std::nullopt));  // write-behind done
+    file_->stream(steps, buffers, [&](size_t k, std::span<std::byte> bytes) {
       if (from) {
-        rd[b] = file_->submit_read(from->extent.offset + k * full, buf[b], bytes(k));
+        crc_in = checksum::crc32c(bytes.data(), bytes.size(), crc_in);
       } else {
-        std::memset(buf[b], 0, bytes(k));
+        std::memset(bytes.data(), 0, bytes.size());
       }
-    };
-    for (uint64_t k = 0; k < std::min<uint64_t>(B - 1, chunks); ++k) start_read(k);
-    for (uint64_t k = 0; k < chunks; ++k) {
-      const size_t b = k % B;
-      if (rd[b]) file_->wait(*std::exchange(rd[b], std::nullopt));
-      if (from) crc_in = checksum::crc32c(buf[b], bytes(k), crc_in);
       if (fn) {
-        auto* f = reinterpret_cast<float*>(buf[b]);
-        const uint64_t s = section(k) / sizeof(float);
-        fn(Chunk{k * C, count(k), f, f + s, f + 2 * s});
+        auto* f = reinterpret_cast<float*>(bytes.data());
+        const uint64_t s = section[k] / sizeof(float);
+        fn(Chunk{k * C, std::min(C, n - k * C), f, f + s, f + 2 * s});
       }
-      if (write) {
-        crc_out = checksum::crc32c(buf[b], bytes(k), crc_out);
-        wr[b] = file_->submit_write(out.extent.offset + k * full, buf[b], bytes(k));
-      }
-      if (k + B - 1 < chunks) start_read(k + B - 1);
-    }
-    for (auto& t : wr) {
-      if (t) file_->wait(*std::exchange(t, std::nullopt));
-    }
+      if (write) crc_out = checksum::crc32c(bytes.data(), bytes.size(), crc_out);
+    });
     // Fresh extents of a preallocated file change its allocation metadata: make the data
     // durable before the metadata store points at it.
     if (write) file_->sync();
   } catch (...) {
-    try {
-      file_->wait_all();
-    } catch (const std::exception& e) {
-      spdlog::warn("nvme tier: draining after a failed pass: {}", e.what());
-    }
     if (write) release(out.extent);
     throw;
   }

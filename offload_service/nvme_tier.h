@@ -6,13 +6,14 @@
 // (DIR/metadata, partition -> extent, version, crc32c) belongs to the metadata actor and
 // is only borrowed here, at construction, to check the recorded extent layout.
 //
-// Layout of one partition's extent: chunks of C = block_size / 4 elements, each chunk
+// Layout of one partition's extent: chunks of C = chunk_elements elements, each chunk
 // [master | m | v] with every section padded to 4 KiB, so one chunk is one contiguous
 // aligned transfer that carries everything the optimizer needs for those elements. The
 // crc32c covers the whole extent, chunk after chunk.
 //
-// Every rewrite (SetParameters, CommitStep) streams from the current extent into a fresh
-// one (read-ahead of two chunks, write-behind of one) and only then switches the record:
+// Every pass goes through storage::NvmeFile::stream over the staging ring (buffer_count - 2
+// chunks read ahead, one written behind). A rewrite (CommitStep) streams from the current
+// extent into a fresh one, and the caller switches the record only after that:
 // a corrupt source is detected by its crc when the pass ends and the fresh extent is
 // dropped, so corrupt bytes are never written back under a new crc, and a crash mid-pass
 // leaves the previous version intact.

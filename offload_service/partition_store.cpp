@@ -4,7 +4,7 @@
 #include <stdexcept>
 
 #include "actors/runtime/runtime.h"
-#include "offload_service/step_coordinator.h"
+#include "offload_service/store_actors.h"
 #include "offload_service/store_common.h"
 
 namespace dsactor::offload {
@@ -16,7 +16,7 @@ std::vector<zmq::message_t> Reply::encode() const {
   return msg::encode(header);
 }
 
-// The synchronous face of the store's actors (step_coordinator.h) on a private actor
+// The synchronous face of the store's actors (store_actors.h) on a private actor
 // system: for tests and tools that want no network.
 struct PartitionStore::Impl {
   StoreOptions opt;

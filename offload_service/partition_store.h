@@ -5,7 +5,7 @@
 // tier or on the NVMe tier, and the request handling that changes it. State machine and
 // wire semantics: offload_service/README.md.
 //
-// PartitionStore is the synchronous face of the store's actors (step_coordinator.h:
+// PartitionStore is the synchronous face of the store's actors (store_actors.h:
 // a step coordinator, partition workers, nvme_io and metadata) on a private actor system,
 // for tests and tools that want no network. handle() is the boundary: it never throws;
 // every refusal is an ErrorReply and leaves the store exactly as it was.

@@ -150,17 +150,11 @@ struct WorkerState {
     r.crc32c.reset();
   }
 
-  Reply on_fetch(const msg::Header& h, const msg::FetchParameters& f) {
+  Reply on_fetch(const msg::Header& h, const msg::FetchParameters& f, uint64_t version) {
     WorkerPartition& p = at(h.job_id, f.partition_id);
-    if (f.min_version > p.version) {
-      refuse(ErrorCode::versionOrder, "partition " + std::to_string(f.partition_id) +
-                                          " is at version " + std::to_string(p.version) +
-                                          ", fetch asks for at least " +
-                                          std::to_string(f.min_version));
-    }
     Reply r;
     r.header = {h.request_id, h.job_id,
-                msg::FetchReply{f.partition_id, p.version, f.dtype, p.n(), {}}};
+                msg::FetchReply{f.partition_id, version, f.dtype, p.n(), {}}};
     const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
     auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {
       if (!cache) cache = checksum::crc32c(buf->data(), bytes);
@@ -202,14 +196,14 @@ struct WorkerState {
     return r;
   }
 
-  void serve(const detail::IncomingPtr& in, uint64_t next_step) {
+  void serve(const detail::IncomingPtr& in, const ServeContext& ctx) {
     detail::answer(*in, [&]() -> Reply {
       const auto& m = *in->message;
       if (auto* g = std::get_if<msg::PushGradients>(&m.header.body)) {
-        return on_push(*in, *g, next_step);
+        return on_push(*in, *g, ctx.next_step);
       }
       const auto& f = std::get<msg::FetchParameters>(m.header.body);
-      Reply r = on_fetch(m.header, f);
+      Reply r = on_fetch(m.header, f, ctx.version);
       into_arena(r, *in, f);
       return r;
     });
@@ -293,13 +287,11 @@ struct WorkerState {
         return failed(ErrorCode::internal, std::string("nvme write failed: ") + e.what(), 0);
       }
       r.locations.push_back(loc);
-      staged = Staged{[this, &p, loc, newhalf, v = s.version] {
+      staged = Staged{[this, &p, loc, newhalf] {
                         release(p.loc);
                         p.loc = loc;
                         p.half = newhalf;
                         p.half_valid = true;
-                        p.adam_steps = 0;
-                        p.version = v;
                         p.half_crc.reset();
                         p.master_crc.reset();
                       },
@@ -319,8 +311,6 @@ struct WorkerState {
                      kc::floats_to_half(p.half->as<uint16_t>(), p.master->as<float>(), p.n(),
                                         half_kind(p.spec.served_dtype));
                    }
-                   p.adam_steps = 0;
-                   p.version = s.version;
                    p.half_crc.reset();
                    p.master_crc.reset();
                  },
@@ -329,80 +319,97 @@ struct WorkerState {
     return r;
   }
 
-  // NVMe partitions stream into fresh extents now (and can still fail on their crc
-  // without having changed anything); RAM partitions cannot fail, so their pass runs at
-  // apply. Each partition's result is independent of the order, so this equals one
-  // registration-order pass bit for bit.
+  // A commit's Adam pass, partition by partition (each partition's result does not depend
+  // on the order, so this equals one registration-order pass bit for bit). Each tier runs
+  // it where it can keep the old state until the coordinator decides:
+  //  - an NVMe partition streams from its extent into a fresh one now, so a crc mismatch
+  //    fails the prepare with nothing changed, and apply only switches extents;
+  //  - a RAM partition is updated in place at apply, once nothing can fail any more;
+  //    running it here would need a second copy of its master, m and v (README.md, "Why
+  //    Adam runs at two points").
   WorkResult prepare(const CommitWork& w) {
     WorkResult r;
-    auto out = std::make_shared<std::vector<std::pair<NvmeLocation, BufPtr>>>();
-    const auto& c = w.commit;
+    auto fresh = std::make_shared<std::vector<FreshExtent>>();  // the NVMe partitions', in order
+    auto drop = [this](const std::vector<FreshExtent>& f) {
+      for (const auto& e : f) nvme->release(e.loc.extent);
+    };
     for (size_t i = 0; i < w.partitions.size(); ++i) {
       const uint64_t pid = w.partitions[i];
-      WorkerPartition& p = at(w.job, pid);
+      const WorkerPartition& p = at(w.job, pid);
       if (!p.on_nvme()) {
         r.locations.push_back(std::nullopt);
         continue;
       }
-      const bool half = is_half(p.spec.served_dtype);
-      BufPtr newhalf = half ? alloc(p.n() * 2) : nullptr;
-      const auto hy = detail::hyper(p.spec.optimizer, c.lr);
       try {
-        auto loc = nvme->rewrite(*p.loc, p.n(), [&](const NvmeTier::Chunk& k) {
-          kc::HalfCopy hc;
-          if (half) hc = {newhalf->as<uint16_t>() + k.first, half_kind(p.spec.served_dtype)};
-          kc::adam_step(k.master, k.m, k.v, p.grad->as<float>() + k.first, k.count, hy,
-                        p.adam_steps + 1, w.multiplier, hc);
-        });
-        out->emplace_back(loc, std::move(newhalf));
-        r.locations.push_back(loc);
+        fresh->push_back(nvme_adam(p, w, i));
+        r.locations.push_back(fresh->back().loc);
       } catch (const ChecksumError& e) {
-        for (auto& [loc, h] : *out) nvme->release(loc.extent);
+        drop(*fresh);
         return failed(ErrorCode::checksumMismatch,
                       "partition " + std::to_string(pid) + ": " + e.what() + "; step " +
-                          std::to_string(c.step) + " not applied",
+                          std::to_string(w.commit.step) + " not applied",
                       i);
       } catch (const std::exception& e) {
-        for (auto& [loc, h] : *out) nvme->release(loc.extent);
+        drop(*fresh);
         return failed(ErrorCode::internal, "partition " + std::to_string(pid) + ": " + e.what(), i);
       }
     }
-    staged = Staged{[this, out, work = w] {
-                      size_t k = 0;
-                      for (uint64_t pid : work.partitions) {
-                        WorkerPartition& p = at(work.job, pid);
-                        if (p.on_nvme()) {
-                          release(p.loc);
-                          p.loc = (*out)[k].first;
-                          p.half = std::move((*out)[k].second);
-                          p.half_valid = true;
-                          ++k;
-                          continue;
-                        }
-                        unshare(p.master);
-                        kc::HalfCopy hc;
-                        if (is_half(p.spec.served_dtype)) {
-                          unshare(p.half);
-                          hc = {p.half->as<uint16_t>(), half_kind(p.spec.served_dtype)};
-                        }
-                        kc::adam_step(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(),
-                                      p.grad->as<float>(), p.n(),
-                                      detail::hyper(p.spec.optimizer, work.commit.lr),
-                                      p.adam_steps + 1, work.multiplier, hc);
-                      }
-                      for (uint64_t pid : work.partitions) {
-                        WorkerPartition& p = at(work.job, pid);
-                        p.adam_steps++;
-                        p.version = work.commit.step;
-                        p.micro_steps = 0;
-                        p.half_crc.reset();
-                        p.master_crc.reset();
-                      }
-                    },
-                    [this, out] {
-                      for (auto& [loc, h] : *out) nvme->release(loc.extent);
-                    }};
+    staged = Staged{[this, fresh, w] { apply_commit(w, *fresh); }, [fresh, drop] { drop(*fresh); }};
     return r;
+  }
+
+  // An NVMe partition after a commit's Adam pass: its fresh extent and served half copy.
+  struct FreshExtent {
+    NvmeLocation loc;
+    BufPtr half;
+  };
+
+  // Adam over an NVMe partition's chunks as they stream from its extent into a fresh one
+  // (the served half copy written in the same sweep); the old extent stays as it was.
+  FreshExtent nvme_adam(const WorkerPartition& p, const CommitWork& w, size_t i) {
+    const bool half = is_half(p.spec.served_dtype);
+    FreshExtent out;
+    if (half) out.half = alloc(p.n() * 2);
+    const auto hy = detail::hyper(p.spec.optimizer, w.commit.lr);
+    out.loc = nvme->rewrite(*p.loc, p.n(), [&](const NvmeTier::Chunk& k) {
+      kc::HalfCopy hc;
+      if (half) hc = {out.half->as<uint16_t>() + k.first, half_kind(p.spec.served_dtype)};
+      kc::adam_step(k.master, k.m, k.v, p.grad->as<float>() + k.first, k.count, hy, w.adam_t[i],
+                    w.multiplier, hc);
+    });
+    return out;
+  }
+
+  // Adam over a RAM partition in place (buffers a reply still holds are cloned first).
+  void ram_adam(WorkerPartition& p, const CommitWork& w, size_t i) {
+    unshare(p.master);
+    kc::HalfCopy hc;
+    if (is_half(p.spec.served_dtype)) {
+      unshare(p.half);
+      hc = {p.half->as<uint16_t>(), half_kind(p.spec.served_dtype)};
+    }
+    kc::adam_step(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(), p.grad->as<float>(),
+                  p.n(), detail::hyper(p.spec.optimizer, w.commit.lr), w.adam_t[i], w.multiplier,
+                  hc);
+  }
+
+  void apply_commit(const CommitWork& w, std::vector<FreshExtent>& fresh) {
+    size_t k = 0;
+    for (size_t i = 0; i < w.partitions.size(); ++i) {
+      WorkerPartition& p = at(w.job, w.partitions[i]);
+      if (p.on_nvme()) {
+        release(p.loc);
+        p.loc = fresh[k].loc;
+        p.half = std::move(fresh[k].half);
+        p.half_valid = true;
+        ++k;
+      } else {
+        ram_adam(p, w, i);
+      }
+      p.micro_steps = 0;
+      p.half_crc.reset();
+      p.master_crc.reset();
+    }
   }
 
   WorkResult prepare(const RestoreWork& w) {
@@ -413,18 +420,14 @@ struct WorkerState {
         const uint64_t n = item.spec.element_count;
         WorkerPartition p;
         p.spec = item.spec;
-        p.version = item.version;
-        p.adam_steps = item.adam_steps;
         if (is_half(item.spec.served_dtype)) {
           p.half = alloc(n * 2);
           kc::floats_to_half(p.half->as<uint16_t>(), item.master->as<float>(), n,
                              half_kind(item.spec.served_dtype));
         }
         if (item.on_nvme) {
-          // Pushed first so a failure below releases it.
-          made->push_back(std::move(p));
-          WorkerPartition& q = made->back();
-          q.loc = nvme->write_new(n, [&](const NvmeTier::Chunk& c) {
+          // A failed write releases its fresh extent itself.
+          p.loc = nvme->write_new(n, [&](const NvmeTier::Chunk& c) {
             std::memcpy(c.master, item.master->as<float>() + c.first, c.count * 4);
             std::memcpy(c.m, item.m->as<float>() + c.first, c.count * 4);
             std::memcpy(c.v, item.v->as<float>() + c.first, c.count * 4);
@@ -437,8 +440,8 @@ struct WorkerState {
           std::memcpy(p.master->data(), item.master->data(), n * 4);
           std::memcpy(p.m->data(), item.m->data(), n * 4);
           std::memcpy(p.v->data(), item.v->data(), n * 4);
-          made->push_back(std::move(p));
         }
+        made->push_back(std::move(p));
         r.locations.push_back(made->back().loc);
       }
     } catch (const std::exception& e) {
@@ -525,8 +528,8 @@ partition_worker::behavior_type worker_behavior(
     for (auto& [key, p] : *cfg->reloaded) st.parts.insert_or_assign(key, std::move(p));
   }
   return {
-      [self](serve_atom, const detail::IncomingPtr& in, uint64_t next_step) {
-        self->state.serve(in, next_step);
+      [self](serve_atom, const detail::IncomingPtr& in, const ServeContext& ctx) {
+        self->state.serve(in, ctx);
       },
       [self](prepare_atom, const RegisterWorkPtr& w) { return self->state.guarded(*w); },
       [self](prepare_atom, const SetWorkPtr& w) { return self->state.guarded(*w); },

@@ -11,6 +11,10 @@
 // partitions streamed into fresh extents with their crc) without changing what is
 // served, then apply swaps the staged state in, or abort drops it (fresh extents
 // released). The coordinator sends one prepare at a time per worker.
+//
+// A worker keeps no step numbers: the coordinator's job table (job_table.h) owns the job's
+// step and each partition's version and Adam step count, and passes what a request needs
+// (the next step and the version to serve; Adam's t of a commit) in its message.
 
 #include <array>
 #include <cstdint>
@@ -32,13 +36,11 @@ namespace dsactor::offload {
 // One partition as its worker holds it.
 struct WorkerPartition {
   messages::PartitionSpec spec;
-  uint64_t version = 0;             // step of the last committed update (or SetParameters' version)
-  int64_t adam_steps = 0;           // updates applied: Adam's bias-correction step count
   HostBufferPtr master, m, v;       // RAM tier
   std::optional<NvmeLocation> loc;  // NVMe tier (set exactly when the partition lives there)
   HostBufferPtr half;               // served copy when spec.served_dtype is a half type
   bool half_valid = true;           // NVMe after a restart: rebuilt (crc-checked) on first use
-  std::optional<uint32_t> half_crc, master_crc;  // crc of the served bytes, per version
+  std::optional<uint32_t> half_crc, master_crc;  // crc of the served bytes, reset by updates
   std::shared_ptr<storage::AlignedBuffer> grad;  // fp32 accumulation, on first push
   uint32_t micro_steps = 0;                      // micro-steps accumulated for the job's next step
 
@@ -64,6 +66,12 @@ struct WorkResult {
   std::vector<std::array<HostBufferPtr, 3>> state;
 };
 
+// What a forwarded push or fetch needs from the job table.
+struct ServeContext {
+  uint64_t next_step = 0;  // a push must be for this step
+  uint64_t version = 0;    // the partition's version, which a fetch reply carries
+};
+
 // Prepare requests. Partition lists are in the job's registration order.
 struct RegisterWork {
   std::string job;
@@ -77,13 +85,12 @@ struct SetWork {
 struct CommitWork {
   std::string job;
   std::vector<uint64_t> partitions;
+  std::vector<int64_t> adam_t;  // per partition: Adam's step t of this update (bias correction)
   messages::CommitStep commit;
   float multiplier = 1.0f;
 };
 struct RestoreItem {
   messages::PartitionSpec spec;
-  uint64_t version = 0;
-  int64_t adam_steps = 0;
   bool on_nvme = false;
   HostBufferPtr master, m, v;  // read and crc-checked by the coordinator (plain memory)
 };
@@ -111,9 +118,9 @@ using skip_atom = caf::atom_constant<caf::atom("skip")>;
 
 using partition_worker = caf::typed_actor<
     // PushGradients / FetchParameters of a partition this worker owns (the coordinator
-    // checked that it is registered); answered directly. The uint64_t is the job's next
-    // step.
-    caf::reacts_to<serve_atom, detail::IncomingPtr, uint64_t>,
+    // checked that it is registered and that a fetch's min_version is met); answered
+    // directly.
+    caf::reacts_to<serve_atom, detail::IncomingPtr, ServeContext>,
     caf::replies_to<prepare_atom, RegisterWorkPtr>::with<WorkResult>,
     caf::replies_to<prepare_atom, SetWorkPtr>::with<WorkResult>,
     caf::replies_to<prepare_atom, CommitWorkPtr>::with<WorkResult>,
@@ -140,6 +147,7 @@ partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig 
 }  // namespace dsactor::offload
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::WorkResult)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::ServeContext)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::RegisterWorkPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::SetWorkPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::CommitWorkPtr)

@@ -1,7 +1,7 @@
 #pragma once
 
 // The offload service process minus main(): a CAF actor system with the ZeroMQ gateway
-// (actors/gateway.h) in front of the store's actors (step_coordinator.h): the step
+// (actors/runtime/gateway.h) in front of the store's actors (store_actors.h): the step
 // coordinator that every request reaches in wire order, the partition workers, nvme_io
 // and metadata. All of them are detached (own threads) because their handlers run the
 // optimizer pass, NVMe I/O and RocksDB writes, or wait on each other's replies, which

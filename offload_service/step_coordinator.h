@@ -1,24 +1,19 @@
 #pragma once
 
-// The step coordinator: the offload store's request router and the one place where
-// job-level state lives (each job's registration order, step, and per partition its
-// spec, tier, version, Adam step count, RAM charge and worker). Every decoded request
-// arrives here, in wire order:
+// The step coordinator: the offload store's request router, and the owner of the job-level
+// state (job_table.h: each job's registration order and step; per partition its spec,
+// tier, worker, RAM charge, version and Adam step count). Every decoded request arrives
+// here, in wire order:
 //  - PushGradients / FetchParameters of a registered partition are forwarded to the
 //    partition's worker, which answers them itself, so pushes to partitions on
 //    different workers run in parallel;
-//  - Register, SetParameters, CommitStep and Restore run two-phase: every worker
-//    involved prepares (validates, stages, streams NVMe partitions into fresh extents
-//    with their crc), then the metadata actor writes one synced batch with every new
-//    record and the job manifest, then every worker applies; any failure before that
-//    aborts every worker, so a step is all-or-nothing across workers;
-//  - SkipStep, Stats, Checkpoint and Ping fan out (or not) and gather.
+//  - Register, SetParameters, CommitStep and Restore run two-phase (two_phase.h), so
+//    each is all-or-nothing across workers;
+//  - SkipStep, Stats, Checkpoint (job_checkpoint.h), MapArena / UnmapArena
+//    (arena_table.h) and Ping are answered here.
 // Detached: it blocks on its workers' replies while an operation is in flight, which
 // is what keeps later requests (a fetch right after a commit) behind that operation.
-//
-// Partitions are assigned to workers round-robin in the job's registration order: the
-// i-th partition of a job (0-based, in Register / checkpoint order) lives on worker
-// i mod workers. A reloaded job keeps its manifest order, hence its assignment.
+// Where a new partition goes (tier, worker) is placement.h's.
 
 #include <memory>
 #include <optional>
@@ -28,6 +23,8 @@
 #include <caf/all.hpp>
 
 #include "actors/runtime/gateway.h"
+#include "offload_service/host_memory.h"
+#include "offload_service/job_table.h"
 #include "offload_service/metadata_actor.h"
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/partition_store.h"
@@ -51,25 +48,21 @@ using step_coordinator = caf::typed_actor<
     // Worker of a partition: -1 not registered.
     caf::replies_to<worker_atom, std::string, uint64_t>::with<int>>;
 
-// The store's actors, spawned by spawn_store (partition_store.cpp).
-struct StoreActors {
-  step_coordinator coordinator;
+// Everything the coordinator starts with (store_actors.cpp gathers it).
+struct CoordinatorSetup {
+  StoreOptions options;
+  uint64_t memory_limit = 0;  // what partitions may be charged: the limit less the staging ring
   std::vector<partition_worker> workers;
-  std::optional<nvme_io_actor> nvme_io;
-  std::optional<metadata_actor> metadata;
-  std::string pinning_report;
-
-  // Sends every actor an exit; the actor system's await then waits for them.
-  void stop() const;
+  std::optional<nvme_io_actor> nvme_io;    // with an NVMe tier
+  std::optional<metadata_actor> metadata;  // with an NVMe tier
+  std::string file_name;                   // the NVMe data file, as extent records name it
+  JobTable jobs;                           // reloaded from an NVMe directory
+  PinningKind pinning = PinningKind::kNone;
 };
 
-// Opens the NVMe tier and its metadata (reloading every job) when options.nvme_dir is
-// set, and spawns the coordinator, options.workers (resolved) partition workers, nvme_io
-// and metadata. Throws like PartitionStore's constructor.
-StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options);
-
-// The worker count a StoreOptions asks for (0 = one per two hardware threads, >= 1).
-unsigned resolved_workers(const StoreOptions& options);
+// Spawns the coordinator (detached) in front of the workers, nvme_io and metadata actors
+// (store_actors.h spawns them all).
+step_coordinator spawn_step_coordinator(caf::actor_system& system, CoordinatorSetup setup);
 
 }  // namespace dsactor::offload
 

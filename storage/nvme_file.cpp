@@ -90,9 +90,6 @@ struct NvmeFile::Impl {
   std::deque<Chunk*> pending;  // queued, not yet in the ring (fresh chunks and remainders)
   unsigned inflight = 0;
 
-  // Scratch for stream_update, kept across calls.
-  std::vector<AlignedBuffer> stream_buffers;
-
   ~Impl() {
     if (ring_ok) {
       try {
@@ -515,60 +512,50 @@ void NvmeFile::sync() {
   if (::fdatasync(impl_->fd) != 0) fail(impl_->path, "fdatasync", errno);
 }
 
-void NvmeFile::stream_update(std::span<const Extent> extents,
-                             const std::function<void(size_t, std::span<std::byte>)>& fn,
-                             bool write_back) {
-  if (extents.empty()) return;
+void NvmeFile::stream(std::span<const StreamStep> steps, std::span<std::byte* const> buffers,
+                      const StreamFn& fn) {
   Impl& im = *impl_;
-  uint64_t largest = 0;
-  for (const Extent& e : extents) {
-    im.check_request("stream_update extent", e.offset, nullptr, e.bytes);
-    largest = std::max(largest, e.bytes);
+  const size_t n = steps.size(), B = buffers.size();
+  if (B < 3) {
+    throw std::invalid_argument("NvmeFile " + im.path.string() +
+                                ": stream needs >= 3 buffers, got " + std::to_string(B));
   }
-  // Three buffers rotate: extent i+1 reading, i computing, i-1 writing.
-  constexpr size_t kBuffers = 3;
-  if (im.stream_buffers.size() != kBuffers || im.stream_buffers[0].capacity() < largest) {
-    for (AlignedBuffer& b : im.stream_buffers) unregister_buffer(b.data());
-    im.stream_buffers.clear();
-    for (size_t i = 0; i < kBuffers; ++i) {
-      im.stream_buffers.emplace_back(std::max<uint64_t>(largest, kAlignment));
-      register_buffer(im.stream_buffers.back());
-    }
+  for (const StreamStep& s : steps) {
+    if (s.read_offset) im.check_request("stream read", *s.read_offset, nullptr, s.bytes);
+    if (s.write_offset) im.check_request("stream write", *s.write_offset, nullptr, s.bytes);
   }
-  std::vector<std::optional<Ticket>> reads(kBuffers), writes(kBuffers);
-  auto buf = [&](size_t i) { return im.stream_buffers[i % kBuffers].data(); };
+  std::vector<std::optional<Ticket>> reads(B), writes(B);
   // Takes the ticket out before waiting, so a failed wait is not waited again below.
   auto finish = [&](std::optional<Ticket>& slot) {
-    if (!slot) return;
-    const Ticket t = *slot;
-    slot.reset();
-    wait(t);
+    if (slot) wait(*std::exchange(slot, std::nullopt));
   };
-  auto start_read = [&](size_t i) {
-    // Extent i reads into the buffer that held extent i-3, whose write-back must be done.
-    finish(writes[i % kBuffers]);
-    reads[i % kBuffers] = submit_read(extents[i].offset, buf(i), extents[i].bytes);
+  // Step i goes into the buffer step i - B was written from: that write-behind first.
+  auto start = [&](size_t i) {
+    const size_t b = i % B;
+    finish(writes[b]);
+    if (steps[i].read_offset)
+      reads[b] = submit_read(*steps[i].read_offset, buffers[b], steps[i].bytes);
   };
   try {
-    start_read(0);
-    for (size_t i = 0; i < extents.size(); ++i) {
-      if (i + 1 < extents.size()) start_read(i + 1);
-      finish(reads[i % kBuffers]);
-      fn(i, std::span<std::byte>(buf(i), extents[i].bytes));
-      if (write_back) {
-        writes[i % kBuffers] = submit_write(extents[i].offset, buf(i), extents[i].bytes);
+    for (size_t i = 0; i < std::min(B - 1, n); ++i) start(i);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = i % B;
+      finish(reads[b]);
+      fn(i, std::span<std::byte>(buffers[b], steps[i].bytes));
+      if (steps[i].write_offset) {
+        writes[b] = submit_write(*steps[i].write_offset, buffers[b], steps[i].bytes);
       }
+      if (i + B - 1 < n) start(i + B - 1);
     }
     for (auto& w : writes) finish(w);
   } catch (...) {
-    // The buffers are reused by the next call: nothing may still be in flight on them.
+    // The caller reuses the buffers: nothing may still be in flight on them.
     for (auto* list : {&reads, &writes}) {
       for (auto& t : *list) {
         try {
           finish(t);
         } catch (const std::exception& e) {
-          spdlog::error("NvmeFile {}: while unwinding stream_update: {}", im.path.string(),
-                        e.what());
+          spdlog::error("NvmeFile {}: while unwinding a stream: {}", im.path.string(), e.what());
         }
       }
     }

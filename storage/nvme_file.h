@@ -138,14 +138,26 @@ class NvmeFile {
   // allocation metadata of fresh extents in direct mode).
   void sync();
 
-  // Read-modify-write streaming over `extents` in order, double-buffered: while fn(i,
-  // bytes of extent i) runs, extent i+1 is being read and extent i-1 written back. With
-  // write_back == false it is a read-ahead stream (nothing written). Each extent must be
-  // aligned; scratch buffers (3 x the largest extent) are kept and registered between
-  // calls. If fn throws, outstanding requests are drained and the exception propagates.
-  void stream_update(std::span<const Extent> extents,
-                     const std::function<void(size_t, std::span<std::byte>)>& fn,
-                     bool write_back = true);
+  // One step of a pipelined pass (stream()): `bytes` read from `read_offset` into a
+  // staging buffer (without one, the buffer is handed over as the step before it left
+  // it), passed to fn, then written to `write_offset` (without one, nothing is written).
+  // Offsets and bytes must be 4 KiB aligned.
+  struct StreamStep {
+    std::optional<uint64_t> read_offset;
+    std::optional<uint64_t> write_offset;
+    size_t bytes = 0;
+  };
+  using StreamFn = std::function<void(size_t step, std::span<std::byte> bytes)>;
+
+  // Runs `steps` in order through the caller's staging buffers (>= 3, each 4 KiB aligned
+  // and at least as large as the largest step; register them for the fixed-buffer path):
+  // step i uses buffers[i % B]. While fn(i) runs, the reads of steps i+1 .. i+B-2 and the
+  // write of step i-1 are in flight, so I/O overlaps fn in both directions. Returns once
+  // every write has completed (call sync() for durability). If fn or a transfer throws,
+  // every request of the pass is drained (the buffers are free again) and the exception
+  // propagates.
+  void stream(std::span<const StreamStep> steps, std::span<std::byte* const> buffers,
+              const StreamFn& fn);
 
  private:
   struct Impl;

@@ -1,7 +1,7 @@
 // PartitionStore's tier policy without the network: option validation, RAM-first
 // placement with spill to NVMe (max_in_cpu, the memory limit), the pinning report, a
-// mixed RAM + NVMe job staying bit-exact, and checkpoint / restore on both tiers
-// (including a corrupted checkpoint refused with the live state untouched).
+// mixed RAM + NVMe job staying bit-exact and all-or-nothing, and checkpoint / restore on
+// both tiers (including a corrupted checkpoint refused with the live state untouched).
 
 #include <gtest/gtest.h>
 
@@ -202,6 +202,54 @@ TEST(OffloadTiers, RamFirstThenSpillByMaxInCpuAndMemoryLimit) {
   auto e = h2.err(msg::Register{0, 1, {spec(3, 1000)}});
   EXPECT_EQ(e.code, ErrorCode::outOfMemory) << e.message;
   EXPECT_EQ(store2.stats().partitions, 2u);
+}
+
+// A commit refused by a corrupt NVMe extent on one worker leaves a RAM partition on the
+// other worker untouched (RAM partitions step at apply, which a refused commit never
+// reaches), and the job's next step stays the refused one.
+TEST(OffloadTiers, RefusedCommitLeavesTheRamPartitionOfTheOtherWorkerAtTheOldVersion) {
+  TempDir dir;
+  StoreOptions o;
+  o.nvme_dir = dir.path;
+  o.nvme.block_size = 4096;
+  o.workers = 2;
+  o.max_in_cpu = opt_bytes(3000);
+  PartitionStore store(o);
+  Harness h{store};
+  auto ref = setup(h, {spec(1, 3000), spec(2, 3000)});
+  ASSERT_EQ(store.tier_of("job", 1), Tier::kRam);
+  ASSERT_EQ(store.tier_of("job", 2), Tier::kNvme);
+  ASSERT_EQ(store.worker_of("job", 1), 0u);
+  ASSERT_EQ(store.worker_of("job", 2), 1u);
+  step(h, ref, 1, 10);
+  check(h, ref, "step 1");
+  // Partition 2's live extent is somewhere in the file: flip a byte in every 4 KiB block.
+  {
+    const auto file = dir.path / "partitions.dat";
+    const auto size = std::filesystem::file_size(file);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    for (uint64_t at = 100; at < size; at += 4096) {
+      f.seekg(at);
+      char c;
+      f.get(c);
+      f.seekp(at);
+      f.put(static_cast<char>(c ^ 0x10));
+    }
+  }
+  for (auto& p : ref) {
+    std::vector<float> g(p.master.size(), 1.0f);
+    h.ok<msg::PushReply>(msg::PushGradients{p.spec.partition_id, 2, 0, DType::fp32, g.size(), {}},
+                         bytes_of(g));
+  }
+  auto e = h.err(msg::CommitStep{2, 1.0, 1.0, 1e-3});
+  EXPECT_EQ(e.code, ErrorCode::checksumMismatch) << e.message;
+  EXPECT_NE(e.message.find("partition 2"), std::string::npos) << e.message;
+  expect_bits_equal(ref[0].master, h.fetch(1, DType::fp32, 1), "RAM partition after the refusal");
+  expect_bf16_equal(ref[0].master, h.fetch(1, DType::bf16, 1), "its served copy");
+  EXPECT_EQ(h.err(msg::FetchParameters{1, 2, DType::fp32, {}}).code, ErrorCode::versionOrder);
+  EXPECT_EQ(store.stats().steps, 1u);
+  // Step 2 is still the next one: a skip of it is accepted.
+  EXPECT_FALSE(h.ok<msg::CommitReply>(msg::SkipStep{2}).applied);
 }
 
 TEST(OffloadTiers, RamPartitionsDoNotSurviveARestartAndTheJobIsDroppedLoudly) {

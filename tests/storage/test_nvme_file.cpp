@@ -5,9 +5,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -286,9 +288,31 @@ TEST_F(NvmeFileTest, AsyncTicketsCompleteInAnyWaitOrder) {
   EXPECT_TRUE(equal_bytes(b.data(), rb.data(), b.size()));
 }
 
-// stream_update (read i+1 ahead, write i-1 behind) must leave the same bytes as a plain
-// read / modify / write loop, and hand fn the right bytes.
-TEST_F(NvmeFileTest, StreamUpdateMatchesSynchronousPath) {
+// Staging buffers for NvmeFile::stream, registered like the service's ring.
+struct StreamBuffers {
+  std::vector<AlignedBuffer> owned;
+  std::vector<std::byte*> ptrs;
+  StreamBuffers(NvmeFile& f, size_t count, size_t bytes) {
+    for (size_t i = 0; i < count; ++i) {
+      owned.emplace_back(bytes);
+      f.register_buffer(owned.back());
+    }
+    for (auto& b : owned) ptrs.push_back(b.data());
+  }
+};
+
+std::vector<NvmeFile::StreamStep> in_place(const std::vector<Extent>& extents, bool write_back) {
+  std::vector<NvmeFile::StreamStep> steps;
+  for (const Extent& e : extents) {
+    steps.push_back({e.offset, write_back ? std::optional<uint64_t>(e.offset) : std::nullopt,
+                     static_cast<size_t>(e.bytes)});
+  }
+  return steps;
+}
+
+// stream with three buffers (read i+1 ahead, write i-1 behind) must leave the same bytes
+// as a plain read / modify / write loop, and hand fn the right bytes.
+TEST_F(NvmeFileTest, StreamMatchesSynchronousPath) {
   const uint64_t capacity = 16 << 20;
   NvmeOptions o{.block_size = 128 << 10, .queue_depth = 4};
   NvmeFile streamed(dir_ / "s.bin", capacity, o);
@@ -305,6 +329,7 @@ TEST_F(NvmeFileTest, StreamUpdateMatchesSynchronousPath) {
   while (auto e = alloc.allocate((rng() % 200 + 1) * 4096)) extents.push_back(*e);
   std::shuffle(extents.begin(), extents.end(), rng);
   ASSERT_GT(extents.size(), 8u);
+  StreamBuffers buffers(streamed, 3, 200 * 4096);
 
   auto update = [](size_t i, std::span<std::byte> bytes) {
     auto* w = reinterpret_cast<uint32_t*>(bytes.data());
@@ -313,16 +338,18 @@ TEST_F(NvmeFileTest, StreamUpdateMatchesSynchronousPath) {
   };
   for (int pass = 0; pass < 2; ++pass) {
     size_t calls = 0;
-    streamed.stream_update(extents, [&](size_t i, std::span<std::byte> bytes) {
-      EXPECT_EQ(i, calls++);
-      ASSERT_EQ(bytes.size(), extents[i].bytes);
-      // In flight while fn(i) runs: the read of extent i+1 and the write of extent i-1;
-      // at the last extent, with no read to start, the writes of i-1 and i-2.
-      const size_t n = extents.size();
-      const size_t expected = i + 1 < n ? 1 + size_t{i >= 1} : std::min<size_t>(i, 2);
-      EXPECT_EQ(streamed.outstanding(), expected) << "extent " << i;
-      update(i, bytes);
-    });
+    streamed.stream(
+        in_place(extents, true), buffers.ptrs, [&](size_t i, std::span<std::byte> bytes) {
+          EXPECT_EQ(i, calls++);
+          ASSERT_EQ(bytes.size(), extents[i].bytes);
+          // In flight while fn(i) runs: the read of extent i+1 and the write of
+          // extent i-1; at the last extent, with no read to start, the writes of
+          // i-1 and i-2.
+          const size_t n = extents.size();
+          const size_t expected = i + 1 < n ? 1 + size_t{i >= 1} : std::min<size_t>(i, 2);
+          EXPECT_EQ(streamed.outstanding(), expected) << "extent " << i;
+          update(i, bytes);
+        });
     EXPECT_EQ(calls, extents.size());
     AlignedBuffer tmp(256 * 4096);
     for (size_t i = 0; i < extents.size(); ++i) {
@@ -339,22 +366,64 @@ TEST_F(NvmeFileTest, StreamUpdateMatchesSynchronousPath) {
 
   // Read-only streaming sees the file's bytes and changes nothing.
   const uint64_t written = streamed.stats().bytes_written;
-  streamed.stream_update(
-      extents,
-      [&](size_t i, std::span<std::byte> bytes) {
+  streamed.stream(
+      in_place(extents, false), buffers.ptrs, [&](size_t i, std::span<std::byte> bytes) {
         ASSERT_TRUE(equal_bytes(bytes.data(), x.data() + extents[i].offset, bytes.size()));
         bytes[0] = std::byte{0xff};
-      },
-      /*write_back=*/false);
+      });
   EXPECT_EQ(streamed.stats().bytes_written, written);
 
   // fn throwing mid-stream drains the pipeline and propagates.
-  EXPECT_THROW(streamed.stream_update(extents,
-                                      [&](size_t i, std::span<std::byte>) {
-                                        if (i == 3) throw std::runtime_error("boom");
-                                      }),
+  EXPECT_THROW(streamed.stream(in_place(extents, true), buffers.ptrs,
+                               [&](size_t i, std::span<std::byte>) {
+                                 if (i == 3) throw std::runtime_error("boom");
+                               }),
                std::runtime_error);
   EXPECT_EQ(streamed.outstanding(), 0u);
+  EXPECT_THROW(streamed.stream(in_place(extents, true), std::span(buffers.ptrs).first(2),
+                               [](size_t, std::span<std::byte>) {}),
+               std::invalid_argument);
+}
+
+// With B buffers, B - 2 reads run ahead of fn; steps may read one place and write another
+// (the service's rewrite into a fresh extent) or only write (a fresh extent filled by fn).
+TEST_F(NvmeFileTest, StreamCopiesIntoOtherExtentsWithDeeperReadAhead) {
+  const uint64_t capacity = 8 << 20;
+  const size_t step = 64 << 10, steps_n = 32;
+  NvmeFile f(dir_ / "c.bin", capacity, NvmeOptions{.block_size = 16 << 10, .queue_depth = 8});
+  AlignedBuffer init(capacity);
+  fill_random(init, 7);
+  f.write(0, init.data(), capacity);
+  const size_t B = 6;
+  StreamBuffers buffers(f, B, step);
+
+  // Fill [0, 2 MiB) with a pattern through write-only steps.
+  std::vector<NvmeFile::StreamStep> fill;
+  for (size_t i = 0; i < steps_n; ++i) fill.push_back({std::nullopt, i * step, step});
+  f.stream(fill, buffers.ptrs, [&](size_t i, std::span<std::byte> bytes) {
+    std::memset(bytes.data(), static_cast<int>(i + 1), bytes.size());
+  });
+  // Copy it, transformed, to [4 MiB, 6 MiB), step i reading i and writing i + 64.
+  std::vector<NvmeFile::StreamStep> copy;
+  for (size_t i = 0; i < steps_n; ++i) copy.push_back({i * step, (4 << 20) + i * step, step});
+  f.stream(copy, buffers.ptrs, [&](size_t i, std::span<std::byte> bytes) {
+    // Reads of steps i+1 .. i+B-2 in flight (as many as remain), and the write of i-1.
+    const size_t reads = std::min(B - 2, steps_n - 1 - i);
+    EXPECT_GE(f.outstanding(), reads + size_t{i >= 1}) << "step " << i;
+    for (auto& b : bytes) {
+      ASSERT_EQ(b, std::byte(i + 1)) << "step " << i;
+      b = std::byte(0xA0 + (i & 0xF));
+    }
+  });
+  AlignedBuffer x(capacity);
+  f.read(0, x.data(), capacity);
+  for (size_t i = 0; i < steps_n; ++i) {
+    EXPECT_EQ(x.data()[i * step], std::byte(i + 1)) << "source of step " << i << " unchanged";
+    EXPECT_EQ(x.data()[(4 << 20) + i * step + step - 1], std::byte(0xA0 + (i & 0xF)));
+  }
+  // Bytes outside both ranges are as written at the start.
+  EXPECT_TRUE(equal_bytes(x.data() + (2 << 20), init.data() + (2 << 20), 2 << 20));
+  EXPECT_TRUE(equal_bytes(x.data() + (6 << 20), init.data() + (6 << 20), 2 << 20));
 }
 
 TEST_F(NvmeFileTest, ReopenedFileReadsSameBytes) {

@@ -1,0 +1,370 @@
+// decode(): frames -> Message. Never throws; a failed check names the field.
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <optional>
+
+#include "checksum/crc32c.h"
+#include "messages/codec_schema.h"
+
+namespace dsactor::messages {
+
+namespace {
+
+using detail::kMaxErrorCode;
+
+// Thrown inside decode_impl only and turned into a DecodeError before decode() returns.
+struct Fail {
+  DecodeErrc code;
+  std::string message;
+};
+
+[[noreturn]] void fail(DecodeErrc code, std::string message) {
+  throw Fail{code, std::move(message)};
+}
+
+DType from_wire(wire::DType d, const char* field) {
+  switch (d) {
+    case wire::DType::FP32:
+      return DType::fp32;
+    case wire::DType::BF16:
+      return DType::bf16;
+    case wire::DType::FP16:
+      return DType::fp16;
+    default:
+      fail(DecodeErrc::badDtype,
+           std::string(field) + ": invalid dtype " + std::to_string(static_cast<unsigned>(d)));
+  }
+}
+
+OptimizerKind from_wire(wire::OptimizerKind k) {
+  switch (k) {
+    case wire::OptimizerKind::ADAM:
+      return OptimizerKind::adam;
+    case wire::OptimizerKind::ADAMW:
+      return OptimizerKind::adamw;
+  }
+  fail(DecodeErrc::badField,
+       "optimizer.kind: unknown value " + std::to_string(static_cast<unsigned>(k)));
+}
+
+std::string text(capnp::Text::Reader t, const Limits& limits, const char* field) {
+  if (t.size() > limits.max_text_bytes)
+    fail(DecodeErrc::badField, std::string(field) + ": text of " + std::to_string(t.size()) +
+                                   " bytes exceeds max_text_bytes");
+  // Interior NULs are legal in capnp Text but not in anything we name with it (paths,
+  // tags); refusing them also keeps decode -> encode -> decode an identity.
+  if (std::memchr(t.cStr(), '\0', t.size()) != nullptr)
+    fail(DecodeErrc::badField, std::string(field) + ": text contains a NUL byte");
+  return std::string(t.cStr(), t.size());
+}
+
+template <class List>
+void check_list(const List& list, const Limits& limits, const char* field) {
+  if (list.size() > limits.max_list_items)
+    fail(DecodeErrc::badField,
+         std::string(field) + ": " + std::to_string(list.size()) + " items exceed max_list_items");
+}
+
+std::vector<PartitionVersion> versions(capnp::List<wire::PartitionVersion>::Reader list,
+                                       const Limits& limits, const char* field) {
+  check_list(list, limits, field);
+  std::vector<PartitionVersion> out;
+  out.reserve(list.size());
+  for (auto v : list) out.push_back({v.getPartitionId(), v.getVersion()});
+  return out;
+}
+
+// An optional arena slice. A set one names an arena (id != 0) and a range that does not
+// wrap around; whether it fits the mapping is the receiver's check (it knows the size).
+// `shape`: the payload it stands for must fill it exactly (push, fetch reply).
+std::optional<ArenaSlice> arena_slice(bool present, wire::ArenaSlice::Reader a,
+                                      const Limits& limits, const char* field,
+                                      std::optional<std::pair<DType, uint64_t>> shape) {
+  if (!present) return std::nullopt;
+  ArenaSlice out{a.getArenaId(), a.getOffset(), a.getLength(), a.getCrc32c()};
+  const std::string f(field);
+  if (out.arena_id == 0) fail(DecodeErrc::badField, f + ".arenaId: 0 names no arena");
+  if (out.length > limits.max_payload_bytes)
+    fail(DecodeErrc::tooLarge,
+         f + ".length: " + std::to_string(out.length) + " bytes exceed max_payload_bytes");
+  if (out.offset > UINT64_MAX - out.length)
+    fail(DecodeErrc::badField, f + ".offset: " + std::to_string(out.offset) + " + length " +
+                                   std::to_string(out.length) + " overflows");
+  if (shape) {
+    const auto [dtype, count] = *shape;
+    // Division, not count * size, so a huge element count cannot wrap around.
+    if (out.length % dtype_size(dtype) != 0 || count != out.length / dtype_size(dtype))
+      fail(DecodeErrc::lengthMismatch, f + ".length: " + std::to_string(count) + " elements of " +
+                                           std::string(to_string(dtype)) + " do not fill " +
+                                           std::to_string(out.length) + " bytes");
+  }
+  return out;
+}
+
+// A request kind (what a service accepts; ping goes either way), or nullopt for another
+// kind.
+std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& limits) {
+  switch (k.which()) {
+    case wire::Header::Kind::REGISTER: {
+      auto r = k.getRegister();
+      Register out{r.getRank(), r.getWorldSize(), {}};
+      auto parts = r.getPartitions();
+      check_list(parts, limits, "register.partitions");
+      out.partitions.reserve(parts.size());
+      for (auto p : parts) {
+        auto o = p.getOptimizer();
+        out.partitions.push_back(PartitionSpec{
+            p.getPartitionId(), p.getElementCount(),
+            from_wire(p.getMasterDtype(), "register.partitions.masterDtype"),
+            from_wire(p.getServedDtype(), "register.partitions.servedDtype"),
+            OptimizerConfig{from_wire(o.getKind()), o.getLr(), o.getBeta1(), o.getBeta2(),
+                            o.getEps(), o.getWeightDecay(), o.getBiasCorrection()}});
+      }
+      return out;
+    }
+    case wire::Header::Kind::SET_PARAMETERS: {
+      auto r = k.getSetParameters();
+      return SetParameters{r.getPartitionId(), r.getVersion(),
+                           from_wire(r.getDtype(), "setParameters.dtype"), r.getElementCount()};
+    }
+    case wire::Header::Kind::PUSH_GRADIENTS: {
+      auto r = k.getPushGradients();
+      PushGradients out{r.getPartitionId(),  r.getStep(),
+                        r.getMicroStep(),    from_wire(r.getDtype(), "pushGradients.dtype"),
+                        r.getElementCount(), {}};
+      out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "pushGradients.arena",
+                              std::pair{out.dtype, out.element_count});
+      return out;
+    }
+    case wire::Header::Kind::COMMIT_STEP: {
+      auto r = k.getCommitStep();
+      return CommitStep{r.getStep(), r.getClipCoef(), r.getLossScale(), r.getLr()};
+    }
+    case wire::Header::Kind::SKIP_STEP:
+      return SkipStep{k.getSkipStep().getStep()};
+    case wire::Header::Kind::FETCH_PARAMETERS: {
+      auto r = k.getFetchParameters();
+      return FetchParameters{
+          r.getPartitionId(), r.getMinVersion(), from_wire(r.getDtype(), "fetchParameters.dtype"),
+          arena_slice(r.hasArena(), r.getArena(), limits, "fetchParameters.arena", std::nullopt)};
+    }
+    case wire::Header::Kind::STATS:
+      return Stats{};
+    case wire::Header::Kind::CHECKPOINT: {
+      auto r = k.getCheckpoint();
+      return Checkpoint{text(r.getTag(), limits, "checkpoint.tag"),
+                        text(r.getPath(), limits, "checkpoint.path")};
+    }
+    case wire::Header::Kind::RESTORE: {
+      auto r = k.getRestore();
+      return Restore{text(r.getTag(), limits, "restore.tag"),
+                     text(r.getPath(), limits, "restore.path")};
+    }
+    case wire::Header::Kind::PING:
+      return Ping{k.getPing().getNonce()};
+    case wire::Header::Kind::MAP_ARENA: {
+      auto r = k.getMapArena();
+      return MapArena{text(r.getPath(), limits, "mapArena.path"), r.getSize()};
+    }
+    case wire::Header::Kind::UNMAP_ARENA:
+      return UnmapArena{k.getUnmapArena().getArenaId()};
+    default:
+      return std::nullopt;
+  }
+}
+
+// A reply kind, or nullopt for another kind.
+std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& limits) {
+  switch (k.which()) {
+    case wire::Header::Kind::REGISTER_REPLY: {
+      auto r = k.getRegisterReply();
+      return RegisterReply{text(r.getServiceId(), limits, "registerReply.serviceId"),
+                           versions(r.getPartitions(), limits, "registerReply.partitions")};
+    }
+    case wire::Header::Kind::SET_PARAMETERS_REPLY: {
+      auto r = k.getSetParametersReply();
+      return SetParametersReply{r.getPartitionId(), r.getVersion()};
+    }
+    case wire::Header::Kind::PUSH_REPLY: {
+      auto r = k.getPushReply();
+      return PushReply{r.getPartitionId(), r.getStep(), r.getMicroStep(), r.getSumSquares(),
+                       r.getNonfinite()};
+    }
+    case wire::Header::Kind::COMMIT_REPLY: {
+      auto r = k.getCommitReply();
+      return CommitReply{r.getStep(), r.getApplied(),
+                         versions(r.getPartitions(), limits, "commitReply.partitions")};
+    }
+    case wire::Header::Kind::FETCH_REPLY: {
+      auto r = k.getFetchReply();
+      FetchReply out{r.getPartitionId(),
+                     r.getVersion(),
+                     from_wire(r.getDtype(), "fetchReply.dtype"),
+                     r.getElementCount(),
+                     {}};
+      out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "fetchReply.arena",
+                              std::pair{out.dtype, out.element_count});
+      return out;
+    }
+    case wire::Header::Kind::STATS_REPLY: {
+      auto r = k.getStatsReply();
+      return StatsReply{r.getBytesInRam(),
+                        r.getBytesOnNvme(),
+                        r.getPartitions(),
+                        r.getSteps(),
+                        text(r.getPinning(), limits, "statsReply.pinning"),
+                        r.getPartitionsInRam(),
+                        r.getPartitionsOnNvme()};
+    }
+    case wire::Header::Kind::CHECKPOINT_REPLY: {
+      auto r = k.getCheckpointReply();
+      return CheckpointReply{text(r.getTag(), limits, "checkpointReply.tag"), r.getStep(),
+                             r.getBytesWritten()};
+    }
+    case wire::Header::Kind::RESTORE_REPLY: {
+      auto r = k.getRestoreReply();
+      return RestoreReply{text(r.getTag(), limits, "restoreReply.tag"), r.getStep(),
+                          versions(r.getPartitions(), limits, "restoreReply.partitions")};
+    }
+    case wire::Header::Kind::PONG:
+      return Pong{k.getPong().getNonce()};
+    case wire::Header::Kind::ERROR_REPLY: {
+      auto r = k.getErrorReply();
+      auto raw = static_cast<uint16_t>(r.getCode());
+      std::string message = text(r.getMessage(), limits, "errorReply.message");
+      // A newer peer may add codes without a schema bump (adding does not change the
+      // meaning of the old ones): keep the reply readable as `internal`.
+      if (raw > kMaxErrorCode) {
+        return ErrorReply{ErrorCode::internal,
+                          "(unknown error code " + std::to_string(raw) + ") " + message};
+      }
+      return ErrorReply{static_cast<ErrorCode>(raw), std::move(message)};
+    }
+    case wire::Header::Kind::MAP_ARENA_REPLY: {
+      auto r = k.getMapArenaReply();
+      return MapArenaReply{r.getArenaId(), r.getSize()};
+    }
+    case wire::Header::Kind::UNMAP_ARENA_REPLY:
+      return UnmapArenaReply{k.getUnmapArenaReply().getArenaId()};
+    default:
+      return std::nullopt;
+  }
+}
+
+Body decode_body(wire::Header::Reader h, const Limits& limits) {
+  auto k = h.getKind();
+  if (auto body = decode_request(k, limits)) return std::move(*body);
+  if (auto body = decode_reply(k, limits)) return std::move(*body);
+  fail(DecodeErrc::unknownKind,
+       "unknown kind ordinal " + std::to_string(static_cast<unsigned>(k.which())));
+}
+
+Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits) {
+  if (frames.empty() || frames.size() > 2)
+    fail(DecodeErrc::wrongFrameCount,
+         "expected 1 or 2 frames, got " + std::to_string(frames.size()));
+
+  const zmq::message_t& head = frames[0];
+  const size_t head_size = head.size();
+  if (head_size > limits.max_header_bytes)
+    fail(DecodeErrc::tooLarge,
+         "header of " + std::to_string(head_size) + " bytes exceeds max_header_bytes");
+  if (head_size == 0 || head_size % sizeof(capnp::word) != 0)
+    fail(DecodeErrc::badHeader,
+         "header of " + std::to_string(head_size) + " bytes is not a whole number of words");
+
+  // A zmq frame's bytes carry no alignment guarantee, and capnp readers need 8-byte
+  // aligned words: copy the (small) header into an aligned buffer.
+  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(head_size / sizeof(capnp::word));
+  std::memcpy(words.begin(), head.data(), head_size);
+
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = limits.traversal_limit_words;
+  options.nestingLimit = limits.nesting_limit;
+  capnp::FlatArrayMessageReader reader(words.asPtr(), options);
+  if (reader.getEnd() != words.end())
+    fail(DecodeErrc::badHeader, "trailing bytes after the header message");
+
+  auto h = reader.getRoot<wire::Header>();
+  if (h.getSchemaVersion() != kSchemaVersion)
+    fail(DecodeErrc::schemaMismatch, "schema version " + std::to_string(h.getSchemaVersion()) +
+                                         ", this build speaks " + std::to_string(kSchemaVersion));
+
+  // Cap'n Proto lets a struct list shrink its elements to zero words, so a 100-byte header
+  // could declare a million list items and make us allocate megabytes. Our encoder spends
+  // at least one word per item, so no honest list is longer than the header has words.
+  Limits body_limits = limits;
+  body_limits.max_list_items = std::min(limits.max_list_items, words.size());
+
+  Message msg;
+  msg.header.request_id = h.getRequestId();
+  msg.header.job_id = text(h.getJobId(), limits, "jobId");
+  msg.header.body = decode_body(h, body_limits);
+
+  const uint64_t declared = h.getPayloadLength();
+  const auto shape = payload_shape(msg.header.body);
+  if (!shape) {
+    if (frames.size() != 1)
+      fail(DecodeErrc::wrongFrameCount,
+           std::string(kind_name(msg.header.body)) + " carries no payload but got 2 frames");
+    if (declared != 0 || h.getPayloadCrc32c() != 0)
+      fail(DecodeErrc::lengthMismatch,
+           std::string(kind_name(msg.header.body)) + " carries no payload but declares one");
+    return msg;
+  }
+
+  if (frames.size() != 2)
+    fail(DecodeErrc::wrongFrameCount,
+         std::string(kind_name(msg.header.body)) + " needs a payload frame");
+  const zmq::message_t& body = frames[1];
+  if (declared > limits.max_payload_bytes || body.size() > limits.max_payload_bytes)
+    fail(DecodeErrc::tooLarge, "payload of " +
+                                   std::to_string(std::max<uint64_t>(declared, body.size())) +
+                                   " bytes exceeds max_payload_bytes");
+  if (body.size() != declared)
+    fail(DecodeErrc::lengthMismatch, "payload frame has " + std::to_string(body.size()) +
+                                         " bytes, header declares " + std::to_string(declared));
+  const auto [dtype, count] = *shape;
+  // Division, not count * size, so a huge element count cannot wrap around.
+  if (declared % dtype_size(dtype) != 0 || count != declared / dtype_size(dtype))
+    fail(DecodeErrc::lengthMismatch, std::to_string(count) + " elements of " +
+                                         std::string(to_string(dtype)) + " do not fill " +
+                                         std::to_string(declared) + " bytes");
+
+  msg.payload = {static_cast<const std::byte*>(body.data()), body.size()};
+  msg.payload_crc32c = h.getPayloadCrc32c();
+  if (limits.verify_checksum) {
+    const uint32_t actual = checksum::crc32c(msg.payload.data(), msg.payload.size());
+    if (actual != msg.payload_crc32c)
+      fail(DecodeErrc::checksumMismatch, "payload crc32c " + std::to_string(actual) +
+                                             " != declared " + std::to_string(msg.payload_crc32c));
+  }
+  return msg;
+}
+
+}  // namespace
+
+Result<Message> decode(std::span<const zmq::message_t> frames, const Limits& limits) {
+  try {
+    return decode_impl(frames, limits);
+  } catch (Fail& f) {
+    return DecodeError{f.code, std::move(f.message)};
+  } catch (const kj::Exception& e) {
+    // Cap'n Proto reports every structural problem (bad segment table, out-of-bounds
+    // pointer, traversal or nesting limit) as a kj::Exception.
+    return DecodeError{DecodeErrc::badHeader, std::string("capnp: ") + e.getDescription().cStr()};
+  } catch (const std::bad_alloc&) {
+    return DecodeError{DecodeErrc::tooLarge, "out of memory while decoding"};
+  } catch (const std::exception& e) {
+    return DecodeError{DecodeErrc::badHeader, e.what()};
+  } catch (...) {
+    return DecodeError{DecodeErrc::badHeader, "unknown exception while decoding"};
+  }
+}
+
+}  // namespace dsactor::messages

@@ -1,0 +1,270 @@
+#include "offload_service/job_checkpoint.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "offload_service/store_common.h"
+#include "storage/checkpoint.h"
+
+namespace dsactor::offload {
+
+namespace {
+
+namespace msg = dsactor::messages;
+namespace fs = std::filesystem;
+using detail::Refusal;
+using detail::refuse;
+using msg::ErrorCode;
+
+constexpr const char* kCheckpointFormat = "dsactor-offload-checkpoint";
+constexpr int kCheckpointFormatVersion = 1;
+
+std::string tensor_name(uint64_t pid, const char* what) {
+  return "partition/" + std::to_string(pid) + "/" + what;
+}
+
+fs::path checkpoint_path(const std::string& path, const char* what) {
+  if (path.empty() || !fs::path(path).is_absolute()) {
+    refuse(ErrorCode::malformed, std::string(what) + " path '" + path +
+                                     "' must be an absolute directory path on the service host");
+  }
+  return fs::path(path).lexically_normal();
+}
+
+// ---- restore, step by step ----
+
+// A restore's refusals name the checkpoint directory.
+struct RestoreFrom {
+  fs::path dir;
+  [[noreturn]] void bad(ErrorCode code, const std::string& why) const {
+    refuse(code, "restore from " + dir.string() + ": " + why);
+  }
+};
+
+// A partition as the checkpoint's manifest describes it.
+struct Loaded {
+  msg::PartitionSpec spec;
+  uint64_t version = 0;
+  int64_t adam_steps = 0;
+};
+
+struct LoadedJob {
+  uint64_t step = 0;
+  std::vector<Loaded> parts;  // in checkpoint order
+};
+
+// The manifest's state, checked: format, tag, each partition's spec (the Register range
+// checks), version and Adam step count, and each tensor's presence, dtype and size.
+LoadedJob read_manifest(const storage::CheckpointReader& reader, const RestoreFrom& from,
+                        const std::string& tag) {
+  const auto& st = reader.state();
+  LoadedJob out;
+  try {
+    if (st.value("format", "") != kCheckpointFormat ||
+        st.value("format_version", 0) != kCheckpointFormatVersion) {
+      from.bad(ErrorCode::malformed, "not an offload-service checkpoint of format version " +
+                                         std::to_string(kCheckpointFormatVersion));
+    }
+    if (st.at("tag").get<std::string>() != tag) {
+      from.bad(ErrorCode::malformed, "holds tag '" + st.at("tag").get<std::string>() +
+                                         "', restore asks for '" + tag + "'");
+    }
+    out.step = st.at("step").get<uint64_t>();
+    std::set<uint64_t> seen;
+    for (const auto& pj : st.at("partitions")) {
+      Loaded l{detail::spec_from_json(pj), pj.at("version").get<uint64_t>(),
+               pj.at("adam_steps").get<int64_t>()};
+      detail::check_spec(l.spec);
+      const uint64_t pid = l.spec.partition_id;
+      if (!seen.insert(pid).second) from.bad(ErrorCode::malformed, "partition listed twice");
+      if (l.adam_steps < 0 || l.version > out.step) {
+        from.bad(ErrorCode::malformed, "partition " + std::to_string(pid) + " has version " +
+                                           std::to_string(l.version) + " past step " +
+                                           std::to_string(out.step) + " or negative adam_steps");
+      }
+      for (const char* what : {"master", "m", "v"}) {
+        const auto name = tensor_name(pid, what);
+        if (!reader.has_tensor(name) || reader.info(name).dtype != "F32" ||
+            reader.info(name).bytes != l.spec.element_count * 4) {
+          from.bad(ErrorCode::malformed, "tensor " + name + " is missing or not F32[" +
+                                             std::to_string(l.spec.element_count) + "]");
+        }
+      }
+      out.parts.push_back(l);
+    }
+    if (out.parts.empty()) from.bad(ErrorCode::malformed, "no partitions");
+  } catch (const Refusal&) {
+    throw;
+  } catch (const std::exception& e) {
+    from.bad(ErrorCode::malformed, std::string("state: ") + e.what());
+  }
+  return out;
+}
+
+// The restored job: the checkpoint's partitions, each on the tier and worker it has in the
+// live job, or placed like a registration when the job is new.
+JobState restored_job(const LoadedJob& loaded, const JobState* live, const Placement& placement,
+                      const RestoreFrom& from, const std::string& job) {
+  std::vector<bool> tiers;
+  std::vector<size_t> owner;
+  if (live) {
+    if (live->parts.size() != loaded.parts.size()) {
+      from.bad(ErrorCode::malformed, "holds " + std::to_string(loaded.parts.size()) +
+                                         " partitions, job '" + job + "' has " +
+                                         std::to_string(live->parts.size()));
+    }
+    for (const auto& l : loaded.parts) {
+      auto p = live->parts.find(l.spec.partition_id);
+      if (p == live->parts.end() || p->second.n() != l.spec.element_count ||
+          p->second.spec.served_dtype != l.spec.served_dtype) {
+        from.bad(ErrorCode::malformed, "partition " + std::to_string(l.spec.partition_id) +
+                                           " does not match a registered partition of job '" + job +
+                                           "' (id, element count, served dtype)");
+      }
+      tiers.push_back(p->second.on_nvme);
+      owner.push_back(p->second.worker);
+    }
+  } else {
+    std::vector<const msg::PartitionSpec*> specs;
+    for (const auto& l : loaded.parts) specs.push_back(&l.spec);
+    tiers = placement.tiers(specs, "restore");
+    for (size_t i = 0; i < loaded.parts.size(); ++i) owner.push_back(placement.worker_for(i));
+  }
+  JobState next;
+  next.step = loaded.step;
+  for (size_t i = 0; i < loaded.parts.size(); ++i) {
+    PartitionEntry p;
+    p.spec = loaded.parts[i].spec;
+    p.on_nvme = tiers[i];
+    p.worker = owner[i];
+    p.ram_bytes = detail::ram_need(p.spec, p.on_nvme);
+    p.version = loaded.parts[i].version;
+    p.adam_steps = loaded.parts[i].adam_steps;
+    next.order.push_back(p.spec.partition_id);
+    next.parts.emplace(p.spec.partition_id, p);
+  }
+  // A live job keeps its registration order (the forward block order its trainer gave).
+  if (live) next.order = live->order;
+  return next;
+}
+
+// Every tensor read (crc-checked) into plain buffers, grouped into one RestoreWork per
+// worker, in checkpoint order.
+PerWorker<RestoreWork> read_tensors(const storage::CheckpointReader& reader,
+                                    const LoadedJob& loaded, const JobState& next,
+                                    const RestoreFrom& from, const std::string& job) {
+  PerWorker<RestoreWork> pw;
+  try {
+    for (const auto& l : loaded.parts) {
+      const uint64_t pid = l.spec.partition_id, n = l.spec.element_count;
+      const PartitionEntry& p = next.parts.at(pid);
+      RestoreItem item;
+      item.spec = l.spec;
+      item.on_nvme = p.on_nvme;
+      item.master = HostAllocator::plain(n * 4);
+      item.m = HostAllocator::plain(n * 4);
+      item.v = HostAllocator::plain(n * 4);
+      reader.read_tensor(tensor_name(pid, "master"), item.master->data(), n * 4, "F32");
+      reader.read_tensor(tensor_name(pid, "m"), item.m->data(), n * 4, "F32");
+      reader.read_tensor(tensor_name(pid, "v"), item.v->data(), n * 4, "F32");
+      RestoreWork& w = pw.add(p.worker, pid);
+      w.job = job;
+      w.items.push_back(std::move(item));
+    }
+  } catch (const storage::CheckpointError& e) {
+    const bool crc = std::string(e.what()).find("crc32c") != std::string::npos;
+    from.bad(crc ? ErrorCode::checksumMismatch : ErrorCode::malformed, e.what());
+  } catch (const std::exception& e) {
+    from.bad(ErrorCode::internal, e.what());
+  }
+  return pw;
+}
+
+}  // namespace
+
+msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers,
+                                    const msg::Header& h, const msg::Checkpoint& c) {
+  const fs::path dir = checkpoint_path(c.path, "checkpoint");
+  const JobState& job = jobs.job(h);
+  const auto micro = workers.micro_steps(h.job_id, job);
+  for (size_t i = 0; i < job.order.size(); ++i) {
+    if (micro[i] > 0) {
+      refuse(ErrorCode::versionOrder,
+             "partition " + std::to_string(job.order[i]) + " holds gradients of step " +
+                 std::to_string(job.step + 1) + "; commit or skip before a checkpoint");
+    }
+  }
+  const auto state = workers.optimizer_state(h.job_id, job);
+  nlohmann::json js{{"format", kCheckpointFormat},
+                    {"format_version", kCheckpointFormatVersion},
+                    {"tag", c.tag},
+                    {"job", h.job_id},
+                    {"step", job.step},
+                    {"partitions", nlohmann::json::array()}};
+  uint64_t bytes = 0;
+  try {
+    storage::CheckpointWriter w(dir);
+    for (size_t i = 0; i < job.order.size(); ++i) {
+      const uint64_t pid = job.order[i];
+      const PartitionEntry& p = job.parts.at(pid);
+      const std::vector<int64_t> shape{static_cast<int64_t>(p.n())};
+      w.add_tensor(tensor_name(pid, "master"), "F32", shape, state[i][0]->as<float>(), p.n() * 4);
+      w.add_tensor(tensor_name(pid, "m"), "F32", shape, state[i][1]->as<float>(), p.n() * 4);
+      w.add_tensor(tensor_name(pid, "v"), "F32", shape, state[i][2]->as<float>(), p.n() * 4);
+      bytes += 3 * p.n() * 4;
+      auto pj = detail::spec_json(p.spec, p.on_nvme, p.adam_steps);
+      pj.erase("tier");  // placement is the restoring service's business
+      pj["version"] = p.version;
+      js["partitions"].push_back(std::move(pj));
+    }
+    w.set_state(js);
+    w.commit();
+  } catch (const Refusal&) {
+    throw;
+  } catch (const std::exception& e) {
+    refuse(ErrorCode::internal, "checkpoint to " + dir.string() + " failed: " + e.what());
+  }
+  spdlog::info("offload: job '{}' step {} checkpointed to {} ('{}', {} bytes)", h.job_id, job.step,
+               dir.string(), c.tag, bytes);
+  return msg::CheckpointReply{c.tag, job.step, bytes};
+}
+
+msg::RestoreReply restore_job(JobTable& jobs, Placement& placement, TwoPhase& two_phase,
+                              const msg::Header& h, const msg::Restore& rq) {
+  const RestoreFrom from{checkpoint_path(rq.path, "restore")};
+  std::unique_ptr<storage::CheckpointReader> reader;
+  try {
+    reader = std::make_unique<storage::CheckpointReader>(from.dir);
+  } catch (const std::exception& e) {
+    from.bad(ErrorCode::malformed, e.what());
+  }
+  const LoadedJob loaded = read_manifest(*reader, from, rq.tag);
+  const JobState* live = jobs.find(h.job_id);
+  JobState next = restored_job(loaded, live, placement, from, h.job_id);
+  const auto pw = read_tensors(*reader, loaded, next, from, h.job_id);
+
+  std::vector<uint64_t> checkpoint_order;
+  for (const auto& l : loaded.parts) checkpoint_order.push_back(l.spec.partition_id);
+  const Prepared prepared = two_phase.prepare(pw, checkpoint_order);
+  if (prepared.failure) from.bad(ErrorCode::internal, prepared.failure->message);
+  two_phase.commit(h.job_id, next, pw, prepared,
+                   "restore from " + from.dir.string() + ": metadata write failed: ");
+  // Pending gradients of the job went with the partitions they belonged to. A live job
+  // keeps its partitions' tiers, hence its charges; a new one is charged now.
+  const bool is_new = live == nullptr;
+  jobs.put(h.job_id, std::move(next));
+  const JobState& job = *jobs.find(h.job_id);
+  if (is_new) {
+    for (const auto& [pid, p] : job.parts) placement.charge(p);
+  }
+  spdlog::info("offload: job '{}' restored to step {} from {} ('{}')", h.job_id, loaded.step,
+               from.dir.string(), rq.tag);
+  return msg::RestoreReply{rq.tag, loaded.step, job.versions()};
+}
+
+}  // namespace dsactor::offload

@@ -1,0 +1,33 @@
+#pragma once
+
+// Checkpoint and Restore of one job, with storage/checkpoint.h's container: `tensors.bin`
+// holds `partition/<id>/{master,m,v}` (fp32, crc32c each) in the job's order, and the
+// manifest's state holds the format, tag, job, step and per partition its spec, Adam step
+// count and version. Placement is not recorded: a restoring service places a job it does
+// not have like a registration. Format and rules: README.md, "Checkpoints".
+
+#include "messages/codec.h"
+#include "offload_service/job_table.h"
+#include "offload_service/placement.h"
+#include "offload_service/two_phase.h"
+#include "offload_service/worker_group.h"
+
+namespace dsactor::offload {
+
+// Writes the request's job (no gradients may be pending) to a directory published
+// atomically at the request's path. Changes nothing in the store. NVMe partitions are read
+// through their crc32c first, so a corrupt extent is refused, never copied.
+messages::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers,
+                                         const messages::Header& h, const messages::Checkpoint& c);
+
+// Loads a checkpoint back into the request's job. Everything is read and verified (the
+// manifest, every tensor's size and crc32c) and staged on the workers (fresh buffers,
+// fresh extents) before anything switches, through the two-phase operation, so a bad
+// checkpoint is refused with the live state untouched. Pending gradients of the job are
+// discarded. A registered job must have exactly the checkpoint's partitions (ids, element
+// counts, served dtypes); a job that is not registered is created, placed and charged like
+// a registration.
+messages::RestoreReply restore_job(JobTable& jobs, Placement& placement, TwoPhase& two_phase,
+                                   const messages::Header& h, const messages::Restore& rq);
+
+}  // namespace dsactor::offload

@@ -1,0 +1,47 @@
+#include "offload_service/placement.h"
+
+#include <string>
+
+#include "offload_service/store_common.h"
+
+namespace dsactor::offload {
+
+using detail::fmt_bytes;
+using detail::opt_bytes;
+using detail::ram_need;
+using messages::ErrorCode;
+
+Placement::Placement(uint64_t memory_limit, uint64_t max_in_cpu, bool has_nvme, size_t workers)
+    : limit_(memory_limit), max_in_cpu_(max_in_cpu), has_nvme_(has_nvme), workers_(workers) {}
+
+std::vector<bool> Placement::tiers(const std::vector<const messages::PartitionSpec*>& fresh,
+                                   const char* what) const {
+  std::vector<bool> to_nvme;
+  uint64_t need = 0, opt_need = 0;
+  for (const auto* sp : fresh) {
+    bool spill = false;
+    if (has_nvme_) {
+      spill = ram_opt_used_ + opt_need + opt_bytes(*sp) > max_in_cpu_ ||
+              ram_used_ + need + ram_need(*sp, false) > limit_;
+    }
+    to_nvme.push_back(spill);
+    need += ram_need(*sp, spill);
+    if (!spill) opt_need += opt_bytes(*sp);
+  }
+  const uint64_t free = limit_ > ram_used_ ? limit_ - ram_used_ : 0;
+  if (need > free) {
+    detail::refuse(ErrorCode::outOfMemory, std::string(what) + " of " +
+                                               std::to_string(fresh.size()) + " partitions asks " +
+                                               fmt_bytes(need) + " of RAM; " + fmt_bytes(free) +
+                                               " free of the " + fmt_bytes(limit_) + " limit" +
+                                               (has_nvme_ ? "" : " (no --nvme tier to spill to)"));
+  }
+  return to_nvme;
+}
+
+void Placement::charge(const PartitionEntry& p) {
+  ram_used_ += p.ram_bytes;
+  if (!p.on_nvme) ram_opt_used_ += opt_bytes(p.spec);
+}
+
+}  // namespace dsactor::offload

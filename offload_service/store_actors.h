@@ -1,0 +1,37 @@
+#pragma once
+
+// The offload store's actors and how they start: the step coordinator, the partition
+// workers, and with an NVMe tier the nvme_io and metadata actors. Starting on an NVMe
+// directory reloads every job it recorded (README.md, "Tiers").
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "offload_service/metadata_actor.h"
+#include "offload_service/nvme_io_actor.h"
+#include "offload_service/partition_store.h"
+#include "offload_service/partition_worker.h"
+#include "offload_service/step_coordinator.h"
+
+namespace dsactor::offload {
+
+struct StoreActors {
+  step_coordinator coordinator;
+  std::vector<partition_worker> workers;
+  std::optional<nvme_io_actor> nvme_io;
+  std::optional<metadata_actor> metadata;
+  std::string pinning_report;
+
+  // Sends every actor an exit; the actor system's await then waits for them.
+  void stop() const;
+};
+
+// Opens the NVMe tier and its metadata (reloading every job) when options.nvme_dir is
+// set, and spawns the coordinator, options.workers (resolved) partition workers, nvme_io
+// and metadata. Throws like PartitionStore's constructor.
+StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options);
+
+}  // namespace dsactor::offload

@@ -1,0 +1,117 @@
+#pragma once
+
+// The step coordinator's side of its partition workers: one message to each worker that
+// holds partitions of a job (naming them in the job's order), answers gathered in worker
+// order, and the queries and one-way messages built on that. The calls block: the
+// coordinator is detached and waits for its workers (step_coordinator.h says why).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "offload_service/job_table.h"
+#include "offload_service/partition_worker.h"
+#include "offload_service/store_common.h"
+
+namespace dsactor::offload {
+
+// The messages of one fan-out: per worker (ascending), its message and the partitions
+// that message names, in the job's order.
+template <class Work>
+struct PerWorker {
+  struct Entry {
+    std::shared_ptr<Work> work;
+    std::vector<uint64_t> partitions;
+  };
+  std::map<size_t, Entry> by_worker;
+
+  // The message for `worker` (created on first use), with `pid` added to its partitions.
+  // The caller fills in the message's own fields.
+  Work& add(size_t worker, uint64_t pid) {
+    Entry& e = by_worker[worker];
+    if (!e.work) e.work = std::make_shared<Work>();
+    e.partitions.push_back(pid);
+    return *e.work;
+  }
+  std::vector<size_t> workers() const {
+    std::vector<size_t> out;
+    for (const auto& [w, e] : by_worker) out.push_back(w);
+    return out;
+  }
+};
+
+// The failure among `results` (the answers to pw's messages, in its worker order) that
+// comes first in `order` (partition ids); nullptr when every worker succeeded.
+template <class Work>
+const WorkResult* first_failure(const PerWorker<Work>& pw, const std::vector<WorkResult>& results,
+                                const std::vector<uint64_t>& order) {
+  std::unordered_map<uint64_t, size_t> position;
+  for (size_t i = 0; i < order.size(); ++i) position.emplace(order[i], i);
+  const WorkResult* best = nullptr;
+  size_t best_pos = 0, k = 0;
+  for (const auto& [w, e] : pw.by_worker) {
+    const WorkResult& r = results[k++];
+    if (r.ok) continue;
+    const uint64_t pid = e.partitions.at(std::min(r.failed_index, e.partitions.size() - 1));
+    const size_t pos = position.at(pid);
+    if (!best || pos < best_pos) {
+      best = &r;
+      best_pos = pos;
+    }
+  }
+  return best;
+}
+
+class WorkerGroup {
+ public:
+  WorkerGroup(caf::actor_system& system, std::vector<partition_worker> workers)
+      : system_(&system), workers_(std::move(workers)) {}
+
+  size_t size() const { return workers_.size(); }
+  caf::actor_system& system() const { return *system_; }
+
+  // The same request (`atom` and each worker's message) to every worker of `pw` at once;
+  // the answers in pw's worker order.
+  template <class Atom, class Work>
+  std::vector<WorkResult> ask(Atom atom, const PerWorker<Work>& pw) {
+    std::vector<partition_worker> to;
+    std::vector<std::shared_ptr<const Work>> msgs;
+    for (const auto& [w, e] : pw.by_worker) {
+      to.push_back(workers_.at(w));
+      msgs.push_back(e.work);
+    }
+    return detail::call_all<WorkResult>(*system_, to,
+                                        [&](size_t i) { return std::make_tuple(atom, msgs[i]); });
+  }
+  // Swaps in what the last prepare staged on each of `workers`, or drops it.
+  void apply(const std::vector<size_t>& workers);
+  void abort(const std::vector<size_t>& workers);
+
+  // Micro-steps accumulated per partition of the job, in the job's order.
+  std::vector<uint32_t> micro_steps(const std::string& job, const JobState& state);
+  // master, m and v per partition of the job, in the job's order (NVMe ones read and
+  // crc-checked). Refuses with the first failure in the job's order.
+  std::vector<std::array<HostBufferPtr, 3>> optimizer_state(const std::string& job,
+                                                            const JobState& state);
+  // SkipStep: the job's accumulated gradients dropped on every worker holding its
+  // partitions, queued behind any push already forwarded, ahead of any that follows.
+  void skip(const std::string& job, const JobState& state);
+  // A push or fetch, to the worker that answers it.
+  void serve(size_t worker, const detail::IncomingPtr& in, const ServeContext& ctx);
+
+ private:
+  // One PartitionQuery per worker holding partitions of the job.
+  static PerWorker<PartitionQuery> queries(const std::string& job, const JobState& state);
+
+  caf::actor_system* system_;
+  std::vector<partition_worker> workers_;
+};
+
+}  // namespace dsactor::offload
