@@ -66,7 +66,8 @@ void ArenaBuffer::release() {
   client_ = nullptr;
 }
 
-bool OffloadClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes) {
+ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots,
+                                                 size_t keep_bytes) {
   if (has_arena() || slot_bytes == 0 || slots == 0 || !messages::is_local_endpoint(endpoint_))
     return false;
   // Slots page-aligned, so half and float views of them are aligned too.
@@ -88,12 +89,14 @@ bool OffloadClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes
   } catch (const std::exception& e) {
     return fallback(e.what());
   }
-  const msg::Header reply = call(msg::MapArena{arena->path(), arena->size()});
-  if (const auto* e = std::get_if<msg::ErrorReply>(&reply.body))
+  ServiceResult<Reply> reply = await(send(msg::MapArena{arena->path(), arena->size()}));
+  if (!reply.ok()) return std::move(reply.error());
+  const msg::Body& body = reply->header.body;
+  if (const auto* e = std::get_if<msg::ErrorReply>(&body))
     return fallback(std::string(msg::to_string(e->code)) + ": " + e->message);
-  const auto* ok = std::get_if<msg::MapArenaReply>(&reply.body);
+  const auto* ok = std::get_if<msg::MapArenaReply>(&body);
   if (!ok || ok->arena_id == 0 || ok->size != arena->size())
-    return fallback("unexpected reply " + std::string(msg::kind_name(reply.body)));
+    return fallback("unexpected reply " + std::string(msg::kind_name(body)));
   arena_ = std::move(arena);
   arena_id_ = ok->arena_id;
   slot_bytes_ = slot;
@@ -186,11 +189,6 @@ void OffloadClient::forget(uint64_t id) {
   }
 }
 
-msg::Header OffloadClient::call(msg::Body body, std::span<const std::byte> payload,
-                                std::shared_ptr<const void> owner, zmq::message_t* payload_frame) {
-  return receive(send(std::move(body), payload, std::move(owner)), payload_frame);
-}
-
 uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
                              std::shared_ptr<const void> owner) {
   const uint64_t id = next_id_++;
@@ -209,113 +207,11 @@ uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
   return id;
 }
 
-void OffloadClient::abandon(uint64_t request_id) {
-  // A reply that already arrived means the service is done with the slot.
-  if (arrived_.erase(request_id) > 0) {
-    leases_.erase(request_id);
-    outstanding_.erase(request_id);
-    return;
-  }
-  forget(request_id);
-}
-
-msg::Header OffloadClient::receive(uint64_t id, zmq::message_t* payload_frame, ArenaBuffer* arena) {
-  auto take = [&](Reply& r) {
-    if (payload_frame && r.payload.size() > 0) *payload_frame = std::move(r.payload);
-    if (auto l = leases_.find(id); l != leases_.end()) {
-      if (arena) *arena = std::move(l->second);
-      leases_.erase(l);
-    }
-    return std::move(r.header);
-  };
-  if (auto it = arrived_.find(id); it != arrived_.end()) {
-    msg::Header h = take(it->second);
-    arrived_.erase(it);
-    return h;
-  }
-  const auto waiting = outstanding_.find(id);
-  if (waiting == outstanding_.end())
-    throw std::logic_error("offload client for " + endpoint_ + ": request " + std::to_string(id) +
-                           " is not outstanding");
-  const auto deadline = Clock::now() + timeout_;
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
-      const std::string kind = waiting->second;
-      forget(id);  // a reply that still comes is discarded
-      throw OffloadTimeout("offload service at " + endpoint_ + " did not answer " + kind +
-                           " (request " + std::to_string(id) + ") within " +
-                           std::to_string(timeout_.count()) + " ms");
-    }
-    std::vector<zmq::message_t> reply;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(reply))) continue;
-    auto env = msg::split_envelope(reply);
-    if (!env) continue;
-    auto decoded = msg::decode(env->body);
-    if (!decoded) {
-      throw std::runtime_error("offload service at " + endpoint_ +
-                               " sent an undecodable reply: " + decoded.error().message);
-    }
-    const uint64_t rid = decoded->header.request_id;
-    // The gateway's answer to a request it could not read (id 0) is taken as this one's,
-    // the request being waited for.
-    const bool mine =
-        rid == id || (rid == 0 && std::holds_alternative<msg::ErrorReply>(decoded->header.body));
-    const bool other = !mine && outstanding_.count(rid) > 0;
-    if (!mine && !other) {  // a late reply to a request that timed out: skip it
-      stale_.erase(rid);    // the service is done with its slot
-      continue;
-    }
-    Reply r{std::move(decoded->header), {}};
-    if (msg::has_payload(r.header.body) && env->body.size() == 2) {
-      // The decoded payload views reply's last frame; keep the frame itself.
-      r.payload = std::move(reply.back());
-    }
-    if (other) {  // a pipelined request's reply: its own receive() takes it
-      outstanding_.erase(rid);
-      arrived_.emplace(rid, std::move(r));
-      continue;
-    }
-    outstanding_.erase(waiting);
-    return take(r);
-  }
-}
-
-template <class T>
-T OffloadClient::expect(msg::Header reply, const char* what) {
-  if (auto* e = std::get_if<msg::ErrorReply>(&reply.body)) throw OffloadError(e->code, e->message);
-  if (auto* t = std::get_if<T>(&reply.body)) return std::move(*t);
-  throw std::runtime_error("offload service at " + endpoint_ + " answered " + what + " with " +
-                           std::string(msg::kind_name(reply.body)));
-}
-
-msg::RegisterReply OffloadClient::register_partitions(uint32_t rank, uint32_t world_size,
-                                                      std::vector<msg::PartitionSpec> specs) {
-  return expect<msg::RegisterReply>(call(msg::Register{rank, world_size, std::move(specs)}),
-                                    "register");
-}
-
-msg::SetParametersReply OffloadClient::set_parameters(uint64_t partition_id, uint64_t version,
-                                                      msg::DType dtype,
-                                                      std::span<const std::byte> values,
-                                                      std::shared_ptr<const void> owner) {
+uint64_t OffloadClient::send_set_parameters(uint64_t partition_id, uint64_t version,
+                                            msg::DType dtype, std::span<const std::byte> values,
+                                            std::shared_ptr<const void> owner) {
   const uint64_t n = values.size() / msg::dtype_size(dtype);
-  return expect<msg::SetParametersReply>(
-      call(msg::SetParameters{partition_id, version, dtype, n}, values, std::move(owner)),
-      "setParameters");
-}
-
-msg::PushReply OffloadClient::push_gradients(uint64_t partition_id, uint64_t step,
-                                             uint32_t micro_step, msg::DType dtype,
-                                             std::span<const std::byte> grads,
-                                             std::shared_ptr<const void> owner) {
-  const uint64_t n = grads.size() / msg::dtype_size(dtype);
-  return expect<msg::PushReply>(
-      call(msg::PushGradients{partition_id, step, micro_step, dtype, n, {}}, grads,
-           std::move(owner)),
-      "pushGradients");
+  return send(msg::SetParameters{partition_id, version, dtype, n}, values, std::move(owner));
 }
 
 uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step,
@@ -342,32 +238,133 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
   return id;
 }
 
-msg::PushReply OffloadClient::receive_push_reply(uint64_t request_id) {
-  return expect<msg::PushReply>(receive(request_id), "pushGradients");
-}
-
-msg::CommitReply OffloadClient::commit(const msg::CommitStep& commit) {
-  return expect<msg::CommitReply>(call(commit), "commitStep");
-}
-
-msg::CommitReply OffloadClient::skip(uint64_t step) {
-  return expect<msg::CommitReply>(call(msg::SkipStep{step}), "skipStep");
-}
-
-FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_version,
-                                       msg::DType dtype) {
-  FetchedParameters out;
+uint64_t OffloadClient::send_fetch(uint64_t partition_id, uint64_t min_version, msg::DType dtype) {
   msg::FetchParameters request{partition_id, min_version, dtype, {}};
   ArenaBuffer slot = arena_buffer(slot_bytes_);
-  if (!slot) {
-    out.reply = expect<msg::FetchReply>(call(request, {}, nullptr, &out.frame), "fetchParameters");
-    return out;
-  }
+  if (!slot) return send(request);
   request.arena = msg::ArenaSlice{arena_id_, slot.offset(), slot.bytes().size(), 0};
-  const std::span<std::byte> region = slot.bytes();
   const uint64_t id = send(request);
   leases_.emplace(id, std::move(slot));
-  out.reply = expect<msg::FetchReply>(receive(id, &out.frame, &out.arena), "fetchParameters");
+  return id;
+}
+
+void OffloadClient::abandon(uint64_t request_id) {
+  // A reply that already arrived means the service is done with the slot.
+  if (arrived_.erase(request_id) > 0) {
+    leases_.erase(request_id);
+    outstanding_.erase(request_id);
+    return;
+  }
+  forget(request_id);
+}
+
+ServiceFailure OffloadClient::failure(const std::string& message) const {
+  return ServiceFailure{ServiceFailure::Kind::failed, msg::ErrorCode::internal,
+                        "offload service at " + endpoint_ + " " + message};
+}
+
+ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
+  auto take = [&](Reply r) {
+    if (auto l = leases_.find(id); l != leases_.end()) {
+      r.arena = std::move(l->second);
+      leases_.erase(l);
+    }
+    return r;
+  };
+  if (auto it = arrived_.find(id); it != arrived_.end()) {
+    Reply r = std::move(it->second);
+    arrived_.erase(it);
+    return take(std::move(r));
+  }
+  const auto waiting = outstanding_.find(id);
+  if (waiting == outstanding_.end())
+    throw std::logic_error("offload client for " + endpoint_ + ": request " + std::to_string(id) +
+                           " is not outstanding");
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
+      const std::string kind = waiting->second;
+      forget(id);  // a reply that still comes is discarded
+      return ServiceFailure{ServiceFailure::Kind::timeout, msg::ErrorCode::internal,
+                            "offload service at " + endpoint_ + " did not answer " + kind +
+                                " (request " + std::to_string(id) + ") within " +
+                                std::to_string(timeout_.count()) + " ms"};
+    }
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
+    auto env = msg::split_envelope(frames);
+    if (!env) continue;
+    auto decoded = msg::decode(env->body);
+    if (!decoded) {
+      forget(id);
+      return failure("sent an undecodable reply: " + decoded.error().message);
+    }
+    const uint64_t rid = decoded->header.request_id;
+    // The gateway's answer to a request it could not read (id 0) is taken as this one's,
+    // the request being waited for.
+    const bool mine =
+        rid == id || (rid == 0 && std::holds_alternative<msg::ErrorReply>(decoded->header.body));
+    const bool other = !mine && outstanding_.count(rid) > 0;
+    if (!mine && !other) {  // a late reply to a request that timed out: skip it
+      stale_.erase(rid);    // the service is done with its slot
+      continue;
+    }
+    Reply r{std::move(decoded->header), {}, {}};
+    if (msg::has_payload(r.header.body) && env->body.size() == 2) {
+      // The decoded payload views the last frame; keep the frame itself.
+      r.payload = std::move(frames.back());
+    }
+    if (other) {  // a pipelined request's reply: its own await() takes it
+      outstanding_.erase(rid);
+      arrived_.emplace(rid, std::move(r));
+      continue;
+    }
+    outstanding_.erase(waiting);
+    return take(std::move(r));
+  }
+}
+
+template <class T>
+ServiceResult<T> OffloadClient::await_as(uint64_t id) {
+  const auto sent = outstanding_.find(id);
+  const std::string kind = sent != outstanding_.end() ? sent->second : "a request";
+  ServiceResult<Reply> reply = await(id);
+  if (!reply.ok()) return std::move(reply.error());
+  msg::Body& body = reply->header.body;
+  if (auto* e = std::get_if<msg::ErrorReply>(&body))
+    return ServiceFailure{ServiceFailure::Kind::refused, e->code, std::move(e->message)};
+  if (auto* t = std::get_if<T>(&body)) return std::move(*t);
+  return failure("answered " + kind + " with " + std::string(msg::kind_name(body)));
+}
+
+template ServiceResult<msg::RegisterReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::SetParametersReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::PushReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::CommitReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::StatsReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::CheckpointReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t);
+
+ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
+  // The slot the request offered, before await() hands it over with the reply.
+  std::optional<msg::ArenaSlice> offered;
+  if (auto l = leases_.find(id); l != leases_.end())
+    offered = msg::ArenaSlice{arena_id_, l->second.offset(), l->second.bytes().size(), 0};
+  ServiceResult<Reply> reply = await(id);
+  if (!reply.ok()) return std::move(reply.error());
+  msg::Body& body = reply->header.body;
+  if (auto* e = std::get_if<msg::ErrorReply>(&body))
+    return ServiceFailure{ServiceFailure::Kind::refused, e->code, std::move(e->message)};
+  auto* fetched = std::get_if<msg::FetchReply>(&body);
+  if (!fetched)
+    return failure("answered fetchParameters with " + std::string(msg::kind_name(body)));
+  FetchedParameters out;
+  out.reply = std::move(*fetched);
+  out.frame = std::move(reply->payload);
+  out.arena = std::move(reply->arena);
   if (!out.reply.arena) {
     // The service answered with a frame (a partition larger than the slot): untouched.
     if (out.arena) set_slot_used(out.arena.slot_, 0);
@@ -375,35 +372,105 @@ FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_versi
     return out;
   }
   const msg::ArenaSlice& a = *out.reply.arena;
-  if (a.arena_id != arena_id_ || a.offset != request.arena->offset || a.length > region.size())
-    throw std::runtime_error("offload service at " + endpoint_ + " answered fetch of partition " +
-                             std::to_string(partition_id) + " with arena range [" +
-                             std::to_string(a.offset) + ", +" + std::to_string(a.length) +
-                             ") of arena " + std::to_string(a.arena_id) + ", asked [" +
-                             std::to_string(request.arena->offset) + ", +" +
-                             std::to_string(region.size()) + ") of " + std::to_string(arena_id_));
-  out.arena_bytes = region.first(a.length);
+  if (!offered || a.arena_id != arena_id_ || a.offset != offered->offset ||
+      a.length > offered->length)
+    return failure("answered fetch of partition " + std::to_string(out.reply.partition_id) +
+                   " with arena range [" + std::to_string(a.offset) + ", +" +
+                   std::to_string(a.length) + ") of arena " + std::to_string(a.arena_id) +
+                   (offered
+                        ? ", asked [" + std::to_string(offered->offset) + ", +" +
+                              std::to_string(offered->length) + ") of " + std::to_string(arena_id_)
+                        : ", asked for a frame"));
+  out.arena_bytes = out.arena.bytes().first(a.length);
   set_slot_used(out.arena.slot_, a.length);  // what the service wrote
   // The frame path's decode verifies the crc; the arena path keeps that guarantee.
   const uint32_t crc = checksum::crc32c(out.arena_bytes.data(), out.arena_bytes.size());
   if (crc != a.crc32c)
-    throw OffloadError(msg::ErrorCode::checksumMismatch,
-                       "fetch of partition " + std::to_string(partition_id) + " from " + endpoint_ +
-                           ": arena bytes have crc32c " + std::to_string(crc) +
-                           ", the reply declares " + std::to_string(a.crc32c));
+    return failure("wrote partition " + std::to_string(out.reply.partition_id) +
+                   " into the arena with crc32c " + std::to_string(crc) + ", the reply declares " +
+                   std::to_string(a.crc32c));
   return out;
 }
 
+// ---- throwing calls ---------------------------------------------------------------------
+
+void throw_failure(const ServiceFailure& f) {
+  switch (f.kind) {
+    case ServiceFailure::Kind::timeout:
+      throw OffloadTimeout(f.message);
+    case ServiceFailure::Kind::refused:
+      throw OffloadError(f.code, f.message);
+    case ServiceFailure::Kind::failed:
+      break;
+  }
+  throw std::runtime_error(f.message);
+}
+
+msg::Header OffloadClient::receive(uint64_t id, zmq::message_t* payload_frame, ArenaBuffer* arena) {
+  Reply r = value_or_throw(await(id));
+  if (payload_frame && r.payload.size() > 0) *payload_frame = std::move(r.payload);
+  if (arena) *arena = std::move(r.arena);
+  return std::move(r.header);
+}
+
+msg::Header OffloadClient::call(msg::Body body, std::span<const std::byte> payload,
+                                std::shared_ptr<const void> owner, zmq::message_t* payload_frame) {
+  return receive(send(std::move(body), payload, std::move(owner)), payload_frame);
+}
+
+bool OffloadClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes) {
+  return value_or_throw(try_map_arena(slot_bytes, slots, keep_bytes));
+}
+
+msg::RegisterReply OffloadClient::register_partitions(uint32_t rank, uint32_t world_size,
+                                                      std::vector<msg::PartitionSpec> specs) {
+  return value_or_throw(
+      await_as<msg::RegisterReply>(send(msg::Register{rank, world_size, std::move(specs)})));
+}
+
+msg::SetParametersReply OffloadClient::set_parameters(uint64_t partition_id, uint64_t version,
+                                                      msg::DType dtype,
+                                                      std::span<const std::byte> values,
+                                                      std::shared_ptr<const void> owner) {
+  return value_or_throw(await_as<msg::SetParametersReply>(
+      send_set_parameters(partition_id, version, dtype, values, std::move(owner))));
+}
+
+msg::PushReply OffloadClient::push_gradients(uint64_t partition_id, uint64_t step,
+                                             uint32_t micro_step, msg::DType dtype,
+                                             std::span<const std::byte> grads,
+                                             std::shared_ptr<const void> owner) {
+  return value_or_throw(await_as<msg::PushReply>(
+      send_push_gradients(partition_id, step, micro_step, dtype, grads, std::move(owner))));
+}
+
+msg::PushReply OffloadClient::receive_push_reply(uint64_t request_id) {
+  return value_or_throw(await_as<msg::PushReply>(request_id));
+}
+
+msg::CommitReply OffloadClient::commit(const msg::CommitStep& commit) {
+  return value_or_throw(await_as<msg::CommitReply>(send(commit)));
+}
+
+msg::CommitReply OffloadClient::skip(uint64_t step) {
+  return value_or_throw(await_as<msg::CommitReply>(send(msg::SkipStep{step})));
+}
+
+FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_version,
+                                       msg::DType dtype) {
+  return value_or_throw(await_fetch(send_fetch(partition_id, min_version, dtype)));
+}
+
 msg::StatsReply OffloadClient::stats() {
-  return expect<msg::StatsReply>(call(msg::Stats{}), "stats");
+  return value_or_throw(await_as<msg::StatsReply>(send(msg::Stats{})));
 }
 
 msg::CheckpointReply OffloadClient::checkpoint(const std::string& tag, const std::string& path) {
-  return expect<msg::CheckpointReply>(call(msg::Checkpoint{tag, path}), "checkpoint");
+  return value_or_throw(await_as<msg::CheckpointReply>(send(msg::Checkpoint{tag, path})));
 }
 
 msg::RestoreReply OffloadClient::restore(const std::string& tag, const std::string& path) {
-  return expect<msg::RestoreReply>(call(msg::Restore{tag, path}), "restore");
+  return value_or_throw(await_as<msg::RestoreReply>(send(msg::Restore{tag, path})));
 }
 
 }  // namespace dsactor::actors

@@ -1,10 +1,12 @@
 #pragma once
 
 // Client of an offload service: one ZeroMQ DEALER socket, request ids matched against
-// replies. Each typed call is one round trip; send()/receive() split one so that several
-// requests can be in flight (the trainer pipelines its gradient pushes), each reply
-// collected by its id. A late reply to a request that timed out or was abandoned is
-// discarded. Not thread-safe (one socket, one owner).
+// replies. A request is sent (send_*) and its reply awaited by id (await*), so several
+// requests can be outstanding, each reply collected by its id; what comes back is a
+// ServiceResult, the failure built here where the reply (or the timeout) is seen. The
+// throwing one-round-trip calls at the end are for tools and tests. A late reply to a
+// request that timed out or was abandoned is discarded. Not thread-safe (one socket, one
+// owner): the trainer reaches it only through its ServiceClient actor.
 //
 // Same host (map_arena): payloads can travel through a shared-memory arena of fixed slots
 // instead of frames. A fetch asks the service to write into a free slot; a push sends a
@@ -20,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -27,6 +30,7 @@
 
 #include <zmq.hpp>
 
+#include "actors/offload_link/service_result.h"
 #include "messages/codec.h"
 
 namespace dsactor::messages {
@@ -60,7 +64,7 @@ class ArenaBuffer {
   std::span<std::byte> bytes_;
 };
 
-// The service answered with an ErrorReply.
+// The service answered with an ErrorReply (thrown by the throwing calls only).
 class OffloadError : public std::runtime_error {
  public:
   OffloadError(messages::ErrorCode code, const std::string& message);
@@ -70,7 +74,7 @@ class OffloadError : public std::runtime_error {
   messages::ErrorCode code_;
 };
 
-// No reply within the timeout (service down, unreachable or stuck).
+// No reply within the timeout (service down, unreachable or stuck; throwing calls only).
 class OffloadTimeout : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -99,17 +103,19 @@ class OffloadClient {
   OffloadClient& operator=(const OffloadClient&) = delete;
 
   const std::string& endpoint() const { return endpoint_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
+  // ---- the arena -------------------------------------------------------------------------
   // Same host only: creates an arena of `slots` slots of `slot_bytes` and has the service
-  // map it (MapArena). Returns false, keeping frames, when the endpoint is not local
-  // (silently) or the arena cannot be created or mapped (logged once per process, the
-  // reason at debug level). Throws OffloadTimeout when the service does not answer.
+  // map it (MapArena). false, keeping frames, when the endpoint is not local (silently) or
+  // the arena cannot be created or mapped (logged once per process, the reason at debug
+  // level); a failure only when the service does not answer at all.
   // A slot keeps the pages of a use that touched at most `keep_bytes` resident between
   // uses; a use that touched more gives back all of them when the slot is released (so one
   // large block, an embedding, costs its memory only while it is in flight or resident,
   // as a frame would).
-  bool map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
+  ServiceResult<bool> try_map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
   bool has_arena() const { return arena_id_ != 0; }
   uint64_t arena_id() const { return arena_id_; }  // the service's name for it; 0 = none
   size_t arena_slot_bytes() const { return slot_bytes_; }
@@ -122,11 +128,57 @@ class OffloadClient {
   // it. Thread-safe. Returns the bytes given back.
   size_t trim_free_slots();
 
+  // ---- requests in two halves: send now, await the reply by id --------------------------
+  // What the service client actor runs. Several requests may be outstanding; await(id)
+  // waits up to the timeout, counted from when it starts waiting, for that request's reply,
+  // keeping replies to other outstanding requests that arrive meanwhile for their own
+  // await. A timeout, a refusal (ErrorReply) or an unusable reply is a ServiceFailure, never
+  // an exception; a request whose await timed out is no longer outstanding, and a reply that
+  // still comes for it is discarded.
+  //
+  // Payload sends: with an `owner` the bytes go zero-copy and owner is held until ZeroMQ
+  // lets go of them (the caller must not change them until then); without, they are copied
+  // into the frame.
+  uint64_t send(messages::Body body, std::span<const std::byte> payload = {},
+                std::shared_ptr<const void> owner = nullptr);
+  uint64_t send_set_parameters(uint64_t partition_id, uint64_t version, messages::DType dtype,
+                               std::span<const std::byte> values,
+                               std::shared_ptr<const void> owner = nullptr);
+  uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
+                               messages::DType dtype, std::span<const std::byte> grads,
+                               std::shared_ptr<const void> owner = nullptr);
+  // The same from an arena slot: its first count * dtype size bytes are the gradient. The
+  // slot is held until the reply is received.
+  uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
+                               messages::DType dtype, uint64_t count, ArenaBuffer grads);
+  // Asks the service to write into a free arena slot when there is one, else for a frame.
+  uint64_t send_fetch(uint64_t partition_id, uint64_t min_version, messages::DType dtype);
+
+  // Any reply (an ErrorReply is a reply here), its payload frame, and the arena slot the
+  // request held.
+  struct Reply {
+    messages::Header header;
+    zmq::message_t payload;  // empty when the reply has none
+    ArenaBuffer arena;       // the slot the request carried, if any
+  };
+  ServiceResult<Reply> await(uint64_t request_id);
+  // The reply as T; an ErrorReply is `refused`, another kind `failed`.
+  template <class T>
+  ServiceResult<T> await_as(uint64_t request_id);
+  // A fetch's reply with its bytes (a frame, or the arena slot, crc checked as the frame
+  // path's decode does).
+  ServiceResult<FetchedParameters> await_fetch(uint64_t request_id);
+  // Stops waiting for a request: its reply, if it ever comes, is discarded.
+  void abandon(uint64_t request_id);
+  // Requests sent whose replies have not been received yet.
+  size_t outstanding() const { return outstanding_.size(); }
+
+  // ---- one round trip each, throwing (tools, tests, benches) -----------------------------
+  // A ServiceFailure is thrown: timeout as OffloadTimeout, refused as OffloadError, failed
+  // as std::runtime_error.
+  bool map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
   messages::RegisterReply register_partitions(uint32_t rank, uint32_t world_size,
                                               std::vector<messages::PartitionSpec> specs);
-  // Payload sends: with an `owner` the bytes go zero-copy and owner is held until ZeroMQ
-  // lets go of them; without, they are copied into the frame (the caller's buffer may
-  // then change as soon as the call returns).
   messages::SetParametersReply set_parameters(uint64_t partition_id, uint64_t version,
                                               messages::DType dtype,
                                               std::span<const std::byte> values,
@@ -145,49 +197,21 @@ class OffloadClient {
   // Loads a checkpoint written by checkpoint(tag, path) back into the job; a checkpoint
   // that fails any check (tag, sizes, crc32c) is refused and the state is untouched.
   messages::RestoreReply restore(const std::string& tag, const std::string& path);
-
-  // A push whose reply is collected later with receive_push_reply(id) (the payload rules
-  // are push_gradients'; with an owner the caller must not change the bytes until the
-  // owner is released). Returns the request id.
-  uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
-                               messages::DType dtype, std::span<const std::byte> grads,
-                               std::shared_ptr<const void> owner = nullptr);
-  // The same from an arena slot: its first count * dtype size bytes are the gradient. The
-  // slot is held until the reply is received.
-  uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
-                               messages::DType dtype, uint64_t count, ArenaBuffer grads);
-  // Waits up to the timeout (from this call) for that push's reply; throws as
-  // push_gradients does (OffloadTimeout, OffloadError).
+  // The reply of a push sent with send_push_gradients.
   messages::PushReply receive_push_reply(uint64_t request_id);
-
   // One round trip with any body; returns the reply (ErrorReply included, not thrown).
   // The reply's payload frame, if any, lands in *payload when given.
   messages::Header call(messages::Body body, std::span<const std::byte> payload = {},
                         std::shared_ptr<const void> owner = nullptr,
                         zmq::message_t* payload_frame = nullptr);
-  // call() in two halves: send() returns the request id at once; receive(id) waits up to
-  // the timeout, counted from when it starts waiting, for that request's reply, keeping
-  // replies to other outstanding requests that arrive meanwhile for their own receive().
-  // A request whose receive() timed out is no longer outstanding.
-  uint64_t send(messages::Body body, std::span<const std::byte> payload = {},
-                std::shared_ptr<const void> owner = nullptr);
-  // A request sent with an arena slot gives the slot to *arena when given (the fetch
-  // reply's bytes are there), else releases it.
+  // await() throwing; a request that is not outstanding is a std::logic_error. A request
+  // sent with an arena slot gives the slot to *arena when given, else releases it.
   messages::Header receive(uint64_t request_id, zmq::message_t* payload_frame = nullptr,
                            ArenaBuffer* arena = nullptr);
-  // Stops waiting for a request: its reply, if it ever comes, is discarded.
-  void abandon(uint64_t request_id);
-  // Requests sent whose replies have not been received yet.
-  size_t outstanding() const { return outstanding_.size(); }
 
  private:
-  struct Reply {
-    messages::Header header;
-    zmq::message_t payload;  // empty when the reply has none
-  };
-  template <class T>
-  T expect(messages::Header reply, const char* what);
   friend class ArenaBuffer;
+  ServiceFailure failure(const std::string& message) const;
   void release_slot(size_t slot);
   void set_slot_used(size_t slot, size_t bytes);
   // A request stops being outstanding without its reply: its slot stays taken until the
@@ -215,5 +239,14 @@ class OffloadClient {
   std::map<uint64_t, ArenaBuffer> leases_;  // request id -> slot the service may touch
   std::map<uint64_t, ArenaBuffer> stale_;   // timed out or abandoned: held until late reply
 };
+
+// The failure as an exception, for callers that want one (OffloadClient's throwing calls).
+[[noreturn]] void throw_failure(const ServiceFailure& failure);
+
+template <class T>
+T value_or_throw(ServiceResult<T> result) {
+  if (!result.ok()) throw_failure(result.error());
+  return std::move(result.value());
+}
 
 }  // namespace dsactor::actors

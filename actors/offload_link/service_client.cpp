@@ -1,15 +1,40 @@
 #include "actors/offload_link/service_client.h"
 
+#include <type_traits>
+
 namespace dsactor::actors {
+
+namespace msg = dsactor::messages;
 
 namespace {
 
 using request_atom = caf::atom_constant<caf::atom("request")>;
 
+// A request as the actor runs it: one round trip on the client, whose result goes to the
+// poster's future.
 struct Request {
-  std::function<void(OffloadClient&)> run;
+  virtual ~Request() = default;
+  virtual void run(OffloadClient& client) = 0;
 };
 using RequestPtr = std::shared_ptr<Request>;
+
+template <class T, class F>
+struct RoundTrip final : Request {
+  RoundTrip(F f) : round_trip(std::move(f)) {}
+  void run(OffloadClient& client) override {
+    // Timeouts, refusals and unusable replies are values already; what still throws is a
+    // local error (a failed send, memory): it becomes `failed` here, at the actor's edge.
+    try {
+      promise.set_value(round_trip(client));
+    } catch (const std::exception& e) {
+      promise.set_value(
+          ServiceFailure{ServiceFailure::Kind::failed, msg::ErrorCode::internal,
+                         "offload client for " + client.endpoint() + ": " + e.what()});
+    }
+  }
+  F round_trip;  // may own the request's payload (a slot, an owner) until it runs
+  std::promise<ServiceResult<T>> promise;
+};
 
 }  // namespace
 
@@ -22,6 +47,7 @@ namespace dsactor::actors {
 ServiceClient::ServiceClient(caf::actor_system& system, std::string endpoint,
                              std::chrono::milliseconds timeout, std::string job_id)
     : endpoint_(std::move(endpoint)),
+      timeout_(timeout),
       client_(std::make_unique<OffloadClient>(endpoint_, timeout, std::move(job_id))),
       system_(system) {
   // Detached: a request blocks on the socket for up to the timeout. The client travels as
@@ -44,28 +70,93 @@ ServiceClient::~ServiceClient() {
   // arena with the service) as the member is destroyed.
 }
 
-void ServiceClient::enqueue(Job job) {
-  caf::anon_send(actor_, request_atom::value, std::make_shared<Request>(Request{std::move(job)}));
+template <class T, class F>
+ServiceFuture<T> ServiceClient::post(F round_trip) {
+  static_assert(std::is_same_v<std::invoke_result_t<F&, OffloadClient&>, ServiceResult<T>>);
+  auto request = std::make_shared<RoundTrip<T, F>>(std::move(round_trip));
+  ServiceFuture<T> answer = request->promise.get_future();
+  caf::anon_send(actor_, request_atom::value, RequestPtr(std::move(request)));
+  return answer;
 }
 
-ServiceFailure describe_failure(std::exception_ptr error) {
-  ServiceFailure f;
-  f.error = error;
-  try {
-    std::rethrow_exception(error);
-  } catch (const OffloadTimeout& e) {
-    f.kind = ServiceFailure::Kind::timeout;
-    f.message = e.what();
-  } catch (const OffloadError& e) {
-    f.kind = ServiceFailure::Kind::refused;
-    f.code = e.code();
-    f.message = e.what();
-  } catch (const std::exception& e) {
-    f.message = e.what();
-  } catch (...) {
-    f.message = "unknown exception";
-  }
-  return f;
+ServiceFuture<msg::RegisterReply> ServiceClient::register_partitions(
+    uint32_t rank, uint32_t world_size, std::vector<msg::PartitionSpec> specs) {
+  return post<msg::RegisterReply>(
+      [rank, world_size, specs = std::move(specs)](OffloadClient& c) mutable {
+        return c.await_as<msg::RegisterReply>(
+            c.send(msg::Register{rank, world_size, std::move(specs)}));
+      });
+}
+
+ServiceFuture<msg::SetParametersReply> ServiceClient::set_parameters(
+    uint64_t partition_id, uint64_t version, msg::DType dtype, std::span<const std::byte> values,
+    std::shared_ptr<const void> owner) {
+  return post<msg::SetParametersReply>([=, owner = std::move(owner)](OffloadClient& c) mutable {
+    return c.await_as<msg::SetParametersReply>(
+        c.send_set_parameters(partition_id, version, dtype, values, std::move(owner)));
+  });
+}
+
+ServiceFuture<msg::PushReply> ServiceClient::push_gradients(uint64_t partition_id, uint64_t step,
+                                                            uint32_t micro_step, msg::DType dtype,
+                                                            std::span<const std::byte> grads,
+                                                            std::shared_ptr<const void> owner) {
+  // The owner moves into the frame: from the send on, ZeroMQ alone holds the payload and
+  // frees it once sent, while the reply is awaited.
+  return post<msg::PushReply>([=, owner = std::move(owner)](OffloadClient& c) mutable {
+    return c.await_as<msg::PushReply>(
+        c.send_push_gradients(partition_id, step, micro_step, dtype, grads, std::move(owner)));
+  });
+}
+
+ServiceFuture<msg::PushReply> ServiceClient::push_gradients(uint64_t partition_id, uint64_t step,
+                                                            uint32_t micro_step, msg::DType dtype,
+                                                            uint64_t count, ArenaBuffer grads) {
+  return post<msg::PushReply>([=, grads = std::move(grads)](OffloadClient& c) mutable {
+    return c.await_as<msg::PushReply>(
+        c.send_push_gradients(partition_id, step, micro_step, dtype, count, std::move(grads)));
+  });
+}
+
+ServiceFuture<FetchedParameters> ServiceClient::fetch(uint64_t partition_id, uint64_t min_version,
+                                                      msg::DType dtype) {
+  return post<FetchedParameters>([=](OffloadClient& c) {
+    return c.await_fetch(c.send_fetch(partition_id, min_version, dtype));
+  });
+}
+
+ServiceFuture<msg::CommitReply> ServiceClient::commit(const msg::CommitStep& commit) {
+  return post<msg::CommitReply>(
+      [commit](OffloadClient& c) { return c.await_as<msg::CommitReply>(c.send(commit)); });
+}
+
+ServiceFuture<msg::CommitReply> ServiceClient::skip(uint64_t step) {
+  return post<msg::CommitReply>([step](OffloadClient& c) {
+    return c.await_as<msg::CommitReply>(c.send(msg::SkipStep{step}));
+  });
+}
+
+ServiceFuture<msg::CheckpointReply> ServiceClient::checkpoint(std::string tag, std::string path) {
+  return post<msg::CheckpointReply>(
+      [tag = std::move(tag), path = std::move(path)](OffloadClient& c) {
+        return c.await_as<msg::CheckpointReply>(c.send(msg::Checkpoint{tag, path}));
+      });
+}
+
+ServiceFuture<msg::RestoreReply> ServiceClient::restore(std::string tag, std::string path) {
+  return post<msg::RestoreReply>([tag = std::move(tag), path = std::move(path)](OffloadClient& c) {
+    return c.await_as<msg::RestoreReply>(c.send(msg::Restore{tag, path}));
+  });
+}
+
+ServiceFuture<msg::StatsReply> ServiceClient::stats() {
+  return post<msg::StatsReply>(
+      [](OffloadClient& c) { return c.await_as<msg::StatsReply>(c.send(msg::Stats{})); });
+}
+
+ServiceFuture<bool> ServiceClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes) {
+  return post<bool>(
+      [=](OffloadClient& c) { return c.try_map_arena(slot_bytes, slots, keep_bytes); });
 }
 
 }  // namespace dsactor::actors

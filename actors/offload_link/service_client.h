@@ -1,57 +1,40 @@
 #pragma once
 
-// The trainer's client of one offload service, as an actor: a detached actor owns the
-// service's OffloadClient (its socket, request ids, timeouts, arena) and runs the requests
-// its mailbox brings, one at a time, in the order they were posted. Each request answers
-// through a future with a typed result, ServiceResult: the value, or a ServiceFailure
-// saying whether the service timed out, refused or failed, and why. The engine's thread
-// never touches the socket: it posts a request and goes on (a gradient push), or waits
-// for the answer (a commit); requests to different services run concurrently.
+// The trainer's client of one offload service: a typed interface with one call per
+// operation the wire has, each answering through a future with a ServiceResult (the reply's
+// value, or a ServiceFailure saying whether the service timed out, refused or failed, and
+// why). Behind it a detached actor owns the service's OffloadClient (its socket, request
+// ids, timeouts, arena) and runs the requests in the order they were posted, so the
+// caller's thread never touches the socket: it posts a request and goes on (a gradient
+// push, a stage-3 fetch), or waits for the answer (a commit). Requests to different
+// clients run concurrently: a trainer keeps one client per service for the step's traffic
+// and, in stage 3, a second one whose requests are its parameter fetches, so fetches never
+// queue behind pushes.
 //
-// Arena slots are the exception: their bookkeeping is thread-safe, so the engine takes a
-// slot and fills it on its own thread, then posts the push that carries it.
+// Arena slots are the exception to "only the actor touches the client": their bookkeeping
+// is thread-safe, so a caller takes a slot and fills it on its own thread, then posts the
+// push that carries it; a fetched slot is held by its FetchedParameters.
 
 #include <chrono>
 #include <cstdint>
-#include <exception>
-#include <functional>
 #include <future>
 #include <memory>
-#include <optional>
+#include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <caf/all.hpp>
 
 #include "actors/offload_link/offload_client.h"
+#include "actors/offload_link/service_result.h"
 #include "messages/codec.h"
 
 namespace dsactor::actors {
 
-// Why a request to a service did not produce its value.
-struct ServiceFailure {
-  enum class Kind {
-    timeout,  // no reply within the client's timeout (down, unreachable or stuck)
-    refused,  // the service answered with an ErrorReply (code says which)
-    failed,   // anything else the request threw (a malformed reply, a local error)
-  };
-  Kind kind = Kind::failed;
-  messages::ErrorCode code = messages::ErrorCode::internal;  // kind == refused
-  std::string message;
-  std::exception_ptr error;  // what was thrown, for a caller that knows its own types
-};
-
-// The value of a request, or why there is none.
+// The answer to a request, once it is in.
 template <class T>
-using ServiceResult = messages::Result<T, ServiceFailure>;
-
-// What a request returns when it returns nothing.
-struct Done {};
-
-// The failure an exception thrown by a request stands for (OffloadTimeout: timeout,
-// OffloadError: refused, anything else: failed).
-ServiceFailure describe_failure(std::exception_ptr error);
+using ServiceFuture = std::future<ServiceResult<T>>;
 
 class ServiceClient {
  public:
@@ -66,49 +49,54 @@ class ServiceClient {
   ServiceClient& operator=(const ServiceClient&) = delete;
 
   const std::string& endpoint() const { return endpoint_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // Runs request(client) on the actor's thread after the requests posted before it.
-  template <class F>
-  auto post(F request) {
-    using R = std::invoke_result_t<F&, OffloadClient&>;
-    using V = std::conditional_t<std::is_void_v<R>, Done, R>;
-    auto promise = std::make_shared<std::promise<ServiceResult<V>>>();
-    auto future = promise->get_future();
-    enqueue([promise, request = std::move(request)](OffloadClient& client) mutable {
-      std::optional<ServiceFailure> failure;
-      try {
-        if constexpr (std::is_void_v<R>) {
-          request(client);
-          promise->set_value(Done{});
-        } else {
-          promise->set_value(request(client));
-        }
-        return;
-      } catch (...) {
-        failure = describe_failure(std::current_exception());
-      }
-      promise->set_value(std::move(*failure));
-    });
-    return future;
-  }
-  // post() and wait for the answer.
-  template <class F>
-  auto call(F request) {
-    return post(std::move(request)).get();
-  }
+  // ---- the wire's operations (messages/README.md), in posting order -------------------
+  // Payloads with an owner go zero-copy: the bytes must not change until the owner is
+  // released (ZeroMQ holds it until they are sent).
+  ServiceFuture<messages::RegisterReply> register_partitions(
+      uint32_t rank, uint32_t world_size, std::vector<messages::PartitionSpec> specs);
+  ServiceFuture<messages::SetParametersReply> set_parameters(uint64_t partition_id,
+                                                             uint64_t version,
+                                                             messages::DType dtype,
+                                                             std::span<const std::byte> values,
+                                                             std::shared_ptr<const void> owner);
+  ServiceFuture<messages::PushReply> push_gradients(uint64_t partition_id, uint64_t step,
+                                                    uint32_t micro_step, messages::DType dtype,
+                                                    std::span<const std::byte> grads,
+                                                    std::shared_ptr<const void> owner);
+  // From an arena slot taken with arena_buffer(): its first count * dtype size bytes. The
+  // slot is free again when the answer is in.
+  ServiceFuture<messages::PushReply> push_gradients(uint64_t partition_id, uint64_t step,
+                                                    uint32_t micro_step, messages::DType dtype,
+                                                    uint64_t count, ArenaBuffer grads);
+  // Into a free arena slot when there is one (the result holds it), else as a frame.
+  ServiceFuture<FetchedParameters> fetch(uint64_t partition_id, uint64_t min_version,
+                                         messages::DType dtype);
+  ServiceFuture<messages::CommitReply> commit(const messages::CommitStep& commit);
+  ServiceFuture<messages::CommitReply> skip(uint64_t step);
+  ServiceFuture<messages::CheckpointReply> checkpoint(std::string tag, std::string path);
+  ServiceFuture<messages::RestoreReply> restore(std::string tag, std::string path);
+  ServiceFuture<messages::StatsReply> stats();
+  // OffloadClient::try_map_arena: true with an arena, false with frames.
+  ServiceFuture<bool> map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes);
 
-  // Thread-safe (see above). An empty buffer: no arena, too large, or every slot taken.
+  // ---- arena slots, from any thread ----------------------------------------------------
+  // An empty buffer: no arena, too large, or every slot taken.
   ArenaBuffer arena_buffer(size_t bytes) { return client_->arena_buffer(bytes); }
   size_t trim_free_slots() { return client_->trim_free_slots(); }
-  // Set once when the arena is mapped (a request), read by any thread after its answer.
+  // Set once when the arena is mapped, read by any thread after that answer.
   bool has_arena() const { return client_->has_arena(); }
   size_t arena_bytes() const { return client_->arena_bytes(); }
 
  private:
-  using Job = std::function<void(OffloadClient&)>;
-  void enqueue(Job job);
+  // Runs round_trip(client) -> ServiceResult<T> on the actor after the requests posted
+  // before it.
+  template <class T, class F>
+  ServiceFuture<T> post(F round_trip);
 
   std::string endpoint_;
+  std::chrono::milliseconds timeout_;
   std::unique_ptr<OffloadClient> client_;
   caf::actor_system& system_;
   caf::actor actor_;

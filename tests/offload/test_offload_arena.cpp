@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <future>
 
 #include "actors/offload_link/offload_client.h"
 #include "checksum/crc32c.h"
 #include "messages/shm_arena.h"
+#include "tests/offload/fake_service.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace dsactor::offload::test {
@@ -220,24 +222,42 @@ TEST_F(OffloadArena, SlotsKeepSmallUsesAndTrimGivesThemBack) {
   EXPECT_EQ(c.trim_free_slots(), 2 * 4096u);
 }
 
-// Unmapped with its client: the id names nothing afterwards.
-TEST_F(OffloadArena, ClientUnmapsItsArenaWhenItGoes) {
-  uint64_t id = 0;
-  {
-    OffloadClient c(svc_->endpoint(), 10s, "short-lived");
-    ASSERT_TRUE(c.map_arena(4096, 1));
-    id = c.arena_id();
-  }
-  OffloadClient c(svc_->endpoint(), 10s, "short-lived");
+// A client that goes sends UnmapArena for its arena on the way out, without waiting for
+// the answer (a service that is gone must not hold it up): a fake service sees it arrive.
+TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
+  FakeService fake;
+  std::future<void> mapped_and_gone = std::async(std::launch::async, [&] {
+    OffloadClient c(fake.endpoint(), 60s, "short-lived");
+    EXPECT_TRUE(c.map_arena(4096, 1));
+    EXPECT_EQ(c.arena_id(), 42u);
+  });
+  const FakeService::Request map = fake.next();
+  const auto* m = std::get_if<msg::MapArena>(&map.header.body);
+  ASSERT_NE(m, nullptr) << msg::kind_name(map.header.body);
+  fake.answer(map, msg::MapArenaReply{42, m->size});
+  mapped_and_gone.get();
+  const FakeService::Request unmap = fake.next();
+  const auto* u = std::get_if<msg::UnmapArena>(&unmap.header.body);
+  ASSERT_NE(u, nullptr) << msg::kind_name(unmap.header.body);
+  EXPECT_EQ(u->arena_id, 42u);
+  EXPECT_EQ(unmap.header.job_id, "short-lived");
+}
+
+// UnmapArena, answered: the id names nothing afterwards.
+TEST_F(OffloadArena, UnmappedArenaNamesNothing) {
+  OffloadClient c(svc_->endpoint(), 10s, "unmapped");
+  ASSERT_TRUE(c.map_arena(4096, 1));
+  const uint64_t id = c.arena_id();
   c.register_partitions(0, 1, {spec(1, 64)});
-  // UnmapArena is sent on the way out without waiting for its reply: poll for its effect.
-  std::string message;
-  for (int i = 0; i < 100 && message.find("not mapped") == std::string::npos; ++i) {
-    const auto h = c.call(msg::FetchParameters{1, 0, DType::fp32, msg::ArenaSlice{id, 0, 256, 0}});
-    if (const auto* e = std::get_if<msg::ErrorReply>(&h.body)) message = e->message;
-    if (message.empty()) std::this_thread::sleep_for(20ms);
-  }
-  EXPECT_NE(message.find("not mapped"), std::string::npos) << message;
+  OffloadClient other(svc_->endpoint(), 10s, "unmapped");  // same job, another connection
+  const auto unmapped = other.call(msg::UnmapArena{id});
+  ASSERT_TRUE(std::holds_alternative<msg::UnmapArenaReply>(unmapped.body))
+      << msg::kind_name(unmapped.body);
+  const msg::Header refused =
+      c.call(msg::FetchParameters{1, 0, DType::fp32, msg::ArenaSlice{id, 0, 256, 0}});
+  const auto& e = error(refused);
+  EXPECT_EQ(e.code, ErrorCode::malformed) << e.message;
+  EXPECT_NE(e.message.find("not mapped"), std::string::npos) << e.message;
 }
 
 // No arena where none can be had: a remote-looking endpoint (no request at all) or a

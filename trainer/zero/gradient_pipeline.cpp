@@ -1,0 +1,342 @@
+#include "trainer/zero/gradient_pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+
+#include "actors/collectives/collectives.h"
+#include "trainer/zero/arena_slots.h"
+#include "trainer/zero/service_error.h"
+
+namespace dsactor::trainer {
+
+namespace k = dsactor::kernels::cpu;
+namespace msg = dsactor::messages;
+
+// Gradient bytes alive now and at most. Shared with the push payloads, because ZeroMQ
+// frees a payload on its I/O thread whenever it has sent it, possibly after the engine.
+struct GradientPipeline::GradMemory {
+  std::atomic<size_t> live{0}, peak{0};
+  void add(size_t bytes) {
+    const size_t now = live.fetch_add(bytes) + bytes;
+    size_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void sub(size_t bytes) { live.fetch_sub(bytes); }
+};
+
+// One push's bytes, owned by the ZeroMQ frame that sends them zero-copy: the gradient's
+// memory ends when the frame has been sent, not when the compute thread moves on.
+struct GradientPipeline::GradPayload {
+  std::shared_ptr<GradMemory> memory;
+  FloatBuffer floats;          // fp32 payload
+  std::vector<uint16_t> half;  // bf16/fp16 payload
+  size_t accounted = 0;        // bytes added to memory for this payload
+  ~GradPayload() { memory->sub(accounted); }
+};
+
+GradientPipeline::GradientPipeline(const ZeroContext& z)
+    : z_(z), memory_(std::make_shared<GradMemory>()) {
+  const size_t nblocks = z_.layouts.size();
+  grads_.blocks.resize(nblocks);  // allocated block by block as the backward reaches them
+  grad_slots_.resize(nblocks);
+  pushed_.sum_squares.assign(nblocks, 0.0);
+  pushed_.nonfinite.assign(nblocks, 0);
+  block_pushed_.assign(nblocks, 0);
+  arena_push_limit_.assign(z_.services.size(), 0);
+}
+
+GradientPipeline::~GradientPipeline() {
+  drain_reductions();
+  // Gradients in push slots go back to their clients before anything else is torn down.
+  grads_.blocks.clear();
+  grad_slots_.clear();
+}
+
+void GradientPipeline::map_arenas() {
+  // Slots are taken lowest first, so only as many are touched as are used at once.
+  for (size_t s = 0; s < z_.services.size(); ++s) {
+    const ArenaSlots a = arena_slots(z_, s);
+    if (a.partitions == 0) continue;
+    arena_push_limit_[s] = a.slot_bytes;
+    actors::ServiceClient& service = *z_.services[s];
+    await_or_throw(
+        service, "map_arena", z_.counters.committed_step,
+        service.map_arena(a.slot_bytes, z_.options.max_pushes_in_flight + 1, a.keep_bytes));
+  }
+}
+
+void GradientPipeline::begin_step() {
+  drain_reductions();
+  abandon_pushes();
+  for (auto& g : grads_.blocks)
+    if (g.size() > 0) drop_grad(g);
+  for (auto& slot : grad_slots_) slot.reset();
+  std::fill(pushed_.sum_squares.begin(), pushed_.sum_squares.end(), 0.0);
+  std::fill(pushed_.nonfinite.begin(), pushed_.nonfinite.end(), 0);
+  std::fill(block_pushed_.begin(), block_pushed_.end(), 0);
+  pushed_.rounding_overflowed = false;
+}
+
+size_t GradientPipeline::grad_numel(size_t b) const {
+  // With several ranks the block's gradient is the reduce-scatter's input as it is: W equal
+  // slots of P floats, the tail past the block's numel staying zero.
+  return z_.plan.world_size() == 1 ? z_.layouts[b].numel
+                                   : z_.plan.world_size() * z_.plan.partition_numel(b);
+}
+
+void GradientPipeline::begin_block(size_t b) {
+  FloatBuffer& g = grads_.blocks[b];
+  if (g.size() > 0) return;  // accumulating since an earlier micro-step
+  if (!begin_grad_in_slot(b)) g = FloatBuffer(grad_numel(b));  // zeroed: the backward adds
+  memory_->add(g.bytes());
+}
+
+bool GradientPipeline::begin_grad_in_slot(size_t b) {
+  // In place, one micro-step: block b's gradient is exactly its push payload, so the
+  // backward writes it straight into a push slot the service then reads (no second
+  // buffer, no copy). Larger partitions (the embedding), half precision (the slot holds the
+  // rounded copy) and accumulation over micro-steps (a slot is for a push in flight, not
+  // for a whole step) keep a buffer of their own.
+  if (!z_.in_place() || z_.config.gradient_accumulation_steps != 1) return false;
+  const PartitionSlice& p = z_.mine(b);
+  actors::ServiceClient& service = *z_.services[p.service];
+  const size_t bytes = p.count * sizeof(float);
+  if (p.count == 0 || !service.has_arena() || bytes > arena_push_limit_[p.service]) return false;
+  actors::ArenaBuffer slot = service.arena_buffer(bytes);
+  // Every slot in flight: the oldest push's answer frees one (it is usually long there).
+  while (!slot && !pushes_.empty()) {
+    collect_push();
+    slot = service.arena_buffer(bytes);
+  }
+  if (!slot) return false;
+  std::memset(slot.bytes().data(), 0, bytes);
+  auto held = std::make_shared<actors::ArenaBuffer>(std::move(slot));
+  float* data = reinterpret_cast<float*>(held->bytes().data());
+  grads_.blocks[b] = FloatBuffer::adopt(data, p.count, held);
+  grad_slots_[b] = std::move(held);
+  return true;
+}
+
+void GradientPipeline::trim_idle_slots() {
+  for (auto& service : z_.services) service->trim_free_slots();
+}
+
+void GradientPipeline::drop_grad(FloatBuffer& g) {
+  memory_->sub(g.bytes());
+  g = FloatBuffer();
+}
+
+void GradientPipeline::block_ready(size_t b) {
+  if (z_.plan.world_size() == 1 || !z_.config.zero_optimization.overlap_comm) return push_block(b);
+  PendingReduction r;
+  r.block = b;
+  r.full = std::move(grads_.blocks[b]);
+  if (r.full.size() == 0)
+    throw std::logic_error(
+        fmt::format("block {}'s gradient is ready but was never begun", z_.layouts[b].name));
+  r.reduced = FloatBuffer(z_.plan.partition_numel(b));
+  memory_->add(r.reduced.bytes());
+  r.done = z_.options.grad_comm->reduce_scatter_sum_async(r.full.data(), r.reduced.data(),
+                                                          z_.plan.partition_numel(b));
+  reductions_.push_back(std::move(r));
+  ++overlapped_reductions_;
+  // One reduction in flight behind the backward: the older one is pushed now.
+  while (reductions_.size() > 1) complete_oldest_reduction();
+}
+
+void GradientPipeline::reduce_scatter_failed(size_t b, const std::exception& e) const {
+  throw ZeroServiceError(
+      fmt::format("reduce-scatter of block {}'s gradient across {} trainers failed at step {}: {}",
+                  z_.layouts[b].name, z_.plan.world_size(), z_.counters.global_step + 1, e.what()));
+}
+
+void GradientPipeline::complete_oldest_reduction() {
+  PendingReduction r = std::move(reductions_.front());
+  reductions_.pop_front();
+  try {
+    r.done.get();
+  } catch (const actors::CollectiveError& e) {
+    drop_grad(r.full);
+    drop_grad(r.reduced);
+    reduce_scatter_failed(r.block, e);
+  }
+  drop_grad(r.full);
+  push_block(r.block, std::move(r.reduced));
+}
+
+void GradientPipeline::drain_reductions() noexcept {
+  for (auto& r : reductions_) {
+    try {
+      r.done.wait();
+    } catch (...) {
+    }
+    drop_grad(r.full);
+    drop_grad(r.reduced);
+  }
+  reductions_.clear();
+}
+
+FloatBuffer GradientPipeline::partition_of(size_t b, FloatBuffer reduced) {
+  if (reduced.size() > 0) return reduced;
+  // The step's gradient of block b leaves grads_ here: from now on it is only this push's.
+  FloatBuffer full = std::move(grads_.blocks[b]);
+  if (full.size() == 0)
+    throw std::logic_error(
+        fmt::format("block {}'s gradient is ready but was never begun", z_.layouts[b].name));
+  if (z_.plan.world_size() == 1) return full;
+  // The rank-order sum of every rank's slice (dloss carried 1/W: the mean). The full block
+  // is freed as soon as the reduce-scatter is done.
+  const size_t P = z_.plan.partition_numel(b);
+  FloatBuffer mine(P);
+  memory_->add(mine.bytes());
+  try {
+    z_.options.grad_comm->reduce_scatter_sum(full.data(), mine.data(), P);
+  } catch (const actors::CollectiveError& e) {
+    drop_grad(mine);
+    drop_grad(full);
+    reduce_scatter_failed(b, e);
+  }
+  drop_grad(full);
+  return mine;
+}
+
+void GradientPipeline::push_block(size_t b, FloatBuffer reduced) {
+  FloatBuffer part = partition_of(b, std::move(reduced));
+  const PartitionSlice& p = z_.mine(b);
+  pushed_.sum_squares[b] = 0;
+  pushed_.nonfinite[b] = 0;
+  if (p.count == 0) {  // this rank holds no slice of the block: nothing to push
+    drop_grad(part);
+    block_pushed_[b] = 1;
+    return;
+  }
+  if (z_.services[p.service]->has_arena() && push_through_arena(b, p, part)) return;
+  push_frame(b, p, std::move(part));
+}
+
+void GradientPipeline::make_room_for_push() {
+  // At most max_pushes_in_flight unanswered: the oldest answer first (usually long there).
+  while (pushes_.size() >= z_.options.max_pushes_in_flight) collect_push();
+}
+
+void GradientPipeline::push_frame(size_t b, const PartitionSlice& p, FloatBuffer part) {
+  const size_t count = p.count;
+  auto payload = std::make_shared<GradPayload>();
+  payload->memory = memory_;
+  // Half precision: the gradient a half-precision model holds, exactly as Engine rounds it
+  // (fp16 overflow turns into inf here); sent as that half type, which is exact. The fp32
+  // copy goes as soon as the half one exists.
+  if (z_.precision != Precision::kFp32) {
+    pushed_.rounding_overflowed |= k::round_through_half(part.data(), count, z_.half_kind());
+    payload->half.resize(count);
+    payload->accounted = count * sizeof(uint16_t);
+    memory_->add(payload->accounted);
+    k::floats_to_half(payload->half.data(), part.data(), count, z_.half_kind());
+    drop_grad(part);
+  } else {
+    payload->accounted = part.bytes();  // already counted when it was allocated
+    payload->floats = std::move(part);
+  }
+  const msg::DType dtype = z_.wire_dtype();
+  const std::span<const std::byte> bytes =
+      dtype == msg::DType::fp32
+          ? std::as_bytes(std::span<const float>(payload->floats.data(), count))
+          : std::as_bytes(std::span<const uint16_t>(payload->half.data(), count));
+  make_room_for_push();
+  // Zero-copy: the frame owns the payload, which frees the gradient once it is sent. The
+  // service's client sends it and awaits the answer while the backward goes on.
+  const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
+  auto reply =
+      z_.services[p.service]->push_gradients(p.id, step, 0, dtype, bytes, std::move(payload));
+  bytes_pushed_ += bytes.size();
+  pushes_.push_back(PendingPush{b, p.service, std::move(reply)});
+  max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+}
+
+// The push through the service's arena: the gradient the backward wrote into a slot goes
+// as it is; otherwise its half copy (or the fp32 gradient) is written into a free slot,
+// which the service reads in place. false, with `part` untouched, when no slot fits or is
+// free: then the push goes as a frame.
+bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part) {
+  actors::ServiceClient& service = *z_.services[p.service];
+  const msg::DType dtype = z_.wire_dtype();
+  const size_t count = p.count;
+  const size_t bytes = count * msg::dtype_size(dtype);
+  // A slot per push in flight: the oldest answer first, as the frame path does.
+  make_room_for_push();
+  if (bytes > arena_push_limit_[p.service]) return false;
+  actors::ArenaBuffer slot;
+  if (grad_slots_[b]) {
+    // Written in place (begin_grad_in_slot): its bytes, counted since the block began, are
+    // the push's until the answer.
+    slot = std::move(*grad_slots_[b]);
+    grad_slots_[b].reset();
+    part = FloatBuffer();
+    ++pushes_in_place_;
+  } else {
+    slot = service.arena_buffer(bytes);
+    if (!slot) return false;
+    if (z_.precision != Precision::kFp32) {
+      // Exactly the frame path's rounding (fp16 overflow turns into inf here).
+      pushed_.rounding_overflowed |= k::round_through_half(part.data(), count, z_.half_kind());
+      k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
+                        z_.half_kind());
+    } else {
+      std::memcpy(slot.bytes().data(), part.data(), bytes);
+    }
+    memory_->add(bytes);  // the slot's bytes are this push's gradient until the answer
+    drop_grad(part);
+  }
+  // The slot goes with the request; the client frees it when the answer is in.
+  const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
+  auto reply = service.push_gradients(p.id, step, 0, dtype, count, std::move(slot));
+  bytes_pushed_ += bytes;
+  pushes_.push_back(PendingPush{b, p.service, std::move(reply), bytes});
+  max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+  return true;
+}
+
+void GradientPipeline::collect_push() {
+  PendingPush push = std::move(pushes_.front());
+  pushes_.pop_front();
+  memory_->sub(push.arena_bytes);
+  const msg::PushReply reply =
+      await_or_throw(*z_.services[push.service],
+                     fmt::format("push_gradients of block {}", z_.layouts[push.block].name),
+                     z_.counters.committed_step, std::move(push.reply));
+  pushed_.sum_squares[push.block] = reply.sum_squares;
+  pushed_.nonfinite[push.block] = reply.nonfinite;
+  block_pushed_[push.block] = 1;
+}
+
+void GradientPipeline::abandon_pushes() {
+  // Their clients finish the round trips (or time out) and drop the answers.
+  for (const auto& push : pushes_) memory_->sub(push.arena_bytes);
+  pushes_.clear();
+}
+
+const PushedGradients& GradientPipeline::finish() {
+  while (!reductions_.empty()) complete_oldest_reduction();
+  // A service that failed a push stops the step here, before any commit.
+  while (!pushes_.empty()) collect_push();
+  for (size_t b = 0; b < block_pushed_.size(); ++b)
+    if (!block_pushed_[b])
+      throw std::logic_error(fmt::format("block {} was never pushed", z_.layouts[b].name));
+  return pushed_;
+}
+
+void GradientPipeline::add_stats(ZeroStats& s) const {
+  s.bytes_pushed = bytes_pushed_;
+  s.peak_resident_grad_bytes = memory_->peak.load();
+  s.max_pushes_in_flight = max_pushes_seen_;
+  s.overlapped_reductions = overlapped_reductions_;
+  s.pushes_in_place = pushes_in_place_;
+  for (const auto& service : z_.services) s.arena_bytes += service->arena_bytes();
+}
+
+}  // namespace dsactor::trainer

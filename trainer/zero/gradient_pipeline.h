@@ -1,0 +1,116 @@
+#pragma once
+// The last micro-step's gradients on their way to the offload services, block by block as
+// the backward completes them (trainer/README.md, "ZeRO with offload services": Step,
+// Gradient memory, Same-host payloads).
+//
+// A block's fp32 gradient is allocated (zeroed) when the backward first writes it and freed
+// once the last micro-step has pushed it, so with gradient_accumulation_steps 1 only the
+// blocks between their backward and their push are held; with more micro-steps every
+// block's gradient accumulates in fp32 from its first micro-step to the push, as in the
+// stage-0 Engine (bit-identical sums). With W > 1 ranks a finished block is reduce-scattered
+// (with overlap_comm behind the next block's backward) and the rank pushes its partition.
+// Pushes are posted to the service's client and pipelined: up to max_pushes_in_flight are
+// outstanding before the oldest answer is collected. Each answer's sum of squares and
+// overflow flag is kept per block, for the step's verdict.
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "trainer/model/float_buffer.h"
+#include "trainer/model/param_blocks.h"
+#include "trainer/zero/zero_context.h"
+
+namespace dsactor::trainer {
+
+// What the services answered to the step's pushes, per block (added in block order for the
+// norm, whatever order the answers came in), and whether rounding to the half type
+// overflowed here.
+struct PushedGradients {
+  std::vector<double> sum_squares;
+  std::vector<char> nonfinite;
+  bool rounding_overflowed = false;
+};
+
+class GradientPipeline {
+ public:
+  explicit GradientPipeline(const ZeroContext& z);
+  // Waits for reduce-scatters still running (their buffers must outlive the collective).
+  ~GradientPipeline();
+  GradientPipeline(const GradientPipeline&) = delete;
+  GradientPipeline& operator=(const GradientPipeline&) = delete;
+
+  // Same host: each service's arena, one slot per push in flight and one for the gradient
+  // the backward is writing.
+  void map_arenas();
+  // What the backward accumulates into; a block exists from begin_block to its push.
+  BlockSet& grads() { return grads_; }
+
+  // A step that failed part-way may have left gradients, reductions and unanswered pushes:
+  // dropped here, before the step's first micro-step.
+  void begin_step();
+  // The backward first writes block b's gradient (BlockHooks::grads_begin): allocated
+  // zeroed, in a push slot where the push can go in place.
+  void begin_block(size_t b);
+  // Last micro-step: block b's gradient is complete (BlockHooks::grads_ready). Reduced
+  // (W > 1) and pushed; with overlap_comm its reduce-scatter runs behind the backward of
+  // the next block, which finishes it.
+  void block_ready(size_t b);
+  // Every reduction finished and every push answered (a service that failed one throws
+  // ZeroServiceError here, before any commit).
+  const PushedGradients& finish();
+  // Between steps every push slot is idle: their pages go back (see arena_slots.h).
+  void trim_idle_slots();
+  void add_stats(ZeroStats& s) const;
+
+ private:
+  struct GradMemory;
+  struct GradPayload;
+  struct PendingPush {
+    size_t block;
+    size_t service;
+    actors::ServiceFuture<messages::PushReply> reply;
+    size_t arena_bytes = 0;  // gradient bytes held in an arena slot until the reply
+  };
+  struct PendingReduction {
+    size_t block;
+    FloatBuffer full, reduced;  // the comm thread reads full and writes reduced
+    std::future<void> done;
+  };
+  size_t grad_numel(size_t b) const;
+  bool begin_grad_in_slot(size_t b);
+  void drop_grad(FloatBuffer& g);
+  void complete_oldest_reduction();
+  void drain_reductions() noexcept;  // waits, ignoring errors (buffers must outlive the comm)
+  // This rank's partition of block b's gradient: `reduced` when the reduce-scatter already
+  // ran, else the block itself (W = 1) or its reduce-scatter, run here.
+  FloatBuffer partition_of(size_t b, FloatBuffer reduced);
+  void push_block(size_t b, FloatBuffer reduced = {});
+  bool push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part);
+  void push_frame(size_t b, const PartitionSlice& p, FloatBuffer part);
+  void make_room_for_push();
+  void collect_push();
+  void abandon_pushes();
+  [[noreturn]] void reduce_scatter_failed(size_t b, const std::exception& e) const;
+
+  const ZeroContext& z_;
+  // fp32, accumulated over the micro-steps (the stage-0 engine's order).
+  BlockSet grads_;
+  std::shared_ptr<GradMemory> memory_;  // shared with payloads ZeroMQ still holds
+  // Per block: the push slot its gradient lives in (begin_grad_in_slot), until pushed.
+  std::vector<std::shared_ptr<actors::ArenaBuffer>> grad_slots_;
+  std::vector<size_t> arena_push_limit_;     // per service: larger pushes go as frames
+  std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished
+  std::deque<PendingPush> pushes_;           // sent, answers not collected, oldest first
+  PushedGradients pushed_;
+  std::vector<char> block_pushed_;
+  uint64_t overlapped_reductions_ = 0;
+  size_t max_pushes_seen_ = 0;
+  uint64_t bytes_pushed_ = 0;
+  uint64_t pushes_in_place_ = 0;
+};
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,245 @@
+#include "trainer/zero/param_residency.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "actors/collectives/collectives.h"
+#include "kernels/cpu/cast.h"
+#include "trainer/zero/arena_slots.h"
+#include "trainer/zero/service_error.h"
+
+namespace dsactor::trainer {
+
+namespace k = dsactor::kernels::cpu;
+namespace msg = dsactor::messages;
+
+namespace {
+
+// Copies fetched parameter bytes into `out` (widening a half type) chunk by chunk. A
+// received frame (`release`) hands each fully copied page back to the kernel as it goes:
+// the frame is ours alone and freed right after, and a large block (gpt2's embedding) would
+// otherwise be resident twice, once received and once in the resident set. Arena bytes
+// stay: the slot is reused by the next fetch.
+void copy_out(std::span<const std::byte> bytes, bool release, float* out, size_t count,
+              msg::DType dtype, k::HalfKind kind) {
+  constexpr size_t kChunk = size_t{4} << 20;        // bytes of the frame per step
+  constexpr size_t kReleaseFrom = size_t{1} << 20;  // smaller frames: not worth a syscall
+  const size_t elem = dtype == msg::DType::fp32 ? sizeof(float) : sizeof(uint16_t);
+  const size_t total = count * elem;
+  if (bytes.size() != total)
+    throw std::runtime_error(
+        fmt::format("a fetch reply of {} elements carried {} bytes", count, bytes.size()));
+  const std::byte* src = bytes.data();
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t released = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
+  std::vector<uint16_t> aligned;
+  for (size_t off = 0; off < total; off += kChunk) {
+    const size_t n = std::min(kChunk, total - off);
+    if (dtype == msg::DType::fp32) {
+      std::memcpy(reinterpret_cast<std::byte*>(out) + off, src + off, n);
+    } else if (reinterpret_cast<uintptr_t>(src + off) % alignof(uint16_t) == 0) {
+      k::half_to_floats(out + off / elem, reinterpret_cast<const uint16_t*>(src + off), n / elem,
+                        kind);
+    } else {
+      // ZeroMQ may hand back a frame at any byte offset inside its receive buffer.
+      aligned.resize(n / elem);
+      std::memcpy(aligned.data(), src + off, n);
+      k::half_to_floats(out + off / elem, aligned.data(), n / elem, kind);
+    }
+    const uintptr_t done = (reinterpret_cast<uintptr_t>(src + off + n)) / page * page;
+    if (release && total >= kReleaseFrom && done > released) {
+      // Best effort: a refusal only costs memory. The pages read back as zeros, and
+      // nothing reads them again.
+      madvise(reinterpret_cast<void*>(released), done - released, MADV_DONTNEED);
+      released = done;
+    }
+  }
+}
+
+std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
+  std::vector<size_t> n;
+  for (const auto& l : layouts) n.push_back(l.numel);
+  return n;
+}
+
+}  // namespace
+
+ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, GptModel& model)
+    : z_(z) {
+  const auto& zo = z_.config.zero_optimization;
+  // Stage 3 holds a resident set: of the services' blocks with offload_param, and of the
+  // allgathered blocks with more than one rank (each rank keeps only its partition).
+  if (zo.stage == 3 && (zo.offload_param.enabled() || z_.options.world_size > 1)) {
+    for (const auto& ep : z_.options.services)
+      fetch_clients_.push_back(std::make_unique<actors::ServiceClient>(
+          system, ep, z_.options.timeout, z_.options.job_id));
+    model.set_transient_logits(true);  // not held through the backward's peak
+    SchedulerOptions so;
+    so.prefetch_bucket_size = zo.prefetch_bucket_size;
+    so.max_live_parameters = zo.max_live_parameters;
+    so.max_reuse_distance = zo.max_reuse_distance;
+    so.persistence_threshold = zo.param_persistence_threshold;
+    scheduler_ = std::make_unique<ParamScheduler>(
+        system, block_numels(z_.layouts), params_, so,
+        [this](size_t b, uint64_t step, size_t numel) { return fetch_resident(b, step, numel); });
+    return;
+  }
+  // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at world
+  // size 1 are the whole model): every block resident, refreshed after each step.
+  params_ = BlockSet::zeros(z_.layouts);
+  parameters_committed(z_.counters.committed_step);
+  peak_resident_bytes_ = params_.numel() * sizeof(float);
+}
+
+ParamResidency::~ParamResidency() {
+  scheduler_.reset();
+  params_.blocks.clear();
+}
+
+void ParamResidency::map_arenas() {
+  for (size_t s = 0; s < fetch_clients_.size(); ++s) {
+    const ArenaSlots a = arena_slots(z_, s);
+    if (a.partitions == 0) continue;
+    const size_t elem = msg::dtype_size(z_.wire_dtype());
+    const auto max_live =
+        static_cast<size_t>(std::max<int64_t>(1, z_.config.zero_optimization.max_live_parameters));
+    const size_t resident = max_live / std::max<size_t>(1, a.keep_bytes / elem);
+    const size_t slots = std::clamp<size_t>(resident + 1, 1, a.partitions);
+    actors::ServiceClient& client = *fetch_clients_[s];
+    await_or_throw(client, "map_arena", z_.counters.committed_step,
+                   client.map_arena(a.slot_bytes, slots, a.keep_bytes));
+  }
+}
+
+void ParamResidency::acquire(size_t b) {
+  if (scheduler_) scheduler_->acquire(b);
+}
+
+void ParamResidency::release(size_t b) {
+  if (scheduler_) scheduler_->release(b);
+}
+
+void ParamResidency::begin_pass(bool training) {
+  if (scheduler_) scheduler_->begin_pass(training);
+}
+
+void ParamResidency::end_pass() {
+  if (scheduler_) scheduler_->end_pass();
+}
+
+void ParamResidency::backward_begins() {
+  for (auto& c : fetch_clients_) c->trim_free_slots();
+}
+
+void ParamResidency::trim_idle_slots() {
+  for (auto& c : fetch_clients_) c->trim_free_slots();
+}
+
+void ParamResidency::parameters_committed(uint64_t step) {
+  if (scheduler_) return scheduler_->set_committed_step(step);  // refetched lazily (prefetched)
+  for (size_t b = 0; b < params_.blocks.size(); ++b)
+    fetch_block(z_.services, z_.options.grad_comm, b, step, params_.blocks[b].data());
+}
+
+BlockSet ParamResidency::gather(uint64_t step) {
+  BlockSet full = BlockSet::zeros(z_.layouts);
+  for (size_t b = 0; b < full.blocks.size(); ++b)
+    fetch_block(z_.services, z_.options.grad_comm, b, step, full.blocks[b].data());
+  return full;
+}
+
+actors::FetchedParameters ParamResidency::receive_partition(actors::ServiceClient& client,
+                                                            const PartitionSlice& p,
+                                                            uint64_t step) {
+  const msg::DType dtype = z_.wire_dtype();
+  actors::FetchedParameters f =
+      await_or_throw(client,
+                     fmt::format("the fetch of block {} (partition {}) at version {}",
+                                 z_.layouts[p.block].name, p.id, step),
+                     step, client.fetch(p.id, step, dtype));
+  // A forward never mixes steps: the service must serve exactly the committed version.
+  if (f.reply.version != step || f.reply.element_count != p.count || f.reply.dtype != dtype)
+    throw ZeroServiceError(fmt::format(
+        "offload service {} served partition {} at version {} with {} elements, expected "
+        "version {} with {}: another trainer is committing to this job?",
+        client.endpoint(), p.id, f.reply.version, f.reply.element_count, step, p.count));
+  bytes_fetched_ += f.bytes().size();
+  return f;
+}
+
+void ParamResidency::fetch_partition(actors::ServiceClient& client, const PartitionSlice& p,
+                                     uint64_t step, float* out) {
+  const actors::FetchedParameters f = receive_partition(client, p, step);
+  copy_out(f.bytes(), !f.in_arena(), out, p.count, z_.wire_dtype(), z_.half_kind());
+}
+
+FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const PartitionSlice& p,
+                                           uint64_t step) {
+  actors::FetchedParameters f = receive_partition(client, p, step);
+  if (f.in_arena() && f.reply.dtype == msg::DType::fp32) {
+    // The slot stays taken (the service never writes into a taken slot) until the block
+    // is dropped; any thread may drop it (slot bookkeeping is thread-safe).
+    auto slot = std::make_shared<actors::ArenaBuffer>(std::move(f.arena));
+    float* data = reinterpret_cast<float*>(slot->bytes().data());
+    ++fetches_in_place_;
+    return FloatBuffer::adopt(data, p.count, std::move(slot));
+  }
+  FloatBuffer buf = FloatBuffer::uninitialized(p.count);
+  copy_out(f.bytes(), !f.in_arena(), buf.data(), p.count, f.reply.dtype, z_.half_kind());
+  return buf;
+}
+
+void ParamResidency::fetch_block(ServiceClients& clients, actors::Collectives* comm, size_t b,
+                                 uint64_t step, float* out) {
+  const PartitionSlice& mine = z_.mine(b);
+  if (z_.plan.world_size() == 1) {  // the partition is the block
+    if (mine.count > 0) fetch_partition(*clients[mine.service], mine, step, out);
+    return;
+  }
+  // This rank's partition from its service, the others' by allgather: W equal slots of P
+  // floats (the last rank's slot zero-padded), then the block's numel floats copied out.
+  // The allgather writes every slot: only this rank's padding needs zeros.
+  const size_t P = z_.plan.partition_numel(b);
+  const size_t W = z_.plan.world_size();
+  FloatBuffer gathered = FloatBuffer::uninitialized(W * P);
+  float* slot = gathered.data() + static_cast<size_t>(z_.options.rank) * P;
+  if (mine.count > 0) fetch_partition(*clients[mine.service], mine, step, slot);
+  std::fill(slot + mine.count, slot + P, 0.0f);
+  try {
+    comm->allgather(slot, gathered.data(), P);
+  } catch (const actors::CollectiveError& e) {
+    throw ZeroServiceError(fmt::format("allgather of block {} across {} trainers failed: {}",
+                                       z_.layouts[b].name, W, e.what()));
+  }
+  std::memcpy(out, gathered.data(), z_.layouts[b].numel * sizeof(float));
+}
+
+FloatBuffer ParamResidency::fetch_resident(size_t b, uint64_t step, size_t numel) {
+  const PartitionSlice& mine = z_.mine(b);
+  // In place: the slot the service wrote the block into becomes the resident block itself
+  // (no copy, no second buffer); a frame is copied out.
+  if (z_.in_place() && mine.count == numel)
+    return fetch_adopting(*fetch_clients_[mine.service], mine, step);
+  FloatBuffer buf = FloatBuffer::uninitialized(numel);
+  fetch_block(fetch_clients_, z_.options.param_comm, b, step, buf.data());
+  return buf;
+}
+
+void ParamResidency::add_stats(ZeroStats& s) const {
+  s.bytes_fetched = bytes_fetched_.load();
+  s.fetches_in_place = fetches_in_place_.load();
+  s.peak_resident_param_bytes = peak_resident_bytes_;
+  for (const auto& c : fetch_clients_) s.arena_bytes += c->arena_bytes();
+  if (scheduler_) {
+    s.scheduler = scheduler_->stats();
+    s.peak_resident_param_bytes = s.scheduler.peak_resident_bytes;
+  }
+}
+
+}  // namespace dsactor::trainer

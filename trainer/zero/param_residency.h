@@ -1,0 +1,91 @@
+#pragma once
+// Where the parameters the model computes with come from (trainer/README.md, "ZeRO with
+// offload services": Stage 3 with offload_param, Same-host payloads).
+//
+// Stages 1/2 (and stage 3 without offload_param at one rank): every block resident,
+// refetched from the services after each committed step. Stage 3 with offload_param, or
+// with several ranks: a resident set (ParamScheduler) that fetches a block before use at the
+// committed step, on the scheduler's fetcher, through clients of its own (one per service,
+// so fetches never queue behind the step's pushes); a block in fp32 at one rank stays in
+// the arena slot the service wrote it into. With W > 1 ranks a block is this rank's
+// partition from its service plus the others' by allgather.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "actors/offload_link/service_client.h"
+#include "trainer/model/gpt.h"
+#include "trainer/zero/param_scheduler.h"
+#include "trainer/zero/zero_context.h"
+
+namespace caf {
+class actor_system;
+}
+
+namespace dsactor::actors {
+class Collectives;
+}
+
+namespace dsactor::trainer {
+
+class ParamResidency {
+ public:
+  // Stages 1/2 fetch every block now (at the committed step).
+  ParamResidency(const ZeroContext& z, caf::actor_system& system, GptModel& model);
+  // Resident blocks may hold arena slots of the fetch clients: given back first.
+  ~ParamResidency();
+  ParamResidency(const ParamResidency&) = delete;
+  ParamResidency& operator=(const ParamResidency&) = delete;
+
+  // Same host: the fetch clients' arenas, one slot per block the resident set can hold
+  // besides the one being fetched (a block fetched in place lives in its slot).
+  void map_arenas();
+  // What the model computes with: every block, or the resident set.
+  BlockSet& params() { return params_; }
+
+  // The model's acquire/release hooks and the passes (a no-op without a resident set).
+  void acquire(size_t b);
+  void release(size_t b);
+  void begin_pass(bool training);
+  void end_pass();
+  // The backward's first block: fetch slots that hold no resident block sit idle through
+  // the backward, where the step's memory peak is, so their pages go back now.
+  void backward_begins();
+  // Between steps: every idle fetch slot gives its pages back.
+  void trim_idle_slots();
+  // The services committed `step`: resident blocks go stale and are refetched as needed
+  // (stage 3), or every block is refetched now (stages 1/2).
+  void parameters_committed(uint64_t step);
+  // Every block as forward reads it at `step`, fetched now through the step's clients.
+  BlockSet gather(uint64_t step);
+  void add_stats(ZeroStats& s) const;
+
+ private:
+  // This rank's partition at exactly `step`, checked (version, count, dtype).
+  actors::FetchedParameters receive_partition(actors::ServiceClient& client,
+                                              const PartitionSlice& p, uint64_t step);
+  void fetch_partition(actors::ServiceClient& client, const PartitionSlice& p, uint64_t step,
+                       float* out);
+  // The partition as a buffer of its own: the arena slot it arrived in, adopted (fp32),
+  // else a copy.
+  FloatBuffer fetch_adopting(actors::ServiceClient& client, const PartitionSlice& p, uint64_t step);
+  // Block b's parameters into `out`: this rank's partition through `clients`, the others'
+  // by allgather on `comm` (W > 1).
+  void fetch_block(ServiceClients& clients, actors::Collectives* comm, size_t b, uint64_t step,
+                   float* out);
+  // The scheduler's fetch, on its fetcher's thread.
+  FloatBuffer fetch_resident(size_t b, uint64_t step, size_t numel);
+
+  const ZeroContext& z_;
+  BlockSet params_;  // stages 1/2: every block; stage 3: the resident set
+  // Stage 3: the fetcher's clients, declared before the scheduler so they outlive its actor.
+  ServiceClients fetch_clients_;
+  std::unique_ptr<ParamScheduler> scheduler_;
+  std::atomic<uint64_t> bytes_fetched_{0};  // the scheduler's thread fetches too
+  std::atomic<uint64_t> fetches_in_place_{0};
+  size_t peak_resident_bytes_ = 0;  // stages 1/2
+};
+
+}  // namespace dsactor::trainer

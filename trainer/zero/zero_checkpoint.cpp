@@ -1,0 +1,251 @@
+#include "trainer/zero/zero_checkpoint.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "storage/checkpoint.h"
+#include "trainer/zero/service_error.h"
+
+namespace dsactor::trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kZeroCheckpointFormat = "dsactor-zero-checkpoint";
+constexpr int kZeroCheckpointVersion = 1;
+
+nlohmann::json model_json(const GptConfig& g) {
+  return {{"n_layer", g.n_layer},
+          {"n_head", g.n_head},
+          {"n_embd", g.n_embd},
+          {"vocab_size", g.vocab_size},
+          {"block_size", g.block_size}};
+}
+
+// The plan as the manifest records it: what a restore must find registered, partition
+// for partition (the services check ids and sizes too; the trainer checks first so that a
+// mismatch is refused before any service is touched).
+nlohmann::json plan_json(const PartitionPlan& plan, uint32_t rank) {
+  nlohmann::json parts = nlohmann::json::array();
+  for (const auto& p : plan.owned_by(rank))
+    parts.push_back({{"id", p.id},
+                     {"block", p.block},
+                     {"offset", p.offset},
+                     {"count", p.count},
+                     {"service", p.service}});
+  return {{"world_size", plan.world_size()},
+          {"rank", rank},
+          {"services", plan.services()},
+          {"partitions", std::move(parts)}};
+}
+
+// Services that hold partitions of this rank (a service given no block is never
+// registered, so it has nothing to checkpoint).
+std::vector<size_t> services_in_use(const PartitionPlan& plan, uint32_t rank) {
+  std::vector<char> used(plan.services(), 0);
+  for (const auto& p : plan.owned_by(rank)) used[p.service] = 1;
+  std::vector<size_t> s;
+  for (size_t i = 0; i < used.size(); ++i)
+    if (used[i]) s.push_back(i);
+  return s;
+}
+
+// With several trainers each rank saves its own partitions and manifest under
+// <dir>/rank-<r>; at world size 1, <dir> itself. Absolute: services write on their own
+// hosts.
+fs::path rank_directory(const fs::path& dir, const PartitionPlan& plan, uint32_t rank) {
+  const fs::path abs = fs::absolute(dir).lexically_normal();
+  return plan.world_size() == 1 ? abs : abs / fmt::format("rank-{}", rank);
+}
+
+std::string service_dir_name(size_t s) {
+  return fmt::format("service-{}", s);
+}
+
+}  // namespace
+
+void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
+                          const LossScaler& scaler) const {
+  const StepCounters& c = z_.counters;
+  const uint32_t rank = z_.options.rank;
+  const fs::path abs = rank_directory(dir, z_.plan, rank);
+  fs::create_directories(abs);
+  // The manifest goes first: from here until the new one is committed, `dir` does not
+  // look like a checkpoint, so a crash cannot leave an old manifest beside new partitions.
+  const fs::path manifest_dir = abs / "trainer";
+  if (fs::exists(manifest_dir)) {
+    fs::remove_all(manifest_dir);
+    storage::fsync_directory(abs);
+  }
+  // A tag unique to this save: a service directory left by another save (even of the
+  // same step) fails the service's tag check instead of being restored by mistake.
+  const std::string tag = fmt::format(
+      "{}-step-{}-{:x}", z_.options.job_id, c.global_step,
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+  nlohmann::json services = nlohmann::json::array();
+  for (size_t s : services_in_use(z_.plan, rank)) {
+    actors::ServiceClient& service = *z_.services[s];
+    const fs::path sdir = abs / service_dir_name(s);
+    const auto reply = await_or_throw(service, "checkpoint", c.committed_step,
+                                      service.checkpoint(tag, sdir.string()));
+    // The service's job step counts skipped steps too: it is the trainer's global step.
+    if (reply.step != static_cast<uint64_t>(c.global_step))
+      throw ZeroServiceError(fmt::format(
+          "offload service {} checkpointed step {} into {}, but the trainer is at step {}: "
+          "another trainer is committing to job {}?",
+          service.endpoint(), reply.step, sdir.string(), c.global_step, z_.options.job_id));
+    services.push_back({{"index", s},
+                        {"endpoint", service.endpoint()},
+                        {"dir", service_dir_name(s)},
+                        {"tag", tag},
+                        {"step", reply.step},
+                        {"bytes", reply.bytes_written}});
+  }
+  nlohmann::json state;
+  state["format"] = kZeroCheckpointFormat;
+  state["format_version"] = kZeroCheckpointVersion;
+  state["model"] = model_json(gpt_);
+  state["stage"] = z_.config.zero_optimization.stage;
+  state["precision"] = precision_name(z_.precision);
+  state["job"] = z_.options.job_id;
+  state["global_step"] = c.global_step;
+  state["optimizer_steps"] = c.optimizer_steps;
+  state["skipped_steps"] = c.skipped_steps;
+  state["committed_step"] = c.committed_step;
+  state["loss_scaler"] = scaler.state();
+  state["plan"] = plan_json(z_.plan, rank);
+  state["services"] = std::move(services);
+  state["extra"] = extra;
+  storage::CheckpointWriter w(manifest_dir);
+  w.set_state(std::move(state));
+  w.commit();  // the checkpoint exists from here on
+}
+
+struct ZeroCheckpoint::Manifest {
+  Loaded loaded;
+  std::vector<std::pair<size_t, nlohmann::json>> services;  // (index, saved entry)
+};
+
+ZeroCheckpoint::Manifest ZeroCheckpoint::read_manifest(const fs::path& abs,
+                                                       const LossScaler& scaler) const {
+  const fs::path manifest_dir = abs / "trainer";
+  if (!fs::exists(manifest_dir / "manifest.json"))
+    throw std::runtime_error(fmt::format(
+        "{}: no trainer manifest ({}): not a ZeRO checkpoint, or a save that did not finish",
+        abs.string(), (manifest_dir / "manifest.json").string()));
+  storage::CheckpointReader reader(manifest_dir);
+  const nlohmann::json& state = reader.state();
+  const uint32_t rank = z_.options.rank;
+  Manifest m{Loaded{StepCounters{}, scaler, {}}, {}};
+  try {
+    if (state.at("format") != kZeroCheckpointFormat ||
+        state.at("format_version") != kZeroCheckpointVersion)
+      throw std::runtime_error(fmt::format("{}: format {} version {}, expected {} version {}",
+                                           manifest_dir.string(), state.at("format").dump(),
+                                           state.at("format_version").dump(), kZeroCheckpointFormat,
+                                           kZeroCheckpointVersion));
+    if (state.at("model") != model_json(gpt_))
+      throw std::runtime_error(
+          fmt::format("{}: checkpoint holds the model {}, but this run builds {}", abs.string(),
+                      state.at("model").dump(), model_json(gpt_).dump()));
+    if (state.at("precision") != precision_name(z_.precision))
+      throw std::runtime_error(fmt::format(
+          "{}: checkpoint was trained in {}, this run is {} (the services serve that dtype)",
+          abs.string(), state.at("precision").dump(), precision_name(z_.precision)));
+    if (state.at("plan") != plan_json(z_.plan, rank))
+      throw std::runtime_error(fmt::format(
+          "{}: checkpoint's partition plan (world size, rank, services, partitions) differs "
+          "from this run's: saved {}, now {}",
+          abs.string(), state.at("plan").dump(), plan_json(z_.plan, rank).dump()));
+    StepCounters& c = m.loaded.counters;
+    c.global_step = state.at("global_step").get<int64_t>();
+    c.optimizer_steps = state.at("optimizer_steps").get<int64_t>();
+    c.skipped_steps = state.at("skipped_steps").get<int64_t>();
+    c.committed_step = state.at("committed_step").get<uint64_t>();
+    m.loaded.scaler.restore(state.at("loss_scaler"));
+    m.loaded.extra = state.value("extra", nlohmann::json::object());
+    std::vector<size_t> listed;
+    for (const auto& s : state.at("services")) {
+      listed.push_back(s.at("index").get<size_t>());
+      m.services.emplace_back(listed.back(), s);
+    }
+    if (listed != services_in_use(z_.plan, rank))
+      throw std::runtime_error(
+          fmt::format("{}: checkpoint lists services {} but the plan places partitions on others",
+                      abs.string(), nlohmann::json(listed).dump()));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(
+        fmt::format("{}: checkpoint manifest is incomplete: {}", manifest_dir.string(), e.what()));
+  }
+  return m;
+}
+
+void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) const {
+  const uint64_t committed = z_.counters.committed_step;
+  const fs::path rollback = abs.parent_path() / (abs.filename().string() + ".rollback");
+  std::vector<std::pair<size_t, std::string>> snapshots;  // (service, tag)
+  auto roll_back = [&]() {
+    for (const auto& [s, tag] : snapshots) {
+      actors::ServiceClient& service = *z_.services[s];
+      const std::string from = (rollback / service_dir_name(s)).string();
+      try {
+        await_or_throw(service, "restore (rollback)", committed, service.restore(tag, from));
+      } catch (const std::exception& e) {
+        spdlog::error("rolling back offload service {} from {} failed: {}", service.endpoint(),
+                      from, e.what());
+      }
+    }
+  };
+  for (size_t i = 0; i < m.services.size(); ++i) {
+    const auto& [s, saved] = m.services[i];
+    actors::ServiceClient& service = *z_.services[s];
+    const std::string sdir = (abs / saved.at("dir").get<std::string>()).string();
+    try {
+      if (i + 1 < m.services.size()) {
+        // Only needed if a later service may still refuse. A service that cannot snapshot
+        // (gradients of a failed step pending) is restored anyway: it is already
+        // inconsistent with the trainer, and the checkpoint is what recovers it.
+        const std::string snap_tag = fmt::format("rollback-{}", committed);
+        const std::string snap_dir = (rollback / service_dir_name(s)).string();
+        try {
+          await_or_throw(service, "checkpoint (rollback snapshot)", committed,
+                         service.checkpoint(snap_tag, snap_dir));
+          snapshots.emplace_back(s, snap_tag);
+        } catch (const ZeroServiceError& e) {
+          spdlog::warn("no rollback snapshot of {}: {}", service.endpoint(), e.what());
+        }
+      }
+      const auto reply = await_or_throw(service, "restore", committed,
+                                        service.restore(saved.at("tag").get<std::string>(), sdir));
+      const auto global = static_cast<uint64_t>(m.loaded.counters.global_step);
+      if (reply.step != global)
+        throw ZeroServiceError(fmt::format(
+            "offload service {} restored step {} from {}, but the trainer manifest says {}",
+            service.endpoint(), reply.step, sdir, global));
+    } catch (const std::exception& e) {
+      roll_back();
+      std::error_code ec;
+      fs::remove_all(rollback, ec);
+      throw ZeroServiceError(
+          fmt::format("{}: checkpoint refused, the trainer and the services keep their state: {}",
+                      abs.string(), e.what()));
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(rollback, ec);  // on this host only; a remote service's snapshot stays
+}
+
+ZeroCheckpoint::Loaded ZeroCheckpoint::load(const fs::path& dir, const LossScaler& scaler) const {
+  const fs::path abs = rank_directory(dir, z_.plan, z_.options.rank);
+  Manifest m = read_manifest(abs, scaler);  // everything the trainer can check, first
+  restore_services(abs, m);
+  return std::move(m.loaded);
+}
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,49 @@
+#pragma once
+// ZeroEngine's checkpoints (trainer/README.md, "ZeRO with offload services": Checkpoints):
+// every service holding partitions of this rank writes them on its own host
+// (`service-<s>/`), then the trainer's manifest (`trainer/`: counters, loss scaler, plan,
+// the services' tags, `extra`) is committed last. A load checks the manifest against this
+// run before any service is touched, then restores the services one by one, rolling the
+// earlier ones back from a snapshot if a later one refuses.
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/config/loss_scaler.h"
+#include "trainer/model/gpt_config.h"
+#include "trainer/zero/zero_context.h"
+
+namespace dsactor::trainer {
+
+class ZeroCheckpoint {
+ public:
+  ZeroCheckpoint(const ZeroContext& z, const GptConfig& gpt) : z_(z), gpt_(gpt) {}
+
+  // Between steps only. With several trainers each rank saves `dir/rank-<r>/`.
+  void save(const std::filesystem::path& dir, const nlohmann::json& extra,
+            const LossScaler& scaler) const;
+
+  // What a load brings back for the engine to take over; the services hold it already.
+  struct Loaded {
+    StepCounters counters;
+    LossScaler scaler;
+    nlohmann::json extra;
+  };
+  // Refused (the services and the engine keep their state) by a manifest that does not fit
+  // this run or a service that refuses its part; `scaler` is the one the manifest's state
+  // is restored into.
+  Loaded load(const std::filesystem::path& dir, const LossScaler& scaler) const;
+
+ private:
+  struct Manifest;
+  Manifest read_manifest(const std::filesystem::path& abs, const LossScaler& scaler) const;
+  // Every saved service restored, or none: those restored before a refusal are rolled
+  // back from snapshots taken just before.
+  void restore_services(const std::filesystem::path& abs, const Manifest& m) const;
+
+  const ZeroContext& z_;
+  const GptConfig& gpt_;
+};
+
+}  // namespace dsactor::trainer

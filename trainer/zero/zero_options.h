@@ -1,0 +1,71 @@
+#pragma once
+// What a ZeroEngine is given (ZeroOptions) and what it reports (ZeroStats).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/zero/param_scheduler.h"
+
+namespace caf {
+class actor_system;
+}
+
+namespace dsactor::actors {
+class Collectives;
+}
+
+namespace dsactor::trainer {
+
+struct ZeroOptions {
+  std::vector<std::string> services;  // offload service endpoints (tcp://host:port)
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);  // per request
+  std::string job_id = "dsactor";
+  // World size > 1: the collectives among the trainers (not owned; they must outlive the
+  // engine). grad_comm carries the gradients' reduce-scatter, the step verdict and (stages
+  // 1/2) the parameters' allgather, all from the engine's thread; param_comm carries stage
+  // 3's parameter allgathers from the scheduler's fetch thread. Two communicators, because
+  // every rank must issue each one's collectives in the same order, and the two threads
+  // interleave differently on different ranks.
+  actors::Collectives* grad_comm = nullptr;
+  actors::Collectives* param_comm = nullptr;
+  // Gradient pushes of the last micro-step sent and not yet answered: the backward of
+  // block b-1 runs while block b's push travels and the service sums its squares. Each one
+  // in flight holds its gradient payload, so this also bounds that memory. At least 1.
+  size_t max_pushes_in_flight = 2;
+  // The actor system the engine's actors (service clients, stage 3's parameter fetcher)
+  // run in; null: the engine starts one of its own.
+  caf::actor_system* system = nullptr;
+  // Same host (a service at ipc:// or tcp://127.x / localhost): parameters and gradients
+  // travel through a shared-memory arena each client maps with its service (MapArena)
+  // instead of through the socket. Falls back to frames, logged once, where the service
+  // cannot map it. false: always frames. Results are bit-identical either way.
+  bool shared_memory = true;
+};
+
+// Traffic and memory of the ZeRO engine, cumulative.
+struct ZeroStats {
+  uint64_t bytes_pushed = 0;             // gradient payloads sent
+  uint64_t bytes_fetched = 0;            // parameter payloads received
+  size_t total_param_bytes = 0;          // the whole model as fp32 (what stage 0 holds)
+  size_t peak_resident_param_bytes = 0;  // the most parameter bytes this trainer held at once
+  // The most gradient bytes held at once: fp32 blocks being computed or accumulated, the
+  // reduced partitions, the half-precision payloads until ZeroMQ has sent them.
+  size_t peak_resident_grad_bytes = 0;
+  size_t max_pushes_in_flight = 0;     // the most pushes awaiting their replies at once
+  uint64_t overlapped_reductions = 0;  // reduce-scatters that ran behind the backward (W > 1)
+  // Shared-memory arenas mapped with the services (0: every payload went as frames). Not
+  // in the peaks above: its pages, once touched, stay resident for the engine's life.
+  size_t arena_bytes = 0;
+  // Zero-copy through the arena (one rank, fp32): pushes whose gradient the backward wrote
+  // straight into a push slot, and stage-3 fetches whose slot became the resident block.
+  uint64_t pushes_in_place = 0;
+  uint64_t fetches_in_place = 0;
+  SchedulerStats scheduler;  // stage 3 only
+};
+
+}  // namespace dsactor::trainer
