@@ -16,6 +16,8 @@ void add_start_command(CLI::App& app);
 void add_up_command(CLI::App& app);
 // `dsactor launch --hostfile F -- ARGS`: `start --role trainer ARGS` on every hostfile slot.
 void add_launch_command(CLI::App& app);
+// `dsactor keygen --out DIR`: a CurveZMQ keypair in CZMQ's certificate files.
+void add_keygen_command(CLI::App& app);
 
 // Threads for OpenMP kernels and OpenBLAS; same count + same seed = bit-identical runs.
 void set_threads(int threads);

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   dsactor::cli::add_start_command(app);
   dsactor::cli::add_up_command(app);
   dsactor::cli::add_launch_command(app);
+  dsactor::cli::add_keygen_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
