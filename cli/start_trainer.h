@@ -14,6 +14,7 @@ struct StartTrainerArgs {
   std::string config;                // ds_config .json/.yaml (zero_optimization.stage 1-3)
   std::string model = "tiny";        // preset or model YAML
   std::string data;                  // text file/dir or llm.c token file
+  std::string tokenizer;             // text's tokenizer (load_tokenizer); "": byte
   std::vector<std::string> offload;  // offload service endpoints, in placement order
   int64_t steps = 0;                 // 0: scheduler.total_num_steps, else 100
   int seq = 0;                       // 0: the model's block_size
@@ -50,7 +51,7 @@ struct StartTrainerArgs {
   std::string resume;
 };
 
-// Adds --config --model --data --offload (repeatable) --steps --seq --seed
+// Adds --config --model --data --tokenizer --offload (repeatable) --steps --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
 // --serve-coordinator --comm-timeout-ms --out --resume to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
