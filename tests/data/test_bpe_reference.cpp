@@ -56,7 +56,8 @@ std::vector<std::string> crafted() {
       "Hello world",
       "Grüße aus Köln! Ünïcödé façade, naïve café, Ελληνικά, русский текст, עברית, العربية.",
       "日本語のテキストと中文文本，한국어 텍스트도。हिन्दी में लिखा गया पाठ। ภาษาไทย",
-      "Emoji: 👩‍👩‍👧‍👦 👍🏽 🇫🇷🇯🇵 ❤️ 🤖✨ 🏳️‍🌈 and ☃ ♞ ∑ ∫ ≈ ≠ → ⇒ "
+      "Emoji: 👩‍👩‍👧‍👦 👍🏽 🇫🇷🇯🇵 ❤️ 🤖✨ 🏳️‍🌈 and ☃ ♞ ∑ ∫ ≈ ≠ → "
+      "⇒ "
       "✓",
       "Numbers: 3.14159, 1,000,000, 2024-05-20, 0x1F, 1e-9, -42, +7, 007, ١٢٣٤ ४५६ Ⅻ ½ ²³ ①",
       "whitespace:  two   three    four\tTab\t\tTabs\n\nblank\n\n\n   \n indented\r\nCRLF  \n",

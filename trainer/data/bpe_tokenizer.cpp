@@ -13,8 +13,8 @@ namespace {
 // Pieces longer than this are merged every time instead of cached: they are rare, and one
 // of them would take the room of thousands of words.
 constexpr size_t kMaxCachedPiece = 256;
-// The cache starts over when it holds this many ids (64 MiB), so memory stays bounded on
-// text with an endless supply of new words.
+// The cache starts over when it holds this many ids (64 MiB, and their keys), so memory
+// stays bounded on text with an endless supply of new words.
 constexpr size_t kMaxCachedIds = size_t{16} << 20;
 
 uint64_t pair_key(int32_t left, int32_t right) {
@@ -40,6 +40,7 @@ BpeTokenizer::BpeTokenizer(Vocabulary vocab, std::string name, std::string sourc
     : Tokenizer({std::move(name), vocabulary_fingerprint(vocab), std::move(source),
                  static_cast<int>(vocab.tokens.size())}),
       vocab_(std::move(vocab)),
+      cache_(kMaxCachedIds),
       scratch_(std::make_unique<Scratch>()) {
   const std::string& what = id().name;
   const int32_t n = static_cast<int32_t>(vocab_.tokens.size());
@@ -128,23 +129,14 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
     return;
   }
-  if (const auto hit = cache_.find(piece); hit != cache_.end()) {
-    const int32_t* ids = cached_ids_.data() + hit->second.offset;
-    out.insert(out.end(), ids, ids + hit->second.count);
+  const uint64_t h = PieceCache::hash(piece);
+  if (const auto hit = cache_.find(piece, h); !hit.empty()) {
+    out.insert(out.end(), hit.begin(), hit.end());
     return;
   }
   const size_t first = out.size();
   merge_piece(piece, out);
-  if (piece.size() > kMaxCachedPiece) return;
-  if (cached_ids_.size() > kMaxCachedIds) {
-    cache_.clear();
-    cached_ids_.clear();
-  }
-  const CachedIds entry{static_cast<uint32_t>(cached_ids_.size()),
-                        static_cast<uint32_t>(out.size() - first)};
-  cached_ids_.insert(cached_ids_.end(), out.begin() + static_cast<std::ptrdiff_t>(first),
-                     out.end());
-  cache_.emplace(std::string(piece), entry);
+  if (piece.size() <= kMaxCachedPiece) cache_.insert(piece, h, std::span(out).subspan(first));
 }
 
 void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>& out) const {

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "trainer/data/piece_cache.h"
 #include "trainer/data/pretokenizer.h"
 #include "trainer/data/tokenizer.h"
 
@@ -56,17 +57,9 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> separator_;
 
   // Encoding state, behind one lock per encode call.
-  struct StringHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  struct CachedIds {
-    uint32_t offset, count;
-  };
   mutable std::mutex mutex_;
   mutable Gpt2PreTokenizer pretokenizer_;
-  mutable std::unordered_map<std::string, CachedIds, StringHash, std::equal_to<>> cache_;
-  mutable std::vector<int32_t> cached_ids_;
+  mutable PieceCache cache_;
   mutable std::unique_ptr<Scratch> scratch_;
 };
 
