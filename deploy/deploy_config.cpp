@@ -96,6 +96,9 @@ const std::vector<KeySpec>& key_table() {
       {Scope::kRole, "model", kTrainerBit, "preset | path", "the trainer's default",
        "model preset or model YAML"},
       {Scope::kRole, "data", kTrainerBit, "path", "the trainer's default", "training data"},
+      {Scope::kRole, "tokenizer", kTrainerBit, "byte or path", "byte",
+       "tokenizer of text data: a GPT-2 tokenizer directory, tokenizer.json or vocab.json; "
+       "recorded in the checkpoint and weights"},
       {Scope::kRole, "steps", kTrainerBit, "integer >= 1", "the trainer's default",
        "optimizer steps"},
       {Scope::kRole, "out", kTrainerBit, "path", "the trainer's default", "output directory"},
@@ -552,6 +555,10 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const fs::path& s
         r.model = resolve(ctx, r.model).string();
     }
     if (n["data"]) r.data = resolve(ctx, read_string(ctx, n["data"], p + ".data")).string();
+    if (n["tokenizer"]) {
+      r.tokenizer = read_string(ctx, n["tokenizer"], p + ".tokenizer");
+      if (r.tokenizer != "byte") r.tokenizer = resolve(ctx, r.tokenizer).string();
+    }
     if (n["out"]) r.out = resolve(ctx, read_string(ctx, n["out"], p + ".out")).string();
     if (n["steps"])
       r.steps = read_int(ctx, n["steps"], p + ".steps", 1, std::numeric_limits<int64_t>::max());
@@ -808,6 +815,7 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
         if (const RoleSpec* o = config.find(name)) a.insert(a.end(), {"--offload", o->listen});
       if (!role.model.empty()) a.insert(a.end(), {"--model", role.model});
       if (!role.data.empty()) a.insert(a.end(), {"--data", role.data});
+      if (!role.tokenizer.empty()) a.insert(a.end(), {"--tokenizer", role.tokenizer});
       if (role.steps) a.insert(a.end(), {"--steps", std::to_string(role.steps)});
       if (!role.out.empty()) a.insert(a.end(), {"--out", role.out});
       if (!role.shared_memory) a.emplace_back("--no-shared-memory");
