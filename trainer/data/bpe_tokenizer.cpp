@@ -17,10 +17,6 @@ constexpr size_t kMaxCachedPiece = 256;
 // stays bounded on text with an endless supply of new words.
 constexpr size_t kMaxCachedIds = size_t{16} << 20;
 
-uint64_t pair_key(int32_t left, int32_t right) {
-  return static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32 | static_cast<uint32_t>(right);
-}
-
 }  // namespace
 
 // One symbol per byte of the piece, linked left to right; a merge keeps the left symbol and
@@ -40,6 +36,7 @@ BpeTokenizer::BpeTokenizer(Vocabulary vocab, std::string name, std::string sourc
     : Tokenizer({std::move(name), vocabulary_fingerprint(vocab), std::move(source),
                  static_cast<int>(vocab.tokens.size())}),
       vocab_(std::move(vocab)),
+      merges_(vocab_.merges.size()),
       cache_(kMaxCachedIds),
       scratch_(std::make_unique<Scratch>()) {
   const std::string& what = id().name;
@@ -67,7 +64,6 @@ BpeTokenizer::BpeTokenizer(Vocabulary vocab, std::string name, std::string sourc
       throw std::invalid_argument(fmt::format(
           "tokenizer {}: byte 0x{:02x} has no token of its own, so some text has no encoding", what,
           b));
-  merges_.reserve(vocab_.merges.size());
   for (size_t rank = 0; rank < vocab_.merges.size(); ++rank) {
     const auto [l, r] = vocab_.merges[rank];
     if (l < 0 || l >= n || r < 0 || r >= n)
@@ -81,7 +77,7 @@ BpeTokenizer::BpeTokenizer(Vocabulary vocab, std::string name, std::string sourc
                       what, rank, vocab_.tokens[l], vocab_.tokens[r]));
     // A pair listed twice keeps its last rank, as in GPT-2's encoder.py (a dict built from
     // the list).
-    merges_.insert_or_assign(pair_key(l, r), Merge{static_cast<uint32_t>(rank), merged->second});
+    merges_.set(l, r, {static_cast<uint32_t>(rank), merged->second});
   }
   special_by_length_ = vocab_.special;
   std::stable_sort(special_by_length_.begin(), special_by_length_.end(), [&](int32_t a, int32_t b) {
@@ -92,11 +88,6 @@ BpeTokenizer::BpeTokenizer(Vocabulary vocab, std::string name, std::string sourc
 }
 
 BpeTokenizer::~BpeTokenizer() = default;
-
-const BpeTokenizer::Merge* BpeTokenizer::find_merge(int32_t left, int32_t right) const {
-  const auto it = merges_.find(pair_key(left, right));
-  return it == merges_.end() ? nullptr : &it->second;
-}
 
 void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out,
                                bool allow_special) const {
@@ -154,7 +145,7 @@ void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>& out
   const auto push_pair = [&](int32_t pos) {
     const int32_t next = symbols[pos].next;
     if (next < 0) return;
-    if (const Merge* m = find_merge(symbols[pos].id, symbols[next].id)) {
+    if (const MergeTable::Merge* m = merges_.find(symbols[pos].id, symbols[next].id)) {
       heap.push_back(static_cast<uint64_t>(m->rank) << 32 | static_cast<uint32_t>(pos));
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
     }
@@ -169,7 +160,7 @@ void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>& out
     // Stale entries: the left symbol was merged away, or either side has changed since.
     if (!left.alive || left.next < 0) continue;
     auto& right = symbols[left.next];
-    const Merge* m = find_merge(left.id, right.id);
+    const MergeTable::Merge* m = merges_.find(left.id, right.id);
     if (!m || m->rank != static_cast<uint32_t>(top >> 32)) continue;
     left.id = m->merged;
     right.alive = false;

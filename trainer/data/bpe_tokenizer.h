@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "trainer/data/merge_table.h"
 #include "trainer/data/piece_cache.h"
 #include "trainer/data/pretokenizer.h"
 #include "trainer/data/tokenizer.h"
@@ -20,7 +21,7 @@ namespace dsactor::trainer {
 // rank is merged, leftmost first, until no pair has a rank (the reference encoder's rule:
 // OpenAI's encoder.py, Hugging Face's tokenizers). The ids equal GPT-2's for any text.
 //
-// Speed: merges are found in a hash map keyed by the pair of ids; pieces already seen come
+// Speed: merges are found in a flat hash table keyed by the pair of ids; pieces already seen come
 // from a cache (piece bytes -> ids), so English text mostly costs one regex match and one
 // lookup per word. A piece is merged with a heap of candidate pairs (O(n log n)), so a
 // megabyte without a space costs no more per byte than a sentence.
@@ -39,21 +40,16 @@ class BpeTokenizer final : public Tokenizer {
   const Vocabulary& vocabulary() const { return vocab_; }
 
  private:
-  struct Merge {
-    uint32_t rank;
-    int32_t merged;
-  };
   struct Scratch;  // the merge heap and symbol list, reused across pieces
 
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void merge_piece(std::string_view piece, std::vector<int32_t>& out) const;
-  const Merge* find_merge(int32_t left, int32_t right) const;
 
   Vocabulary vocab_;
   std::array<int32_t, 256> byte_id_{};
-  std::unordered_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> rank, result
-  std::vector<int32_t> special_by_length_;      // special ids, longest text first
+  MergeTable merges_;
+  std::vector<int32_t> special_by_length_;  // special ids, longest text first
   std::optional<int32_t> separator_;
 
   // Encoding state, behind one lock per encode call.
