@@ -39,16 +39,28 @@ void run_tokenize(const TokenizeArgs& a) {
   const auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  uint64_t bytes = 0;
-  auto tokens = trainer::tokenize_text(
-      a.inputs, *tokenizer, a.allow_special, [&](const trainer::CorpusProgress& p) {
-        bytes = p.bytes_done;
-        bar.update(static_cast<int64_t>(p.bytes_done >> 20),
-                   static_cast<int64_t>(p.bytes_total >> 20),
-                   fmt::format("MiB | file {}/{} | {:.1f} MB/s", p.files_done, p.files_total,
-                               p.bytes_done / 1e6 / std::max(seconds(), 1e-9)),
-                   seconds());
-      });
+  const auto draw = [&](const trainer::CorpusProgress& p) {
+    const bool large = p.bytes_total >= (uint64_t{64} << 20);
+    const int shift = large ? 20 : 10;
+    bar.update(static_cast<int64_t>(p.bytes_done >> shift),
+               static_cast<int64_t>(p.bytes_total >> shift),
+               fmt::format("{} | file {}/{} | {:.1f} MB/s", large ? "MiB" : "KiB", p.files_done,
+                           p.files_total, p.text_bytes / 1e6 / std::max(seconds(), 1e-9)),
+               seconds());
+  };
+  trainer::CorpusProgress last;
+  double drawn = -1;
+  auto tokens = trainer::tokenize_text(a.inputs, *tokenizer, a.allow_special,
+                                       [&](const trainer::CorpusProgress& p) {
+                                         last = p;
+                                         if (seconds() - drawn < 0.1) return;  // ten a second
+                                         drawn = seconds();
+                                         draw(p);
+                                       });
+  const uint64_t bytes = last.text_bytes;
+  last.bytes_done = last.bytes_total;  // binary files skipped after the last text
+  last.files_done = last.files_total;
+  draw(last);
   bar.finish();
   const double elapsed = seconds();
   const trainer::DataSplit split = trainer::split_train_val(std::move(tokens), a.val_fraction);

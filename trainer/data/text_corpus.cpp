@@ -46,6 +46,7 @@ void encode_in_chunks(std::string_view text, const Tokenizer& tokenizer, bool al
         text.size() - pos <= kChunkBytes ? text.size() : piece_boundary(text, pos + kChunkBytes);
     tokenizer.encode_into(text.substr(pos, end - pos), out, allow_special);
     progress.bytes_done += end - pos;
+    progress.text_bytes += end - pos;
     pos = end;
     if (on_progress) on_progress(progress);
   }

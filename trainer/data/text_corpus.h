@@ -18,6 +18,7 @@ std::vector<std::filesystem::path> text_files(const std::vector<std::filesystem:
 
 struct CorpusProgress {
   uint64_t bytes_done = 0, bytes_total = 0;  // of every file listed, binary ones included
+  uint64_t text_bytes = 0;                   // of the text encoded so far
   size_t files_done = 0, files_total = 0;
 };
 
