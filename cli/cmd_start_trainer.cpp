@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -306,6 +307,9 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "run stops naming the missing rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd.add_option("--init", a.init,
+                 "trainer: start from these safetensors weights (Hugging Face GPT-2 names; "
+                 "refused when they record another tokenizer)");
   cmd.add_option("--out", a.out,
                  "trainer: write the final weights to <out>/model.safetensors and a "
                  "checkpoint to <out>/checkpoint");
@@ -325,6 +329,7 @@ struct RankRun {
   const GptConfig& gpt;
   const DataSplit& split;
   const Tokenizer* tokenizer;  // of the data; null for a token file without --tokenizer
+  InitialWeights* init;        // --init, until the engine has taken them; null without
   BatchLoader& train;
   int B, T;
   int64_t target;
@@ -337,14 +342,20 @@ struct RankRun {
     return static_cast<int64_t>(B) * T * config.gradient_accumulation_steps * place.world_size;
   }
 
+  // The tokenizer the model is recorded with: the data's, else the one --init records.
+  std::optional<TokenizerId> recorded_tokenizer() const {
+    if (tokenizer) return tokenizer->id();
+    return init ? init->tokenizer : std::nullopt;
+  }
   // What a checkpoint keeps beside the engine's state: the data cursor and the tokenizer.
   nlohmann::json checkpoint_extra() const {
     nlohmann::json extra{{"train_cursor", train.cursor()}};
-    if (tokenizer) extra["tokenizer"] = tokenizer_json(tokenizer->id());
+    if (const auto t = recorded_tokenizer()) extra["tokenizer"] = tokenizer_json(*t);
     return extra;
   }
   std::map<std::string, std::string> weights_metadata() const {
-    return tokenizer ? tokenizer_metadata(tokenizer->id()) : std::map<std::string, std::string>{};
+    const auto t = recorded_tokenizer();
+    return t ? tokenizer_metadata(*t) : std::map<std::string, std::string>{};
   }
 
   // Either engine: resume (checkpoint and data cursor), then the engine actor's run; a
@@ -381,6 +392,10 @@ struct RankRun {
 int run_stage0(RankRun& run) {
   const StartTrainerArgs& a = run.a;
   Engine engine(run.gpt, run.config, a.seed, run.comms.grad.get());
+  if (run.init) {
+    engine.master_params() = std::move(run.init->params);
+    engine.refresh_working_params();
+  }
   spdlog::info("{}: ZeRO stage 0 ({}), rank {} of {}", a.name, precision_name(engine.precision()),
                run.place.rank, run.place.world_size);
   const RunOutcome outcome = run.resume_and_run(
@@ -416,6 +431,10 @@ ZeroOptions zero_options(const RankRun& run) {
   o.param_comm = run.comms.param.get();
   o.system = &run.runtime.system();
   o.shared_memory = !a.no_shared_memory;
+  if (run.init)
+    o.initial_weights = [&params = run.init->params](size_t b, float* out) {
+      std::memcpy(out, params.blocks[b].data(), params.blocks[b].bytes());
+    };
   return o;
 }
 
@@ -423,6 +442,7 @@ int run_zero(RankRun& run) {
   const StartTrainerArgs& a = run.a;
   const ZeroOptions o = zero_options(run);
   ZeroEngine engine(run.gpt, run.config, a.seed, o);
+  if (run.init) run.init->params = BlockSet();  // on the services now
   spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
                engine.stage(), precision_name(engine.precision()), run.place.rank,
                run.place.world_size, o.services.size(), engine.plan().blocks());
@@ -483,6 +503,11 @@ int run_start_trainer(const StartTrainerArgs& a) {
   const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const TrainingData data = load_training_data(a.data, gpt, 0.1, a.tokenizer);
   const DataSplit& split = data.split;
+  std::optional<InitialWeights> init;
+  if (!a.init.empty()) {
+    init = load_initial_weights(a.init, gpt, data.tokenizer.get());
+    spdlog::info("{}: initial weights from {}", a.name, a.init);
+  }
   // Every rank walks the same windows (same seed) and takes its own rows of each.
   BatchLoader train(&split.train, B, T, true, a.seed, place.rank, place.world_size);
   Comms comms = connect_trainers(a, place, stage == 3, std::move(store));
@@ -500,6 +525,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
               gpt,
               split,
               data.tokenizer.get(),
+              init ? &*init : nullptr,
               train,
               B,
               T,

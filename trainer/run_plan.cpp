@@ -6,8 +6,10 @@
 #include <map>
 #include <stdexcept>
 
+#include "storage/safetensors.h"
 #include "trainer/data/text_corpus.h"
 #include "trainer/data/token_file.h"
+#include "trainer/model/hf_weights.h"
 #include "trainer/tokenizer_record.h"
 
 namespace dsactor::trainer {
@@ -40,6 +42,15 @@ TrainingData load_training_data(const std::filesystem::path& path, const GptConf
                                      : std::string("model's vocab_size"),
                       limit));
   return data;
+}
+
+InitialWeights load_initial_weights(const std::filesystem::path& file, const GptConfig& model,
+                                    const Tokenizer* tokenizer) {
+  const storage::SafetensorsFile f = storage::read_safetensors(file);
+  InitialWeights w{BlockSet::zeros(gpt_block_layouts(model)), tokenizer_from_metadata(f.metadata)};
+  if (tokenizer) check_same_tokenizer(w.tokenizer, tokenizer->id(), file.string());
+  import_hf_safetensors(f, file, model, w.params);
+  return w;
 }
 
 int64_t target_steps(std::optional<int64_t> steps, const DsConfig& config) {

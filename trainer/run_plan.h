@@ -13,6 +13,7 @@
 #include "trainer/data/batch_loader.h"
 #include "trainer/data/tokenizer.h"
 #include "trainer/model/gpt_config.h"
+#include "trainer/model/param_blocks.h"
 
 namespace dsactor::trainer {
 
@@ -33,6 +34,16 @@ struct TrainingData {
 // against vocab_size without one (the error names the file and the token).
 TrainingData load_training_data(const std::filesystem::path& path, const GptConfig& model,
                                 double val_fraction, const std::string& tokenizer_spec);
+
+// --init: the weights of a Hugging Face style safetensors file for `model`, and the tokenizer
+// the file records (Hugging Face's own files record none). Refused, naming both, when it
+// records another tokenizer than `tokenizer` (when there is one).
+struct InitialWeights {
+  BlockSet params;
+  std::optional<TokenizerId> tokenizer;
+};
+InitialWeights load_initial_weights(const std::filesystem::path& file, const GptConfig& model,
+                                    const Tokenizer* tokenizer);
 
 // `steps` when given, else the scheduler's total_num_steps, else 100.
 int64_t target_steps(std::optional<int64_t> steps, const DsConfig& config);

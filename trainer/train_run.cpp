@@ -9,9 +9,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "storage/safetensors.h"
 #include "trainer/data/batch_loader.h"
-#include "trainer/model/hf_weights.h"
 #include "trainer/monitor/monitors.h"
 #include "trainer/run_plan.h"
 #include "trainer/tokenizer_record.h"
@@ -28,35 +26,30 @@ std::filesystem::path find_checkpoint(const std::filesystem::path& dir) {
 
 namespace {
 
-// The tokenizer a model's record must match (this run's), and the record the checkpoint
-// keeps: this run's tokenizer, else the one its starting weights were trained with.
-struct TokenizerRecord {
-  const Tokenizer* used;
-  std::optional<TokenizerId> kept;
-  void meet(const std::optional<TokenizerId>& recorded, const std::string& model) {
-    if (used) check_same_tokenizer(recorded, used->id(), model);
-    if (!kept) kept = recorded;
-  }
-};
-
 // --init weights, then the --resume checkpoint (weights, optimizer, data cursor), each
-// refused when it was trained with another tokenizer.
-void load_starting_point(const TrainOptions& o, const GptConfig& gpt, Engine& engine,
-                         BatchLoader& train, TokenizerRecord& record) {
+// refused when it was trained with another tokenizer than `used` (this run's, if any).
+// Returns the tokenizer they record: what the new checkpoint keeps when the run has none.
+std::optional<TokenizerId> load_starting_point(const TrainOptions& o, const GptConfig& gpt,
+                                               Engine& engine, BatchLoader& train,
+                                               const Tokenizer* used) {
+  std::optional<TokenizerId> recorded;
   if (o.init) {
-    const storage::SafetensorsFile f = storage::read_safetensors(*o.init);
-    record.meet(tokenizer_from_metadata(f.metadata), o.init->string());
-    import_hf_safetensors(f, *o.init, gpt, engine.master_params());
+    InitialWeights init = load_initial_weights(*o.init, gpt, used);
+    recorded = init.tokenizer;
+    engine.master_params() = std::move(init.params);
     engine.refresh_working_params();
     spdlog::info("initial weights from {}", o.init->string());
   }
   if (o.resume) {
     const auto dir = find_checkpoint(*o.resume);
     const auto extra = engine.load_checkpoint(dir);
-    record.meet(tokenizer_from_extra(extra), dir.string());
+    const auto resumed = tokenizer_from_extra(extra);
+    if (used) check_same_tokenizer(resumed, used->id(), dir.string());
+    if (resumed) recorded = resumed;
     train.restore(extra.at("train_cursor"));
     spdlog::info("resumed from {} at step {}", dir.string(), engine.global_step());
   }
+  return recorded;
 }
 
 }  // namespace
@@ -77,9 +70,9 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
       data.tokenizer ? data.tokenizer->id().name : "no", B, T, config.gradient_accumulation_steps);
 
   Engine engine(gpt, config, o.seed);
-  TokenizerRecord record{data.tokenizer.get(), {}};
-  if (data.tokenizer) record.kept = data.tokenizer->id();
-  load_starting_point(o, gpt, engine, train, record);
+  const auto started_from = load_starting_point(o, gpt, engine, train, data.tokenizer.get());
+  const auto recorded =
+      data.tokenizer ? std::optional<TokenizerId>(data.tokenizer->id()) : started_from;
   const int64_t target = target_steps(o.steps, config);
 
   Monitors monitors(config, o.out / "monitor");
@@ -98,7 +91,7 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
     const auto dir = o.out / "checkpoint";
     nlohmann::json extra{
         {"train_cursor", train.cursor()}, {"data", o.data.string()}, {"seed", o.seed}};
-    if (record.kept) extra["tokenizer"] = tokenizer_json(*record.kept);
+    if (recorded) extra["tokenizer"] = tokenizer_json(*recorded);
     engine.save_checkpoint(dir, extra);
     return dir;
   };

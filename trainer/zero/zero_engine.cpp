@@ -364,7 +364,10 @@ void ZeroEngine::register_and_initialise(uint64_t seed) {
   GptWeightInit init(gpt_, model_.layouts(), seed);
   for (size_t b = 0; b < model_.layouts().size(); ++b) {
     FloatBuffer master(model_.layouts()[b].numel);
-    init.block(b, master.data());
+    if (options_.initial_weights)
+      options_.initial_weights(b, master.data());
+    else
+      init.block(b, master.data());
     for (const auto& p : owned) {
       if (p.block != b) continue;
       const float* src = master.data() + p.offset;
