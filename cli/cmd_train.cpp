@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress_bar.h"
+#include "trainer/data/byte_tokenizer.h"
 #include "trainer/inference.h"
 #include "trainer/train_run.h"
 
@@ -65,16 +66,20 @@ void add_train_command(CLI::App& app) {
         "tokens/s\n",
         s.steps, s.skipped_steps, s.last_train_loss, s.val_loss, s.tokens_per_second);
     fmt::print("unigram entropy of the training data: {:.4f} nats/token\n", s.unigram_entropy);
-    if (*sample > 0 && s.tokenizer) {
+    // A token file read without --tokenizer: bytes, if the model's vocabulary is theirs.
+    std::shared_ptr<const trainer::Tokenizer> tokenizer = s.tokenizer;
+    if (!tokenizer && s.model.vocab_size == trainer::kByteVocabSize)
+      tokenizer = std::make_shared<trainer::ByteTokenizer>();
+    if (*sample > 0 && tokenizer) {
       auto w = trainer::load_checkpoint_weights(s.checkpoint);
       trainer::GptModel model(w.config);
       // A new document: GPT-2's separator where the tokenizer has one, else a line break.
-      const auto separator = s.tokenizer->document_separator();
-      const auto start = separator ? std::vector<int32_t>{*separator} : s.tokenizer->encode("\n");
+      const auto separator = tokenizer->document_separator();
+      const auto start = separator ? std::vector<int32_t>{*separator} : tokenizer->encode("\n");
       auto out = trainer::generate_tokens(model, w.params, start, *sample, 0.8f, 40, o->seed);
       out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(start.size()));
       fmt::print("--- sample ---\n{}{}\n--------------\n", separator ? "" : "\n",
-                 s.tokenizer->decode(out));
+                 tokenizer->decode(out));
     }
     fmt::print("checkpoint: {}\n", s.checkpoint.string());
   });
