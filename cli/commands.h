@@ -8,6 +8,8 @@ void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+// `dsactor tokenize --tokenizer T --in TEXT... --out tokens.bin`: llm.c token files.
+void add_tokenize_command(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // `dsactor start --role offload|trainer|coordinator`: one role of a deployment, by hand.

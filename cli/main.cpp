@@ -13,12 +13,14 @@ int main(int argc, char** argv) {
   // Logs go to stderr so stdout carries only results (samples, --json objects).
   spdlog::set_default_logger(spdlog::stderr_color_mt("dsactor"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$ %v");
-  if (const char* level = std::getenv("DSACTOR_LOG")) spdlog::set_level(spdlog::level::from_str(level));
+  if (const char* level = std::getenv("DSACTOR_LOG"))
+    spdlog::set_level(spdlog::level::from_str(level));
 
   CLI::App app{"dsactor: ZeRO-3 / ZeRO-Infinity training with every memory tier as a service"};
   app.require_subcommand(1);
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  app.add_option("--threads", threads, "threads for kernels and BLAS (same count + seed = same bits)")
+  app.add_option("--threads", threads,
+                 "threads for kernels and BLAS (same count + seed = same bits)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.parse_complete_callback([&] { dsactor::cli::set_threads(threads); });
@@ -26,6 +28,7 @@ int main(int argc, char** argv) {
   dsactor::cli::add_eval_command(app);
   dsactor::cli::add_generate_command(app);
   dsactor::cli::add_export_command(app);
+  dsactor::cli::add_tokenize_command(app);
   dsactor::cli::add_report_command(app);
   dsactor::cli::add_bench_command(app);
   dsactor::cli::add_start_command(app);

@@ -14,6 +14,7 @@ struct StartTrainerArgs {
   std::string config;                // ds_config .json/.yaml (zero_optimization.stage 1-3)
   std::string model = "tiny";        // preset or model YAML
   std::string data;                  // text file/dir or llm.c token file
+  std::string tokenizer;             // text's tokenizer (load_tokenizer); "": byte
   std::vector<std::string> offload;  // offload service endpoints, in placement order
   int64_t steps = 0;                 // 0: scheduler.total_num_steps, else 100
   int seq = 0;                       // 0: the model's block_size
@@ -44,15 +45,18 @@ struct StartTrainerArgs {
   // If set: the final weights go to <out>/model.safetensors and a resumable checkpoint
   // (ZeroEngine::save_checkpoint, with the data cursor) to <out>/checkpoint.
   std::string out;
+  // If set: safetensors weights to start from (Hugging Face GPT-2 names), instead of the
+  // seed's initial weights; with ZeRO they go to the services block by block.
+  std::string init;
   // If set: a checkpoint directory (<out>/checkpoint of an earlier run) loaded before
   // training; --steps stays the total, so `--steps N/2` then `--resume ... --steps N`
   // ends with the weights of `--steps N` straight, bit for bit.
   std::string resume;
 };
 
-// Adds --config --model --data --offload (repeatable) --steps --seq --seed
+// Adds --config --model --data --tokenizer --offload (repeatable) --steps --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
-// --serve-coordinator --comm-timeout-ms --out --resume to `cmd`, all stored in `a`.
+// --serve-coordinator --comm-timeout-ms --init --out --resume to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

@@ -41,6 +41,9 @@ set_target_properties(PkgConfig::ZMQ PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${ZMQ_INCLUDE_DIRS};${_zmq_system_includes}"
   INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_zmq_system_includes}")
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+# GPT-2's pre-tokenizer pattern (Unicode letter/number classes) and the tokenizer fingerprint.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
 find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
 

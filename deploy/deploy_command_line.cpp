@@ -30,6 +30,7 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
         if (const RoleSpec* o = config.find(name)) a.insert(a.end(), {"--offload", o->listen});
       if (!role.model.empty()) a.insert(a.end(), {"--model", role.model});
       if (!role.data.empty()) a.insert(a.end(), {"--data", role.data});
+      if (!role.tokenizer.empty()) a.insert(a.end(), {"--tokenizer", role.tokenizer});
       if (role.steps) a.insert(a.end(), {"--steps", std::to_string(role.steps)});
       if (!role.out.empty()) a.insert(a.end(), {"--out", role.out});
       if (role.shared_memory == false) a.emplace_back("--no-shared-memory");

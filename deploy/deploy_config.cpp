@@ -210,6 +210,10 @@ void DeployParser::read_trainer_keys(const YAML::Node& n, const std::string& p, 
       r.model = yaml_.resolve(r.model).string();
   }
   if (n["data"]) r.data = yaml_.path(n["data"], p + ".data").string();
+  if (n["tokenizer"]) {
+    r.tokenizer = yaml_.string(n["tokenizer"], p + ".tokenizer");
+    if (r.tokenizer != "byte") r.tokenizer = yaml_.resolve(r.tokenizer).string();
+  }
   if (n["out"]) r.out = yaml_.path(n["out"], p + ".out").string();
   if (n["steps"]) r.steps = yaml_.integer(n["steps"], p + ".steps");
   if (n["shared_memory"]) r.shared_memory = yaml_.boolean(n["shared_memory"], p + ".shared_memory");

@@ -61,6 +61,7 @@ struct RoleSpec {
   std::filesystem::path config;  // ds_config (absolute; must exist)
   std::string model;             // preset name, or a model YAML (absolute when it is a path)
   std::string data;              // absolute path, or empty
+  std::string tokenizer;         // "byte", or a tokenizer path (absolute), or empty
   int64_t steps = 0;             // 0 = not set (the trainer's own default)
   std::string out;               // absolute path, or empty
   int rank = 0;
@@ -102,7 +103,8 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //   offload:     start --role offload --listen E [--nvme DIR] [--memory-limit BYTES]
 //                [--aio-block-size B] [--aio-queue-depth Q] [--no-mlock]
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
-//                [--offload ENDPOINT]... [--model M] [--data D] [--steps S] [--out DIR]
+//                [--offload ENDPOINT]... [--model M] [--data D] [--tokenizer T] [--steps S] [--out
+//                DIR]
 //                [--coordinator ENDPOINT [--serve-coordinator]]
 //   coordinator: start --role coordinator --name N --deploy FILE --listen E
 // Every path is absolute; `--offload` lists the endpoints of the services the trainer's

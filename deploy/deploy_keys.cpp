@@ -137,6 +137,13 @@ const std::vector<KeySpec>& deploy_keys() {
        .doc = "training data",
        .applies_to = kTrainer,
        .default_doc = "the trainer's default"},
+      {.path = "roles[].tokenizer",
+       .type = ValueType::kString,
+       .doc = "tokenizer of text data: a GPT-2 tokenizer directory, tokenizer.json or "
+              "vocab.json; recorded in the checkpoint and weights",
+       .applies_to = kTrainer,
+       .default_doc = "byte",
+       .allowed_doc = "byte or a path"},
       {.path = "roles[].steps",
        .type = ValueType::kInt,
        .min = 1,

@@ -18,6 +18,9 @@ packages=(
   libgloo-dev
   # utilities
   libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+  # tokenizer: GPT-2's pre-tokenizer pattern (PCRE2); the GPT-2 reference encoder the tests
+  # install from npm into the build folder
+  libpcre2-dev nodejs npm
   # benchmarks' references and the demo corpus
   fio fortunes
 )

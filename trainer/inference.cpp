@@ -11,6 +11,7 @@
 #include "trainer/data/batch_loader.h"
 #include "trainer/model/hf_weights.h"
 #include "trainer/rng.h"
+#include "trainer/tokenizer_record.h"
 
 namespace dsactor::trainer {
 
@@ -22,14 +23,15 @@ GptConfig model_of_checkpoint(const nlohmann::json& state, const std::filesystem
     c.validate(dir.string());
     return c;
   } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(fmt::format("{}: checkpoint state has no valid 'model' entry: {}",
-                                         dir.string(), e.what()));
+    throw std::runtime_error(
+        fmt::format("{}: checkpoint state has no valid 'model' entry: {}", dir.string(), e.what()));
   }
 }
 
 LoadedWeights load_checkpoint_weights(const std::filesystem::path& dir) {
   storage::CheckpointReader r(dir);
-  LoadedWeights w{model_of_checkpoint(r.state(), dir), {}};
+  LoadedWeights w{model_of_checkpoint(r.state(), dir), {}, {}};
+  if (r.state().contains("extra")) w.tokenizer = tokenizer_from_extra(r.state().at("extra"));
   const auto layouts = gpt_block_layouts(w.config);
   w.params = BlockSet::zeros(layouts);
   for (size_t b = 0; b < layouts.size(); ++b)
@@ -38,10 +40,14 @@ LoadedWeights load_checkpoint_weights(const std::filesystem::path& dir) {
   return w;
 }
 
-LoadedWeights load_safetensors_weights(const std::filesystem::path& file) {
-  LoadedWeights w{hf_safetensors_config(file), {}};
+LoadedWeights load_safetensors_weights(const std::filesystem::path& file,
+                                       const std::string& model) {
+  const storage::SafetensorsFile f = storage::read_safetensors(file);
+  LoadedWeights w{model.empty() ? hf_safetensors_config(f, file) : resolve_model(model),
+                  {},
+                  tokenizer_from_metadata(f.metadata)};
   w.params = BlockSet::zeros(gpt_block_layouts(w.config));
-  import_hf_safetensors(file, w.config, w.params);
+  import_hf_safetensors(f, file, w.config, w.params);
   return w;
 }
 
@@ -57,9 +63,9 @@ float evaluate_loss(GptModel& model, BlockSet& params, BatchLoader& loader, int 
   return static_cast<float>(sum / batches);
 }
 
-std::vector<int32_t> generate_tokens(GptModel& model, BlockSet& params,
-                                     std::vector<int32_t> tokens, int new_tokens,
-                                     float temperature, int top_k, uint64_t seed) {
+std::vector<int32_t> generate_tokens(GptModel& model, BlockSet& params, std::vector<int32_t> tokens,
+                                     int new_tokens, float temperature, int top_k, uint64_t seed,
+                                     const std::function<void(int32_t)>& on_token) {
   if (tokens.empty()) throw std::invalid_argument("generate: the prompt is empty");
   if (temperature < 0) throw std::invalid_argument("generate: --temperature must be >= 0");
   const GptConfig& c = model.config();
@@ -98,6 +104,7 @@ std::vector<int32_t> generate_tokens(GptModel& model, BlockSet& params,
       }
     }
     tokens.push_back(next);
+    if (on_token) on_token(next);
   }
   return tokens;
 }

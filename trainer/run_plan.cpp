@@ -6,7 +6,11 @@
 #include <map>
 #include <stdexcept>
 
-#include "trainer/data/byte_tokenizer.h"
+#include "storage/safetensors.h"
+#include "trainer/data/text_corpus.h"
+#include "trainer/data/token_file.h"
+#include "trainer/model/hf_weights.h"
+#include "trainer/tokenizer_record.h"
 
 namespace dsactor::trainer {
 
@@ -18,14 +22,35 @@ int sequence_length(std::optional<int> seq, const GptConfig& model) {
   return T;
 }
 
-DataSplit load_training_data(const std::filesystem::path& path, const GptConfig& model,
-                             double val_fraction) {
-  DataSplit split = split_train_val(load_tokens(path), val_fraction);
-  for (int32_t t : split.train)
-    if (t >= model.vocab_size)
-      throw std::invalid_argument(fmt::format("{}: token {} does not fit the model's vocab_size {}",
-                                              path.string(), t, model.vocab_size));
-  return split;
+TrainingData load_training_data(const std::filesystem::path& path, const GptConfig& model,
+                                double val_fraction, const std::string& tokenizer_spec) {
+  TrainingData data;
+  const bool token_file = std::filesystem::is_regular_file(path) && is_token_file(path);
+  if (!tokenizer_spec.empty() || !token_file) {
+    data.tokenizer = load_tokenizer(tokenizer_spec.empty() ? "byte" : tokenizer_spec);
+    check_tokenizer_fits(data.tokenizer->id(), model);
+  }
+  data.split = split_train_val(
+      token_file ? read_token_file(path) : tokenize_text({path}, *data.tokenizer), val_fraction);
+  // A token file read with --tokenizer must hold that tokenizer's ids.
+  const int limit = data.tokenizer ? data.tokenizer->vocab_size() : model.vocab_size;
+  for (int32_t t : data.split.train)
+    if (t >= limit)
+      throw std::invalid_argument(
+          fmt::format("{}: token {} does not fit the {} {}", path.string(), t,
+                      data.tokenizer ? "vocabulary of tokenizer " + data.tokenizer->id().name
+                                     : std::string("model's vocab_size"),
+                      limit));
+  return data;
+}
+
+InitialWeights load_initial_weights(const std::filesystem::path& file, const GptConfig& model,
+                                    const Tokenizer* tokenizer) {
+  const storage::SafetensorsFile f = storage::read_safetensors(file);
+  InitialWeights w{BlockSet::zeros(gpt_block_layouts(model)), tokenizer_from_metadata(f.metadata)};
+  if (tokenizer) check_same_tokenizer(w.tokenizer, tokenizer->id(), file.string());
+  import_hf_safetensors(f, file, model, w.params);
+  return w;
 }
 
 int64_t target_steps(std::optional<int64_t> steps, const DsConfig& config) {

@@ -4,22 +4,46 @@
 // step count to reach.
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "trainer/config/ds_config.h"
 #include "trainer/data/batch_loader.h"
+#include "trainer/data/tokenizer.h"
 #include "trainer/model/gpt_config.h"
+#include "trainer/model/param_blocks.h"
 
 namespace dsactor::trainer {
 
 // `seq` (unset: the model's block_size), refused outside [1, block_size] naming --seq.
 int sequence_length(std::optional<int> seq, const GptConfig& model);
 
-// The data at `path` (text, directory or token file) split into train and val, every train
-// token checked against the model's vocab_size (the error names the file and the token).
-DataSplit load_training_data(const std::filesystem::path& path, const GptConfig& model,
-                             double val_fraction);
+// Training data and the tokenizer that made it: the one named by --tokenizer, else the byte
+// tokenizer for text; none for a token file without --tokenizer (its ids come from elsewhere,
+// so the model records no tokenizer).
+struct TrainingData {
+  DataSplit split;
+  std::shared_ptr<const Tokenizer> tokenizer;
+};
+
+// The data at `path` (text, directory or token file) split into train and val. Text is
+// tokenized with `tokenizer_spec` (load_tokenizer; "" means the byte tokenizer). The
+// tokenizer must fit the model's vocab_size, and every train token is checked against it, or
+// against vocab_size without one (the error names the file and the token).
+TrainingData load_training_data(const std::filesystem::path& path, const GptConfig& model,
+                                double val_fraction, const std::string& tokenizer_spec);
+
+// --init: the weights of a Hugging Face style safetensors file for `model`, and the tokenizer
+// the file records (Hugging Face's own files record none). Refused, naming both, when it
+// records another tokenizer than `tokenizer` (when there is one).
+struct InitialWeights {
+  BlockSet params;
+  std::optional<TokenizerId> tokenizer;
+};
+InitialWeights load_initial_weights(const std::filesystem::path& file, const GptConfig& model,
+                                    const Tokenizer* tokenizer);
 
 // `steps` when given, else the scheduler's total_num_steps, else 100.
 int64_t target_steps(std::optional<int64_t> steps, const DsConfig& config);

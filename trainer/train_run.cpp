@@ -10,10 +10,9 @@
 #include <stdexcept>
 
 #include "trainer/data/batch_loader.h"
-#include "trainer/data/byte_tokenizer.h"
-#include "trainer/model/hf_weights.h"
 #include "trainer/monitor/monitors.h"
 #include "trainer/run_plan.h"
+#include "trainer/tokenizer_record.h"
 
 namespace dsactor::trainer {
 
@@ -25,31 +24,55 @@ std::filesystem::path find_checkpoint(const std::filesystem::path& dir) {
                                           (dir / "checkpoint" / "manifest.json").string()));
 }
 
-TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
-  const DsConfig config = load_ds_config(o.config);
-  check_supported(config);
-  const GptConfig gpt = resolve_model(o.model);
-  const int T = sequence_length(o.seq_len, gpt);
-  const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  const DataSplit split = load_training_data(o.data, gpt, o.val_fraction);
-  BatchLoader train(&split.train, B, T, o.shuffle, o.seed);
-  spdlog::info(
-      "data {}: {} train tokens, {} val tokens; micro-batch {} x {} tokens, {} micro-steps",
-      o.data.string(), split.train.size(), split.val.size(), B, T,
-      config.gradient_accumulation_steps);
+namespace {
 
-  Engine engine(gpt, config, o.seed);
+// --init weights, then the --resume checkpoint (weights, optimizer, data cursor), each
+// refused when it was trained with another tokenizer than `used` (this run's, if any).
+// Returns the tokenizer they record: what the new checkpoint keeps when the run has none.
+std::optional<TokenizerId> load_starting_point(const TrainOptions& o, const GptConfig& gpt,
+                                               Engine& engine, BatchLoader& train,
+                                               const Tokenizer* used) {
+  std::optional<TokenizerId> recorded;
   if (o.init) {
-    import_hf_safetensors(*o.init, gpt, engine.master_params());
+    InitialWeights init = load_initial_weights(*o.init, gpt, used);
+    recorded = init.tokenizer;
+    engine.master_params() = std::move(init.params);
     engine.refresh_working_params();
     spdlog::info("initial weights from {}", o.init->string());
   }
   if (o.resume) {
     const auto dir = find_checkpoint(*o.resume);
     const auto extra = engine.load_checkpoint(dir);
+    const auto resumed = tokenizer_from_extra(extra);
+    if (used) check_same_tokenizer(resumed, used->id(), dir.string());
+    if (resumed) recorded = resumed;
     train.restore(extra.at("train_cursor"));
     spdlog::info("resumed from {} at step {}", dir.string(), engine.global_step());
   }
+  return recorded;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
+  const DsConfig config = load_ds_config(o.config);
+  check_supported(config);
+  const GptConfig gpt = resolve_model(o.model);
+  const int T = sequence_length(o.seq_len, gpt);
+  const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
+  const TrainingData data = load_training_data(o.data, gpt, o.val_fraction, o.tokenizer);
+  const DataSplit& split = data.split;
+  BatchLoader train(&split.train, B, T, o.shuffle, o.seed);
+  spdlog::info(
+      "data {}: {} train tokens, {} val tokens ({} tokenizer); micro-batch {} x {} tokens, {} "
+      "micro-steps",
+      o.data.string(), split.train.size(), split.val.size(),
+      data.tokenizer ? data.tokenizer->id().name : "no", B, T, config.gradient_accumulation_steps);
+
+  Engine engine(gpt, config, o.seed);
+  const auto started_from = load_starting_point(o, gpt, engine, train, data.tokenizer.get());
+  const auto recorded =
+      data.tokenizer ? std::optional<TokenizerId>(data.tokenizer->id()) : started_from;
   const int64_t target = target_steps(o.steps, config);
 
   Monitors monitors(config, o.out / "monitor");
@@ -66,13 +89,16 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   };
   const auto save = [&]() {
     const auto dir = o.out / "checkpoint";
-    engine.save_checkpoint(
-        dir, {{"train_cursor", train.cursor()}, {"data", o.data.string()}, {"seed", o.seed}});
+    nlohmann::json extra{
+        {"train_cursor", train.cursor()}, {"data", o.data.string()}, {"seed", o.seed}};
+    if (recorded) extra["tokenizer"] = tokenizer_json(*recorded);
+    engine.save_checkpoint(dir, extra);
     return dir;
   };
 
   TrainSummary s;
   s.model = gpt;
+  s.tokenizer = data.tokenizer;
   s.unigram_entropy = unigram_entropy(split.train);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;

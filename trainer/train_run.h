@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/data/tokenizer.h"
 #include "trainer/engine/engine.h"
 
 namespace dsactor::trainer {
@@ -15,6 +16,7 @@ struct TrainOptions {
   std::filesystem::path config;                 // ds_config .json / .yaml
   std::string model = "tiny";                   // preset or model YAML
   std::filesystem::path data;                   // text file/dir or llm.c token file
+  std::string tokenizer;                        // text's tokenizer (load_tokenizer); "": byte
   std::optional<std::filesystem::path> init;    // safetensors weights to start from
   std::optional<std::filesystem::path> resume;  // checkpoint dir (or an --out dir holding one)
   std::filesystem::path out = "runs/train";     // checkpoint goes to <out>/checkpoint
@@ -53,6 +55,9 @@ struct TrainSummary {
   // the best model that ignores context, which a trained model must beat.
   double unigram_entropy = 0;
   GptConfig model;
+  // The tokenizer of the data, recorded in the checkpoint; null for a token file read
+  // without --tokenizer.
+  std::shared_ptr<const Tokenizer> tokenizer;
 };
 
 // The whole of `dsactor train`: config, data, engine, loop, evaluation, monitors, checkpoint.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/data/text_corpus.h"
 #include "trainer/data/token_file.h"
 
 namespace dsactor::trainer {
@@ -38,13 +39,18 @@ TEST(ByteTokenizer, RoundTripAllBytes) {
   ASSERT_EQ(t.size(), 256u);
   for (int i = 0; i < 256; ++i) EXPECT_EQ(t[i], i);
   EXPECT_EQ(decode_bytes(t), all);
-  EXPECT_EQ(encode("hé"), (std::vector<int32_t>{104, 0xC3, 0xA9}));
-  EXPECT_EQ(decode(encode("hé")), "hé");
+  const ByteTokenizer tok;
+  EXPECT_EQ(tok.encode("hé"), (std::vector<int32_t>{104, 0xC3, 0xA9}));
+  EXPECT_EQ(tok.decode(tok.encode("hé")), "hé");
+  EXPECT_EQ(tok.vocab_size(), 256);
+  EXPECT_EQ(tok.id().name, "byte");
+  EXPECT_FALSE(tok.document_separator());
+  EXPECT_EQ(load_tokenizer("byte")->id().fingerprint, tok.id().fingerprint);
 }
 
 TEST(ByteTokenizer, DecodeRejectsOutOfVocab) {
   try {
-    decode_bytes({65, 256});
+    decode_bytes(std::vector<int32_t>{65, 256});
     FAIL() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("256 at index 1"), std::string::npos) << e.what();
@@ -59,26 +65,29 @@ TEST_F(ByteTokenizerTest, DirectoryTakesTextOnlyInSortedOrder) {
   fs::create_symlink(dir_ / "outside.txt", dir_ / "corpus" / "c_link.txt");
   fs::create_directory_symlink(dir_ / "corpus" / "a", dir_ / "corpus" / "d_dirlink");
 
-  EXPECT_EQ(decode_bytes(load_text_tokens(dir_ / "corpus")), "first\nsecond\n");
-  EXPECT_EQ(decode_bytes(load_tokens(dir_ / "corpus")), "first\nsecond\n");
+  const ByteTokenizer tok;
+  EXPECT_EQ(decode_bytes(tokenize_text({dir_ / "corpus"}, tok)), "first\nsecond\n");
+  EXPECT_EQ(decode_bytes(load_tokens(dir_ / "corpus", tok)), "first\nsecond\n");
 }
 
 TEST_F(ByteTokenizerTest, SingleTextFile) {
   put(dir_ / "t.txt", "hello");
-  EXPECT_EQ(load_text_tokens(dir_ / "t.txt"), encode_bytes("hello"));
-  EXPECT_EQ(load_tokens(dir_ / "t.txt"), encode_bytes("hello"));
+  const ByteTokenizer tok;
+  EXPECT_EQ(tokenize_text({dir_ / "t.txt"}, tok), encode_bytes("hello"));
+  EXPECT_EQ(load_tokens(dir_ / "t.txt", tok), encode_bytes("hello"));
 }
 
 TEST_F(ByteTokenizerTest, LoadTokensDispatchesOnMagic) {
   write_token_file(dir_ / "gpt2.bin", {50256, 3, 9});
-  EXPECT_EQ(load_tokens(dir_ / "gpt2.bin"), (std::vector<int32_t>{50256, 3, 9}));
+  EXPECT_EQ(load_tokens(dir_ / "gpt2.bin", ByteTokenizer()), (std::vector<int32_t>{50256, 3, 9}));
 }
 
 TEST_F(ByteTokenizerTest, EmptyCorpusIsAnError) {
+  const ByteTokenizer tok;
   put(dir_ / "c" / "bin.dat", std::string("\0\0", 2));
   put(dir_ / "c" / "empty.txt", "");
   try {
-    load_text_tokens(dir_ / "c");
+    tokenize_text({dir_ / "c"}, tok);
     FAIL() << "expected DataError";
   } catch (const DataError& e) {
     const std::string msg = e.what();
@@ -86,9 +95,9 @@ TEST_F(ByteTokenizerTest, EmptyCorpusIsAnError) {
     EXPECT_NE(msg.find("no text"), std::string::npos) << msg;
     EXPECT_NE(msg.find("1 binary"), std::string::npos) << msg;
   }
-  EXPECT_THROW(load_text_tokens(dir_ / "c" / "bin.dat"), DataError);
-  EXPECT_THROW(load_text_tokens(dir_ / "c" / "empty.txt"), DataError);
-  EXPECT_THROW(load_tokens(dir_ / "missing"), DataError);
+  EXPECT_THROW(tokenize_text({dir_ / "c" / "bin.dat"}, tok), DataError);
+  EXPECT_THROW(tokenize_text({dir_ / "c" / "empty.txt"}, tok), DataError);
+  EXPECT_THROW(load_tokens(dir_ / "missing", tok), DataError);
 }
 
 }  // namespace

@@ -362,7 +362,7 @@ roles:
   - {role: offload, name: a, nvme: ssd, memory_limit: 1GiB, aio: {block_size: 8KiB, queue_depth: 4}, mlock: false}
   - {role: offload, name: b, listen: "tcp://127.0.0.1:7001", max_arena: 0}
   - {role: coordinator, name: c, listen: "tcp://127.0.0.1:7002"}
-  - {role: trainer, name: t, config: ds.json, offload: [b, a], model: tiny, data: d.txt, steps: 3, out: o}
+  - {role: trainer, name: t, config: ds.json, offload: [b, a], model: tiny, data: d.txt, tokenizer: gpt2, steps: 3, out: o}
 )");
   EXPECT_THAT(to_command_line(cfg, cfg.roles[0]),
               ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555",
@@ -379,16 +379,18 @@ roles:
       ElementsAre("start", "--role", "trainer", "--name", "t", "--deploy", file(), "--config",
                   (dir / "ds.json").string(), "--rank", "0", "--world-size", "1", "--offload",
                   "tcp://127.0.0.1:7001", "--offload", "tcp://127.0.0.1:5555", "--model", "tiny",
-                  "--data", (dir / "d.txt").string(), "--steps", "3", "--out", (dir / "o").string(),
-                  "--coordinator", "tcp://127.0.0.1:7002"));
+                  "--data", (dir / "d.txt").string(), "--tokenizer", (dir / "gpt2").string(),
+                  "--steps", "3", "--out", (dir / "o").string(), "--coordinator",
+                  "tcp://127.0.0.1:7002"));
   const auto t = to_command_line(cfg, cfg.roles[3]);
   EXPECT_EQ(std::count(t.begin(), t.end(), "--no-shared-memory"), 0);
   const auto u = load(
       "roles:\n  - {role: offload}\n"
-      "  - {role: trainer, config: ds.json, shared_memory: false}\n");
+      "  - {role: trainer, config: ds.json, shared_memory: false, tokenizer: byte}\n");
   const auto argv = to_command_line(u, u.roles[1]);
   EXPECT_EQ(std::count(argv.begin(), argv.end(), "--no-shared-memory"), 1)
       << ::testing::PrintToString(argv);
+  EXPECT_THAT(argv, ::testing::Contains("byte"));
 }
 
 // The payload keys are typed and belong to their roles.

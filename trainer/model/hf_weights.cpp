@@ -33,7 +33,8 @@ std::vector<int64_t> hf_shape(const GptConfig& c, const std::string& name,
 }  // namespace
 
 void export_hf_safetensors(const std::filesystem::path& file, const GptConfig& c,
-                           const BlockSet& params) {
+                           const BlockSet& params,
+                           const std::map<std::string, std::string>& metadata) {
   const auto layouts = gpt_block_layouts(c);
   std::map<std::string, storage::TensorData> tensors;
   for (size_t b = 0; b < layouts.size(); ++b) {
@@ -63,11 +64,16 @@ void export_hf_safetensors(const std::filesystem::path& file, const GptConfig& c
                                           {"n_embd", std::to_string(c.n_embd)},
                                           {"vocab_size", std::to_string(c.vocab_size)},
                                           {"block_size", std::to_string(c.block_size)}};
+  meta.insert(metadata.begin(), metadata.end());
   storage::write_safetensors(file, tensors, meta);
 }
 
 GptConfig hf_safetensors_config(const std::filesystem::path& file) {
-  const auto f = storage::read_safetensors(file);
+  return hf_safetensors_config(storage::read_safetensors(file), file);
+}
+
+GptConfig hf_safetensors_config(const storage::SafetensorsFile& f,
+                                const std::filesystem::path& file) {
   GptConfig c;
   const std::pair<const char*, int*> fields[] = {{"n_layer", &c.n_layer},
                                                  {"n_head", &c.n_head},
@@ -93,7 +99,11 @@ GptConfig hf_safetensors_config(const std::filesystem::path& file) {
 
 void import_hf_safetensors(const std::filesystem::path& file, const GptConfig& c,
                            BlockSet& params) {
-  const auto f = storage::read_safetensors(file);
+  import_hf_safetensors(storage::read_safetensors(file), file, c, params);
+}
+
+void import_hf_safetensors(const storage::SafetensorsFile& f, const std::filesystem::path& file,
+                           const GptConfig& c, BlockSet& params) {
   const auto layouts = gpt_block_layouts(c);
   // Normalise names first: strip "transformer.", drop buffers HF stores beside the weights.
   std::map<std::string, const storage::TensorData*> by_name;

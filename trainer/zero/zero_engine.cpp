@@ -187,7 +187,10 @@ void ZeroEngine::register_and_initialise(uint64_t seed) {
   GptWeightInit init(gpt_, model_.layouts(), seed);
   for (size_t b = 0; b < model_.layouts().size(); ++b) {
     auto master = std::make_shared<FloatBuffer>(model_.layouts()[b].numel);
-    init.block(b, master->data());
+    if (options_.initial_weights)
+      options_.initial_weights(b, master->data());
+    else
+      init.block(b, master->data());
     std::vector<std::pair<size_t, actors::ServiceFuture<msg::SetParametersReply>>> sent;
     for (const auto& p : owned) {
       if (p.block != b) continue;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct ZeroOptions {
   // instead of through the socket. Falls back to frames, logged once, where the service
   // cannot map it. false: always frames. Results are bit-identical either way.
   bool shared_memory = true;
+  // Fills block b's initial fp32 weights (`dsactor start --role trainer --init`); unset:
+  // GptWeightInit from the seed, the stage-0 engine's initial weights.
+  std::function<void(size_t block, float* weights)> initial_weights;
 };
 
 // Traffic and memory of the ZeRO engine, cumulative.
