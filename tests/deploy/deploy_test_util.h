@@ -9,11 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "deploy/child_process.h"
 #include "deploy/file_watch.h"
@@ -72,18 +70,6 @@ inline bool process_alive(pid_t pid) {
   const auto paren = all.rfind(')');
   if (paren == std::string::npos || paren + 2 >= all.size()) return false;
   return all[paren + 2] != 'Z' && all[paren + 2] != 'X';
-}
-
-// Waits until `pred` holds or `timeout` passes, by looking every 10 ms: a deadline-bounded
-// poll, only for conditions that no event announces. A file's text (wait_for_text,
-// wait_for_pid) and a process's exit (wait_gone) have events: wait on those instead.
-inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // no event: poll (see above)
-  }
-  return pred();
 }
 
 // True once `file` contains `text`, woken by each change to the file (inotify).
