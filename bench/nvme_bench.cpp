@@ -1,20 +1,16 @@
 #include "bench/nvme_bench.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
-#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "deploy/child_process.h"
 #include "storage/aligned_buffer.h"
 
 namespace dsactor::bench {
@@ -41,50 +37,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::optional<fs::path> find_on_path(const std::string& exe) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return std::nullopt;
-  std::string dirs = path;
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    const fs::path candidate = fs::path(dirs.substr(start, end - start)) / exe;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = end + 1;
-  }
-  return std::nullopt;
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
+// Runs argv; its output (stdout and stderr together) and its exit code (-1 with the reason
+// when it could not start).
 struct CommandResult {
   int status = -1;
   std::string out;
 };
 
-CommandResult run_command(const std::string& cmd) {
-  CommandResult r;
-  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) {
-    r.out = std::string("popen failed: ") + std::strerror(errno);
-    return r;
+CommandResult run_command(const std::vector<std::string>& argv) {
+  try {
+    const deploy::CommandOutput r = deploy::run_and_capture(argv);
+    return {deploy::exit_code(r.status), r.output};
+  } catch (const deploy::ChildStartError& e) {
+    return {-1, e.what()};
   }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  r.status = ::pclose(pipe);
-  return r;
 }
 
 // Streams the whole file through one window buffer with two windows queued, so the
@@ -110,18 +76,24 @@ double stream_file(NvmeFile& f, AlignedBuffer& window, uint64_t total, bool writ
   return seconds_since(t0);
 }
 
-nlohmann::json run_fio(const fs::path& fio, const fs::path& file, uint64_t total,
+nlohmann::json run_fio(const std::string& fio, const fs::path& file, uint64_t total,
                        const NvmeOptions& o, const std::string& rw) {
-  const std::string cmd = shell_quote(fio.string()) + " --name=dsactor-nvme-" + rw +
-                          " --ioengine=io_uring --direct=1 --bs=" + std::to_string(o.block_size) +
-                          " --iodepth=" + std::to_string(o.queue_depth) + " --rw=" + rw +
-                          " --size=" + std::to_string(total) +
-                          " --filename=" + shell_quote(file.string()) + " --output-format=json";
+  const std::vector<std::string> argv = {fio,
+                                         "--name=dsactor-nvme-" + rw,
+                                         "--ioengine=io_uring",
+                                         "--direct=1",
+                                         "--bs=" + std::to_string(o.block_size),
+                                         "--iodepth=" + std::to_string(o.queue_depth),
+                                         "--rw=" + rw,
+                                         "--size=" + std::to_string(total),
+                                         "--filename=" + file.string(),
+                                         "--output-format=json"};
+  const std::string cmd = deploy::shell_quote(argv);
   nlohmann::json out{{"command", cmd}};
-  CommandResult r = run_command(cmd);
+  CommandResult r = run_command(argv);
   if (r.status != 0) {
     out["error"] =
-        "fio exited with status " + std::to_string(r.status) + ": " + r.out.substr(0, 2000);
+        "fio exited with code " + std::to_string(r.status) + ": " + r.out.substr(0, 2000);
     return out;
   }
   // fio may print warnings before the JSON document.
@@ -206,10 +178,10 @@ nlohmann::json run_nvme_bench(const fs::path& dir, size_t total_bytes, const Nvm
 
   // --- fio reference ---------------------------------------------------------------
   nlohmann::json fio_json;
-  if (auto fio = find_on_path("fio")) {
+  if (auto fio = deploy::find_executable("fio")) {
     fio_json["available"] = true;
-    fio_json["path"] = fio->string();
-    const CommandResult v = run_command(shell_quote(fio->string()) + " --version");
+    fio_json["path"] = *fio;
+    const CommandResult v = run_command({*fio, "--version"});
     fio_json["version"] = v.out.substr(0, v.out.find('\n'));
     fio_json["write"] = run_fio(*fio, fio_file, total, options, "write");
     fio_json["read"] = run_fio(*fio, fio_file, total, options, "read");

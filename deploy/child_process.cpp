@@ -59,7 +59,9 @@ bool poll_readable(int fd, Clock::time_point deadline) {
   }
 }
 
-// An argv[0] without '/' is looked up in PATH here, before fork, so the child only execve()s.
+}  // namespace
+
+// An argv[0] without '/' is looked up in PATH before fork, so the child only execve()s.
 std::optional<std::string> find_executable(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
   const char* path = std::getenv("PATH");
@@ -74,6 +76,8 @@ std::optional<std::string> find_executable(const std::string& name) {
   }
   return std::nullopt;
 }
+
+namespace {
 
 // Our environment with `extra` added, a name in `extra` replacing ours.
 std::vector<std::string> environment_with(
@@ -385,6 +389,43 @@ std::string describe_wait_status(int status) {
     return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
                        signal_name(WTERMSIG(status)));
   return fmt::format("ended with wait status {}", status);
+}
+
+CommandOutput run_and_capture(const std::vector<std::string>& argv) {
+  ChildOptions options;
+  options.stdin_null = true;
+  options.out = Output::pipe();
+  options.err = Output::same_as_stdout();
+  ChildProcess child = ChildProcess::exec(argv, options);
+  const UniqueFd out = child.take_stdout();
+  CommandOutput r;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::read(out.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    r.output.append(buf, static_cast<size_t>(n));
+  }
+  r.status = child.wait();
+  return r;
+}
+
+std::string shell_quote(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) {
+    if (!out.empty()) out += ' ';
+    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("-_./:=@,+%", ch);
+    });
+    if (plain) {
+      out += a;
+      continue;
+    }
+    out += '\'';
+    for (char ch : a) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    out += '\'';
+  }
+  return out;
 }
 
 bool wait_for_exit(pid_t pid, std::chrono::milliseconds timeout) {

@@ -150,6 +150,22 @@ std::string describe_wait_status(int wait_status);
 // "SIGTERM", or "signal 64" for one without a name.
 std::string signal_name(int sig);
 
+// `sh`-safe rendering of an argv, for dry runs, messages and remote shells.
+std::string shell_quote(const std::vector<std::string>& argv);
+
+// An argv[0] as exec() finds it: a name with '/' as is, else the first executable of that
+// name in PATH; nullopt when there is none.
+std::optional<std::string> find_executable(const std::string& name);
+
+// What a command printed (stdout and stderr together, in order) and its wait status.
+struct CommandOutput {
+  int status = 0;
+  std::string output;
+};
+// Runs argv to its end (stdin /dev/null) and collects its output; throws ChildStartError when
+// it cannot start.
+CommandOutput run_and_capture(const std::vector<std::string>& argv);
+
 // Waits until the process `pid` (any process, not only a child of ours) has exited (zombies
 // count as exited), or `timeout` passes: through a pidfd, no polling. True when it has.
 bool wait_for_exit(pid_t pid, std::chrono::milliseconds timeout);

@@ -558,22 +558,4 @@ std::vector<ChildSpec> children_for(const DeployConfig& config, const std::strin
   return out;
 }
 
-std::string shell_quote(const std::vector<std::string>& argv) {
-  std::string out;
-  for (const auto& a : argv) {
-    if (!out.empty()) out += ' ';
-    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char ch) {
-      return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("-_./:=@,+%", ch);
-    });
-    if (plain) {
-      out += a;
-      continue;
-    }
-    out += '\'';
-    for (char ch : a) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    out += '\'';
-  }
-  return out;
-}
-
 }  // namespace dsactor::deploy
