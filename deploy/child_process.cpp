@@ -323,14 +323,14 @@ ChildProcess::~ChildProcess() {
   kill_and_reap();
 }
 
-void ChildProcess::kill_and_reap() {
+void ChildProcess::kill_and_reap() noexcept {
   if (pid_ <= 0 || status_) return;
   signal(SIGKILL);
-  int status = 0;
-  pid_t r;
-  do r = ::waitpid(pid_, &status, 0);
-  while (r < 0 && errno == EINTR);
-  on_reaped(r == pid_ ? status : 0);
+  try {
+    wait();
+  } catch (const std::exception&) {
+    status_ = 0;  // not ours to reap any more (someone else waited for it)
+  }
 }
 
 void ChildProcess::on_reaped(int status) {

@@ -135,7 +135,7 @@ class ChildProcess {
   static ChildProcess start(const ChildOptions& options, const std::string& what,
                             const std::function<void(int start_pipe)>& in_child);
   void on_reaped(int status);
-  void kill_and_reap();
+  void kill_and_reap() noexcept;
 
   pid_t pid_ = -1;
   bool own_group_ = false;

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 
 #include "deploy/child_process.h"
@@ -42,10 +41,7 @@ inline void write_file(const std::filesystem::path& p, const std::string& text) 
 }
 
 inline std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return deploy::read_text(p);
 }
 
 // A port the kernel just handed out on 127.0.0.1 (closed again: free unless someone races us).
