@@ -1,9 +1,8 @@
 #include "bench/forked_child.h"
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 #include <stdexcept>
 
@@ -29,51 +28,41 @@ size_t proc_status_bytes(const char* field) {
 
 ForkedChild::ForkedChild(std::string name, const std::function<nlohmann::json()>& phase)
     : name_(std::move(name)) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("bench: pipe failed");
-  pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("bench: fork failed");
-  if (pid_ == 0) {
-    close(fds[0]);
-    nlohmann::json j;
-    int code = 0;
-    try {
-      j = phase();
-    } catch (const std::exception& e) {
-      j = {{"error", e.what()}};
-      code = 1;
-    }
-    const std::string s = j.dump();
-    for (size_t off = 0; off < s.size();) {
-      const ssize_t n = write(fds[1], s.data() + off, s.size() - off);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    close(fds[1]);
-    _exit(code);  // no destructors or atexit handlers of the parent's state
+  try {
+    child_ = deploy::ChildProcess::fork_call([&phase](int report_fd) {
+      nlohmann::json j;
+      int code = 0;
+      try {
+        j = phase();
+      } catch (const std::exception& e) {
+        j = {{"error", e.what()}};
+        code = 1;
+      }
+      const std::string s = j.dump();
+      for (size_t off = 0; off < s.size();) {
+        const ssize_t n = ::write(report_fd, s.data() + off, s.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+      return code;
+    });
+  } catch (const deploy::ChildStartError& e) {
+    throw std::runtime_error("bench: phase " + name_ + ": " + e.what());
   }
-  close(fds[1]);
-  read_fd_ = fds[0];
-}
-
-ForkedChild::~ForkedChild() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-  if (read_fd_ >= 0) close(read_fd_);
+  report_ = child_.take_report();
 }
 
 nlohmann::json ForkedChild::result() {
   std::string out;
   char buf[4096];
-  for (ssize_t n; (n = read(read_fd_, buf, sizeof buf)) > 0;)
+  while (true) {
+    const ssize_t n = ::read(report_.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
-  close(read_fd_);
-  read_fd_ = -1;
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
+  }
+  report_.reset();
+  child_.wait();
   if (out.empty()) throw std::runtime_error("bench: phase " + name_ + " died");
   auto j = nlohmann::json::parse(out);
   if (j.contains("error"))

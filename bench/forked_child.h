@@ -1,14 +1,15 @@
 #pragma once
 // A benchmark phase in a forked child that reports one JSON object through a pipe. Forked
 // (not exec'd) so the phase runs this binary's code with a fresh VmHWM and its own OpenMP
-// and BLAS state; the parent must not have started threads before forking.
-#include <sys/types.h>
-
+// and BLAS state; the parent must not have started threads before forking. The child is a
+// deploy::ChildProcess (fork_call): killed and reaped with this object.
 #include <functional>
 #include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "deploy/child_process.h"
 
 namespace dsactor::bench {
 
@@ -16,17 +17,14 @@ class ForkedChild {
  public:
   // Forks and runs `phase` in the child; its JSON (or {"error": what}) goes to the parent.
   ForkedChild(std::string name, const std::function<nlohmann::json()>& phase);
-  ~ForkedChild();  // kills and reaps a child whose result was never collected
-  ForkedChild(const ForkedChild&) = delete;
-  ForkedChild& operator=(const ForkedChild&) = delete;
 
   // Waits for the child; throws naming the phase when it died or reported an error.
   nlohmann::json result();
 
  private:
   std::string name_;
-  pid_t pid_ = -1;
-  int read_fd_ = -1;
+  deploy::ChildProcess child_;
+  deploy::UniqueFd report_;
 };
 
 // VmRSS / VmHWM of /proc/self/status in bytes.

@@ -1,21 +1,16 @@
 #include "bench/nvme_bench.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
-#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "bench/external_command.h"
+#include "deploy/child_process.h"
 #include "storage/aligned_buffer.h"
 
 namespace dsactor::bench {
@@ -42,6 +37,22 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Runs argv; its output (stdout and stderr together) and its exit code (-1 with the reason
+// when it could not start).
+struct CommandResult {
+  int status = -1;
+  std::string out;
+};
+
+CommandResult run_command(const std::vector<std::string>& argv) {
+  try {
+    const deploy::CommandOutput r = deploy::run_and_capture(argv);
+    return {deploy::exit_code(r.status), r.output};
+  } catch (const deploy::ChildStartError& e) {
+    return {-1, e.what()};
+  }
+}
+
 // Streams the whole file through one window buffer with two windows queued, so the
 // engine's queue never runs dry between windows. Returns seconds.
 double stream_file(NvmeFile& f, AlignedBuffer& window, uint64_t total, bool write) {
@@ -65,18 +76,24 @@ double stream_file(NvmeFile& f, AlignedBuffer& window, uint64_t total, bool writ
   return seconds_since(t0);
 }
 
-nlohmann::json run_fio(const fs::path& fio, const fs::path& file, uint64_t total,
+nlohmann::json run_fio(const std::string& fio, const fs::path& file, uint64_t total,
                        const NvmeOptions& o, const std::string& rw) {
-  const std::string cmd = shell_quote(fio.string()) + " --name=dsactor-nvme-" + rw +
-                          " --ioengine=io_uring --direct=1 --bs=" + std::to_string(o.block_size) +
-                          " --iodepth=" + std::to_string(o.queue_depth) + " --rw=" + rw +
-                          " --size=" + std::to_string(total) +
-                          " --filename=" + shell_quote(file.string()) + " --output-format=json";
+  const std::vector<std::string> argv = {fio,
+                                         "--name=dsactor-nvme-" + rw,
+                                         "--ioengine=io_uring",
+                                         "--direct=1",
+                                         "--bs=" + std::to_string(o.block_size),
+                                         "--iodepth=" + std::to_string(o.queue_depth),
+                                         "--rw=" + rw,
+                                         "--size=" + std::to_string(total),
+                                         "--filename=" + file.string(),
+                                         "--output-format=json"};
+  const std::string cmd = deploy::shell_quote(argv);
   nlohmann::json out{{"command", cmd}};
-  CommandResult r = run_command(cmd);
+  CommandResult r = run_command(argv);
   if (r.status != 0) {
     out["error"] =
-        "fio exited with status " + std::to_string(r.status) + ": " + r.out.substr(0, 2000);
+        "fio exited with code " + std::to_string(r.status) + ": " + r.out.substr(0, 2000);
     return out;
   }
   // fio may print warnings before the JSON document.
@@ -161,10 +178,10 @@ nlohmann::json run_nvme_bench(const fs::path& dir, size_t total_bytes, const Nvm
 
   // --- fio reference ---------------------------------------------------------------
   nlohmann::json fio_json;
-  if (auto fio = find_on_path("fio")) {
+  if (auto fio = deploy::find_executable("fio")) {
     fio_json["available"] = true;
-    fio_json["path"] = fio->string();
-    const CommandResult v = run_command(shell_quote(fio->string()) + " --version");
+    fio_json["path"] = *fio;
+    const CommandResult v = run_command({*fio, "--version"});
     fio_json["version"] = v.out.substr(0, v.out.find('\n'));
     fio_json["write"] = run_fio(*fio, fio_file, total, options, "write");
     fio_json["read"] = run_fio(*fio, fio_file, total, options, "read");

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "bench/external_command.h"
+#include "deploy/child_process.h"
 #include "trainer/data/pretokenizer.h"
 #include "trainer/data/text_corpus.h"
 #include "trainer/data/tokenizer.h"
@@ -86,7 +86,7 @@ fs::path reference_package(const TokenizeBenchOptions& o) {
 
 nlohmann::json run_reference(const TokenizeBenchOptions& o, const std::vector<std::string>& docs,
                              const std::vector<std::vector<int32_t>>& ours, double bytes) {
-  const auto node = find_on_path("node");
+  const auto node = deploy::find_executable("node");
   if (!node) return {{"available", false}, {"why", "node is not on PATH: ours only"}};
   const fs::path package = reference_package(o);
   if (package.empty() || !fs::exists(package / "package.json"))
@@ -98,14 +98,19 @@ nlohmann::json run_reference(const TokenizeBenchOptions& o, const std::vector<st
   fs::create_directories(tmp);
   std::ofstream(tmp / "reference.js") << kReferenceScript;
   std::ofstream(tmp / "in.json") << nlohmann::json(docs).dump();
-  const CommandResult r = run_command(fmt::format(
-      "{} {} {} {} {} {}", shell_quote(node->string()),
-      shell_quote((tmp / "reference.js").string()), shell_quote(fs::absolute(package).string()),
-      shell_quote((tmp / "in.json").string()), shell_quote((tmp / "out.json").string()), o.passes));
+  deploy::CommandOutput r;
+  try {
+    r = deploy::run_and_capture({*node, (tmp / "reference.js").string(),
+                                 fs::absolute(package).string(), (tmp / "in.json").string(),
+                                 (tmp / "out.json").string(), std::to_string(o.passes)});
+  } catch (const deploy::ChildStartError& e) {
+    r.status = -1;
+    r.output = e.what();
+  }
   nlohmann::json out{{"available", true}, {"package", fs::absolute(package).string()}};
   if (r.status != 0) {
     fs::remove_all(tmp);
-    out["error"] = "node failed: " + r.out.substr(0, 2000);
+    out["error"] = "node failed: " + r.output.substr(0, 2000);
     return out;
   }
   const auto j = nlohmann::json::parse(read_file(tmp / "out.json"));

@@ -73,25 +73,20 @@ nlohmann::json run_train_bench(const TrainBenchOptions& o) {
   const double sgemm =
       measure_sgemm_gflops(o.micro_batch * o.seq, gpt.n_embd, gpt.padded_vocab(), 5);
   const double achieved = flops / step_s / 1e9;
-  // PyTorch 1.13 eager on this machine class, gpt2 B=4 T=64 fp32 AdamW (issue #2).
-  constexpr double kPytorchStepSeconds = 2.97;
-  nlohmann::json j = {{"model", o.model},
-                      {"parameters", parameter_count(gpt)},
-                      {"micro_batch", o.micro_batch},
-                      {"seq", o.seq},
-                      {"steps_measured", o.steps},
-                      {"ms_per_step", step_s * 1e3},
-                      {"forward_ms", fwd / o.steps * 1e3},
-                      {"backward_ms", bwd / o.steps * 1e3},
-                      {"optimizer_ms", opt / o.steps * 1e3},
-                      {"tokens_per_second", o.micro_batch * o.seq / step_s},
-                      {"gflop_per_step", flops / 1e9},
-                      {"achieved_gflops", achieved},
-                      {"sgemm_gflops", sgemm},
-                      {"fraction_of_sgemm", achieved / sgemm}};
-  if (o.model == "gpt2" && o.micro_batch == 4 && o.seq == 64)
-    j["vs_pytorch_1_13_step_time"] = step_s / kPytorchStepSeconds;
-  return j;
+  return {{"model", o.model},
+          {"parameters", parameter_count(gpt)},
+          {"micro_batch", o.micro_batch},
+          {"seq", o.seq},
+          {"steps_measured", o.steps},
+          {"ms_per_step", step_s * 1e3},
+          {"forward_ms", fwd / o.steps * 1e3},
+          {"backward_ms", bwd / o.steps * 1e3},
+          {"optimizer_ms", opt / o.steps * 1e3},
+          {"tokens_per_second", o.micro_batch * o.seq / step_s},
+          {"gflop_per_step", flops / 1e9},
+          {"achieved_gflops", achieved},
+          {"sgemm_gflops", sgemm},
+          {"fraction_of_sgemm", achieved / sgemm}};
 }
 
 }  // namespace dsactor::bench

@@ -1,13 +1,13 @@
 #include "deploy/supervisor.h"
 
 #include "actors/collectives/rendezvous_store.h"
+#include "deploy/child_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -22,9 +22,8 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <stdexcept>
-
-extern char** environ;
 
 namespace dsactor::deploy {
 
@@ -34,64 +33,11 @@ using Clock = std::chrono::steady_clock;
 
 // A line longer than this is emitted in pieces rather than buffered without bound.
 constexpr size_t kMaxLine = 64 * 1024;
-// How long one loop iteration may sleep: the latency of noticing an exit (waitpid is polled).
-constexpr auto kTick = std::chrono::milliseconds(50);
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+// pump() without a deadline: output, exits (pidfds) and stop requests all wake it.
+constexpr auto kNoDeadline = Clock::duration::max();
 
 std::string errno_text(int e) {
   return std::strerror(e);
-}
-
-std::string signal_name(int sig) {
-  if (const char* abbrev = sigabbrev_np(sig)) return fmt::format("SIG{}", abbrev);
-  return fmt::format("signal {}", sig);
-}
-
-std::string status_text(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status))
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
-                       signal_name(WTERMSIG(status)));
-  return fmt::format("ended with wait status {}", status);
-}
-
-// An argv[0] without '/' is looked up in PATH here, before fork, so the child only execve()s.
-std::optional<std::string> find_executable(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (true) {
-    const auto colon = dirs.find(':');
-    const std::string dir(dirs.substr(0, colon));
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    if (colon == std::string_view::npos) break;
-    dirs.remove_prefix(colon + 1);
-  }
-  return std::nullopt;
 }
 
 // Connects once to a tcp:// or ipc:// endpoint; true when something accepts.
@@ -102,7 +48,7 @@ bool try_connect(const std::string& endpoint) {
     if (path.size() >= sizeof(addr.sun_path)) return false;
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.data(), path.size());
-    Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     return s && ::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
   }
   if (!endpoint.starts_with("tcp://")) return false;
@@ -122,7 +68,7 @@ bool try_connect(const std::string& endpoint) {
   if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return false;
   bool ok = false;
   for (addrinfo* ai = res; ai && !ok; ai = ai->ai_next) {
-    Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    UniqueFd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
     if (!s) continue;
     // A remote host that drops SYNs must not stall the loop.
     timeval tv{0, 200000};
@@ -135,8 +81,8 @@ bool try_connect(const std::string& endpoint) {
 
 struct Child {
   const ChildSpec* spec = nullptr;
-  pid_t pid = -1;  // also the process group id
-  Fd out, err;
+  ChildProcess process;  // its own process group, killed with the supervisor
+  UniqueFd out, err;
   std::string out_buf, err_buf;
   std::deque<std::string> tail;
   bool spawned = false, ready = false, exited = false;
@@ -209,7 +155,7 @@ struct Supervisor::Impl {
   SupervisorOptions opt;
   std::vector<Child> kids;
   // Self-pipe: request_stop() writes 0, the stop-signal handler writes the signal number.
-  Fd stop_read, stop_write;
+  UniqueFd stop_read, stop_write;
   int stop_code = 0;  // 128 + signal once a stop was requested
   bool ran = false;
 
@@ -241,7 +187,7 @@ struct Supervisor::Impl {
 
   // Reads what a pipe has now; closes it at EOF (emitting a last unterminated line).
   void drain(Child& c, bool is_err) {
-    Fd& fd = is_err ? c.err : c.out;
+    UniqueFd& fd = is_err ? c.err : c.out;
     std::string& buf = is_err ? c.err_buf : c.out_buf;
     char chunk[16384];
     while (fd) {
@@ -271,104 +217,44 @@ struct Supervisor::Impl {
     c.started = Clock::now();
     c.next_probe = c.started;
     c.spawned = true;
-    auto fail_now = [&](const std::string& why) {
+    ChildOptions options;
+    options.env = s.env;
+    options.stdin_null = true;
+    options.out = Output::pipe();
+    options.err = Output::pipe();
+    options.own_process_group = true;
+    options.die_with_parent = true;
+    options.default_signals = true;
+    try {
+      c.process = ChildProcess::exec(s.argv, options);
+    } catch (const ChildStartError& e) {
       // Reported like a child that exited with 127, the shell's "cannot execute".
       c.exited = true;
       c.status = 127 << 8;
-      c.tail.push_back(why);
-      spdlog::error("{}: {}", s.name, why);
-    };
-    if (s.argv.empty()) return fail_now("empty command line");
-    const auto exe = find_executable(s.argv[0]);
-    if (!exe) return fail_now(fmt::format("cannot start: \"{}\" is not in PATH", s.argv[0]));
-
-    // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) {
-      const std::string_view kv(*e);
-      const std::string_view key = kv.substr(0, kv.find('='));
-      const bool overridden =
-          std::any_of(s.env.begin(), s.env.end(), [&](const auto& p) { return p.first == key; });
-      if (!overridden) env_strings.emplace_back(kv);
+      c.tail.emplace_back(e.what());
+      spdlog::error("{}: {}", s.name, e.what());
+      return;
     }
-    for (const auto& [k, v] : s.env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> envp, argv;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> argv_strings = s.argv;
-    for (auto& a : argv_strings) argv.push_back(a.data());
-    argv.push_back(nullptr);
-
-    int out_pipe[2], err_pipe[2], exec_pipe[2];
-    if (::pipe2(out_pipe, O_CLOEXEC) != 0) return fail_now("pipe: " + errno_text(errno));
-    Fd out_r(out_pipe[0]), out_w(out_pipe[1]);
-    if (::pipe2(err_pipe, O_CLOEXEC) != 0) return fail_now("pipe: " + errno_text(errno));
-    Fd err_r(err_pipe[0]), err_w(err_pipe[1]);
-    // Closed by a successful execve; otherwise carries the child's errno back to us.
-    if (::pipe2(exec_pipe, O_CLOEXEC) != 0) return fail_now("pipe: " + errno_text(errno));
-    Fd exec_r(exec_pipe[0]), exec_w(exec_pipe[1]);
-    Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    const pid_t parent = ::getpid();
-
-    const pid_t pid = ::fork();
-    if (pid < 0) return fail_now("fork: " + errno_text(errno));
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      // The parent may have died between fork and prctl; then nobody would ever stop us.
-      if (::getppid() != parent) ::_exit(127);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
-      if (devnull) ::dup2(devnull.get(), 0);
-      ::dup2(out_w.get(), 1);
-      ::dup2(err_w.get(), 2);
-      // Descriptors other code opened without O_CLOEXEC (sockets, files) stay ours.
-      ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
-      ::execve(exe->c_str(), argv.data(), envp.data());
-      const int e = errno;
-      [[maybe_unused]] auto w = ::write(exec_w.get(), &e, sizeof(e));
-      ::_exit(127);
-    }
-    // Both sides set the group, so a signal sent right after fork already reaches it.
-    ::setpgid(pid, pid);
-    c.pid = pid;
-    out_w.reset();
-    err_w.reset();
-    exec_w.reset();
-    int child_errno = 0;
-    ssize_t n;
-    do n = ::read(exec_r.get(), &child_errno, sizeof(child_errno));
-    while (n < 0 && errno == EINTR);
-    if (n == static_cast<ssize_t>(sizeof(child_errno))) {
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-      c.pid = -1;
-      return fail_now(fmt::format("cannot start {}: {}", *exe, errno_text(child_errno)));
-    }
-    ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
-    ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
-    c.out = std::move(out_r);
-    c.err = std::move(err_r);
-    spdlog::info("started {} (pid {}): {}", s.name, pid, shell_quote(s.argv));
+    c.out = c.process.take_stdout();
+    c.err = c.process.take_stderr();
+    ::fcntl(c.out.get(), F_SETFL, O_NONBLOCK);
+    ::fcntl(c.err.get(), F_SETFL, O_NONBLOCK);
+    spdlog::info("started {} (pid {}): {}", s.name, c.process.pid(), shell_quote(s.argv));
   }
 
-  // Signals the child's whole process group; never pid <= 0 (kill(-1) would hit everything).
-  static void signal_group(const Child& c, int sig) {
-    if (c.pid > 0) ::kill(-c.pid, sig);
-  }
+  // Signals the child's whole process group (nothing once it was reaped).
+  static void signal_group(const Child& c, int sig) { c.process.signal(sig); }
 
+  // The child has been reaped (ChildProcess kills what it left in its group, a shell's
+  // background job); read what its pipes still hold.
   void reaped(Child& c, int status) {
     c.exited = true;
     c.status = status;
-    // What the child left behind in its group (a shell's background job) goes with it.
-    signal_group(c, SIGKILL);
     drain(c, false);
     drain(c, true);
   }
 
-  // One wait for output, exits, stop requests; at most `max_wait`.
+  // One wait for output, exits, stop requests; at most `max_wait` (kNoDeadline: no limit).
   void pump(Clock::duration max_wait) {
     std::vector<pollfd> fds;
     std::vector<std::pair<Child*, bool>> owners;
@@ -384,9 +270,15 @@ struct Supervisor::Impl {
     }
     const size_t n_child_fds = fds.size();
     fds.push_back({stop_read.get(), POLLIN, 0});
-    const auto wait = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(max_wait),
-                                 std::chrono::milliseconds(0), std::chrono::milliseconds(kTick));
-    const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+    // Exits wake the poll too: each live child's pidfd becomes readable when it ends.
+    for (auto& c : kids)
+      if (c.alive()) fds.push_back({c.process.pidfd(), POLLIN, 0});
+    int wait_ms = -1;
+    if (max_wait != kNoDeadline) {
+      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(max_wait).count();
+      wait_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, std::numeric_limits<int>::max()));
+    }
+    const int rc = ::poll(fds.data(), fds.size(), wait_ms);
     if (rc < 0 && errno != EINTR)
       throw std::runtime_error("supervisor: poll: " + errno_text(errno));
     if (rc > 0) {
@@ -406,9 +298,7 @@ struct Supervisor::Impl {
     }
     for (auto& c : kids) {
       if (!c.alive()) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
-      if (r == c.pid) reaped(c, status);
+      if (const auto status = c.process.try_wait()) reaped(c, *status);
     }
   }
 
@@ -439,18 +329,23 @@ struct Supervisor::Impl {
     }
     while (true) {
       bool any = false;
+      auto next_deadline = Clock::time_point::max();
+      const auto at = Clock::now();
       for (auto& c : kids) {
         if (!c.alive() || c.spec->service != services) continue;
         any = true;
-        if (!c.kill_sent && Clock::now() >= c.term_deadline) {
+        if (c.kill_sent) continue;
+        if (at >= c.term_deadline) {
           spdlog::warn("{} did not stop within {:.1f} s of SIGTERM: sending SIGKILL", c.spec->name,
                        std::chrono::duration<double>(c.spec->shutdown_timeout).count());
           signal_group(c, SIGKILL);
           c.kill_sent = true;
+        } else {
+          next_deadline = std::min(next_deadline, c.term_deadline);
         }
       }
       if (!any) return;
-      pump(kTick);
+      pump(next_deadline == Clock::time_point::max() ? kNoDeadline : next_deadline - at);
     }
   }
 
@@ -513,7 +408,8 @@ struct Supervisor::Impl {
     while (true) {
       if (stop_code) return stopped();
       if (Child* d = dead_service())
-        return fail(*d, (d->ready ? "" : "before it became ready: ") + status_text(d->status));
+        return fail(*d,
+                    (d->ready ? "" : "before it became ready: ") + describe_wait_status(d->status));
       const auto now = Clock::now();
       bool all_ready = true;
       for (auto& c : kids) {
@@ -551,10 +447,10 @@ struct Supervisor::Impl {
       for (auto& c : kids) {
         if (c.spec->service || !c.exited) continue;
         if (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)
-          return fail(c, status_text(c.status));
+          return fail(c, describe_wait_status(c.status));
       }
       if (Child* d = dead_service())
-        return fail(*d, status_text(d->status) +
+        return fail(*d, describe_wait_status(d->status) +
                             " while the deployment was running (a service "
                             "must run until it is stopped)");
       if (stop_code) return stopped();
@@ -567,7 +463,7 @@ struct Supervisor::Impl {
         // A service that then fails to stop in time was SIGKILLed; the run itself succeeded.
         return SupervisorResult{};
       }
-      pump(kTick);
+      pump(kNoDeadline);
     }
   }
 
@@ -577,8 +473,7 @@ struct Supervisor::Impl {
     for (auto& c : kids)
       if (c.alive()) {
         signal_group(c, SIGKILL);
-        int status = 0;
-        ::waitpid(c.pid, &status, 0);
+        c.status = c.process.wait();
         c.exited = true;
       }
   }
@@ -596,8 +491,8 @@ Supervisor::Supervisor(std::vector<ChildSpec> children, SupervisorOptions option
   int p[2];
   if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
     throw std::runtime_error("supervisor: pipe: " + errno_text(errno));
-  impl_->stop_read = Fd(p[0]);
-  impl_->stop_write = Fd(p[1]);
+  impl_->stop_read = UniqueFd(p[0]);
+  impl_->stop_write = UniqueFd(p[1]);
 }
 
 Supervisor::~Supervisor() {
@@ -659,24 +554,6 @@ std::vector<ChildSpec> children_for(const DeployConfig& config, const std::strin
     c.shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.shutdown_timeout * 1000));
     c.code_index = static_cast<int>(r.index);
     out.push_back(std::move(c));
-  }
-  return out;
-}
-
-std::string shell_quote(const std::vector<std::string>& argv) {
-  std::string out;
-  for (const auto& a : argv) {
-    if (!out.empty()) out += ' ';
-    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char ch) {
-      return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("-_./:=@,+%", ch);
-    });
-    if (plain) {
-      out += a;
-      continue;
-    }
-    out += '\'';
-    for (char ch : a) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    out += '\'';
   }
   return out;
 }

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "deploy/child_process.h"  // shell_quote
 #include "deploy/deploy_config.h"
 
 namespace dsactor::deploy {
@@ -91,8 +92,5 @@ class Supervisor {
 // role, with DSACTOR_JOB and DSACTOR_ROLE_NAME in their environment. A coordinator is ready
 // once its rendezvous store answers a request (ready_probe), not merely accepts connections.
 std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary);
-
-// `sh`-safe rendering of an argv, for dry runs and messages.
-std::string shell_quote(const std::vector<std::string>& argv);
 
 }  // namespace dsactor::deploy

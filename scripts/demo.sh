@@ -4,10 +4,13 @@
 # and a ZeRO-2 trainer of the `small` GPT on the fortunes corpus, as two processes. Then
 # prints a sample from the trained weights (runs/demo/model.safetensors; the resumable
 # checkpoint is runs/demo/checkpoint).
+# Builds only the `dsactor` binary (every role and `dsactor bench` are in it), not the tests,
+# in build/ with the configuration scripts/test.sh uses, so neither one rebuilds the other's
+# work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-./scripts/build.sh
+./scripts/build.sh --target dsactor
 ./build/cli/dsactor up configs/deploy_demo.yaml
 echo "--- sample (dsactor generate --weights runs/demo/model.safetensors) ---"
 ./build/cli/dsactor generate --weights runs/demo/model.safetensors --prompt "The " --tokens 300

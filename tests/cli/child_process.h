@@ -1,83 +1,61 @@
 #pragma once
 // `dsactor` child processes (DSACTOR_BINARY) running in the background, output in files:
 // for tests that run several processes at once, signal one, or watch `up` / `launch`.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include <chrono>
 #include <filesystem>
-#include <functional>
 #include <regex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "deploy/child_process.h"
+#include "deploy/file_watch.h"
 #include "tests/deploy/deploy_test_util.h"
-
-extern char** environ;
 
 namespace dsactor::testing {
 
 // `dsactor <args>` running in the background, stdout and stderr in files (the same file
 // when `out == err`); `extra_env` (NAME=VALUE) is added to this process's environment and
 // `workdir`, when set, is its working directory. SIGKILLed by the destructor if still
-// running.
+// running (deploy::ChildProcess).
 class DsactorProcess {
  public:
   DsactorProcess(std::vector<std::string> args, std::filesystem::path out,
-                 std::filesystem::path err, std::vector<std::string> extra_env = {},
+                 std::filesystem::path err, const std::vector<std::string>& extra_env = {},
                  const std::filesystem::path& workdir = {})
       : out_(std::move(out)), err_(std::move(err)) {
-    for (char** e = environ; *e; ++e) extra_env.emplace_back(*e);
-    std::vector<char*> envp;
-    for (auto& e : extra_env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    args.insert(args.begin(), DSACTOR_BINARY);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    if (!workdir.empty()) posix_spawn_file_actions_addchdir_np(&fa, workdir.c_str());
-    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (err_ == out_)
-      posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    else
-      posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, DSACTOR_BINARY, &fa, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~DsactorProcess() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
+    deploy::ChildOptions options;
+    for (const auto& kv : extra_env) {
+      const auto eq = kv.find('=');
+      options.env.emplace_back(kv.substr(0, eq), eq == std::string::npos ? "" : kv.substr(eq + 1));
     }
+    options.workdir = workdir;
+    options.out = deploy::Output::to_file(out_);
+    options.err = err_ == out_ ? deploy::Output::same_as_stdout() : deploy::Output::to_file(err_);
+    args.insert(args.begin(), DSACTOR_BINARY);
+    process_ = deploy::ChildProcess::exec(args, options);
   }
-  DsactorProcess(const DsactorProcess&) = delete;
-  DsactorProcess& operator=(const DsactorProcess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
   std::string out() const { return read_file(out_); }
   std::string err() const { return read_file(err_); }
-  void signal(int sig) const {
-    if (pid_ > 0 && !exited_) ::kill(pid_, sig);
-  }
+  void signal(int sig) const { process_.signal(sig); }
 
   // The exit code (128 + signal when killed by one), or -1 when it did not end within
-  // `timeout` (it is left running; the destructor kills it).
+  // `timeout` (it is left running; the destructor kills it). Woken by the exit (pidfd).
   int wait(std::chrono::milliseconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+    const auto status = process_.wait_for(timeout);
+    return status ? deploy::exit_code(*status) : -1;
+  }
+
+  // True once stdout (stderr) contains `text`; false when the process exited without writing
+  // it, or `timeout` passed. Woken by each write to the file (inotify) and by the exit.
+  bool wait_for_out(const std::string& text, std::chrono::milliseconds timeout) {
+    return wait_for_output(out_, text, timeout);
+  }
+  bool wait_for_err(const std::string& text, std::chrono::milliseconds timeout) {
+    return wait_for_output(err_, text, timeout);
   }
 
   // The pids `dsactor up` / `launch` logged as "started NAME (pid N)".
@@ -91,9 +69,15 @@ class DsactorProcess {
   }
 
  private:
+  bool wait_for_output(const std::filesystem::path& file, const std::string& text,
+                       std::chrono::milliseconds timeout) {
+    const auto has = [&](const std::string& t) { return t.find(text) != std::string::npos; };
+    if (process_.try_wait()) return has(read_file(file));
+    return deploy::wait_for_file(file, has, timeout, process_.pidfd());
+  }
+
   std::filesystem::path out_, err_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
+  deploy::ChildProcess process_;
 };
 
 // A trainer-side child for the multi-process tests: one compute thread, run in `workdir`,
@@ -102,7 +86,7 @@ class Child : public DsactorProcess {
  public:
   Child(const std::filesystem::path& workdir, std::vector<std::string> args,
         const std::filesystem::path& log, std::vector<std::string> env = {})
-      : DsactorProcess(with_one_thread(std::move(args)), log, log, std::move(env), workdir) {}
+      : DsactorProcess(with_one_thread(std::move(args)), log, log, env, workdir) {}
   std::string log() const { return out(); }
 
  private:

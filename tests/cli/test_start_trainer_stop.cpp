@@ -18,9 +18,7 @@ namespace {
 
 using dsactor::testing::Child;
 using dsactor::testing::free_port;
-using dsactor::testing::read_file;
 using dsactor::testing::TempDir;
-using dsactor::testing::wait_until;
 using dsactor::testing::write_file;
 
 constexpr int kSteps = 400;
@@ -66,10 +64,7 @@ TEST(StartTrainerStop, SigtermCheckpointsAndTheResumedRunEndsWithTheStraightRuns
   ASSERT_EQ(straight.wait(std::chrono::seconds(300)), 0) << straight.log();
 
   Child run(dir.path(), trainer_args("cut", kSteps), dir.path() / "cut.log");
-  ASSERT_TRUE(wait_until(
-      [&] { return read_file(dir.path() / "cut.log").find("step 5/") != std::string::npos; },
-      std::chrono::seconds(120)))
-      << run.log();
+  ASSERT_TRUE(run.wait_for_out("step 5/", std::chrono::seconds(120))) << run.log();
   run.signal(SIGTERM);
   EXPECT_EQ(run.wait(std::chrono::seconds(120)), 128 + SIGTERM) << run.log();
   const int stop = stopped_step(run.log());
@@ -102,9 +97,7 @@ TEST(StartTrainerStop, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
     ranks.push_back(std::make_unique<Child>(dir.path(), args,
                                             dir.path() / ("rank" + std::to_string(r) + ".log")));
   }
-  ASSERT_TRUE(wait_until([&] { return ranks[1]->log().find("step 5/") != std::string::npos; },
-                         std::chrono::seconds(120)))
-      << ranks[1]->log();
+  ASSERT_TRUE(ranks[1]->wait_for_out("step 5/", std::chrono::seconds(120))) << ranks[1]->log();
   ranks[1]->signal(SIGINT);  // rank 1 only: rank 0 learns of it through the step's allreduce
   EXPECT_EQ(ranks[1]->wait(std::chrono::seconds(120)), 128 + SIGINT) << ranks[1]->log();
   const int rc0 = ranks[0]->wait(std::chrono::seconds(120));

@@ -1,25 +1,24 @@
 // Failure behaviour of GlooCollectives: a rank that never joins, hangs inside a
 // collective, or whose process exits mid-collective makes the others throw a clear
-// CollectiveError (operation, peer rank, timeout) within a bounded time; no silent hang.
+// CollectiveError (operation, peer rank, timeout); no silent hang. Which cause ended a call
+// is read from its error (a timeout names the time allowed, a lost peer the connection),
+// never from how long it took.
 
 #include <gtest/gtest.h>
 
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <optional>
 
+#include "deploy/child_process.h"
 #include "tests/collectives/collectives_test_util.h"
-
-extern char** environ;
 
 namespace dsactor::actors {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 using testing::fresh_job;
 using testing::message;
 
@@ -32,7 +31,6 @@ TEST(CollectivesFaults, RankThatNeverJoinsIsNamedWithinTheTimeout) {
   const std::string job = fresh_job("nojoin");
   GlooCollectivesOptions opts;
   opts.timeout = 1500ms;
-  const auto t0 = Clock::now();
   std::vector<std::future<std::string>> ranks;
   for (int r = 0; r < 2; ++r) {  // world of 3; rank 2 never starts
     ranks.push_back(std::async(std::launch::async, [&, r]() -> std::string {
@@ -50,9 +48,6 @@ TEST(CollectivesFaults, RankThatNeverJoinsIsNamedWithinTheTimeout) {
     EXPECT_TRUE(contains(m, "rank 2 did not join")) << m;
     EXPECT_TRUE(contains(m, "1500 ms")) << m;
   }
-  const auto took = Clock::now() - t0;
-  EXPECT_GE(took, 1400ms);
-  EXPECT_LT(took, 5s);
 }
 
 TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
@@ -63,7 +58,6 @@ TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
   std::promise<void> others_done;
   auto others_done_f = others_done.get_future().share();
   std::vector<std::string> errors(3);
-  std::vector<Clock::duration> took(3);
   std::vector<std::string> after(3);
   auto errs = testing::run_world(
       server.endpoint(), job, 3,
@@ -74,13 +68,11 @@ TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
           // Hung: does not enter the next collective until the others gave up.
           others_done_f.wait();
         }
-        const auto t0 = Clock::now();
         try {
           c.allreduce_sum(x.data(), x.size());
         } catch (const CollectiveError& e) {
           errors[r] = e.what();
         }
-        took[r] = Clock::now() - t0;
         try {
           c.barrier();
         } catch (const CollectiveError& e) {
@@ -93,7 +85,6 @@ TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(contains(errors[r], "allreduce_sum on rank " + std::to_string(r))) << errors[r];
     EXPECT_TRUE(contains(errors[r], "1500 ms")) << errors[r];
-    EXPECT_LT(took[r], 4s) << "rank " << r;
     // A broken communicator refuses later calls at once, saying why.
     EXPECT_TRUE(contains(after[r], "unusable after an earlier failure")) << after[r];
   }
@@ -103,12 +94,15 @@ TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
               contains(errors[1], "rank 2 did not send"))
       << errors[0] << "\n"
       << errors[1];
-  // The hung rank, arriving late, fails too (its peers closed the mesh) and does not hang.
+  // The hung rank, arriving late (only once the others finished), fails too (its peers closed
+  // the mesh) and does not hang.
   EXPECT_FALSE(errors[2].empty());
-  EXPECT_LT(took[2], 4s);
 }
 
 // ---- A real process that exits in the middle of a collective ------------------------
+
+// The keys ranks 0 and 1 set just before their second allreduce, which rank 2 dies in.
+const char* const kSecondCall[2] = {"rank0/second_allreduce", "rank1/second_allreduce"};
 
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
@@ -127,31 +121,27 @@ TEST(CollectivesFaultsChild, DISABLED_RankThatExitsMidCollective) {
   GlooCollectives c(2, 3, client, opts);
   std::vector<float> x(1 << 20, 1.f);
   c.allreduce_sum(x.data(), x.size());
-  // The others are now blocked in their second allreduce, waiting for this rank's data:
-  // die there, without cleanup, as a crashed trainer would.
-  std::this_thread::sleep_for(300ms);
+  // Once the others say they are entering their second allreduce, where they wait for this
+  // rank's data: die there, without cleanup, as a crashed trainer would.
+  RendezvousClient signals(*endpoint, job, opts.timeout);
+  signals.wait({kSecondCall[0], kSecondCall[1]});
   _exit(7);
 }
 
 TEST(CollectivesFaults, ProcessExitingMidCollectiveFailsTheOthersFast) {
   RendezvousServer server;
   const std::string job = fresh_job("exit");
-  std::vector<std::string> env_strings{"DSACTOR_TEST_RDV_ENDPOINT=" + server.endpoint(),
-                                       "DSACTOR_TEST_RDV_JOB=" + job};
-  std::vector<char*> envp;
-  for (char** e = environ; *e; ++e) envp.push_back(*e);
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string self = "/proc/self/exe", filter = "--gtest_filter=CollectivesFaultsChild.*",
-              disabled = "--gtest_also_run_disabled_tests";
-  char* argv[] = {self.data(), filter.data(), disabled.data(), nullptr};
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()), 0);
+  deploy::ChildOptions child_options;
+  child_options.env = {{"DSACTOR_TEST_RDV_ENDPOINT", server.endpoint()},
+                       {"DSACTOR_TEST_RDV_JOB", job}};
+  auto child =
+      deploy::ChildProcess::exec({"/proc/self/exe", "--gtest_filter=CollectivesFaultsChild.*",
+                                  "--gtest_also_run_disabled_tests"},
+                                 child_options);
 
   GlooCollectivesOptions opts;
   opts.timeout = 20s;  // long: the failure must come from the closed connection, not a timeout
   std::vector<std::string> errors(2);
-  std::vector<Clock::duration> took(2);
   std::vector<std::future<void>> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r] {
@@ -160,26 +150,25 @@ TEST(CollectivesFaults, ProcessExitingMidCollectiveFailsTheOthersFast) {
       std::vector<float> x(1 << 20, 1.f);
       c.allreduce_sum(x.data(), x.size());
       EXPECT_EQ(x[12345], 3.f);
-      const auto t0 = Clock::now();
+      RendezvousClient(server.endpoint(), job, opts.timeout).set(kSecondCall[r], {});
       try {
         c.allreduce_sum(x.data(), x.size());
       } catch (const CollectiveError& e) {
         errors[r] = e.what();
       }
-      took[r] = Clock::now() - t0;
     }));
   }
   for (auto& f : ranks) f.get();
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const int status = child.wait();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << "child status " << status;
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(contains(errors[r], "allreduce_sum on rank " + std::to_string(r))) << errors[r];
     EXPECT_TRUE(contains(errors[r], "rank 2") ||
                 contains(errors[r], "rank " + std::to_string(1 - r)))
         << errors[r];
-    EXPECT_LT(took[r], 5s) << "rank " << r
-                           << " waited for the timeout instead of noticing the exit";
+    // A closed connection ended the call, not the 20 s timeout.
+    EXPECT_TRUE(contains(errors[r], "connection to rank")) << errors[r];
+    EXPECT_FALSE(contains(errors[r], "did not send its data")) << errors[r];
   }
   EXPECT_TRUE(contains(errors[0] + errors[1], "rank 2")) << errors[0] << "\n" << errors[1];
 }

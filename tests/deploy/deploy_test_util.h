@@ -1,17 +1,19 @@
 #pragma once
-// Helpers for the deployment tests: temp dirs, free loopback ports, process liveness.
+// Helpers for the deployment tests: temp dirs, free loopback ports, process liveness, and
+// waits on events (a file's text through inotify, a process's exit through a pidfd).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <random>
-#include <sstream>
 #include <string>
-#include <thread>
+
+#include "deploy/child_process.h"
+#include "deploy/file_watch.h"
 
 namespace dsactor::testing {
 
@@ -39,10 +41,7 @@ inline void write_file(const std::filesystem::path& p, const std::string& text) 
 }
 
 inline std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return deploy::read_text(p);
 }
 
 // A port the kernel just handed out on 127.0.0.1 (closed again: free unless someone races us).
@@ -69,13 +68,11 @@ inline bool process_alive(pid_t pid) {
   return all[paren + 2] != 'Z' && all[paren + 2] != 'X';
 }
 
-inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
+// True once `file` contains `text`, woken by each change to the file (inotify).
+inline bool wait_for_text(const std::filesystem::path& file, const std::string& text,
+                          std::chrono::milliseconds timeout) {
+  return deploy::wait_for_file(
+      file, [&](const std::string& t) { return t.find(text) != std::string::npos; }, timeout);
 }
 
 // The pid a shell child wrote into `file` with `echo $$ > file` (0 when not there yet).
@@ -84,6 +81,28 @@ inline pid_t pid_from(const std::filesystem::path& file) {
   long pid = 0;
   in >> pid;
   return static_cast<pid_t>(pid);
+}
+
+// Waits (inotify) until a shell child has written its pid into `file`; that pid, or 0 when
+// `timeout` passed first.
+inline pid_t wait_for_pid(const std::filesystem::path& file, std::chrono::milliseconds timeout) {
+  pid_t pid = 0;
+  deploy::wait_for_file(
+      file,
+      [&](const std::string& text) {
+        // Complete once the line is: `echo` writes the digits and the newline at once.
+        if (text.find('\n') == std::string::npos) return false;
+        pid = static_cast<pid_t>(std::atol(text.c_str()));
+        return pid > 0;
+      },
+      timeout);
+  return pid;
+}
+
+// True once the process `pid` (any process, also one reparented to init) has exited; a
+// pidfd wakes the wait.
+inline bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  return deploy::wait_for_exit(pid, timeout);
 }
 
 }  // namespace dsactor::testing

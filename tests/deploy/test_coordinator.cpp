@@ -1,16 +1,13 @@
 // The coordinator role: `dsactor start --role coordinator` serves the rendezvous store until
 // SIGTERM/SIGINT; `dsactor up` starts it as a service and calls it ready only once the store
 // answers a request (Supervisor's ready_probe); trainers' stores work through it.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
-#include <regex>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,8 +16,6 @@
 #include "deploy/supervisor.h"
 #include "tests/cli/child_process.h"
 #include "tests/deploy/deploy_test_util.h"
-
-extern char** environ;
 
 namespace dsactor::testing {
 namespace {
@@ -43,8 +38,14 @@ class Dsactor : public DsactorProcess {
 void exercise_store(const std::string& endpoint) {
   RendezvousClient a(endpoint, "job1", 5s), b(endpoint, "job1", 5s);
   std::vector<char> got;
-  std::thread waiter([&] { got = b.get("nccl/unique_id"); });
-  std::this_thread::sleep_for(50ms);  // b is parked on the server, not polling
+  std::promise<void> asking;
+  std::thread waiter([&] {
+    asking.set_value();
+    got = b.get("nccl/unique_id");
+  });
+  // The set follows the waiter's get: normally b's request is parked on the server by then,
+  // and in either order b must receive the value (nothing here observes the parking itself).
+  asking.get_future().wait();
   a.set("nccl/unique_id", {'i', 'd', '\0', '7'});
   waiter.join();
   EXPECT_EQ(got, (std::vector<char>{'i', 'd', '\0', '7'}));
@@ -59,9 +60,7 @@ TEST(CoordinatorRole, ServesTheRendezvousStoreUntilSigterm) {
   TempDir dir;
   const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
   Dsactor coord(dir, {"start", "--role", "coordinator", "--listen", ep, "--name", "coord"});
-  ASSERT_TRUE(
-      wait_until([&] { return coord.err().find("listening on " + ep) != std::string::npos; }, 20s))
-      << coord.err();
+  ASSERT_TRUE(coord.wait_for_err("listening on " + ep, 60s)) << coord.err();
   EXPECT_THAT(coord.err(), HasSubstr("coordinator coord: rendezvous store listening on " + ep));
   exercise_store(ep);
   ::kill(coord.pid(), SIGTERM);
@@ -75,9 +74,7 @@ TEST(CoordinatorRole, SigintStopsItToo) {
   TempDir dir;
   const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
   Dsactor coord(dir, {"start", "--role", "coordinator", "--listen", ep});
-  ASSERT_TRUE(
-      wait_until([&] { return coord.err().find("listening on " + ep) != std::string::npos; }, 20s))
-      << coord.err();
+  ASSERT_TRUE(coord.wait_for_err("listening on " + ep, 60s)) << coord.err();
   ::kill(coord.pid(), SIGINT);
   EXPECT_EQ(coord.wait(10s), 0) << coord.err();
   EXPECT_THAT(coord.err(), HasSubstr("SIGINT received"));
@@ -101,9 +98,7 @@ TEST(CoordinatorRole, UpWaitsUntilTheStoreAnswersAndStopsItOnSigterm) {
   write_file(dir / "d.yaml",
              "job: j\nroles:\n  - {role: coordinator, name: coord, listen: \"" + ep + "\"}\n");
   Dsactor up(dir, {"up", (dir / "d.yaml").string()});
-  ASSERT_TRUE(wait_until(
-      [&] { return up.err().find("coord is ready on " + ep) != std::string::npos; }, 20s))
-      << up.err();
+  ASSERT_TRUE(up.wait_for_err("coord is ready on " + ep, 60s)) << up.err();
   EXPECT_THAT(up.out(), HasSubstr("[coord] "));
   exercise_store(ep);
   const auto kids = up.children();
@@ -113,8 +108,7 @@ TEST(CoordinatorRole, UpWaitsUntilTheStoreAnswersAndStopsItOnSigterm) {
   EXPECT_THAT(up.out(), HasSubstr("[coord] "));
   EXPECT_THAT(up.out(), HasSubstr("SIGTERM received, stopping"));
   EXPECT_THAT(up.err(), Not(HasSubstr("SIGKILL")));
-  for (pid_t p : kids)
-    EXPECT_TRUE(wait_until([&] { return !process_alive(p); }, 3s)) << "pid " << p << " survived";
+  for (pid_t p : kids) EXPECT_TRUE(wait_gone(p, 30s)) << "pid " << p << " survived";
 }
 
 // The probe path alone: the coordinator's log is thrown away, so only the probe (a store
@@ -152,7 +146,8 @@ TEST(CoordinatorRole, SupervisorReadinessProbeIsARendezvousRoundTrip) {
   EXPECT_GE(probes.load(), 1);
   EXPECT_THAT(lines, ::testing::Contains("[trainer0] started after the store answered"));
 
-  ASSERT_TRUE(wait_until([&] { return !kids[0].ready_probe(); }, 5s));
+  // run() returns only once every child was reaped: nothing answers on the endpoint now.
+  ASSERT_FALSE(kids[0].ready_probe());
 
   // A listener that accepts connections but never answers the store's protocol is not ready.
   auto mute = silent;

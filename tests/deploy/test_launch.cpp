@@ -223,7 +223,7 @@ TEST_F(LaunchCli, OneFailingRankStopsTheOthersAndIsNamed) {
               AllOf(HasSubstr("rank 1 on host localhost failed"), HasSubstr("rank 1 gives up")));
   const pid_t rank0 = pid_from(dir / "pid.0");
   ASSERT_GT(rank0, 0);
-  EXPECT_TRUE(wait_until([&] { return !process_alive(rank0); }, 5s)) << "rank 0 survived";
+  EXPECT_TRUE(wait_gone(rank0, 30s)) << "rank 0 survived";
 }
 
 TEST_F(LaunchCli, RealTrainerFailureIsPropagated) {

@@ -42,8 +42,7 @@ class UpProcess : public DsactorProcess {
 };
 
 void expect_gone(const std::vector<pid_t>& pids) {
-  for (pid_t p : pids)
-    EXPECT_TRUE(wait_until([&] { return !process_alive(p); }, 3s)) << "pid " << p << " survived";
+  for (pid_t p : pids) EXPECT_TRUE(wait_gone(p, 30s)) << "pid " << p << " survived";
 }
 
 class UpCli : public ::testing::Test {
@@ -125,9 +124,7 @@ TEST_F(UpCli, ServiceThatCannotBindIsNamed) {
 TEST_F(UpCli, SigtermStopsAServicesOnlyDeployment) {
   const auto file = deploy("roles:\n" + offload_role());
   UpProcess up(dir, {file.string()});
-  ASSERT_TRUE(wait_until(
-      [&] { return up.out().find("listening on " + endpoint) != std::string::npos; }, 20s))
-      << up.err();
+  ASSERT_TRUE(up.wait_for_out("listening on " + endpoint, 60s)) << up.err();
   const auto kids = up.children();
   ASSERT_EQ(kids.size(), 1u);
   EXPECT_TRUE(process_alive(kids[0]));
@@ -142,9 +139,7 @@ TEST_F(UpCli, SigtermStopsAServicesOnlyDeployment) {
 TEST_F(UpCli, SigkillOfUpTakesItsChildrenAlong) {
   const auto file = deploy("roles:\n" + offload_role());
   UpProcess up(dir, {file.string()});
-  ASSERT_TRUE(wait_until(
-      [&] { return up.out().find("listening on " + endpoint) != std::string::npos; }, 20s))
-      << up.err();
+  ASSERT_TRUE(up.wait_for_out("listening on " + endpoint, 60s)) << up.err();
   const auto kids = up.children();
   ASSERT_EQ(kids.size(), 1u);
   ::kill(up.pid(), SIGKILL);

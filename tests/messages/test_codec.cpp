@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <iterator>
 #include <memory>
 #include <random>
@@ -554,8 +555,14 @@ TEST(Loopback, RouterDealerPushOverTcp) {
   dealer.connect(router.get(zmq::sockopt::last_endpoint));
 
   constexpr size_t kBytes = 4u << 20;
-  auto grads = std::make_shared<std::vector<std::byte>>(random_bytes(kBytes, 10));
-  std::weak_ptr<std::vector<std::byte>> watch = grads;
+  // The owner's deleter tells when the last holder let go.
+  auto released = std::make_shared<std::promise<void>>();
+  auto released_f = released->get_future();
+  std::shared_ptr<std::vector<std::byte>> grads(
+      new std::vector<std::byte>(random_bytes(kBytes, 10)), [released](auto* p) {
+        delete p;
+        released->set_value();
+      });
   const Header push{77, "gpt2-ci", PushGradients{3, 12, 1, DType::fp32, kBytes / 4, {}}};
   {
     auto out = with_envelope({}, encode(push, std::span<const std::byte>(*grads), grads));
@@ -574,10 +581,10 @@ TEST(Loopback, RouterDealerPushOverTcp) {
   EXPECT_EQ(msg->header, push);
   ASSERT_EQ(msg->payload.size(), kBytes);
   EXPECT_EQ(std::memcmp(msg->payload.data(), expected.data(), kBytes), 0);
-  // ZeroMQ closes the sent frame on its I/O thread shortly after the last byte left.
-  for (int i = 0; i < 2000 && !watch.expired(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_TRUE(watch.expired()) << "sent payload frame still holds its owner";
+  // ZeroMQ closes the sent frame on its I/O thread after the last byte left; the bound only
+  // turns a frame that never lets go into a failure instead of a hang.
+  EXPECT_EQ(released_f.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "sent payload frame still holds its owner";
 
   auto reply =
       with_envelope(env->routing, encode(Header{77, "gpt2-ci", PushReply{3, 12, 1, 42.0, false}}));

@@ -5,14 +5,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
+#include "deploy/child_process.h"
 #include "storage/metadata_store.h"
 
 namespace fs = std::filesystem;
@@ -151,32 +150,34 @@ TEST_F(MetadataStoreTest, BatchIsAllOrNothing) {
 }
 
 // A writer commits version bumps for 16 partitions per batch, unsynced, and is killed
-// with SIGKILL at an arbitrary moment. After reopening, every partition carries the same
-// version: no batch landed half.
+// with SIGKILL while it writes, at a moment it does not choose. After reopening, every
+// partition carries the same version: no batch landed half.
 TEST_F(MetadataStoreTest, KilledWriterLeavesNoHalfBatch) {
   constexpr uint64_t kPartitions = 16;
+  constexpr uint64_t kBatchesBeforeTheKill = 50;
   { MetadataStore create(dir_); }
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  auto writer = dsactor::deploy::ChildProcess::fork_call([&](int report_fd) {
     MetadataStore s(dir_, {.sync_writes = false});
     for (uint64_t v = 1;; ++v) {
       MetadataBatch b;
       for (uint64_t p = 0; p < kPartitions; ++p) b.put({"job", p}, record(p, v));
       s.write(b);
+      // Tells the parent once, then goes on writing until the kill lands.
+      if (v == kBatchesBeforeTheKill && ::write(report_fd, "w", 1) != 1) return 1;
     }
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  });
+  const auto report = writer.take_report();
+  char byte = 0;
+  ASSERT_EQ(::read(report.get(), &byte, 1), 1) << "the writer died before its batches";
+  writer.signal(SIGKILL);
+  const int status = writer.wait();
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
 
   MetadataStore s(dir_);
   auto all = s.list("job");
-  ASSERT_EQ(all.size(), kPartitions) << "no batch at all survived; writer too slow?";
+  ASSERT_EQ(all.size(), kPartitions);
   const uint64_t v = all[0].second.version;
-  EXPECT_GT(v, 0u);
+  EXPECT_GE(v, kBatchesBeforeTheKill);
   RecordProperty("surviving_version", std::to_string(v));
   for (const auto& [key, rec] : all) EXPECT_EQ(rec, record(key.partition, v));
 }
