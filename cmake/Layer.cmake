@@ -1,13 +1,16 @@
-# dsactor_layer(<target> SOURCES ... DEPS ... INCLUDES ...): one static library per folder of
+# dsactor_layer(<target> SOURCES ... DEPS ... INCLUDES ... PCH ...): one static library per folder of
 # DESIGN.md. A folder with no .cpp yet becomes an interface library so the layering holds
 # from the first commit on.
 function(dsactor_layer target)
-  cmake_parse_arguments(L "" "" "SOURCES;DEPS;INCLUDES" ${ARGN})
+  cmake_parse_arguments(L "" "" "SOURCES;DEPS;INCLUDES;PCH" ${ARGN})
   if(L_SOURCES)
     add_library(${target} STATIC ${L_SOURCES})
     target_link_libraries(${target} PUBLIC ${L_DEPS})
     if(L_INCLUDES)
       target_include_directories(${target} PUBLIC ${L_INCLUDES})
+    endif()
+    if(L_PCH AND DSACTOR_PCH)
+      target_precompile_headers(${target} PRIVATE ${L_PCH})
     endif()
   else()
     add_library(${target} INTERFACE)
