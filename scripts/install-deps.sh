@@ -25,8 +25,16 @@ packages=(
   fio fortunes
 )
 
+# A package whose program is already on PATH from another source counts as present: machines
+# that carry NodeSource's nodejs (which bundles npm and conflicts with Debian's npm) must not
+# have apt try to replace it.
+declare -A provided_by_command=([nodejs]=node [npm]=npm)
+
 missing=()
 for p in "${packages[@]}"; do
+  if [ -n "${provided_by_command[$p]:-}" ] && command -v "${provided_by_command[$p]}" >/dev/null 2>&1; then
+    continue
+  fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi

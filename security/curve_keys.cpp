@@ -36,6 +36,13 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 
+// '#' is a Z85 digit but never a key's first: Z85 writes 4 bytes as 5 digits, and the first
+// digit of a 32-bit value is at most index 82 of 85, while '#' is index 84. So a line starting
+// with '#' is always a comment.
+bool is_comment(const std::string& line) {
+  return line[0] == '#';
+}
+
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
@@ -58,14 +65,15 @@ CertificateKeys parse_certificate(const fs::path& path, const std::string& text)
   while (std::getline(in, raw)) {
     ++line;
     const std::string s = trim(raw);
-    if (s.empty() || s[0] == '#') continue;
+    if (s.empty() || is_comment(s)) continue;
     ++meaningful;
     const bool indented = raw[0] == ' ' || raw[0] == '\t';
+    // A bare key file: one Z85 key, which may hold '=' and start with '#' (both Z85 digits).
+    if (!indented && meaningful == 1 && is_z85_key(s)) {
+      keys.public_key = s;
+      continue;
+    }
     if (!indented && s.find('=') == std::string::npos) {
-      if (is_z85_key(s) && meaningful == 1) {  // a bare key file
-        keys.public_key = s;
-        continue;
-      }
       section = s;
       continue;
     }
@@ -204,7 +212,7 @@ std::vector<std::string> read_authorized_keys(const fs::path& path) {
   while (std::getline(in, raw)) {
     ++line;
     const std::string s = trim(raw);
-    if (s.empty() || s[0] == '#') continue;
+    if (s.empty() || is_comment(s)) continue;
     const std::string key = s.substr(0, s.find_first_of(" \t"));
     if (!is_z85_key(key))
       fail(path, line,

@@ -122,6 +122,22 @@ TEST_F(KeyFiles, RefusesUnusableFilesNamingWhy) {
               HasSubstr("missing.key_secret: cannot read"));
 }
 
+TEST_F(KeyFiles, KeysHoldingZ85DigitsHashAndEqualsAreKeys) {
+  // '#' is a Z85 digit (never a key's first, see is_comment).
+  CurveKeypair k = generate_keypair();
+  while (k.public_key.find('#') == std::string::npos) k = generate_keypair();
+  const auto bare = write("hash.key", k.public_key + "\n", fs::perms::owner_read);
+  EXPECT_EQ(read_public_key_file(bare), k.public_key);
+  // '=' is one too, which a bare key file must not read as a 'name = value' line.
+  CurveKeypair e = generate_keypair();
+  while (e.public_key.find('=') == std::string::npos) e = generate_keypair();
+  const auto eq = write("eq.key", e.public_key + "\n", fs::perms::owner_read);
+  EXPECT_EQ(read_public_key_file(eq), e.public_key);
+  const auto list = write("hash_list", "# comment\n" + k.public_key + " name\n",
+                          fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(read_authorized_keys(list), std::vector<std::string>{k.public_key});
+}
+
 TEST_F(KeyFiles, AuthorizedKeysFromAListOrADirectory) {
   const CurveKeypair a = generate_keypair(), b = generate_keypair();
   auto list =
