@@ -173,6 +173,14 @@ void Engine::refresh_working_params() {
     k::round_through_half(b.data(), b.size(), half_kind_of(precision_));
 }
 
+Engine::Memory Engine::memory() const {
+  Memory m;
+  m.optimizer_state_bytes = (master_.numel() + adam_m_.numel() + adam_v_.numel()) * sizeof(float);
+  m.param_bytes = master_.numel() * sizeof(float);  // the master, or its half-rounded copy
+  m.grad_bytes = grads_.numel() * sizeof(float);
+  return m;
+}
+
 double Engine::current_lr() const {
   return learning_rate(config_.scheduler, adam_.lr, optimizer_steps_);
 }

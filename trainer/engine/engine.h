@@ -79,6 +79,14 @@ class Engine {
   // Called after the master weights changed outside a step (import, load).
   void refresh_working_params();
 
+  // What this engine holds, in bytes, for comparison with the ZeRO stages (ZeroStats).
+  struct Memory {
+    size_t optimizer_state_bytes = 0;  // fp32 master, m and v: 12 bytes per parameter
+    size_t param_bytes = 0;            // what the forward reads (in fp32 the master itself)
+    size_t grad_bytes = 0;             // the fp32 gradients
+  };
+  Memory memory() const;
+
   const DsConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   int64_t global_step() const { return global_step_; }
