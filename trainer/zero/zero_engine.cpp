@@ -34,7 +34,7 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
   if (z.stage < 1 || z.stage > 3)
     throw ConfigError(
         fmt::format("{}: the ZeRO engine runs zero_optimization.stage 1, 2 or 3, "
-                    "not {} (stage 0 is `dsactor train`)",
+                    "not {} (stage 0 runs in the stage-0 Engine)",
                     c.source, z.stage));
   if (z.offload_param.enabled() && z.stage != 3)
     throw ConfigError(fmt::format("{}: zero_optimization.offload_param needs stage 3 (stage is {})",
