@@ -185,6 +185,10 @@ TEST_F(CliTrain, ConfigMistakesExitWithTheKeyAndNoCheckpoint) {
   EXPECT_NE(s.err.find("--offload"), std::string::npos) << s.err;
   EXPECT_NE(s.err.find("dsactor up"), std::string::npos) << s.err;
   EXPECT_FALSE(fs::exists(dir_ / "o" / "checkpoint"));
+  // The same for a trainer started without --offload endpoints.
+  auto t = run_dsactor("start --role trainer --config z3.json --model tiny --data corpus.txt --steps 2", dir_);
+  EXPECT_EQ(t.exit_code, 2);
+  EXPECT_NE(t.err.find("offload_optimizer keeps partitions in offload services"), std::string::npos) << t.err;
 
   auto seq = run_dsactor("train --config " + repo_path("configs/ds_tiny_fp32.json") +
                              " --model tiny --data corpus.txt --seq 65 --steps 2 --out o",
