@@ -18,12 +18,11 @@
 
 #include "actors/collectives/collectives.h"
 #include "actors/collectives/rendezvous_store.h"
-#include "bench/forked_child.h"
+#include "bench/rank_world.h"
 #include "trainer/config/ds_config.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/gpt_config.h"
-#include "trainer/rng.h"
 
 namespace dsactor::bench {
 
@@ -147,7 +146,7 @@ nlohmann::json run_dp_bench(int world_size, size_t bytes, int iters) {
 
 namespace {
 
-// One rank of the step benchmark, in its own process: rank 0 serves the rendezvous.
+// One rank of the step benchmark, in its own process.
 nlohmann::json step_rank(const DpStepBenchOptions& o, int rank, int world_size,
                          const std::string& endpoint) {
   omp_set_num_threads(1);
@@ -158,38 +157,17 @@ nlohmann::json step_rank(const DpStepBenchOptions& o, int rank, int world_size,
                               {"gradient_accumulation_steps", 1},
                               {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}}};
   const trainer::DsConfig config = trainer::parse_ds_config(cfg, "dp bench", world_size);
-  // Synthetic tokens: the step time does not depend on the text.
-  trainer::Rng rng(7);
-  const size_t n = static_cast<size_t>(o.micro_batch) * o.seq * world_size * 8 + 1;
-  std::vector<int32_t> tokens(n);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng.next_u64() % gpt.vocab_size);
+  const auto tokens = synthetic_tokens(
+      static_cast<size_t>(o.micro_batch) * o.seq * world_size * 8 + 1, gpt.vocab_size);
   trainer::BatchLoader loader(&tokens, o.micro_batch, o.seq, false, 1, rank, world_size);
-
-  std::unique_ptr<actors::RendezvousServer> server;
-  std::unique_ptr<actors::RendezvousClient> store;
-  std::unique_ptr<actors::Collectives> comm;
-  if (world_size > 1) {
-    if (rank == 0) server = std::make_unique<actors::RendezvousServer>(endpoint);
-    store = std::make_unique<actors::RendezvousClient>(endpoint, "dp-step-bench",
-                                                       std::chrono::seconds(120));
-    actors::GlooCollectivesOptions co;
-    co.timeout = std::chrono::seconds(300);
-    comm = std::make_unique<actors::GlooCollectives>(rank, world_size, *store, co);
-  }
-  trainer::Engine engine(gpt, config, 1234, comm.get());
+  RankWorld world = join_rank_world(rank, world_size, endpoint, "dp-step-bench", false);
+  trainer::Engine engine(gpt, config, 1234, world.grad.get());
   for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
-  if (comm) comm->barrier();
+  if (world.grad) world.grad->barrier();
   const auto t0 = Clock::now();
   for (int i = 0; i < o.steps; ++i) engine.train_step(loader);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count() / o.steps;
   return {{"seconds_per_step", s}};
-}
-
-int free_tcp_port() {
-  // A port the kernel hands out and we release at once; the rank-0 child binds it.
-  actors::RendezvousServer probe("tcp://127.0.0.1:*");
-  const std::string& e = probe.endpoint();
-  return std::stoi(e.substr(e.rfind(':') + 1));
 }
 
 }  // namespace
@@ -199,17 +177,12 @@ nlohmann::json run_dp_step_bench(const DpStepBenchOptions& o) {
     throw std::invalid_argument("dp bench: steps, micro-batch and seq must be >= 1");
   nlohmann::json phases;
   for (int world_size : {1, 2}) {
-    // The server's port is chosen here, before any child exists; the probe's sockets and
-    // thread are gone again before fork().
-    const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_tcp_port());
-    std::vector<std::unique_ptr<ForkedChild>> ranks;
-    for (int r = 0; r < world_size; ++r)
-      ranks.push_back(std::make_unique<ForkedChild>(
-          "rank " + std::to_string(r) + " of " + std::to_string(world_size),
-          [&o, r, world_size, endpoint] { return step_rank(o, r, world_size, endpoint); }));
     double slowest = 0;
-    for (auto& c : ranks)
-      slowest = std::max(slowest, c->result()["seconds_per_step"].get<double>());
+    for (const auto& r : run_forked_ranks("dp bench", world_size,
+                                          [&o, world_size](int rank, const std::string&endpoint) {
+                                            return step_rank(o, rank, world_size, endpoint);
+                                          }))
+      slowest = std::max(slowest, r["seconds_per_step"].get<double>());
     const double tokens = static_cast<double>(o.micro_batch) * o.seq * world_size;
     phases[std::to_string(world_size)] = {{"seconds_per_step", slowest},
                                           {"tokens_per_second", tokens / slowest}};

@@ -76,6 +76,19 @@ nlohmann::json in_child(const char* name, F&& phase) {
   return child.result();
 }
 
+}  // namespace
+
+Stage3Knobs lean_stage3_knobs(const std::string& model) {
+  size_t largest = 0, layer = 0;
+  for (const auto& l : trainer::gpt_block_layouts(trainer::resolve_model(model))) {
+    largest = std::max(largest, l.numel);
+    if (l.kind == trainer::BlockKind::kLayer) layer = std::max(layer, l.numel);
+  }
+  return {static_cast<int64_t>(layer), static_cast<int64_t>(largest + 2 * layer)};
+}
+
+namespace {
+
 nlohmann::json base_config(const ZeroBenchOptions& o) {
   return {{"train_micro_batch_size_per_gpu", o.micro_batch},
           {"gradient_accumulation_steps", 1},
@@ -165,14 +178,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     return j;
   });
 
-  const auto layouts = gpt_block_layouts(gpt);
-  size_t largest = 0, layer = 0;
-  for (const auto& l : layouts) {
-    largest = std::max(largest, l.numel);
-    if (l.kind == BlockKind::kLayer) layer = std::max(layer, l.numel);
-  }
-  const int64_t bucket_on = o.prefetch_bucket > 0 ? o.prefetch_bucket : static_cast<int64_t>(layer);
-  const int64_t max_live = o.max_live > 0 ? o.max_live : static_cast<int64_t>(largest + 2 * layer);
+  const Stage3Knobs lean = lean_stage3_knobs(o.model);
+  const int64_t bucket_on = o.prefetch_bucket > 0 ? o.prefetch_bucket : lean.prefetch_bucket;
+  const int64_t max_live = o.max_live > 0 ? o.max_live : lean.max_live;
   auto stage3 = [&](const char* name, int64_t bucket) {
     char tmpl[] = "/tmp/dsactor-benchzero-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");

@@ -29,6 +29,14 @@ struct ZeroBenchOptions {
   bool shared_memory = true;
 };
 
+// The stage-3 resident set the ZeRO benches run with by default: prefetch one transformer
+// layer ahead, hold at most the largest block plus two layers (ds_config's elements).
+struct Stage3Knobs {
+  int64_t prefetch_bucket = 0;
+  int64_t max_live = 0;
+};
+Stage3Knobs lean_stage3_knobs(const std::string& model);
+
 // Stage 0 (trainer::Engine) against stage 3 with offload_optimizer and offload_param on
 // cpu through a real `dsactor start --role offload` child process, prefetch on and off, in
 // one invocation. Each phase runs in a forked child of the bench so that its VmHWM (the

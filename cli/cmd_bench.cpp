@@ -9,6 +9,7 @@
 #include "bench/train_bench.h"
 #include "bench/transport_bench.h"
 #include "bench/zero_bench.h"
+#include "bench/zero_memory_bench.h"
 #include "cli/commands.h"
 
 namespace dsactor::cli {
@@ -93,7 +94,7 @@ void add_bench_command(CLI::App& app) {
   tok->add_flag("--json", *json, "print one JSON object");
   tok->callback([to, json] { print_result(bench::run_tokenize_bench(*to), *json); });
 
-  auto* dp = bench->add_subcommand("dp", "our allreduce / reduce-scatter / allgather beside Gloo's raw calls on the same buffers");
+  auto* dp = bench->add_subcommand("dp", "our allreduce / reduce-scatter / allgather beside Gloo's raw calls on the same buffers; stage-0 step time at 1 and 2 ranks; ZeRO's per-rank memory at W = 1, 2, 4");
   auto dp_world = std::make_shared<int>(2);
   auto dp_bytes = std::make_shared<size_t>(size_t{64} << 20);
   auto dp_iters = std::make_shared<int>(5);
@@ -106,15 +107,32 @@ void add_bench_command(CLI::App& app) {
   dp->add_option("--micro-batch", dp_step->micro_batch, "step time: micro-batch per rank")->check(CLI::PositiveNumber)->capture_default_str();
   dp->add_option("--seq", dp_step->seq, "step time: sequence length")->check(CLI::PositiveNumber)->capture_default_str();
   dp->add_option("--steps", dp_step->steps, "step time: measured steps")->check(CLI::PositiveNumber)->capture_default_str();
-  dp->add_flag("--no-step-time", *dp_no_step, "only the collectives' bandwidth");
+  dp->add_flag("--no-step-time", *dp_no_step, "no step-time phase");
+  auto dp_no_memory = std::make_shared<bool>(false);
+  dp->add_flag("--no-zero-memory", *dp_no_memory,
+               "no ZeRO memory phase (stages 1-3 without offload at W = 1, 2, 4 against stage 0, "
+               "same model, micro-batch and seq, 2 steps)");
   dp->add_flag("--json", *json, "print one JSON object");
-  dp->callback([dp_world, dp_bytes, dp_iters, dp_step, dp_no_step, json] {
-    // The step phases fork: run them before this process starts any thread.
-    nlohmann::json step;
+  dp->callback([dp_world, dp_bytes, dp_iters, dp_step, dp_no_step, dp_no_memory, json] {
+    // The step and memory phases fork: run them before this process starts any thread.
+    nlohmann::json step, memory;
     if (!*dp_no_step) step = bench::run_dp_step_bench(*dp_step);
+    if (!*dp_no_memory) {
+      bench::ZeroMemoryBenchOptions mo;
+      mo.model = dp_step->model;
+      mo.micro_batch = dp_step->micro_batch;
+      mo.seq = dp_step->seq;
+      memory = bench::run_zero_memory_bench(mo);
+    }
     nlohmann::json r = bench::run_dp_bench(*dp_world, *dp_bytes, *dp_iters);
     if (!*dp_no_step) r["step_time"] = step;
-    print_result(r, *json);
+    if (*dp_no_memory) return print_result(r, *json);
+    if (*json) {
+      r["zero_memory"] = memory;
+      return print_result(r, true);
+    }
+    print_result(r, false);
+    fmt::print("\n{}", bench::zero_memory_table(memory));
   });
 }
 

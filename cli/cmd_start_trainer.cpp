@@ -256,15 +256,15 @@ void log_validation(EngineT& engine, const DataSplit& split, int B, int T, uint6
 }  // namespace
 
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
-  cmd.add_option("--config", a.config, "trainer: ds_config (zero_optimization.stage 1-3)");
+  cmd.add_option("--config", a.config, "trainer: ds_config (zero_optimization.stage 0-3)");
   cmd.add_option("--model", a.model, "trainer: model preset or YAML")->capture_default_str();
   cmd.add_option("--data", a.data, "trainer: text file/dir or llm.c token file");
   cmd.add_option("--tokenizer", a.tokenizer,
                  "trainer: tokenizer of text data: byte (default) or a GPT-2 tokenizer "
                  "(directory, tokenizer.json, or vocab.json with its merges file)");
   cmd.add_option("--offload", a.offload,
-                 "trainer: offload service endpoint (repeat for several; blocks are placed "
-                 "round-robin over them)");
+                 "trainer: offload service endpoint, for a config with offload_optimizer "
+                 "(repeat for several; blocks are placed round-robin over them)");
   cmd.add_option("--steps", a.steps, "trainer: optimizer steps (0: scheduler total or 100)");
   cmd.add_option("--seq", a.seq, "trainer: sequence length (0: the model's block_size)");
   cmd.add_option("--seed", a.seed, "trainer: seed of weights and data order")
@@ -326,6 +326,7 @@ struct RankRun {
   StopSignals& signals;
   const Placement& place;
   const DsConfig& config;
+  EngineChoice engine;
   const GptConfig& gpt;
   const DataSplit& split;
   const Tokenizer* tokenizer;  // of the data; null for a token file without --tokenizer
@@ -419,7 +420,7 @@ int run_stage0(RankRun& run) {
 ZeroOptions zero_options(const RankRun& run) {
   const StartTrainerArgs& a = run.a;
   ZeroOptions o;
-  o.services = a.offload;
+  if (run.engine == EngineChoice::kZeroOnServices) o.services = a.offload;
   o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
   // Each rank its own job on the services: ranks may share a service (a deployment's
   // default gives every trainer every offload role), and a job's step commits come from one
@@ -431,10 +432,7 @@ ZeroOptions zero_options(const RankRun& run) {
   o.param_comm = run.comms.param.get();
   o.system = &run.runtime.system();
   o.shared_memory = !a.no_shared_memory;
-  if (run.init)
-    o.initial_weights = [&params = run.init->params](size_t b, float* out) {
-      std::memcpy(out, params.blocks[b].data(), params.blocks[b].bytes());
-    };
+  if (run.init) o.initial_weights = initial_weights_from(run.init->params);
   return o;
 }
 
@@ -442,17 +440,25 @@ int run_zero(RankRun& run) {
   const StartTrainerArgs& a = run.a;
   const ZeroOptions o = zero_options(run);
   ZeroEngine engine(run.gpt, run.config, a.seed, o);
-  if (run.init) run.init->params = BlockSet();  // on the services now
-  spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {} offload service(s), {} blocks", a.name,
-               engine.stage(), precision_name(engine.precision()), run.place.rank,
-               run.place.world_size, o.services.size(), engine.plan().blocks());
-  const RunOutcome outcome = run.resume_and_run(engine, a.resume);
+  if (run.init) run.init->params = BlockSet();  // with the engine's partitions now
+  const std::string holders = o.services.empty()
+                                  ? std::string("partitions held by the ranks")
+                                  : fmt::format("{} offload service(s)", o.services.size());
+  spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {}, {} blocks", a.name, engine.stage(),
+               precision_name(engine.precision()), run.place.rank, run.place.world_size, holders,
+               engine.plan().blocks());
+  // --resume: a checkpoint, or an --out dir holding one (a checkpoint holds no checkpoint/).
+  const std::filesystem::path resume = a.resume;
+  const RunOutcome outcome = run.resume_and_run(
+      engine, std::filesystem::exists(resume / "checkpoint") ? resume / "checkpoint" : resume);
   const ZeroStats s = engine.stats();
   spdlog::info(
-      "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; peak resident "
-      "params {} of {} B; {} reduce-scatters overlapped with the backward; payloads {}",
+      "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; optimizer state {} B, "
+      "peak resident params {} of {} B, peak gradients {} B; {} reduce-scatters overlapped "
+      "with the backward; payloads {}",
       a.name, engine.global_step(), outcome.last.loss, s.bytes_pushed, s.bytes_fetched,
-      s.peak_resident_param_bytes, s.total_param_bytes, s.overlapped_reductions,
+      s.optimizer_state_bytes, s.peak_resident_param_bytes, s.total_param_bytes,
+      s.peak_resident_grad_bytes, s.overlapped_reductions,
       s.arena_bytes > 0 ? fmt::format("through a {} B shared-memory arena", s.arena_bytes)
                         : std::string("as frames"));
   log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
@@ -472,16 +478,20 @@ int run_zero(RankRun& run) {
   return 0;
 }
 
-// The stage-0 engine runs without services; stages 1-3 need at least one.
-void check_engine_choice(const StartTrainerArgs& a, const DsConfig& config, int world_size) {
-  const int stage = config.zero_optimization.stage;
-  if (stage == 0)
+// The config chooses the engine: offload_optimizer / offload_param need --offload
+// endpoints; endpoints a config does not use are left alone, with a warning (a deployment
+// may list offload roles for every trainer).
+EngineChoice choose_trainer_engine(const StartTrainerArgs& a, const DsConfig& config,
+                                   int world_size) {
+  const EngineChoice choice = choose_engine(config, a.offload.size());
+  if (choice == EngineChoice::kStage0)
     check_supported(config, world_size);  // offload without a ZeRO stage is refused here
-  else if (a.offload.empty())
-    throw std::invalid_argument(fmt::format(
-        "{}: zero_optimization.stage {} keeps the optimizer in offload services: give at least "
-        "one --offload endpoint (dsactor start --role offload)",
-        a.config, stage));
+  if (choice != EngineChoice::kZeroOnServices && !a.offload.empty())
+    spdlog::warn(
+        "{}: --offload {} unused: {} sets no offload_optimizer, so the ranks hold the "
+        "optimizer state themselves",
+        a.name, fmt::join(a.offload, " "), a.config);
+  return choice;
 }
 
 }  // namespace
@@ -491,12 +501,12 @@ int run_start_trainer(const StartTrainerArgs& a) {
   if (a.config.empty() || a.data.empty())
     throw std::invalid_argument(
         "dsactor start --role trainer needs --config and --data (and --offload endpoints for "
-        "ZeRO stages 1-3), or --deploy");
+        "offload_optimizer / offload_param), or --deploy");
   Placement place = resolve_placement(a);
   Comms store;  // the rendezvous (and the rank, when the coordinator assigns it)
   if (place.world_size > 1 || a.collectives == "nccl") open_store(a, place, store);
   const DsConfig config = load_ds_config(a.config, place.world_size);
-  check_engine_choice(a, config, place.world_size);
+  const EngineChoice engine = choose_trainer_engine(a, config, place.world_size);
   const int stage = config.zero_optimization.stage;
   const GptConfig gpt = resolve_model(a.model);
   const int T = sequence_length(a.seq > 0 ? std::optional<int>(a.seq) : std::nullopt, gpt);
@@ -522,6 +532,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
               signals,
               place,
               config,
+              engine,
               gpt,
               split,
               data.tokenizer.get(),
@@ -533,7 +544,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
               comms,
               runtime,
               spawn_monitor(runtime.system(), config, mo)};
-  return stage == 0 ? run_stage0(run) : run_zero(run);
+  return engine == EngineChoice::kStage0 ? run_stage0(run) : run_zero(run);
 }
 
 }  // namespace dsactor::cli

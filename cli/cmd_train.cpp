@@ -12,7 +12,8 @@
 namespace dsactor::cli {
 
 void add_train_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "train a GPT model in this process (ZeRO stage 0)");
+  auto* cmd = app.add_subcommand(
+      "train", "train a GPT model in this process (ZeRO stage 0-3, no offload services)");
   auto o = std::make_shared<trainer::TrainOptions>();
   auto sample = std::make_shared<int>(200);
   cmd->add_option("--config", o->config, "DeepSpeed config (.json or .yaml)")

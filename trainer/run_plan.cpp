@@ -11,8 +11,24 @@
 #include "trainer/data/token_file.h"
 #include "trainer/model/hf_weights.h"
 #include "trainer/tokenizer_record.h"
+#include "trainer/zero/zero_engine.h"
 
 namespace dsactor::trainer {
+
+EngineChoice choose_engine(const DsConfig& c, size_t offload_endpoints) {
+  const auto& z = c.zero_optimization;
+  if (z.stage == 0) return EngineChoice::kStage0;  // Engine refuses offload at stage 0
+  if (ranks_hold_partitions(c) && !z.offload_param.enabled()) return EngineChoice::kZeroOnRanks;
+  if (offload_endpoints == 0)
+    throw ConfigError(fmt::format(
+        "{}: zero_optimization.{} keeps partitions in offload services, and none was given: "
+        "start them with `dsactor start --role offload` and pass each with --offload "
+        "tcp://HOST:PORT to `dsactor start --role trainer` (or run `dsactor up deploy.yaml`, "
+        "which starts both; `dsactor train` runs no services); or set its \"device\" to "
+        "\"none\" and the data-parallel ranks hold the partitions themselves",
+        c.source, z.offload_optimizer.enabled() ? "offload_optimizer" : "offload_param"));
+  return EngineChoice::kZeroOnServices;
+}
 
 int sequence_length(std::optional<int> seq, const GptConfig& model) {
   const int T = seq.value_or(model.block_size);

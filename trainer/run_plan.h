@@ -1,7 +1,7 @@
 #pragma once
 // What `dsactor train` and `dsactor start --role trainer` decide the same way before their
-// first step: the sequence length, the data checked against the model's vocabulary, and the
-// step count to reach.
+// first step: the engine, the sequence length, the data checked against the model's
+// vocabulary, and the step count to reach.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -44,6 +44,14 @@ struct InitialWeights {
 };
 InitialWeights load_initial_weights(const std::filesystem::path& file, const GptConfig& model,
                                     const Tokenizer* tokenizer);
+
+// Which engine runs a config: the stage-0 Engine, or the ZeroEngine with the partitions on
+// the data-parallel ranks themselves (stages 1-3 without offload_optimizer) or on offload
+// services (with it).
+enum class EngineChoice { kStage0, kZeroOnRanks, kZeroOnServices };
+// Refuses (ConfigError) offload without offload service endpoints, naming where they come
+// from; `offload_endpoints` is how many the command was given (`dsactor train`: none).
+EngineChoice choose_engine(const DsConfig& config, size_t offload_endpoints);
 
 // `steps` when given, else the scheduler's total_num_steps, else 100.
 int64_t target_steps(std::optional<int64_t> steps, const DsConfig& config);

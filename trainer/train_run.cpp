@@ -13,6 +13,7 @@
 #include "trainer/monitor/monitors.h"
 #include "trainer/run_plan.h"
 #include "trainer/tokenizer_record.h"
+#include "trainer/zero/zero_engine.h"
 
 namespace dsactor::trainer {
 
@@ -26,53 +27,47 @@ std::filesystem::path find_checkpoint(const std::filesystem::path& dir) {
 
 namespace {
 
-// --init weights, then the --resume checkpoint (weights, optimizer, data cursor), each
-// refused when it was trained with another tokenizer than `used` (this run's, if any).
-// Returns the tokenizer they record: what the new checkpoint keeps when the run has none.
-std::optional<TokenizerId> load_starting_point(const TrainOptions& o, const GptConfig& gpt,
-                                               Engine& engine, BatchLoader& train,
-                                               const Tokenizer* used) {
-  std::optional<TokenizerId> recorded;
-  if (o.init) {
-    InitialWeights init = load_initial_weights(*o.init, gpt, used);
-    recorded = init.tokenizer;
-    engine.master_params() = std::move(init.params);
-    engine.refresh_working_params();
-    spdlog::info("initial weights from {}", o.init->string());
-  }
-  if (o.resume) {
-    const auto dir = find_checkpoint(*o.resume);
-    const auto extra = engine.load_checkpoint(dir);
-    const auto resumed = tokenizer_from_extra(extra);
-    if (used) check_same_tokenizer(resumed, used->id(), dir.string());
-    if (resumed) recorded = resumed;
-    train.restore(extra.at("train_cursor"));
-    spdlog::info("resumed from {} at step {}", dir.string(), engine.global_step());
-  }
-  return recorded;
+// What a run of either engine reads: the config, the data and where it started from.
+struct TrainInputs {
+  const TrainOptions& o;
+  const TrainCallbacks& cb;
+  const DsConfig& config;
+  const GptConfig& gpt;
+  const TrainingData& data;
+  // The tokenizer the --init weights record (checked against the data's when loaded).
+  std::optional<TokenizerId> init_tokenizer;
+};
+
+// The --resume checkpoint (weights, optimizer, data cursor), refused when it was trained
+// with another tokenizer than `used` (this run's, if any). Returns the tokenizer it records.
+template <class EngineT>
+std::optional<TokenizerId> resume(const TrainOptions& o, EngineT& engine, BatchLoader& train,
+                                  const Tokenizer* used) {
+  const auto dir = find_checkpoint(*o.resume);
+  const auto extra = engine.load_checkpoint(dir);
+  const auto resumed = tokenizer_from_extra(extra);
+  if (used) check_same_tokenizer(resumed, used->id(), dir.string());
+  train.restore(extra.at("train_cursor"));
+  spdlog::info("resumed from {} at step {}", dir.string(), engine.global_step());
+  return resumed;
 }
 
-}  // namespace
-
-TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
-  const DsConfig config = load_ds_config(o.config);
-  check_supported(config);
-  const GptConfig gpt = resolve_model(o.model);
-  const int T = sequence_length(o.seq_len, gpt);
+// The step loop, evaluation, monitors and checkpoints of `dsactor train`, for either engine.
+template <class EngineT>
+TrainSummary train(const TrainInputs& in, EngineT& engine) {
+  const TrainOptions& o = in.o;
+  const TrainCallbacks& cb = in.cb;
+  const DsConfig& config = in.config;
+  const DataSplit& split = in.data.split;
   const int B = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  const TrainingData data = load_training_data(o.data, gpt, o.val_fraction, o.tokenizer);
-  const DataSplit& split = data.split;
+  const int T = sequence_length(o.seq_len, in.gpt);
   BatchLoader train(&split.train, B, T, o.shuffle, o.seed);
-  spdlog::info(
-      "data {}: {} train tokens, {} val tokens ({} tokenizer); micro-batch {} x {} tokens, {} "
-      "micro-steps",
-      o.data.string(), split.train.size(), split.val.size(),
-      data.tokenizer ? data.tokenizer->id().name : "no", B, T, config.gradient_accumulation_steps);
-
-  Engine engine(gpt, config, o.seed);
-  const auto started_from = load_starting_point(o, gpt, engine, train, data.tokenizer.get());
+  std::optional<TokenizerId> started_from = in.init_tokenizer;
+  if (o.resume) {
+    if (auto resumed = resume(o, engine, train, in.data.tokenizer.get())) started_from = resumed;
+  }
   const auto recorded =
-      data.tokenizer ? std::optional<TokenizerId>(data.tokenizer->id()) : started_from;
+      in.data.tokenizer ? std::optional<TokenizerId>(in.data.tokenizer->id()) : started_from;
   const int64_t target = target_steps(o.steps, config);
 
   Monitors monitors(config, o.out / "monitor");
@@ -97,8 +92,8 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   };
 
   TrainSummary s;
-  s.model = gpt;
-  s.tokenizer = data.tokenizer;
+  s.model = in.gpt;
+  s.tokenizer = in.data.tokenizer;
   s.unigram_entropy = unigram_entropy(split.train);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
@@ -131,6 +126,43 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   s.skipped_steps = engine.skipped_steps();
   s.checkpoint = save();
   return s;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
+  const DsConfig config = load_ds_config(o.config);
+  // One process: no offload services (refused with what to run instead), world size 1.
+  const EngineChoice choice = choose_engine(config, 0);
+  if (choice == EngineChoice::kStage0) check_supported(config);
+  const GptConfig gpt = resolve_model(o.model);
+  const int T = sequence_length(o.seq_len, gpt);
+  const TrainingData data = load_training_data(o.data, gpt, o.val_fraction, o.tokenizer);
+  spdlog::info(
+      "data {}: {} train tokens, {} val tokens ({} tokenizer); micro-batch {} x {} tokens, {} "
+      "micro-steps; ZeRO stage {}",
+      o.data.string(), data.split.train.size(), data.split.val.size(),
+      data.tokenizer ? data.tokenizer->id().name : "no", config.train_micro_batch_size_per_gpu, T,
+      config.gradient_accumulation_steps, config.zero_optimization.stage);
+  std::optional<InitialWeights> init;
+  if (o.init) {
+    init = load_initial_weights(*o.init, gpt, data.tokenizer.get());
+    spdlog::info("initial weights from {}", o.init->string());
+  }
+  const TrainInputs in{o, cb, config, gpt, data, init ? init->tokenizer : std::nullopt};
+  if (choice == EngineChoice::kStage0) {
+    Engine engine(gpt, config, o.seed);
+    if (init) {
+      engine.master_params() = std::move(init->params);
+      engine.refresh_working_params();
+    }
+    return train(in, engine);
+  }
+  ZeroOptions zo;  // the partitions on this one rank, no services
+  if (init) zo.initial_weights = initial_weights_from(init->params);
+  ZeroEngine engine(gpt, config, o.seed, zo);
+  init.reset();  // the engine holds them now
+  return train(in, engine);
 }
 
 }  // namespace dsactor::trainer

@@ -1,7 +1,7 @@
 // `dsactor bench dp --json` through the binary: the report's figures must be consistent with
 // each other (ratios are the quotients of the times printed beside them, every collective
-// is measured for both implementations, both world sizes of the step-time phase ran). No
-// timing is asserted.
+// is measured for both implementations, both world sizes of the step-time phase ran), and
+// ZeRO's per-rank state counters scale as 1/W. No timing is asserted.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,10 +12,10 @@
 namespace dsactor {
 namespace {
 
-TEST(BenchDp, ReportsCollectivesBesideGlooAndTheStepTimeFromOneToTwoRanks) {
+TEST(BenchDp, ReportsCollectivesTheStepTimeAndZeroMemoryPerRank) {
   dsactor::testing::TempDir dir;
   const auto r = dsactor::testing::run_dsactor(
-      "bench dp --json --bytes 65536 --iters 1 --model tiny --micro-batch 2 --seq 16 --steps 2",
+      "bench dp --json --bytes 65536 --iters 1 --model small --micro-batch 2 --seq 16 --steps 2",
       dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
@@ -40,6 +40,31 @@ TEST(BenchDp, ReportsCollectivesBesideGlooAndTheStepTimeFromOneToTwoRanks) {
   // 2 ranks process twice the tokens of 1 rank per step.
   EXPECT_DOUBLE_EQ(s.at("ranks").at("2").at("tokens_per_second").get<double>() * s2,
                    2 * s.at("ranks").at("1").at("tokens_per_second").get<double>() * s1);
+
+  // ZeRO without offload: the engines' counters per rank against stage 0's. The optimizer
+  // state and the gradient partitions kept for it are 1/W (up to the 4 KiB alignment of the
+  // partitions and the small blocks one rank owns whole); stage 3 never holds every block.
+  const auto& m = j.at("zero_memory");
+  const auto& stage0 = m.at("stage0");
+  EXPECT_EQ(stage0.at("optimizer_state_bytes").get<double>(),
+            3 * stage0.at("param_bytes").get<double>());
+  for (const char* stage : {"1", "2", "3"})
+    for (const char* w : {"1", "2", "4"}) {
+      SCOPED_TRACE(std::string("stage ") + stage + " W " + w);
+      const auto& p = m.at("stages").at(stage).at(w);
+      const double goal = p.at("goal_ratio").get<double>();
+      EXPECT_DOUBLE_EQ(goal, 1.0 / std::stoi(w));
+      for (const char* c : {"optimizer_state_bytes", "param_bytes", "kept_grad_bytes"})
+        EXPECT_DOUBLE_EQ(p.at(std::string(c) + "_ratio").get<double>(),
+                         p.at(c).get<double>() / stage0.at(c).get<double>())
+            << c;
+      EXPECT_LE(p.at("optimizer_state_bytes_ratio").get<double>(), goal + 0.02);
+      EXPECT_GE(p.at("optimizer_state_bytes_ratio").get<double>(), goal);
+      EXPECT_LE(p.at("kept_grad_bytes_ratio").get<double>(), goal + 0.02);
+      if (std::string(stage) == "3") {
+        EXPECT_LT(p.at("param_bytes_ratio").get<double>(), 1.0);
+      }
+    }
 }
 
 }  // namespace

@@ -30,14 +30,18 @@ void write_inputs(const std::filesystem::path& dir) {
   write_file(dir / "corpus.txt", corpus);
   write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})");
+  // ZeRO stage 3 without offload: the ZeRO engine, its partitions held by the rank itself.
+  write_file(dir / "z3.json", R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": {"stage": 3}})");
 }
 
-std::vector<std::string> trainer_args(const std::string& out, int steps) {
+std::vector<std::string> trainer_args(const std::string& out, int steps,
+                                      const std::string& config = "ds.json") {
   return {"start",
           "--role",
           "trainer",
           "--config",
-          "ds.json",
+          config,
           "--model",
           "tiny",
           "--data",
@@ -57,13 +61,17 @@ int stopped_step(const std::string& log) {
   return std::stoi(log.substr(at + 16));
 }
 
-TEST(StartTrainerStop, SigtermCheckpointsAndTheResumedRunEndsWithTheStraightRunsWeights) {
+// Stage 0 (ds.json) and ZeRO stage 3 with the partitions on the rank (z3.json).
+class StartTrainerStopEngines : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StartTrainerStopEngines, SigtermCheckpointsAndTheResumedRunEndsWithTheStraightRunsWeights) {
   TempDir dir;
   write_inputs(dir.path());
-  Child straight(dir.path(), trainer_args("straight", kSteps), dir.path() / "straight.log");
+  const std::string config = GetParam();
+  Child straight(dir.path(), trainer_args("straight", kSteps, config), dir.path() / "straight.log");
   ASSERT_EQ(straight.wait(std::chrono::seconds(300)), 0) << straight.log();
 
-  Child run(dir.path(), trainer_args("cut", kSteps), dir.path() / "cut.log");
+  Child run(dir.path(), trainer_args("cut", kSteps, config), dir.path() / "cut.log");
   ASSERT_TRUE(run.wait_for_out("step 5/", std::chrono::seconds(120))) << run.log();
   run.signal(SIGTERM);
   EXPECT_EQ(run.wait(std::chrono::seconds(120)), 128 + SIGTERM) << run.log();
@@ -72,7 +80,7 @@ TEST(StartTrainerStop, SigtermCheckpointsAndTheResumedRunEndsWithTheStraightRuns
   ASSERT_LT(stop, kSteps) << "the run finished before the signal; nothing was tested";
   EXPECT_NE(run.log().find("SIGTERM received"), std::string::npos) << run.log();
 
-  std::vector<std::string> resume = trainer_args("cut", kSteps);
+  std::vector<std::string> resume = trainer_args("cut", kSteps, config);
   resume.insert(resume.end(), {"--resume", "cut"});
   Child resumed(dir.path(), resume, dir.path() / "resumed.log");
   ASSERT_EQ(resumed.wait(std::chrono::seconds(300)), 0) << resumed.log();
@@ -83,6 +91,12 @@ TEST(StartTrainerStop, SigtermCheckpointsAndTheResumedRunEndsWithTheStraightRuns
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (const auto& [name, t] : a.tensors) EXPECT_TRUE(t.bytes == b.tensors.at(name).bytes) << name;
 }
+
+INSTANTIATE_TEST_SUITE_P(Engines, StartTrainerStopEngines, ::testing::Values("ds.json", "z3.json"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "ds.json" ? "Stage0"
+                                                                       : "Stage3OnTheRank";
+                         });
 
 TEST(StartTrainerStop, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
   TempDir dir;

@@ -28,11 +28,11 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-k::HalfKind half_kind(Precision p) {
+}  // namespace
+
+k::HalfKind half_kind_of(Precision p) {
   return p == Precision::kFp16 ? k::HalfKind::kFP16 : k::HalfKind::kBF16;
 }
-
-}  // namespace
 
 Precision precision_of(const DsConfig& c) {
   if (c.fp16.enabled) return Precision::kFp16;
@@ -87,18 +87,13 @@ void check_supported(const DsConfig& c, int world_size) {
   const auto& z = c.zero_optimization;
   if (z.stage != 0)
     throw ConfigError(fmt::format(
-        "{}: zero_optimization.stage = {} is not implemented yet in `dsactor train` (one "
-        "process, no offload services): run it with `dsactor up deploy.yaml` (every role on this "
-        "machine) or `dsactor start --role trainer --config ds.json --deploy deploy.yaml` "
-        "beside `dsactor start --role offload` services; or set \"stage\": 0 to train in one "
-        "process.",
+        "{}: zero_optimization.stage = {} runs in the ZeRO engine (trainer/zero/ZeroEngine), "
+        "not in the stage-0 engine",
         c.source, z.stage));
   if (z.offload_optimizer.enabled() || z.offload_param.enabled())
     throw ConfigError(fmt::format(
-        "{}: zero_optimization.offload_optimizer / offload_param is not implemented yet in "
-        "`dsactor train`: it needs ZeRO stage 1-3 and offload services: run it with "
-        "`dsactor up deploy.yaml` or `dsactor start --role trainer --deploy deploy.yaml`; "
-        "for `dsactor train` set \"device\": \"none\".",
+        "{}: zero_optimization.offload_optimizer / offload_param needs ZeRO stage 1, 2 or 3 "
+        "(stage is 0): set \"stage\", or \"device\": \"none\" to train without offload.",
         c.source));
   if (c.world_size != world_size)
     throw ConfigError(fmt::format(
@@ -174,7 +169,16 @@ Engine::Engine(const GptConfig& model, const DsConfig& config, uint64_t seed,
 void Engine::refresh_working_params() {
   if (precision_ == Precision::kFp32) return;
   working_.copy_from(master_);
-  for (auto& b : working_.blocks) k::round_through_half(b.data(), b.size(), half_kind(precision_));
+  for (auto& b : working_.blocks)
+    k::round_through_half(b.data(), b.size(), half_kind_of(precision_));
+}
+
+Engine::Memory Engine::memory() const {
+  Memory m;
+  m.optimizer_state_bytes = (master_.numel() + adam_m_.numel() + adam_v_.numel()) * sizeof(float);
+  m.param_bytes = master_.numel() * sizeof(float);  // the master, or its half-rounded copy
+  m.grad_bytes = grads_.numel() * sizeof(float);
+  return m;
 }
 
 double Engine::current_lr() const {
@@ -229,7 +233,7 @@ StepResult Engine::train_step(BatchLoader& loader) {
   bool nonfinite = false;
   if (precision_ != Precision::kFp32)
     for (auto& g : grads_.blocks)
-      nonfinite |= k::round_through_half(g.data(), g.size(), half_kind(precision_));
+      nonfinite |= k::round_through_half(g.data(), g.size(), half_kind_of(precision_));
   double sum_squares = 0;
   for (const auto& g : grads_.blocks) {
     const auto s = k::grad_stats(g.data(), g.size());

@@ -25,6 +25,8 @@ enum class Precision { kFp32, kFp16, kBf16 };
 const char* precision_name(Precision p);
 // fp16.enabled -> kFp16, bf16.enabled -> kBf16, else kFp32.
 Precision precision_of(const DsConfig& config);
+// The half type of a bf16/fp16 run (kBF16 for kFp32, which has none).
+kernels::cpu::HalfKind half_kind_of(Precision p);
 // The Adam/AdamW hyper-parameters of ds_config's optimizer (DeepSpeed's FusedAdam defaults
 // when absent). Every engine, local or offloaded, starts from this one mapping.
 kernels::cpu::AdamHyper adam_hyper_of(const OptimizerConfig& optimizer);
@@ -77,6 +79,14 @@ class Engine {
   // Called after the master weights changed outside a step (import, load).
   void refresh_working_params();
 
+  // What this engine holds, in bytes, for comparison with the ZeRO stages (ZeroStats).
+  struct Memory {
+    size_t optimizer_state_bytes = 0;  // fp32 master, m and v: 12 bytes per parameter
+    size_t param_bytes = 0;            // what the forward reads (in fp32 the master itself)
+    size_t grad_bytes = 0;             // the fp32 gradients
+  };
+  Memory memory() const;
+
   const DsConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
   int64_t global_step() const { return global_step_; }
@@ -116,10 +126,9 @@ class Engine {
 bool skip_on_overflow(Precision precision, bool nonfinite, LossScaler& scaler, int64_t global_step,
                       int64_t& skipped_steps, StepResult& r);
 
-// Refuses, with a message that says so, what this engine cannot run (ZeRO stages 1-3 and
-// offload need offload services: trainer/zero/, `dsactor start --role trainer` / `dsactor
-// up`). `world_size` is the number of data-parallel ranks the engine will run with.
-// Called at start-up before any work.
+// Refuses, with a message that says so, what this engine cannot run (ZeRO stages 1-3 run
+// in trainer/zero/'s ZeroEngine; offload needs a stage of 1-3). `world_size` is the number
+// of data-parallel ranks the engine will run with. Called at start-up before any work.
 void check_supported(const DsConfig& config, int world_size = 1);
 
 }  // namespace dsactor::trainer

@@ -43,6 +43,7 @@ GradientPipeline::GradientPipeline(const ZeroContext& z)
     : z_(z), memory_(std::make_shared<GradMemory>()) {
   const size_t nblocks = z_.layouts.size();
   grads_.blocks.resize(nblocks);  // allocated block by block as the backward reaches them
+  kept_.blocks.resize(nblocks);
   grad_slots_.resize(nblocks);
   pushed_.sum_squares.assign(nblocks, 0.0);
   pushed_.nonfinite.assign(nblocks, 0);
@@ -73,6 +74,7 @@ void GradientPipeline::map_arenas() {
 void GradientPipeline::begin_step() {
   drain_reductions();
   abandon_pushes();
+  drop_kept();
   for (auto& g : grads_.blocks)
     if (g.size() > 0) drop_grad(g);
   for (auto& slot : grad_slots_) slot.reset();
@@ -215,8 +217,28 @@ void GradientPipeline::push_block(size_t b, FloatBuffer reduced) {
     block_pushed_[b] = 1;
     return;
   }
+  if (z_.local) return keep_local(b, std::move(part));
   if (z_.services[p.service]->has_arena() && push_through_arena(b, p, part)) return;
   push_frame(b, p, std::move(part));
+}
+
+void GradientPipeline::keep_local(size_t b, FloatBuffer part) {
+  const size_t count = z_.mine(b).count;
+  // What a service does with a push: the half-precision gradient (rounded as the frame
+  // path rounds it; fp16 overflow turns into inf here), its sum of squares and overflow
+  // flag over this rank's count floats.
+  if (z_.precision != Precision::kFp32)
+    pushed_.rounding_overflowed |= k::round_through_half(part.data(), count, z_.half_kind());
+  const k::GradStats stats = k::grad_stats(part.data(), count);
+  pushed_.sum_squares[b] = stats.sum_squares;
+  pushed_.nonfinite[b] = stats.nonfinite ? 1 : 0;
+  block_pushed_[b] = 1;
+  kept_.blocks[b] = std::move(part);  // still counted in memory_ until drop_kept
+}
+
+void GradientPipeline::drop_kept() {
+  for (auto& g : kept_.blocks)
+    if (g.size() > 0) drop_grad(g);
 }
 
 void GradientPipeline::make_room_for_push() {
@@ -327,12 +349,14 @@ const PushedGradients& GradientPipeline::finish() {
   for (size_t b = 0; b < block_pushed_.size(); ++b)
     if (!block_pushed_[b])
       throw std::logic_error(fmt::format("block {} was never pushed", z_.layouts[b].name));
+  kept_grad_bytes_ = std::max(kept_grad_bytes_, kept_.numel() * sizeof(float));
   return pushed_;
 }
 
 void GradientPipeline::add_stats(ZeroStats& s) const {
   s.bytes_pushed = bytes_pushed_;
   s.peak_resident_grad_bytes = memory_->peak.load();
+  s.kept_grad_bytes = kept_grad_bytes_;
   s.max_pushes_in_flight = max_pushes_seen_;
   s.overlapped_reductions = overlapped_reductions_;
   s.pushes_in_place = pushes_in_place_;

@@ -1,7 +1,8 @@
 #pragma once
-// The last micro-step's gradients on their way to the offload services, block by block as
-// the backward completes them (trainer/README.md, "ZeRO with offload services": Step,
-// Gradient memory, Same-host payloads).
+// The last micro-step's gradients on their way to the offload services (or, without them,
+// to this rank's LocalPartitions), block by block as the backward completes them
+// (trainer/README.md, "ZeRO with offload services": Step, Gradient memory, Same-host
+// payloads; "ZeRO on the trainers").
 //
 // A block's fp32 gradient is allocated (zeroed) when the backward first writes it and freed
 // once the last micro-step has pushed it, so with gradient_accumulation_steps 1 only the
@@ -11,7 +12,9 @@
 // (with overlap_comm behind the next block's backward) and the rank pushes its partition.
 // Pushes are posted to the service's client and pipelined: up to max_pushes_in_flight are
 // outstanding before the oldest answer is collected. Each answer's sum of squares and
-// overflow flag is kept per block, for the step's verdict.
+// overflow flag is kept per block, for the step's verdict. Without services a block's
+// partition is kept here instead of pushed, its sum of squares and overflow flag computed
+// as a service computes them.
 
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +65,10 @@ class GradientPipeline {
   // Every reduction finished and every push answered (a service that failed one throws
   // ZeroServiceError here, before any commit).
   const PushedGradients& finish();
+  // Without services (LocalPartitions): this rank's reduced gradient partitions of the step,
+  // kept from their block's backward until the optimizer has used them (drop_kept).
+  const BlockSet& kept() const { return kept_; }
+  void drop_kept();
   // Between steps every push slot is idle: their pages go back (see arena_slots.h).
   void trim_idle_slots();
   void add_stats(ZeroStats& s) const;
@@ -89,6 +96,7 @@ class GradientPipeline {
   // ran, else the block itself (W = 1) or its reduce-scatter, run here.
   FloatBuffer partition_of(size_t b, FloatBuffer reduced);
   void push_block(size_t b, FloatBuffer reduced = {});
+  void keep_local(size_t b, FloatBuffer part);
   bool push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part);
   void push_frame(size_t b, const PartitionSlice& p, FloatBuffer part);
   void make_room_for_push();
@@ -106,9 +114,11 @@ class GradientPipeline {
   std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished
   std::deque<PendingPush> pushes_;           // sent, answers not collected, oldest first
   PushedGradients pushed_;
+  BlockSet kept_;  // LocalPartitions: per block this rank's partition, until drop_kept
   std::vector<char> block_pushed_;
   uint64_t overlapped_reductions_ = 0;
   size_t max_pushes_seen_ = 0;
+  size_t kept_grad_bytes_ = 0;
   uint64_t bytes_pushed_ = 0;
   uint64_t pushes_in_place_ = 0;
 };

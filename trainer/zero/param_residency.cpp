@@ -12,6 +12,7 @@
 #include "actors/collectives/collectives.h"
 #include "kernels/cpu/cast.h"
 #include "trainer/zero/arena_slots.h"
+#include "trainer/zero/local_partitions.h"
 #include "trainer/zero/service_error.h"
 
 namespace dsactor::trainer {
@@ -73,9 +74,10 @@ std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
 ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, GptModel& model)
     : z_(z) {
   const auto& zo = z_.config.zero_optimization;
-  // Stage 3 holds a resident set: of the services' blocks with offload_param, and of the
-  // allgathered blocks with more than one rank (each rank keeps only its partition).
-  if (zo.stage == 3 && (zo.offload_param.enabled() || z_.options.world_size > 1)) {
+  // Stage 3 holds a resident set: of the services' blocks with offload_param, of the
+  // allgathered blocks with more than one rank (each rank keeps only its partition), and
+  // of this rank's own partitions without services (gathered, at one rank copied, before use).
+  if (zo.stage == 3 && (zo.offload_param.enabled() || z_.options.world_size > 1 || z_.local)) {
     for (const auto& ep : z_.options.services)
       fetch_clients_.push_back(std::make_unique<actors::ServiceClient>(
           system, ep, z_.options.timeout, z_.options.job_id));
@@ -133,6 +135,10 @@ void ParamResidency::end_pass() {
   if (scheduler_) scheduler_->end_pass();
 }
 
+void ParamResidency::wait_fetches() {
+  if (scheduler_) scheduler_->wait_fetches();
+}
+
 void ParamResidency::backward_begins() {
   for (auto& c : fetch_clients_) c->trim_free_slots();
 }
@@ -173,9 +179,10 @@ actors::FetchedParameters ParamResidency::receive_partition(actors::ServiceClien
   return f;
 }
 
-void ParamResidency::fetch_partition(actors::ServiceClient& client, const PartitionSlice& p,
+void ParamResidency::fetch_partition(ServiceClients& clients, const PartitionSlice& p,
                                      uint64_t step, float* out) {
-  const actors::FetchedParameters f = receive_partition(client, p, step);
+  if (z_.local) return z_.local->read(p.block, step, out);
+  const actors::FetchedParameters f = receive_partition(*clients[p.service], p, step);
   copy_out(f.bytes(), !f.in_arena(), out, p.count, z_.wire_dtype(), z_.half_kind());
 }
 
@@ -199,7 +206,7 @@ void ParamResidency::fetch_block(ServiceClients& clients, actors::Collectives* c
                                  uint64_t step, float* out) {
   const PartitionSlice& mine = z_.mine(b);
   if (z_.plan.world_size() == 1) {  // the partition is the block
-    if (mine.count > 0) fetch_partition(*clients[mine.service], mine, step, out);
+    if (mine.count > 0) fetch_partition(clients, mine, step, out);
     return;
   }
   // This rank's partition from its service, the others' by allgather: W equal slots of P
@@ -209,7 +216,7 @@ void ParamResidency::fetch_block(ServiceClients& clients, actors::Collectives* c
   const size_t W = z_.plan.world_size();
   FloatBuffer gathered = FloatBuffer::uninitialized(W * P);
   float* slot = gathered.data() + static_cast<size_t>(z_.options.rank) * P;
-  if (mine.count > 0) fetch_partition(*clients[mine.service], mine, step, slot);
+  if (mine.count > 0) fetch_partition(clients, mine, step, slot);
   std::fill(slot + mine.count, slot + P, 0.0f);
   try {
     comm->allgather(slot, gathered.data(), P);

@@ -2,13 +2,15 @@
 // Where the parameters the model computes with come from (trainer/README.md, "ZeRO with
 // offload services": Stage 3 with offload_param, Same-host payloads).
 //
-// Stages 1/2 (and stage 3 without offload_param at one rank): every block resident,
-// refetched from the services after each committed step. Stage 3 with offload_param, or
-// with several ranks: a resident set (ParamScheduler) that fetches a block before use at the
-// committed step, on the scheduler's fetcher, through clients of its own (one per service,
-// so fetches never queue behind the step's pushes); a block in fp32 at one rank stays in
-// the arena slot the service wrote it into. With W > 1 ranks a block is this rank's
-// partition from its service plus the others' by allgather.
+// Stages 1/2 (and stage 3 with services but without offload_param at one rank): every
+// block resident, refetched from the services after each committed step. Stage 3 with
+// offload_param, with several ranks, or without services: a resident set (ParamScheduler)
+// that fetches a block before use at the committed step, on the scheduler's fetcher,
+// through clients of its own (one per service, so fetches never queue behind the step's
+// pushes); a block in fp32 at one rank stays in the arena slot the service wrote it into.
+// With W > 1 ranks a block is this rank's partition from its service plus the others' by
+// allgather. Without services (LocalPartitions) this rank's partition is read from them
+// instead of fetched; everything else is the same.
 
 #include <atomic>
 #include <cstddef>
@@ -50,6 +52,9 @@ class ParamResidency {
   void release(size_t b);
   void begin_pass(bool training);
   void end_pass();
+  // Stage 3: every fetch in flight has arrived (LocalPartitions commit only then: the
+  // fetcher reads them).
+  void wait_fetches();
   // The backward's first block: fetch slots that hold no resident block sit idle through
   // the backward, where the step's memory peak is, so their pages go back now.
   void backward_begins();
@@ -66,8 +71,9 @@ class ParamResidency {
   // This rank's partition at exactly `step`, checked (version, count, dtype).
   actors::FetchedParameters receive_partition(actors::ServiceClient& client,
                                               const PartitionSlice& p, uint64_t step);
-  void fetch_partition(actors::ServiceClient& client, const PartitionSlice& p, uint64_t step,
-                       float* out);
+  // This rank's partition into `out`: from its service through `clients`, or read from the
+  // LocalPartitions.
+  void fetch_partition(ServiceClients& clients, const PartitionSlice& p, uint64_t step, float* out);
   // The partition as a buffer of its own: the arena slot it arrived in, adopted (fp32),
   // else a copy.
   FloatBuffer fetch_adopting(actors::ServiceClient& client, const PartitionSlice& p, uint64_t step);

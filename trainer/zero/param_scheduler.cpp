@@ -139,11 +139,14 @@ void ParamScheduler::make_room(size_t numel) {
     if (slots_[b].resident && slots_[b].in_use == 0 && !persistent(b)) drop(b);
 }
 
-void ParamScheduler::set_committed_step(uint64_t step) {
-  for (size_t b = 0; b < slots_.size(); ++b) {
+void ParamScheduler::wait_fetches() {
+  for (size_t b = 0; b < slots_.size(); ++b)
     if (slots_[b].pending) wait_pending(b);
-    drop(b);
-  }
+}
+
+void ParamScheduler::set_committed_step(uint64_t step) {
+  wait_fetches();
+  for (size_t b = 0; b < slots_.size(); ++b) drop(b);
   committed_step_ = step;
 }
 

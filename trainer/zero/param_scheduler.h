@@ -66,6 +66,8 @@ class ParamScheduler final : public BlockHooks {
   void begin_pass(bool training);
   // End of a pass: frees what is neither persistent nor in use.
   void end_pass();
+  // Waits until every fetch in flight has arrived (they stay resident).
+  void wait_fetches();
 
   void acquire(size_t block) override;
   void release(size_t block) override;

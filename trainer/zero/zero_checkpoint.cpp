@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "storage/checkpoint.h"
+#include "trainer/zero/local_partitions.h"
 #include "trainer/zero/service_error.h"
 
 namespace dsactor::trainer {
@@ -68,13 +69,59 @@ std::string service_dir_name(size_t s) {
   return fmt::format("service-{}", s);
 }
 
+// Who holds the partitions, as the manifest records it.
+const char* holder_name(const ZeroContext& z) {
+  return z.local ? "trainer" : "services";
+}
+
+// `manifest_dir` if it holds a manifest, else an error saying what `abs` is not.
+fs::path existing_manifest(const fs::path& manifest_dir, const fs::path& abs) {
+  if (!fs::exists(manifest_dir / "manifest.json"))
+    throw std::runtime_error(fmt::format(
+        "{}: no trainer manifest ({}): not a ZeRO checkpoint of this kind (partitions held by "
+        "the trainers are saved beside the manifest, offload services' under trainer/), or a "
+        "save that did not finish",
+        abs.string(), (manifest_dir / "manifest.json").string()));
+  return manifest_dir;
+}
+
 }  // namespace
+
+nlohmann::json ZeroCheckpoint::manifest_state(const nlohmann::json& extra, const LossScaler& scaler,
+                                              nlohmann::json services) const {
+  const StepCounters& c = z_.counters;
+  nlohmann::json state;
+  state["format"] = kZeroCheckpointFormat;
+  state["format_version"] = kZeroCheckpointVersion;
+  state["model"] = model_json(gpt_);
+  state["stage"] = z_.config.zero_optimization.stage;
+  state["precision"] = precision_name(z_.precision);
+  state["job"] = z_.options.job_id;
+  state["global_step"] = c.global_step;
+  state["optimizer_steps"] = c.optimizer_steps;
+  state["skipped_steps"] = c.skipped_steps;
+  state["committed_step"] = c.committed_step;
+  state["loss_scaler"] = scaler.state();
+  state["plan"] = plan_json(z_.plan, z_.options.rank);
+  state["partitions_held_by"] = holder_name(z_);
+  state["services"] = std::move(services);
+  state["extra"] = extra;
+  return state;
+}
 
 void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
                           const LossScaler& scaler) const {
   const StepCounters& c = z_.counters;
   const uint32_t rank = z_.options.rank;
   const fs::path abs = rank_directory(dir, z_.plan, rank);
+  if (z_.local) {
+    // One checkpoint directory, swapped into place whole: the partitions and the manifest.
+    storage::CheckpointWriter w(abs);
+    z_.local->save(w);
+    w.set_state(manifest_state(extra, scaler, nlohmann::json::array()));
+    w.commit();
+    return;
+  }
   fs::create_directories(abs);
   // The manifest goes first: from here until the new one is committed, `dir` does not
   // look like a checkpoint, so a crash cannot leave an old manifest beside new partitions.
@@ -107,23 +154,8 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
                         {"step", reply.step},
                         {"bytes", reply.bytes_written}});
   }
-  nlohmann::json state;
-  state["format"] = kZeroCheckpointFormat;
-  state["format_version"] = kZeroCheckpointVersion;
-  state["model"] = model_json(gpt_);
-  state["stage"] = z_.config.zero_optimization.stage;
-  state["precision"] = precision_name(z_.precision);
-  state["job"] = z_.options.job_id;
-  state["global_step"] = c.global_step;
-  state["optimizer_steps"] = c.optimizer_steps;
-  state["skipped_steps"] = c.skipped_steps;
-  state["committed_step"] = c.committed_step;
-  state["loss_scaler"] = scaler.state();
-  state["plan"] = plan_json(z_.plan, rank);
-  state["services"] = std::move(services);
-  state["extra"] = extra;
   storage::CheckpointWriter w(manifest_dir);
-  w.set_state(std::move(state));
+  w.set_state(manifest_state(extra, scaler, std::move(services)));
   w.commit();  // the checkpoint exists from here on
 }
 
@@ -132,14 +164,10 @@ struct ZeroCheckpoint::Manifest {
   std::vector<std::pair<size_t, nlohmann::json>> services;  // (index, saved entry)
 };
 
-ZeroCheckpoint::Manifest ZeroCheckpoint::read_manifest(const fs::path& abs,
+ZeroCheckpoint::Manifest ZeroCheckpoint::read_manifest(const storage::CheckpointReader& reader,
+                                                       const fs::path& abs,
                                                        const LossScaler& scaler) const {
-  const fs::path manifest_dir = abs / "trainer";
-  if (!fs::exists(manifest_dir / "manifest.json"))
-    throw std::runtime_error(fmt::format(
-        "{}: no trainer manifest ({}): not a ZeRO checkpoint, or a save that did not finish",
-        abs.string(), (manifest_dir / "manifest.json").string()));
-  storage::CheckpointReader reader(manifest_dir);
+  const fs::path& manifest_dir = reader.dir();
   const nlohmann::json& state = reader.state();
   const uint32_t rank = z_.options.rank;
   Manifest m{Loaded{StepCounters{}, scaler, {}}, {}};
@@ -158,6 +186,10 @@ ZeroCheckpoint::Manifest ZeroCheckpoint::read_manifest(const fs::path& abs,
       throw std::runtime_error(fmt::format(
           "{}: checkpoint was trained in {}, this run is {} (the services serve that dtype)",
           abs.string(), state.at("precision").dump(), precision_name(z_.precision)));
+    if (state.value("partitions_held_by", "services") != holder_name(z_))
+      throw std::runtime_error(fmt::format(
+          "{}: checkpoint's partitions are held by the {}, this run's by the {}", abs.string(),
+          state.value("partitions_held_by", "services"), holder_name(z_)));
     if (state.at("plan") != plan_json(z_.plan, rank))
       throw std::runtime_error(fmt::format(
           "{}: checkpoint's partition plan (world size, rank, services, partitions) differs "
@@ -175,7 +207,7 @@ ZeroCheckpoint::Manifest ZeroCheckpoint::read_manifest(const fs::path& abs,
       listed.push_back(s.at("index").get<size_t>());
       m.services.emplace_back(listed.back(), s);
     }
-    if (listed != services_in_use(z_.plan, rank))
+    if (listed != (z_.local ? std::vector<size_t>{} : services_in_use(z_.plan, rank)))
       throw std::runtime_error(
           fmt::format("{}: checkpoint lists services {} but the plan places partitions on others",
                       abs.string(), nlohmann::json(listed).dump()));
@@ -243,7 +275,14 @@ void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) co
 
 ZeroCheckpoint::Loaded ZeroCheckpoint::load(const fs::path& dir, const LossScaler& scaler) const {
   const fs::path abs = rank_directory(dir, z_.plan, z_.options.rank);
-  Manifest m = read_manifest(abs, scaler);  // everything the trainer can check, first
+  if (z_.local) {
+    const storage::CheckpointReader reader(existing_manifest(abs, abs));
+    Manifest m = read_manifest(reader, abs, scaler);
+    z_.local->load(reader, m.loaded.counters.committed_step);  // checked before taken over
+    return std::move(m.loaded);
+  }
+  const storage::CheckpointReader reader(existing_manifest(abs / "trainer", abs));
+  Manifest m = read_manifest(reader, abs, scaler);  // everything the trainer can check, first
   restore_services(abs, m);
   return std::move(m.loaded);
 }

@@ -4,7 +4,8 @@
 // (`service-<s>/`), then the trainer's manifest (`trainer/`: counters, loss scaler, plan,
 // the services' tags, `extra`) is committed last. A load checks the manifest against this
 // run before any service is touched, then restores the services one by one, rolling the
-// earlier ones back from a snapshot if a later one refuses.
+// earlier ones back from a snapshot if a later one refuses. Partitions held by the rank
+// itself (LocalPartitions) are saved beside the same manifest in one checkpoint directory.
 
 #include <filesystem>
 
@@ -13,6 +14,10 @@
 #include "trainer/config/loss_scaler.h"
 #include "trainer/model/gpt_config.h"
 #include "trainer/zero/zero_context.h"
+
+namespace dsactor::storage {
+class CheckpointReader;
+}
 
 namespace dsactor::trainer {
 
@@ -37,7 +42,10 @@ class ZeroCheckpoint {
 
  private:
   struct Manifest;
-  Manifest read_manifest(const std::filesystem::path& abs, const LossScaler& scaler) const;
+  nlohmann::json manifest_state(const nlohmann::json& extra, const LossScaler& scaler,
+                                nlohmann::json services) const;
+  Manifest read_manifest(const storage::CheckpointReader& reader, const std::filesystem::path& abs,
+                         const LossScaler& scaler) const;
   // Every saved service restored, or none: those restored before a refusal are rolled
   // back from snapshots taken just before.
   void restore_services(const std::filesystem::path& abs, const Manifest& m) const;

@@ -31,6 +31,8 @@ struct StepCounters {
 // One typed client per offload service of this rank (index = PartitionSlice::service).
 using ServiceClients = std::vector<std::unique_ptr<actors::ServiceClient>>;
 
+class LocalPartitions;
+
 struct ZeroContext {
   const std::vector<BlockLayout>& layouts;
   const PartitionPlan& plan;
@@ -40,6 +42,9 @@ struct ZeroContext {
   const StepCounters& counters;
   // The step's traffic: registration, pushes, commits, checkpoints, stages-1/2 fetches.
   ServiceClients& services;
+  // Without offload services (offload_optimizer off): this rank's partitions, held by the
+  // trainer itself, and `services` is empty. Null with offload services.
+  LocalPartitions* local;
 
   // This rank's slice of block b.
   const PartitionSlice& mine(size_t b) const { return plan.slice(b, options.rank); }
@@ -55,14 +60,13 @@ struct ZeroContext {
     }
     return messages::DType::fp32;
   }
-  kernels::cpu::HalfKind half_kind() const {
-    return precision == Precision::kFp16 ? kernels::cpu::HalfKind::kFP16
-                                         : kernels::cpu::HalfKind::kBF16;
-  }
+  kernels::cpu::HalfKind half_kind() const { return half_kind_of(precision); }
   // One rank in fp32: a partition is its block, and a payload is the block's floats as
   // they are, so the arena is used in place (a gradient written into its push slot, a
   // fetched block resident in its slot).
-  bool in_place() const { return plan.world_size() == 1 && precision == Precision::kFp32; }
+  bool in_place() const {
+    return !local && plan.world_size() == 1 && precision == Precision::kFp32;
+  }
 };
 
 }  // namespace dsactor::trainer

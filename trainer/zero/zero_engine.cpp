@@ -12,6 +12,7 @@
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/zero/gradient_pipeline.h"
+#include "trainer/zero/local_partitions.h"
 #include "trainer/zero/param_residency.h"
 #include "trainer/zero/zero_checkpoint.h"
 
@@ -33,21 +34,28 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
   if (z.stage < 1 || z.stage > 3)
     throw ConfigError(
         fmt::format("{}: the ZeRO engine runs zero_optimization.stage 1, 2 or 3, "
-                    "not {} (stage 0 is `dsactor train`)",
+                    "not {} (stage 0 runs in the stage-0 Engine)",
                     c.source, z.stage));
-  if (!z.offload_optimizer.enabled())
-    throw ConfigError(fmt::format(
-        "{}: zero_optimization.stage {} in dsactor keeps the optimizer state in offload "
-        "services: set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\"",
-        c.source, z.stage));
   if (z.offload_param.enabled() && z.stage != 3)
     throw ConfigError(fmt::format("{}: zero_optimization.offload_param needs stage 3 (stage is {})",
                                   c.source, z.stage));
-  if (o.services.empty())
+  if (z.offload_param.enabled() && !z.offload_optimizer.enabled())
+    throw ConfigError(fmt::format(
+        "{}: zero_optimization.offload_param needs offload_optimizer too: in dsactor the offload "
+        "service that serves a partition's parameters also runs its optimizer step (set "
+        "offload_optimizer.device to \"cpu\" or \"nvme\", or offload_param.device to \"none\")",
+        c.source));
+  if (z.offload_optimizer.enabled() && o.services.empty())
     throw ConfigError(
         fmt::format("{}: stage {} with offload needs at least one offload service "
                     "endpoint (dsactor start --role offload)",
                     c.source, z.stage));
+  if (!z.offload_optimizer.enabled() && !o.services.empty())
+    throw ConfigError(fmt::format(
+        "{}: offload service endpoints were given, but zero_optimization.offload_optimizer is "
+        "off, so the ranks hold their optimizer partitions themselves: set "
+        "offload_optimizer.device to \"cpu\" or \"nvme\" to use the services",
+        c.source));
   if (o.max_pushes_in_flight < 1)
     throw ConfigError("ZeroOptions::max_pushes_in_flight must be at least 1");
   if (o.world_size < 1 || o.rank >= o.world_size)
@@ -81,6 +89,10 @@ std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
 
 }  // namespace
 
+bool ranks_hold_partitions(const DsConfig& c) {
+  return c.zero_optimization.stage >= 1 && !c.zero_optimization.offload_optimizer.enabled();
+}
+
 // The model's hooks: the resident set's acquire/release, and each block's gradient begun
 // when its backward starts and, on the last micro-step, handed on when it is complete.
 class ZeroEngine::Hooks final : public BlockHooks {
@@ -112,11 +124,17 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
       options_(std::move(options)),
       precision_(precision_of(config)),
       model_(model),
+      // Without services every partition is placed on "service 0", this rank itself.
       plan_((check_zero_config(config, options_), block_numels(model_.layouts())),
-            options_.world_size, options_.services.size()),
+            options_.world_size, std::max<size_t>(1, options_.services.size())),
       adam_(adam_hyper_of(config.optimizer)),
       scaler_(config.fp16),
-      context_{model_.layouts(), plan_, options_, config_, precision_, counters_, services_} {
+      local_(ranks_hold_partitions(config)
+                 ? std::make_unique<LocalPartitions>(model_.layouts(), plan_, options_.rank, adam_,
+                                                     precision_)
+                 : nullptr),
+      context_{model_.layouts(), plan_,     options_,  config_,
+               precision_,       counters_, services_, local_.get()} {
   caf::actor_system* system = options_.system;
   if (!system) {
     own_runtime_ = std::make_unique<actors::Runtime>();
@@ -126,7 +144,8 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     services_.push_back(
         std::make_unique<actors::ServiceClient>(*system, ep, options_.timeout, options_.job_id));
   reuse_block_mappings();
-  register_and_initialise(seed);
+  register_partitions();
+  initialise_parameters(seed);
   residency_ = std::make_unique<ParamResidency>(context_, *system, model_);
   gradients_ = std::make_unique<GradientPipeline>(context_);
   checkpoints_ = std::make_unique<ZeroCheckpoint>(context_, gpt_);
@@ -161,7 +180,7 @@ void ZeroEngine::reuse_block_mappings() {
   if (before > limit) FloatBuffer::set_cache_limit(before, layer_bytes);
 }
 
-void ZeroEngine::register_and_initialise(uint64_t seed) {
+void ZeroEngine::register_partitions() {
   msg::OptimizerConfig opt;
   opt.kind = adam_.adamw_mode ? msg::OptimizerKind::adamw : msg::OptimizerKind::adam;
   opt.lr = adam_.lr;  // floats widened exactly: the service narrows them back bit for bit
@@ -181,9 +200,13 @@ void ZeroEngine::register_and_initialise(uint64_t seed) {
     await_or_throw(*services_[s], "register", 0,
                    services_[s]->register_partitions(options_.rank, options_.world_size, specs));
   }
+}
+
+void ZeroEngine::initialise_parameters(uint64_t seed) {
   // The stage-0 engine's initial weights (one RNG stream in block order), generated one
-  // block at a time and sent partition by partition, zero-copy: the trainer never holds the
-  // whole model, and keeps none of this master copy.
+  // block at a time and sent partition by partition, zero-copy (or kept: this rank's slice):
+  // the trainer never holds the whole model beside its partitions.
+  const auto owned = plan_.owned_by(options_.rank);
   GptWeightInit init(gpt_, model_.layouts(), seed);
   for (size_t b = 0; b < model_.layouts().size(); ++b) {
     auto master = std::make_shared<FloatBuffer>(model_.layouts()[b].numel);
@@ -191,6 +214,10 @@ void ZeroEngine::register_and_initialise(uint64_t seed) {
       options_.initial_weights(b, master->data());
     else
       init.block(b, master->data());
+    if (local_) {
+      local_->set_parameters(b, master->data());
+      continue;
+    }
     std::vector<std::pair<size_t, actors::ServiceFuture<msg::SetParametersReply>>> sent;
     for (const auto& p : owned) {
       if (p.block != b) continue;
@@ -296,6 +323,7 @@ ZeroEngine::Verdict ZeroEngine::combine_across_ranks(const PushedGradients& push
 }
 
 void ZeroEngine::skip_everywhere(uint64_t step) {
+  gradients_->drop_kept();  // LocalPartitions: nothing else moves on a skipped step
   std::vector<actors::ServiceFuture<msg::CommitReply>> skips;
   for (auto& service : services_) skips.push_back(service->skip(step));
   for (size_t s = 0; s < services_.size(); ++s)
@@ -303,6 +331,13 @@ void ZeroEngine::skip_everywhere(uint64_t step) {
 }
 
 void ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
+  if (local_) {
+    // Stage 3's fetcher reads the partitions: nothing of the old step may be in flight.
+    residency_->wait_fetches();
+    local_->commit(commit, counters_.optimizer_steps + 1, gradients_->kept());
+    gradients_->drop_kept();
+    return;
+  }
   // Every service commits at once (each on its client); the verdict is the same for all,
   // so they apply the same step.
   std::vector<actors::ServiceFuture<msg::CommitReply>> commits;
@@ -386,6 +421,7 @@ void ZeroEngine::save_checkpoint(const std::filesystem::path& dir,
 }
 
 nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
+  residency_->wait_fetches();  // LocalPartitions: the load replaces what the fetcher reads
   ZeroCheckpoint::Loaded loaded = checkpoints_->load(dir, scaler_);
   scaler_ = loaded.scaler;
   counters_ = loaded.counters;
@@ -396,6 +432,7 @@ nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
 ZeroStats ZeroEngine::stats() const {
   ZeroStats s;
   s.total_param_bytes = total_numel(model_.layouts()) * sizeof(float);
+  s.optimizer_state_bytes = local_ ? local_->optimizer_state_bytes() : 0;
   gradients_->add_stats(s);
   residency_->add_stats(s);
   return s;

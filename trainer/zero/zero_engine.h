@@ -23,16 +23,23 @@ class Runtime;
 namespace dsactor::trainer {
 
 class GradientPipeline;
+class LocalPartitions;
 class ParamResidency;
 class ZeroCheckpoint;
 struct PushedGradients;
 
-// ZeRO stages 1-3 with the optimizer in offload services (trainer/README.md, "ZeRO with
-// offload services"). The forward/backward are the stage-0 engine's, kernel for kernel;
-// the optimizer step is the services': gradients are pushed per partition, the global norm
-// and the fp16 overflow verdict are combined from the push replies, then every service
-// gets CommitStep(step, clip_coef, loss_scale, lr) or SkipStep, and the parameters are
-// fetched back at the new version. Losses equal Engine's bit for bit at world size 1.
+// Stages 1-3 without offload_optimizer: the data-parallel ranks hold the partitions
+// themselves (LocalPartitions), no offload service is needed.
+bool ranks_hold_partitions(const DsConfig& config);
+
+// ZeRO stages 1-3 (trainer/README.md, "ZeRO with offload services" and "ZeRO on the
+// trainers"). The forward/backward are the stage-0 engine's, kernel for kernel. With
+// offload_optimizer the optimizer step is the services': gradients are pushed per
+// partition, the global norm and the fp16 overflow verdict are combined from the push
+// replies, then every service gets CommitStep(step, clip_coef, loss_scale, lr) or
+// SkipStep, and the parameters are fetched back at the new version. Without it the rank's
+// own LocalPartitions take the services' place at each of those points (the same sums,
+// the same Adam pass). Losses equal Engine's bit for bit at world size 1.
 //
 // The engine keeps the step itself (the micro-steps, the verdict, commit or skip) and the
 // step counters, and wires three parts that read them: the GradientPipeline (gradients
@@ -41,12 +48,13 @@ struct PushedGradients;
 // actors::ServiceClient.
 //
 // Data parallel (world size W > 1): every block is split into W partitions (PartitionPlan);
-// rank r keeps its partitions on its own offload services. After the last micro-step's
-// backward of a block, the block's gradient is reduce-scattered (rank-order sum) and the
-// rank pushes only its partition; the services' sums of squares and overflow flags of
-// every rank are allgathered, so all ranks reach the same norm and verdict before any
-// commit. Parameters come back as this rank's partition from its service plus an allgather
-// of the others' (stages 1/2 after each step; stage 3 per block, prefetched, before use).
+// rank r keeps its partitions on its own offload services (or holds them itself). After
+// the last micro-step's backward of a block, the block's gradient is reduce-scattered
+// (rank-order sum) and the rank pushes (or keeps) only its partition; the sums of squares
+// and overflow flags of every rank are allgathered, so all ranks reach the same norm and
+// verdict before any commit. Parameters come back as this rank's partition plus an
+// allgather of the others' (stages 1/2 after each step; stage 3 per block, prefetched,
+// before use).
 class ZeroEngine {
  public:
   ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t seed, ZeroOptions options);
@@ -59,8 +67,11 @@ class ZeroEngine {
   // A checkpoint directory: `service-<s>/` per service holding partitions (written by that
   // service with Checkpoint, on its host, at the absolute path of `dir`) and `trainer/`
   // (the manifest: counters, loss scaler, plan, service tags, `extra`), committed last, so
-  // a directory without `trainer/` is never loaded. Between steps only. With several
-  // trainers each rank saves (and loads) `dir/rank-<r>/` in that layout.
+  // a directory without `trainer/` is never loaded. Without services (LocalPartitions)
+  // it is one checkpoint directory holding the manifest and this rank's partitions (at
+  // world size 1 readable as a stage-0 checkpoint: the same tensor names and sizes).
+  // Between steps only. With several trainers each rank saves (and loads) `dir/rank-<r>/`
+  // in that layout.
   void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const;
   // Checks the manifest against this engine (model, precision, plan, services) before any
   // service is touched, restores every service, then the trainer's state; returns `extra`.
@@ -97,7 +108,8 @@ class ZeroEngine {
     double sum_squares = 0;
     bool nonfinite = false;
   };
-  void register_and_initialise(uint64_t seed);
+  void register_partitions();
+  void initialise_parameters(uint64_t seed);
   void reuse_block_mappings();
   void run_micro_steps(BatchLoader& loader, StepResult& r);
   Verdict reach_verdict(StepResult& r);
@@ -118,6 +130,7 @@ class ZeroEngine {
   // Declared before the clients: their actors run in this system.
   std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
   ServiceClients services_;
+  std::unique_ptr<LocalPartitions> local_;  // without offload services
   ZeroContext context_;
   std::unique_ptr<ParamResidency> residency_;
   std::unique_ptr<GradientPipeline> gradients_;

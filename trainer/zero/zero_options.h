@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -51,15 +52,29 @@ struct ZeroOptions {
   std::function<void(size_t block, float* weights)> initial_weights;
 };
 
+// ZeroOptions::initial_weights from whole weights held in memory (`--init`), which must
+// outlive the engine's constructor.
+inline std::function<void(size_t, float*)> initial_weights_from(const BlockSet& params) {
+  return [&params](size_t b, float* out) {
+    std::memcpy(out, params.blocks[b].data(), params.blocks[b].bytes());
+  };
+}
+
 // Traffic and memory of the ZeRO engine, cumulative.
 struct ZeroStats {
-  uint64_t bytes_pushed = 0;             // gradient payloads sent
-  uint64_t bytes_fetched = 0;            // parameter payloads received
-  size_t total_param_bytes = 0;          // the whole model as fp32 (what stage 0 holds)
+  uint64_t bytes_pushed = 0;     // gradient payloads sent
+  uint64_t bytes_fetched = 0;    // parameter payloads received
+  size_t total_param_bytes = 0;  // the whole model as fp32 (what stage 0 holds)
+  // fp32 master, m and v this rank holds itself (LocalPartitions; 0 with offload services):
+  // 1/W of stage 0's 3 * total_param_bytes.
+  size_t optimizer_state_bytes = 0;
   size_t peak_resident_param_bytes = 0;  // the most parameter bytes this trainer held at once
   // The most gradient bytes held at once: fp32 blocks being computed or accumulated, the
   // reduced partitions, the half-precision payloads until ZeroMQ has sent them.
   size_t peak_resident_grad_bytes = 0;
+  // LocalPartitions: the most bytes of this rank's reduced gradient partitions kept for its
+  // optimizer at once (after the backward, before the step): 1/W of the model's gradient.
+  size_t kept_grad_bytes = 0;
   size_t max_pushes_in_flight = 0;     // the most pushes awaiting their replies at once
   uint64_t overlapped_reductions = 0;  // reduce-scatters that ran behind the backward (W > 1)
   // Shared-memory arenas mapped with the services (0: every payload went as frames). Not
