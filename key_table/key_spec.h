@@ -60,6 +60,15 @@ struct Range {
   std::string text() const;
 };
 
+// How far dsactor follows DeepSpeed on a key: the compatibility table of the reference
+// page, and what the parser says when a key of a feature dsactor lacks is given.
+enum class Support {
+  kSupported,    // does what DeepSpeed does
+  kDiffers,      // works, with the difference support_note says
+  kNoEffect,     // accepted and checked; dsactor does not act on it (support_note: why)
+  kUnsupported,  // a DeepSpeed feature dsactor does not implement: given, it is refused
+};
+
 struct KeySpec {
   std::string_view path;  // key_path.h spelling: "optimizer.params.lr", "roles[].listen"
   ValueType type;
@@ -82,6 +91,11 @@ struct KeySpec {
   std::string_view allowed_doc = {};  // what is allowed, where type and range cannot say it
   std::string_view section = {};      // kObject/kObjectList: its heading on the reference
                                       // page (default: the path in backticks)
+  Support support = Support::kSupported;
+  std::string_view support_note = {};  // kDiffers: the difference; otherwise optional words
+  // Set: the only value dsactor supports; any other is a DeepSpeed feature dsactor does not
+  // implement (optimizer.params.amsgrad: false).
+  Value supported_value = {};
 
   Range range() const { return {min, max, min_exclusive}; }
   bool has_children() const { return type == ValueType::kObject || type == ValueType::kObjectList; }
