@@ -55,7 +55,7 @@ std::optional<TokenizerId> load_starting_point(const TrainOptions& o, const GptC
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
-  const DsConfig config = load_ds_config(o.config);
+  const DsConfig config = load_ds_config(o.config, 1, parse_config_overrides(o.config_overrides));
   check_supported(config);
   const GptConfig gpt = resolve_model(o.model);
   const int T = sequence_length(o.seq_len, gpt);
