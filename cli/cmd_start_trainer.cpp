@@ -377,7 +377,10 @@ struct RankRun {
       train.restore(extra.at("train_cursor"));
       spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
     }
-    StepEngineOf<EngineT> steps(engine);
+    // DeepSpeed's flops profiler runs on rank 0.
+    FlopsProfiler profiler(config, gpt);
+    const bool profile = config.flops_profiler.enabled && place.rank == 0;
+    StepEngineOf<EngineT> steps(engine, profile ? &profiler : nullptr);
     RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
                                           tokens_per_step(), signals, a.name);
     if (!outcome.ok) throw std::runtime_error(outcome.error);

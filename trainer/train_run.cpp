@@ -10,8 +10,11 @@
 #include <stdexcept>
 
 #include "trainer/data/batch_loader.h"
+#include "trainer/monitor/flops_profiler.h"
 #include "trainer/monitor/monitors.h"
+#include "trainer/monitor/wall_clock.h"
 #include "trainer/run_plan.h"
+#include "trainer/runtime/step_engine.h"
 #include "trainer/tokenizer_record.h"
 
 namespace dsactor::trainer {
@@ -76,6 +79,10 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   const int64_t target = target_steps(o.steps, config);
 
   Monitors monitors(config, o.out / "monitor");
+  FlopsProfiler profiler(config, gpt);
+  StepEngineOf<Engine> steps(engine, config.flops_profiler.enabled ? &profiler : nullptr);
+  std::optional<WallClockBreakdown> wall_clock;
+  if (config.wall_clock_breakdown) wall_clock.emplace();
   auto monitor = [&](const std::string& event, int64_t step, double value) {
     monitors.write(event, step, value);
   };
@@ -103,7 +110,8 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   while (engine.global_step() < target) {
-    const StepResult r = engine.train_step(train);
+    const StepResult r = steps.train_step(train);
+    if (wall_clock) wall_clock->add(r);
     tokens += static_cast<int64_t>(B) * T * config.gradient_accumulation_steps;
     s.last_train_loss = r.loss;
     TrainProgress p{r, target, 0, 0};
@@ -116,6 +124,8 @@ TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
       spdlog::info("step {}/{} loss {:.4f} lr {:.3e} grad_norm {:.3f}{} {:.0f} tok/s",
                    r.global_step, target, r.loss, r.lr, r.grad_norm,
                    r.skipped ? " (skipped: fp16 overflow)" : "", p.tokens_per_second);
+    if (wall_clock && config.steps_per_print > 0 && r.global_step % config.steps_per_print == 0)
+      spdlog::info("{}", *wall_clock->take_line());
     if (o.eval_every > 0 && r.global_step % o.eval_every == 0 && have_val) {
       const float v = validate();
       monitor("Eval/Samples/val_loss", r.global_step, v);

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <string>
 
 #include "actors/offload_link/offload_client.h"
@@ -133,6 +134,26 @@ TEST_F(UpDsConfig, ConfigOverridesFillHuggingFaceAutoValues) {
   const auto up = run_dsactor("up deploy.yaml", dir.path());
   EXPECT_EQ(up.exit_code, 0) << up.out << up.err;
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoint" / "manifest.json")) << up.out;
+}
+
+TEST_F(UpDsConfig, ZeroWallClockBreakdownAddsFetchPushAndCommit) {
+  write_file(dir / "zero.json", R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
+    "wall_clock_breakdown": true, "optimizer": {"type": "AdamW", "params": {"lr": 0.002}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                          "offload_param": {"device": "cpu"}}})");
+  write_file(dir / "deploy.yaml",
+             "roles:\n  - {role: offload, name: off, listen: \"" + endpoint +
+                 "\", mlock: false}\n  - {role: trainer, config: zero.json, model: tiny, data: "
+                 "corpus.txt, steps: 2}\n");
+  const auto up = run_dsactor("up deploy.yaml", dir.path());
+  ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
+  const std::regex line(
+      R"(\[trainer0\] .*trainer0: \[Rank 0\] time \(ms\) \| fwd: [0-9.]+ \| bwd: [0-9.]+ \| )"
+      R"(step: [0-9.]+ \| fetch: [0-9.]+ \| push: [0-9.]+ \| commit: [0-9.]+)");
+  EXPECT_EQ(std::distance(std::sregex_iterator(up.out.begin(), up.out.end(), line),
+                          std::sregex_iterator()),
+            2)
+      << up.out;
 }
 
 TEST(ServiceTiers, TwoTrainersAskingOneServiceForDifferentDirectoriesIsAnError) {
