@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -81,6 +82,8 @@ struct KeySpec {
   bool icase = false;                          // kEnum: any case is accepted
   // kEnum: values the file format knows but dsactor does not implement (a clearer error).
   std::vector<std::string_view> unsupported = {};
+  // kEnum: other spellings of a choice, {alias, canonical} ("float16" for "fp16").
+  std::vector<std::pair<std::string_view, std::string_view>> choice_aliases = {};
   std::string_view doc = {};
   std::string_view alias_of = {};  // another row's path: this spelling sets that key
   bool deprecated = false;         // accepted with a warning

@@ -102,6 +102,16 @@ void assign(std::optional<T>& d, const Value& v) {
   d = std::move(t);
 }
 
+// DeepSpeed's DtypeEnum (deepspeed/runtime/config.py) reads these spellings of data_types'
+// dtypes too.
+const std::vector<std::pair<std::string_view, std::string_view>>& dtype_aliases() {
+  static const std::vector<std::pair<std::string_view, std::string_view>> aliases = {
+      {"float16", "fp16"},  {"half", "fp16"},           {"torch.float16", "fp16"},
+      {"bfloat16", "bf16"}, {"torch.bfloat16", "bf16"}, {"float32", "fp32"},
+      {"float", "fp32"},    {"torch.float32", "fp32"}};
+  return aliases;
+}
+
 #define DS_SET(member) [](DsConfig& c, const Value& v) { assign(c.member, v); }
 
 }  // namespace
@@ -1435,6 +1445,7 @@ const std::vector<DsKey>& ds_keys() {
                .type = ValueType::kEnum,
                .choices = {"fp16", "bf16", "fp32"},
                .icase = true,
+               .choice_aliases = dtype_aliases(),
                .doc = "Gradient accumulation buffer type; null = the training precision.",
                .nullable = true,
                .support = key_table::Support::kNoEffect,
@@ -1444,6 +1455,7 @@ const std::vector<DsKey>& ds_keys() {
                .type = ValueType::kEnum,
                .choices = {"fp16", "bf16", "fp32"},
                .icase = true,
+               .choice_aliases = dtype_aliases(),
                .doc = "DeepSpeed itself ignores this spelling, found in many configs; dsactor "
                       "reads it as "
                       "data_types.grad_accum_dtype",
@@ -1455,6 +1467,7 @@ const std::vector<DsKey>& ds_keys() {
                .type = ValueType::kEnum,
                .choices = {"fp16", "bf16", "fp32"},
                .icase = true,
+               .choice_aliases = dtype_aliases(),
                .doc = "Parameter data type; null = the training precision.",
                .nullable = true,
                .support = key_table::Support::kNoEffect,
@@ -1463,6 +1476,7 @@ const std::vector<DsKey>& ds_keys() {
                .type = ValueType::kEnum,
                .choices = {"fp16", "bf16", "fp32"},
                .icase = true,
+               .choice_aliases = dtype_aliases(),
                .doc = "Buffer data type; null = the training precision.",
                .nullable = true,
                .support = key_table::Support::kNoEffect}},
