@@ -291,10 +291,10 @@ TEST(DeepSpeedForms, DtypeSpellingsOfDeepSpeedsDtypeEnum) {
   const DsConfig c = parse_ds_config(
       {{"train_batch_size", 8}, {"data_types", {{"grad_accum_dtype", "torch.bfloat16"}}}}, kSrc);
   EXPECT_EQ(c.grad_accum_dtype, DataType::kBf16);
-  EXPECT_EQ(parse_ds_config({{"train_batch_size", 8}, {"gradient_accumulation_dtype", "half"}},
-                            kSrc)
-                .grad_accum_dtype,
-            DataType::kFp16);
+  EXPECT_EQ(
+      parse_ds_config({{"train_batch_size", 8}, {"gradient_accumulation_dtype", "half"}}, kSrc)
+          .grad_accum_dtype,
+      DataType::kFp16);
   EXPECT_THAT(error_of({{"train_batch_size", 8}, {"data_types", {{"grad_accum_dtype", "fp8"}}}}),
               AllOf(HasSubstr("data_types.grad_accum_dtype"), HasSubstr("also \"float16\"")));
 }
