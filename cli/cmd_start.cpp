@@ -107,6 +107,14 @@ void add_start_command(CLI::App& app) {
                   "offload: io_uring requests in flight")
       ->check(CLI::Range(1u, 4096u))
       ->capture_default_str();
+  cmd->add_option("--aio-single-submit", a->service.store.nvme.single_submit,
+                  "offload: enter the kernel once per io_uring request (ds_config "
+                  "aio.single_submit)")
+      ->capture_default_str();
+  cmd->add_option("--aio-overlap-events", a->service.store.nvme.overlap_events,
+                  "offload: refill the io_uring queue as requests complete; false: whole "
+                  "batches (ds_config aio.overlap_events)")
+      ->capture_default_str();
   cmd->add_option("--max-in-cpu", a->service.store.max_in_cpu,
                   "offload, with --nvme: bytes of optimizer state (master+m+v, 12 per element) "
                   "kept in RAM, placed in registration order; the rest spills to NVMe "

@@ -27,10 +27,12 @@
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/hf_weights.h"
+#include "trainer/optimizer_step.h"
 #include "trainer/run_plan.h"
 #include "trainer/runtime/engine_actor.h"
 #include "trainer/runtime/monitor_actor.h"
 #include "trainer/runtime/step_engine.h"
+#include "trainer/service_tiers.h"
 #include "trainer/tokenizer_record.h"
 #include "trainer/train_run.h"
 #include "trainer/zero/zero_engine.h"
@@ -257,6 +259,10 @@ void log_validation(EngineT& engine, const DataSplit& split, int B, int T, uint6
 
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
   cmd.add_option("--config", a.config, "trainer: ds_config (zero_optimization.stage 0-3)");
+  cmd.add_option("--set", a.set,
+                 "trainer: KEY.PATH=VALUE sets or replaces a ds_config key (repeatable; VALUE "
+                 "is read as JSON when it is JSON, else as a string), e.g. filling \"auto\" "
+                 "values: --set train_micro_batch_size_per_gpu=4");
   cmd.add_option("--model", a.model, "trainer: model preset or YAML")->capture_default_str();
   cmd.add_option("--data", a.data, "trainer: text file/dir or llm.c token file");
   cmd.add_option("--tokenizer", a.tokenizer,
@@ -372,7 +378,10 @@ struct RankRun {
       train.restore(extra.at("train_cursor"));
       spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
     }
-    StepEngineOf<EngineT> steps(engine);
+    // DeepSpeed's flops profiler runs on rank 0.
+    FlopsProfiler profiler(config, gpt);
+    const bool profile = config.flops_profiler.enabled && place.rank == 0;
+    StepEngineOf<EngineT> steps(engine, profile ? &profiler : nullptr);
     RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
                                           tokens_per_step(), signals, a.name);
     if (!outcome.ok) throw std::runtime_error(outcome.error);
@@ -491,6 +500,9 @@ EngineChoice choose_trainer_engine(const StartTrainerArgs& a, const DsConfig& co
         "{}: --offload {} unused: {} sets no offload_optimizer, so the ranks hold the "
         "optimizer state themselves",
         a.name, fmt::join(a.offload, " "), a.config);
+  // The tier the config names must exist on every service.
+  if (choice == EngineChoice::kZeroOnServices)
+    check_service_tiers(config, a.offload, std::chrono::milliseconds(a.service_timeout_ms));
   return choice;
 }
 
@@ -505,7 +517,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
   Placement place = resolve_placement(a);
   Comms store;  // the rendezvous (and the rank, when the coordinator assigns it)
   if (place.world_size > 1 || a.collectives == "nccl") open_store(a, place, store);
-  const DsConfig config = load_ds_config(a.config, place.world_size);
+  const DsConfig config = load_ds_config(a.config, place.world_size, parse_config_overrides(a.set));
   const EngineChoice engine = choose_trainer_engine(a, config, place.world_size);
   const int stage = config.zero_optimization.stage;
   const GptConfig gpt = resolve_model(a.model);

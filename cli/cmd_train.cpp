@@ -19,6 +19,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config", o->config, "DeepSpeed config (.json or .yaml)")
       ->required()
       ->check(CLI::ExistingFile);
+  cmd->add_option("--set", o->config_overrides,
+                  "KEY.PATH=VALUE sets or replaces a ds_config key (repeatable; VALUE is read as "
+                  "JSON when it is JSON, else as a string), e.g. filling \"auto\" values: --set "
+                  "train_micro_batch_size_per_gpu=4 --set optimizer.params.lr=1e-4");
   cmd->add_option("--model", o->model,
                   "preset (" + trainer::model_presets_help() + ") or model YAML")
       ->capture_default_str();

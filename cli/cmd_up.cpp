@@ -1,15 +1,19 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 
 #include "cli/commands.h"
 #include "deploy/deploy_config.h"
+#include "deploy/service_tiers.h"
 #include "deploy/supervisor.h"
+#include "trainer/config/ds_config.h"
 
 namespace dsactor::cli {
 
@@ -22,8 +26,9 @@ struct UpArgs {
   bool dry_run = false;
 };
 
-// Exit codes: 0 success; 2 the deploy file is wrong; 3 a directory could not be created;
-// 100 + i the role roles[i] failed; 128 + signal when stopped by SIGINT/SIGTERM/SIGHUP.
+// Exit codes: 0 success; 2 the deploy file or a trainer's ds_config is wrong; 3 a directory could
+// not be created; 100 + i the role roles[i] failed; 128 + signal when stopped by
+// SIGINT/SIGTERM/SIGHUP.
 constexpr int kExitConfig = 2;
 constexpr int kExitSetup = 3;
 
@@ -49,6 +54,44 @@ void print_dry_run(const deploy::DeployConfig& cfg,
   std::fflush(stdout);
 }
 
+// The NVMe tier a trainer's ds_config asks for (offload_optimizer first, as its buffers
+// are the ones the service's staging serves), with the config's aio block; none when
+// neither offload section says nvme.
+std::optional<deploy::TierRequest> tier_request(const deploy::RoleSpec& t,
+                                                const trainer::DsConfig& c) {
+  const auto& z = c.zero_optimization;
+  const bool opt = z.offload_optimizer.device == trainer::OffloadDevice::kNvme;
+  if (!opt && z.offload_param.device != trainer::OffloadDevice::kNvme) return std::nullopt;
+  deploy::TierRequest r;
+  r.trainer = t.name;
+  r.config = t.config;
+  r.nvme_key = opt ? "zero_optimization.offload_optimizer.nvme_path"
+                   : "zero_optimization.offload_param.nvme_path";
+  const fs::path path(opt ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path);
+  r.nvme_dir = (path.is_absolute() ? path : t.config.parent_path() / path).lexically_normal();
+  r.aio.block_size = static_cast<uint64_t>(c.aio.block_size);
+  r.aio.queue_depth = static_cast<unsigned>(std::min<int64_t>(c.aio.queue_depth, 1 << 20));
+  r.aio.single_submit = c.aio.single_submit;
+  r.aio.overlap_events = c.aio.overlap_events;
+  r.buffer_count = static_cast<unsigned>(std::min<int64_t>(
+      opt ? z.offload_optimizer.buffer_count : z.offload_param.buffer_count, 1 << 20));
+  return r;
+}
+
+// Reads every trainer's ds_config (with its config_overrides) before anything starts, so a
+// config that cannot run is reported now, and the offload roles get the NVMe tier the
+// configs ask for.
+void apply_trainer_configs(deploy::DeployConfig& cfg) {
+  std::vector<deploy::TierRequest> requests;
+  for (const auto* t : cfg.of_kind(deploy::RoleKind::kTrainer)) {
+    std::vector<trainer::ConfigOverride> overrides;
+    for (const auto& [key, value] : t->config_overrides) overrides.push_back({key, value});
+    const trainer::DsConfig c = trainer::load_ds_config(t->config, t->world_size, overrides);
+    if (auto r = tier_request(*t, c)) requests.push_back(std::move(*r));
+  }
+  for (const auto& note : deploy::apply_tier_requests(cfg, requests)) spdlog::warn("{}", note);
+}
+
 // `nvme` and `out` directories are created before anything starts, so a typo'd mount point
 // fails here with its path rather than inside a child.
 void create_dirs(const deploy::DeployConfig& cfg) {
@@ -71,7 +114,11 @@ void run_up(const UpArgs& a) {
   deploy::DeployConfig cfg;
   try {
     cfg = deploy::load_deploy_config(a.deploy);
+    apply_trainer_configs(cfg);
   } catch (const deploy::DeployConfigError& e) {
+    spdlog::error("{}", e.what());
+    throw CLI::RuntimeError(kExitConfig);
+  } catch (const trainer::ConfigError& e) {
     spdlog::error("{}", e.what());
     throw CLI::RuntimeError(kExitConfig);
   }
@@ -113,8 +160,9 @@ void add_up_command(CLI::App& app) {
   cmd->add_flag("--dry-run", a->dry_run,
                 "print each role's environment and command line, start nothing");
   cmd->footer(
-      "Exit codes: 0 every trainer exited 0; 2 invalid deploy file; 3 a directory could not be "
-      "created; 100+i roles[i] failed (its exit code and last stderr lines are logged); 128+N "
+      "Exit codes: 0 every trainer exited 0; 2 invalid deploy file or trainer ds_config; 3 a "
+      "directory could not be created; 100+i roles[i] failed (its exit code and last stderr lines "
+      "are logged); 128+N "
       "stopped by signal N.");
   cmd->callback([a] { run_up(*a); });
 }

@@ -12,6 +12,7 @@ namespace dsactor::cli {
 // through Gloo collectives. The deployment-driven form (--deploy) builds these from the YAML.
 struct StartTrainerArgs {
   std::string config;                // ds_config .json/.yaml (zero_optimization.stage 1-3)
+  std::vector<std::string> set;      // --set key.path=value: ds_config keys given here
   std::string model = "tiny";        // preset or model YAML
   std::string data;                  // text file/dir or llm.c token file
   std::string tokenizer;             // text's tokenizer (load_tokenizer); "": byte
@@ -54,7 +55,8 @@ struct StartTrainerArgs {
   std::string resume;
 };
 
-// Adds --config --model --data --tokenizer --offload (repeatable) --steps --seq --seed
+// Adds --config --set (repeatable) --model --data --tokenizer --offload (repeatable) --steps
+// --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
 // --serve-coordinator --comm-timeout-ms --init --out --resume to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);

@@ -19,6 +19,12 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
         a.insert(a.end(), {"--aio-block-size", std::to_string(*role.aio.block_size)});
       if (role.aio.queue_depth)
         a.insert(a.end(), {"--aio-queue-depth", std::to_string(*role.aio.queue_depth)});
+      if (role.aio.single_submit)
+        a.insert(a.end(), {"--aio-single-submit", *role.aio.single_submit ? "true" : "false"});
+      if (role.aio.overlap_events)
+        a.insert(a.end(), {"--aio-overlap-events", *role.aio.overlap_events ? "true" : "false"});
+      if (role.buffer_count)
+        a.insert(a.end(), {"--buffer-count", std::to_string(*role.buffer_count)});
       if (role.mlock == false) a.emplace_back("--no-mlock");
       if (role.max_arena) a.insert(a.end(), {"--max-arena", std::to_string(*role.max_arena)});
       break;
@@ -34,6 +40,8 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
       if (role.steps) a.insert(a.end(), {"--steps", std::to_string(role.steps)});
       if (!role.out.empty()) a.insert(a.end(), {"--out", role.out});
       if (role.shared_memory == false) a.emplace_back("--no-shared-memory");
+      for (const auto& [key, value] : role.config_overrides)
+        a.insert(a.end(), {"--set", key + "=" + value});
       if (!config.rendezvous.empty()) {
         a.insert(a.end(), {"--coordinator", config.rendezvous});
         if (config.rendezvous_in_rank0 && role.rank == 0) a.emplace_back("--serve-coordinator");

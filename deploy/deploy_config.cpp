@@ -171,6 +171,8 @@ void DeployParser::read_offload_keys(const YAML::Node& n, const std::string& p, 
   if (n["memory_limit"]) r.memory_limit = yaml_.bytes(n["memory_limit"], p + ".memory_limit");
   if (n["mlock"]) r.mlock = yaml_.boolean(n["mlock"], p + ".mlock");
   if (n["max_arena"]) r.max_arena = yaml_.bytes(n["max_arena"], p + ".max_arena");
+  if (n["buffer_count"])
+    r.buffer_count = static_cast<unsigned>(yaml_.integer(n["buffer_count"], p + ".buffer_count"));
   const YAML::Node aio = n["aio"];
   if (!aio) return;
   if (!aio.IsMap())
@@ -186,6 +188,10 @@ void DeployParser::read_offload_keys(const YAML::Node& n, const std::string& p, 
   if (aio["queue_depth"])
     r.aio.queue_depth =
         static_cast<unsigned>(yaml_.integer(aio["queue_depth"], p + ".aio.queue_depth"));
+  if (aio["single_submit"])
+    r.aio.single_submit = yaml_.boolean(aio["single_submit"], p + ".aio.single_submit");
+  if (aio["overlap_events"])
+    r.aio.overlap_events = yaml_.boolean(aio["overlap_events"], p + ".aio.overlap_events");
 }
 
 // The keys check_keys let through only for trainer roles (but `config`, which a trainer
@@ -217,6 +223,8 @@ void DeployParser::read_trainer_keys(const YAML::Node& n, const std::string& p, 
   if (n["out"]) r.out = yaml_.path(n["out"], p + ".out").string();
   if (n["steps"]) r.steps = yaml_.integer(n["steps"], p + ".steps");
   if (n["shared_memory"]) r.shared_memory = yaml_.boolean(n["shared_memory"], p + ".shared_memory");
+  if (n["config_overrides"])
+    r.config_overrides = yaml_.config_overrides(n["config_overrides"], p + ".config_overrides");
 }
 
 // Names are what logs, exit messages and `offload:` lists refer to: they must be unique.

@@ -35,6 +35,8 @@ std::string_view role_kind_name(RoleKind k);
 struct AioOverrides {
   std::optional<uint64_t> block_size;   // bytes, multiple of 4096
   std::optional<unsigned> queue_depth;  // io_uring requests in flight
+  std::optional<bool> single_submit;    // one request per kernel entry
+  std::optional<bool> overlap_events;   // refill the queue as requests complete
 };
 
 struct RoleSpec {
@@ -54,8 +56,9 @@ struct RoleSpec {
   std::optional<std::filesystem::path> nvme;  // NVMe tier directory (absolute)
   std::optional<uint64_t> memory_limit;       // `--memory-limit`; 0 = physical memory
   AioOverrides aio;
-  std::optional<bool> mlock;          // false: `--no-mlock`
-  std::optional<uint64_t> max_arena;  // `--max-arena`
+  std::optional<unsigned> buffer_count;  // `--buffer-count`: NVMe staging buffers
+  std::optional<bool> mlock;             // false: `--no-mlock`
+  std::optional<uint64_t> max_arena;     // `--max-arena`
 
   // trainer
   std::filesystem::path config;  // ds_config (absolute; must exist)
@@ -68,6 +71,9 @@ struct RoleSpec {
   int world_size = 1;
   std::vector<std::string> offload;   // names of offload roles; default: every offload role here
   std::optional<bool> shared_memory;  // false: `--no-shared-memory`; unset: the trainer's default
+  // ds_config keys given here instead of in the file (`--set key.path=value` each, in file
+  // order): "auto" values filled for this deployment, say. The value is JSON text.
+  std::vector<std::pair<std::string, std::string>> config_overrides;
 
   // every role; the timeouts' defaults are the deployment's (docs/deploy.md reads them here)
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
@@ -101,10 +107,11 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 
 // The argv (after the dsactor binary itself) that runs `role` by hand:
 //   offload:     start --role offload --listen E [--nvme DIR] [--memory-limit BYTES]
-//                [--aio-block-size B] [--aio-queue-depth Q] [--no-mlock]
+//                [--aio-block-size B] [--aio-queue-depth Q] [--aio-single-submit BOOL]
+//                [--aio-overlap-events BOOL] [--buffer-count N] [--no-mlock] [--max-arena BYTES]
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
 //                [--offload ENDPOINT]... [--model M] [--data D] [--tokenizer T] [--steps S] [--out
-//                DIR]
+//                DIR] [--set KEY=VALUE]...
 //                [--coordinator ENDPOINT [--serve-coordinator]]
 //   coordinator: start --role coordinator --name N --deploy FILE --listen E
 // Every path is absolute; `--offload` lists the endpoints of the services the trainer's

@@ -110,6 +110,15 @@ const std::vector<KeySpec>& deploy_keys() {
        .applies_to = kOffload,
        .allowed_doc = "a map",
        .section = "`aio:` of an offload role"},
+      {.path = "roles[].buffer_count",
+       .type = ValueType::kInt,
+       .def = int_value(store.buffer_count),
+       .min = 3,
+       .max = 1024,
+       .doc = "NVMe staging buffers (one computed, the rest read ahead and written behind); "
+              "`dsactor up` sets it from a trainer's ds_config offload buffer_count when the "
+              "ds_config puts that trainer's state on NVMe",
+       .applies_to = kOffload},
       {.path = "roles[].mlock",
        .type = ValueType::kBool,
        .def = bool_value(store.lock_memory),
@@ -174,6 +183,15 @@ const std::vector<KeySpec>& deploy_keys() {
               "instead of through a shared-memory arena (lower peak memory, more CPU)",
        .applies_to = kTrainer,
        .default_doc = "the trainer's default"},
+      {.path = "roles[].config_overrides",
+       .type = ValueType::kStringMap,
+       .doc = "ds_config keys set for this trainer (`--set key.path=value` each), e.g. "
+              "filling the Hugging Face \"auto\" values: `{train_micro_batch_size_per_gpu: 4, "
+              "optimizer.params.lr: 1e-4}`; a value is read as JSON when it is JSON, else as "
+              "a string; a list becomes a JSON list",
+       .applies_to = kTrainer,
+       .default_doc = "{}",
+       .allowed_doc = "a map key.path: value"},
       {.path = "roles[].offload",
        .type = ValueType::kStringList,
        .doc = "offload services this trainer's partitions go to",
@@ -211,6 +229,16 @@ const std::vector<KeySpec>& deploy_keys() {
        .min = 1,
        .max = 4096,
        .doc = "io_uring requests in flight",
+       .applies_to = kOffload},
+      {.path = "roles[].aio.single_submit",
+       .type = ValueType::kBool,
+       .def = bool_value(store.nvme.single_submit),
+       .doc = "enter the kernel once per request instead of once per batch",
+       .applies_to = kOffload},
+      {.path = "roles[].aio.overlap_events",
+       .type = ValueType::kBool,
+       .def = bool_value(store.nvme.overlap_events),
+       .doc = "refill the queue as requests complete (false: whole batches)",
        .applies_to = kOffload},
   };
   return table;

@@ -157,6 +157,58 @@ EnvList DeployYaml::env(const YAML::Node& n, std::string_view path) const {
   return out;
 }
 
+namespace {
+
+// A list item as JSON text: numbers, true/false and null as written, anything else quoted.
+std::string json_item(const std::string& s) {
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  const bool number = !s.empty() && end == s.c_str() + s.size();
+  if (number || s == "true" || s == "false" || s == "null") return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> DeployYaml::config_overrides(
+    const YAML::Node& n, std::string_view path) const {
+  if (!n.IsMap()) fail(n, path, key_table::expected_problem(spec(path), shown(n)));
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& kv : n) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : std::string();
+    if (key.empty() || key.find_first_of(" =") != std::string::npos)
+      fail(kv.first, path,
+           fmt::format("key {} is not a ds_config key path; expected one like "
+                       "optimizer.params.lr",
+                       shown(kv.first)));
+    const YAML::Node& v = kv.second;
+    std::string text;
+    if (v.IsScalar()) {
+      text = v.Scalar();
+    } else if (v.IsSequence()) {
+      std::vector<std::string> items;
+      for (const auto& e : v) {
+        if (!e.IsScalar())
+          fail(e, key_table::join_path(path, key), "expected a list of numbers or strings");
+        items.push_back(json_item(e.Scalar()));
+      }
+      text = fmt::format("[{}]", fmt::join(items, ", "));
+    } else {
+      fail(v, key_table::join_path(path, key),
+           fmt::format("expected a value or a list, got {}; give nested keys as dotted paths "
+                       "(optimizer.params.lr: 1e-4)",
+                       shown(v)));
+    }
+    out.emplace_back(key, text);
+  }
+  return out;
+}
+
 RoleKind DeployYaml::role_kind(const YAML::Node& entry, std::string_view entry_path) const {
   const std::string path = key_table::join_path(entry_path, "role");
   const auto& s = spec(path);

@@ -52,6 +52,11 @@ class DeployYaml {
   std::filesystem::path path(const YAML::Node& n, std::string_view path) const;
   std::filesystem::path resolve(const std::string& p) const;
   EnvList env(const YAML::Node& n, std::string_view path) const;
+  // A map of ds_config key paths to values (`config_overrides`), each value as JSON text: a
+  // scalar as written (the trainer reads it as JSON when it is JSON, else as a string), a
+  // list of scalars as a JSON list.
+  std::vector<std::pair<std::string, std::string>> config_overrides(const YAML::Node& n,
+                                                                    std::string_view path) const;
   // The `role:` of a roles entry (`path` is the entry's: "roles[1]").
   RoleKind role_kind(const YAML::Node& entry, std::string_view path) const;
   // A job or role name (kNameRule of the table).

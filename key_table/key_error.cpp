@@ -27,8 +27,13 @@ std::string not_allowed_problem(const KeySpec& spec, std::string_view shown, con
 }
 
 std::optional<std::string_view> match_choice(const KeySpec& spec, std::string_view text) {
+  const auto same = [&](std::string_view a) {
+    return spec.icase ? lower(a) == lower(text) : a == text;
+  };
   for (auto c : spec.choices)
-    if (spec.icase ? lower(c) == lower(text) : c == text) return c;
+    if (same(c)) return c;
+  for (const auto& [alias, canonical] : spec.choice_aliases)
+    if (same(alias)) return canonical;
   return std::nullopt;
 }
 

@@ -29,7 +29,8 @@ std::string expected_problem(const KeySpec& spec, std::string_view got);
 std::string not_allowed_problem(const KeySpec& spec, std::string_view shown);
 std::string not_allowed_problem(const KeySpec& spec, std::string_view shown, const Range& range);
 
-// kEnum: the canonical spelling of `text` among spec.choices (any case where spec.icase).
+// kEnum: the canonical spelling of `text` among spec.choices and spec.choice_aliases (any
+// case where spec.icase).
 std::optional<std::string_view> match_choice(const KeySpec& spec, std::string_view text);
 // kEnum: why `text` is not a choice: a value dsactor knows but does not support, or one it
 // does not know (with the nearest choice as a hint).

@@ -30,8 +30,12 @@ std::string type_text(const KeySpec& s, const Range& r) {
       return "a number" + r.text();
     case ValueType::kString:
       return "a string";
-    case ValueType::kEnum:
-      return "one of " + quoted_list(s.choices) + (s.icase ? " (any case)" : "");
+    case ValueType::kEnum: {
+      std::vector<std::string_view> aliases;
+      for (const auto& a : s.choice_aliases) aliases.push_back(a.first);
+      return "one of " + quoted_list(s.choices) + (s.icase ? " (any case)" : "") +
+             (aliases.empty() ? std::string() : "; also " + quoted_list(aliases));
+    }
     case ValueType::kFloatPair:
       return "a list of two numbers" + r.text();
     case ValueType::kStringList:

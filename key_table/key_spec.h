@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -60,6 +61,15 @@ struct Range {
   std::string text() const;
 };
 
+// How far dsactor follows DeepSpeed on a key: the compatibility table of the reference
+// page, and what the parser says when a key of a feature dsactor lacks is given.
+enum class Support {
+  kSupported,    // does what DeepSpeed does
+  kDiffers,      // works, with the difference support_note says
+  kNoEffect,     // accepted and checked; dsactor does not act on it (support_note: why)
+  kUnsupported,  // a DeepSpeed feature dsactor does not implement: given, it is refused
+};
+
 struct KeySpec {
   std::string_view path;  // key_path.h spelling: "optimizer.params.lr", "roles[].listen"
   ValueType type;
@@ -72,6 +82,8 @@ struct KeySpec {
   bool icase = false;                          // kEnum: any case is accepted
   // kEnum: values the file format knows but dsactor does not implement (a clearer error).
   std::vector<std::string_view> unsupported = {};
+  // kEnum: other spellings of a choice, {alias, canonical} ("float16" for "fp16").
+  std::vector<std::pair<std::string_view, std::string_view>> choice_aliases = {};
   std::string_view doc = {};
   std::string_view alias_of = {};  // another row's path: this spelling sets that key
   bool deprecated = false;         // accepted with a warning
@@ -82,6 +94,11 @@ struct KeySpec {
   std::string_view allowed_doc = {};  // what is allowed, where type and range cannot say it
   std::string_view section = {};      // kObject/kObjectList: its heading on the reference
                                       // page (default: the path in backticks)
+  Support support = Support::kSupported;
+  std::string_view support_note = {};  // kDiffers: the difference; otherwise optional words
+  // Set: the only value dsactor supports; any other is a DeepSpeed feature dsactor does not
+  // implement (optimizer.params.amsgrad: false).
+  Value supported_value = {};
 
   Range range() const { return {min, max, min_exclusive}; }
   bool has_children() const { return type == ValueType::kObject || type == ValueType::kObjectList; }

@@ -10,8 +10,11 @@
 
 namespace dsactor::key_table {
 
+KeyTable::KeyTable(std::vector<const KeySpec*> rows, std::vector<Applicability> applicabilities)
+    : rows_(std::move(rows)), applicabilities_(std::move(applicabilities)) {}
+
 KeyTable::KeyTable(std::vector<const KeySpec*> rows, Applicability applicability)
-    : rows_(std::move(rows)), applicability_(std::move(applicability)) {}
+    : KeyTable(std::move(rows), std::vector<Applicability>{std::move(applicability)}) {}
 
 KeyTable KeyTable::of(const std::vector<KeySpec>& rows, Applicability applicability) {
   std::vector<const KeySpec*> specs;
@@ -53,15 +56,27 @@ std::vector<const KeySpec*> KeyTable::aliases_of(const KeySpec& spec) const {
   return out;
 }
 
+const Applicability& KeyTable::applicability(std::string_view parent) const {
+  static const Applicability kNone;
+  const std::string t = template_path(parent);
+  const Applicability* best = nullptr;
+  for (const auto& a : applicabilities_) {
+    const bool inside = a.scope.empty() || t == a.scope || t.rfind(a.scope + ".", 0) == 0;
+    if (inside && (!best || a.scope.size() > best->scope.size())) best = &a;
+  }
+  return best ? *best : kNone;
+}
+
 bool KeyTable::applies(const KeySpec& spec, size_t which) const {
   return spec.applies_to == 0 || (spec.applies_to >> which) & 1u;
 }
 
-std::string KeyTable::applicability_text(unsigned mask) const {
+std::string KeyTable::applicability_text(unsigned mask, std::string_view parent) const {
   if (mask == 0) return "all";
+  const auto& names_of = applicability(parent).names;
   std::vector<std::string> names;
-  for (size_t i = 0; i < applicability_.names.size(); ++i)
-    if ((mask >> i) & 1u) names.push_back(applicability_.names[i]);
+  for (size_t i = 0; i < names_of.size(); ++i)
+    if ((mask >> i) & 1u) names.push_back(names_of[i]);
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
@@ -86,13 +101,15 @@ std::string KeyTable::unknown_key_problem(std::string_view parent, std::string_v
 }
 
 std::string KeyTable::not_applicable_problem(const KeySpec& spec, size_t which) const {
-  const std::string& here = applicability_.names.at(which);
+  const std::string_view parent = parent_of(spec.path);
+  const Applicability& a = applicability(parent);
+  const std::string& here = a.names.at(which);
   std::vector<std::string_view> takes;
-  for (const auto* c : children(parent_of(spec.path)))
+  for (const auto* c : children(parent))
     if (c->alias_of.empty() && applies(*c, which)) takes.push_back(leaf_of(c->path));
   return fmt::format("key \"{}\" applies to {} {}, not to {} {}; {} takes: {}", leaf_of(spec.path),
-                     applicability_.noun, applicability_text(spec.applies_to), applicability_.noun,
-                     here, here, fmt::join(takes, ", "));
+                     a.noun, applicability_text(spec.applies_to, parent), a.noun, here, here,
+                     fmt::join(takes, ", "));
 }
 
 }  // namespace dsactor::key_table

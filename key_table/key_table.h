@@ -13,30 +13,36 @@ namespace dsactor::key_table {
 
 // What KeySpec::applies_to selects from: bit i is names[i]. The deployment file's keys
 // apply to roles ({"role", "roles", {"offload", "trainer", "coordinator"}}), the ds_config's
-// scheduler parameters to scheduler types.
+// scheduler parameters to scheduler types and its optimizer parameters to optimizer types.
+// A table may hold several, each for the keys below its `scope` ("scheduler.params"; ""
+// for every key), so the bits of a row mean the names of the scope it is in.
 struct Applicability {
   std::string noun;    // for messages: "role"
   std::string plural;  // the reference page's column: "roles"
   std::vector<std::string> names;
+  std::string scope = {};  // the parent path whose keys this is for; "": every key
 };
 
 class KeyTable {
  public:
   // The rows stay where they are (a parser's static table) and must outlive the KeyTable.
+  KeyTable(std::vector<const KeySpec*> rows, std::vector<Applicability> applicabilities);
   explicit KeyTable(std::vector<const KeySpec*> rows, Applicability applicability = {});
 
   static KeyTable of(const std::vector<KeySpec>& rows, Applicability applicability = {});
   // A table over rows that hold a KeySpec and parser data beside it (a setter, say).
   template <class Row>
   static KeyTable of(const std::vector<Row>& rows, KeySpec Row::*key,
-                     Applicability applicability = {}) {
+                     std::vector<Applicability> applicabilities = {}) {
     std::vector<const KeySpec*> specs;
     for (const auto& r : rows) specs.push_back(&(r.*key));
-    return KeyTable(std::move(specs), std::move(applicability));
+    return KeyTable(std::move(specs), std::move(applicabilities));
   }
 
   const std::vector<const KeySpec*>& rows() const { return rows_; }
-  const Applicability& applicability() const { return applicability_; }
+  // The applicability of the keys directly inside `parent` (the one whose scope is the
+  // longest prefix of it; an empty one where none is).
+  const Applicability& applicability(std::string_view parent = {}) const;
   // Position in rows(); rows of `of` keep their order, so it indexes the parser's rows too.
   size_t index_of(const KeySpec& spec) const;
 
@@ -50,8 +56,9 @@ class KeyTable {
   std::vector<const KeySpec*> aliases_of(const KeySpec& spec) const;
 
   bool applies(const KeySpec& spec, size_t which) const;
-  // "offload, coordinator"; "all" where the key applies everywhere.
-  std::string applicability_text(unsigned mask) const;
+  // "offload, coordinator"; "all" where the key applies everywhere. `parent`: where the
+  // key is (which applicability the bits are of).
+  std::string applicability_text(unsigned mask, std::string_view parent = {}) const;
 
   // The problem with key `key` found inside `parent` (a place in the file: "roles[1]"),
   // which is not one of children(parent): "unknown key (did you mean \"roles[1].nvme\"?);
@@ -64,7 +71,7 @@ class KeyTable {
 
  private:
   std::vector<const KeySpec*> rows_;
-  Applicability applicability_;
+  std::vector<Applicability> applicabilities_;
 };
 
 }  // namespace dsactor::key_table

@@ -14,4 +14,13 @@ namespace dsactor::key_table {
 // `preamble`: the page's title and text before the first section, ending in a newline.
 std::string reference_markdown(const KeyTable& table, std::string_view preamble);
 
+// The compatibility table of a file format dsactor shares with another tool: one row per
+// section and key in table order (aliases folded into their key's row), marked by
+// KeySpec::support as supported, supported with a difference (saying which), accepted
+// without effect, or unsupported. `preamble`: the heading and text before the table.
+std::string compatibility_markdown(const KeyTable& table, std::string_view preamble);
+
+// The mark of one row as the compatibility table writes it ("supported, differs: ...").
+std::string support_text(const KeySpec& spec);
+
 }  // namespace dsactor::key_table

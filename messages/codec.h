@@ -178,6 +178,9 @@ struct FetchReply {
 struct Stats {
   bool operator==(const Stats&) const = default;
 };
+// Whether a service has an NVMe tier; kUnknown from a service older than the field.
+enum class NvmeTier : uint8_t { kUnknown = 0, kAbsent = 1, kPresent = 2 };
+
 struct StatsReply {
   uint64_t bytes_in_ram = 0;
   uint64_t bytes_on_nvme = 0;
@@ -187,6 +190,8 @@ struct StatsReply {
   std::string pinning;
   uint64_t partitions_in_ram = 0;
   uint64_t partitions_on_nvme = 0;
+  NvmeTier nvme_tier = NvmeTier::kUnknown;
+  std::string nvme_dir;  // with an NVMe tier: its directory on the service's host
   bool operator==(const StatsReply&) const = default;
 };
 

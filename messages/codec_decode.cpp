@@ -52,6 +52,19 @@ OptimizerKind from_wire(wire::OptimizerKind k) {
        "optimizer.kind: unknown value " + std::to_string(static_cast<unsigned>(k)));
 }
 
+NvmeTier nvme_tier(wire::NvmeTier t) {
+  switch (t) {
+    case wire::NvmeTier::UNKNOWN:
+      return NvmeTier::kUnknown;
+    case wire::NvmeTier::ABSENT:
+      return NvmeTier::kAbsent;
+    case wire::NvmeTier::PRESENT:
+      return NvmeTier::kPresent;
+  }
+  fail(DecodeErrc::badField,
+       "statsReply.nvmeTier: unknown value " + std::to_string(static_cast<unsigned>(t)));
+}
+
 std::string text(capnp::Text::Reader t, const Limits& limits, const char* field) {
   if (t.size() > limits.max_text_bytes)
     fail(DecodeErrc::badField, std::string(field) + ": text of " + std::to_string(t.size()) +
@@ -219,7 +232,9 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
                         r.getSteps(),
                         text(r.getPinning(), limits, "statsReply.pinning"),
                         r.getPartitionsInRam(),
-                        r.getPartitionsOnNvme()};
+                        r.getPartitionsOnNvme(),
+                        nvme_tier(r.getNvmeTier()),
+                        text(r.getNvmeDir(), limits, "statsReply.nvmeDir")};
     }
     case wire::Header::Kind::CHECKPOINT_REPLY: {
       auto r = k.getCheckpointReply();

@@ -170,6 +170,10 @@ void set_body(wire::Header::Kind::Builder k, const StatsReply& r) {
   b.setPinning(text_ptr(r.pinning));
   b.setPartitionsInRam(r.partitions_in_ram);
   b.setPartitionsOnNvme(r.partitions_on_nvme);
+  b.setNvmeTier(r.nvme_tier == NvmeTier::kPresent  ? wire::NvmeTier::PRESENT
+                : r.nvme_tier == NvmeTier::kAbsent ? wire::NvmeTier::ABSENT
+                                                   : wire::NvmeTier::UNKNOWN);
+  b.setNvmeDir(text_ptr(r.nvme_dir));
 }
 
 void set_body(wire::Header::Kind::Builder k, const Checkpoint& r) {

@@ -159,6 +159,16 @@ struct StatsReply {
   pinning @4 :Text;
   partitionsInRam @5 :UInt64;
   partitionsOnNvme @6 :UInt64;
+  # Whether the service has an NVMe tier (`--nvme DIR`) and its directory. A service older
+  # than these fields sends neither, which reads as `unknown`.
+  nvmeTier @7 :NvmeTier;
+  nvmeDir @8 :Text;
+}
+
+enum NvmeTier {
+  unknown @0;
+  absent @1;
+  present @2;
 }
 
 struct Checkpoint {

@@ -107,9 +107,17 @@ struct StoreStats {
   uint64_t steps = 0;          // steps applied (skips not counted)
   uint64_t staging_bytes = 0;  // NVMe staging ring
   PinningKind pinning = PinningKind::kNone;
+  std::optional<std::filesystem::path> nvme_dir;  // the NVMe tier's, when there is one
   messages::StatsReply wire() const {
-    return {bytes_in_ram,       bytes_on_nvme,     partitions,        steps,
-            to_string(pinning), partitions_in_ram, partitions_on_nvme};
+    return {bytes_in_ram,
+            bytes_on_nvme,
+            partitions,
+            steps,
+            to_string(pinning),
+            partitions_in_ram,
+            partitions_on_nvme,
+            nvme_dir ? messages::NvmeTier::kPresent : messages::NvmeTier::kAbsent,
+            nvme_dir ? nvme_dir->string() : std::string()};
   }
 };
 

@@ -193,6 +193,7 @@ struct CoordinatorState {
     st.partitions = st.partitions_in_ram + st.partitions_on_nvme;
     st.steps = steps_applied;
     st.pinning = pinning;
+    if (nvme) st.nvme_dir = options.nvme_dir;
     return st;
   }
 

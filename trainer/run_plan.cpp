@@ -10,6 +10,7 @@
 #include "trainer/data/text_corpus.h"
 #include "trainer/data/token_file.h"
 #include "trainer/model/hf_weights.h"
+#include "trainer/optimizer_step.h"
 #include "trainer/tokenizer_record.h"
 #include "trainer/zero/zero_engine.h"
 
@@ -18,6 +19,7 @@ namespace dsactor::trainer {
 EngineChoice choose_engine(const DsConfig& c, size_t offload_endpoints) {
   const auto& z = c.zero_optimization;
   if (z.stage == 0) return EngineChoice::kStage0;  // Engine refuses offload at stage 0
+  check_partitioned_optimizer(c);
   if (ranks_hold_partitions(c) && !z.offload_param.enabled()) return EngineChoice::kZeroOnRanks;
   if (offload_endpoints == 0)
     throw ConfigError(fmt::format(

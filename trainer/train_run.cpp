@@ -10,8 +10,11 @@
 #include <stdexcept>
 
 #include "trainer/data/batch_loader.h"
+#include "trainer/monitor/flops_profiler.h"
 #include "trainer/monitor/monitors.h"
+#include "trainer/monitor/wall_clock.h"
 #include "trainer/run_plan.h"
+#include "trainer/runtime/step_engine.h"
 #include "trainer/tokenizer_record.h"
 #include "trainer/zero/zero_engine.h"
 
@@ -71,6 +74,10 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
   const int64_t target = target_steps(o.steps, config);
 
   Monitors monitors(config, o.out / "monitor");
+  FlopsProfiler profiler(config, in.gpt);
+  StepEngineOf<EngineT> steps(engine, config.flops_profiler.enabled ? &profiler : nullptr);
+  std::optional<WallClockBreakdown> wall_clock;
+  if (config.wall_clock_breakdown) wall_clock.emplace();
   auto monitor = [&](const std::string& event, int64_t step, double value) {
     monitors.write(event, step, value);
   };
@@ -98,7 +105,8 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   while (engine.global_step() < target) {
-    const StepResult r = engine.train_step(train);
+    const StepResult r = steps.train_step(train);
+    if (wall_clock) wall_clock->add(r);
     tokens += static_cast<int64_t>(B) * T * config.gradient_accumulation_steps;
     s.last_train_loss = r.loss;
     TrainProgress p{r, target, 0, 0};
@@ -111,6 +119,8 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
       spdlog::info("step {}/{} loss {:.4f} lr {:.3e} grad_norm {:.3f}{} {:.0f} tok/s",
                    r.global_step, target, r.loss, r.lr, r.grad_norm,
                    r.skipped ? " (skipped: fp16 overflow)" : "", p.tokens_per_second);
+    if (wall_clock && config.steps_per_print > 0 && r.global_step % config.steps_per_print == 0)
+      spdlog::info("{}", *wall_clock->take_line());
     if (o.eval_every > 0 && r.global_step % o.eval_every == 0 && have_val) {
       const float v = validate();
       monitor("Eval/Samples/val_loss", r.global_step, v);
@@ -131,7 +141,7 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& o, const TrainCallbacks& cb) {
-  const DsConfig config = load_ds_config(o.config);
+  const DsConfig config = load_ds_config(o.config, 1, parse_config_overrides(o.config_overrides));
   // One process: no offload services (refused with what to run instead), world size 1.
   const EngineChoice choice = choose_engine(config, 0);
   if (choice == EngineChoice::kStage0) check_supported(config);

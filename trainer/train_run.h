@@ -14,6 +14,7 @@ namespace dsactor::trainer {
 // Everything `dsactor train` takes besides the ds_config itself.
 struct TrainOptions {
   std::filesystem::path config;                 // ds_config .json / .yaml
+  std::vector<std::string> config_overrides;    // --set key.path=value, applied to config
   std::string model = "tiny";                   // preset or model YAML
   std::filesystem::path data;                   // text file/dir or llm.c token file
   std::string tokenizer;                        // text's tokenizer (load_tokenizer); "": byte

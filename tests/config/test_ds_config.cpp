@@ -89,7 +89,7 @@ TEST(DsConfigDefaults, MinimalConfigGetsDeepSpeedDefaults) {
   EXPECT_EQ(z.offload_optimizer.ratio, 1.0);
   EXPECT_EQ(c.aio.block_size, 1048576);
   EXPECT_EQ(c.aio.queue_depth, 8);
-  EXPECT_EQ(c.aio.thread_count, 1);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 1);
   EXPECT_TRUE(c.aio.overlap_events);
   EXPECT_EQ(c.csv_monitor.job_name, "DeepSpeedJobName");
   EXPECT_EQ(c.wandb.project, "deepspeed");
@@ -302,21 +302,25 @@ TEST(KeyErrors, Fp16AndBf16Together) {
 }
 
 TEST(KeyErrors, UnsupportedOptimizerListsSupportedOnes) {
-  const auto msg = error_of(with_batch({{"optimizer", {{"type", "Lamb"}}}}));
+  const auto msg = error_of(with_batch({{"optimizer", {{"type", "OneBitAdam"}}}}));
   EXPECT_THAT(msg, AllOf(HasSubstr(kSrc), HasSubstr("optimizer.type"),
-                         HasSubstr("does not support"), HasSubstr("\"Adam\", \"AdamW\"")));
+                         HasSubstr("a DeepSpeed feature that dsactor does not support"),
+                         HasSubstr("\"Adam\", \"AdamW\", \"Lamb\"")));
   EXPECT_THAT(error_of(with_batch({{"optimizer", {{"type", "Adamm"}}}})),
               AllOf(HasSubstr("not allowed"), HasSubstr("did you mean")));
   EXPECT_THAT(error_of(with_batch({{"optimizer", {{"params", {{"lr", 1e-3}}}}}})),
               AllOf(HasSubstr("optimizer.type"), HasSubstr("missing")));
 }
 
-TEST(KeyErrors, UnsupportedSchedulers) {
-  for (const char* t : {"OneCycle", "LRRangeTest"}) {
-    const auto msg = error_of(with_batch({{"scheduler", {{"type", t}}}}));
-    EXPECT_THAT(msg, AllOf(HasSubstr("scheduler.type"), HasSubstr("does not support"),
-                           HasSubstr("WarmupCosineLR")));
-  }
+TEST(KeyErrors, EveryDeepSpeedSchedulerIsKnown) {
+  EXPECT_THAT(error_of(with_batch({{"scheduler", {{"type", "OneCycle"}}}})),
+              AllOf(HasSubstr("scheduler.params.cycle_min_lr"), HasSubstr("missing"),
+                    HasSubstr("OneCycle")));
+  EXPECT_EQ(
+      parse_ds_config(with_batch({{"scheduler", {{"type", "LRRangeTest"}}}}), kSrc).scheduler.type,
+      SchedulerType::kLRRangeTest);
+  EXPECT_THAT(error_of(with_batch({{"scheduler", {{"type", "Cosine"}}}})),
+              AllOf(HasSubstr("scheduler.type"), HasSubstr("LRRangeTest")));
 }
 
 TEST(KeyErrors, MissingRequiredSchedulerParameter) {
@@ -339,8 +343,9 @@ TEST(KeyErrors, SchedulerParameterOfAnotherType) {
 }
 
 TEST(KeyErrors, WandbEnabledIsNotSupported) {
-  EXPECT_THAT(error_of(with_batch({{"wandb", {{"enabled", true}}}})),
-              AllOf(HasSubstr("wandb.enabled"), HasSubstr("not supported")));
+  EXPECT_THAT(
+      error_of(with_batch({{"wandb", {{"enabled", true}}}})),
+      AllOf(HasSubstr("wandb.enabled"), HasSubstr("does not support"), HasSubstr("csv_monitor")));
   EXPECT_FALSE(parse_ds_config(with_batch({{"wandb", {{"enabled", false}}}}), kSrc).wandb.enabled);
 }
 
@@ -556,7 +561,11 @@ TEST(ReferenceDoc, DocumentsEveryKindOfEntry) {
   EXPECT_THAT(md, HasSubstr("| `stage` | 0 | an integer in [0, 3] |"));
   EXPECT_THAT(md, HasSubstr("`stage3_prefetch_bucket_size`"));
   EXPECT_THAT(md, HasSubstr("(deprecated)"));
-  EXPECT_THAT(md, HasSubstr("| `lr` | 0.001 |"));
+  EXPECT_THAT(md, HasSubstr("| `lr` | all | 0.001 |"));
+  EXPECT_THAT(md, HasSubstr("| `max_coeff` | Lamb | 10 |"));
+  EXPECT_THAT(md, HasSubstr("## Compatibility with DeepSpeed"));
+  EXPECT_THAT(md, HasSubstr("| `amp` | unsupported"));
+  EXPECT_THAT(md, HasSubstr("| `bf16` (`bfloat16`) | supported |"));
   EXPECT_THAT(md, HasSubstr("does not act on"));
   EXPECT_THAT(md, Not(HasSubstr("| `stage3_prefetch_bucket_size` |")));  // aliases: no own row
 }

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
       FetchParameters{1, 3, DType::fp16, {}},
       FetchReply{1, 3, DType::fp16, 8, {}},
       Stats{},
-      StatsReply{1, 2, 3, 4},
+      StatsReply{1, 2, 3, 4, "none", 3, 0, NvmeTier::kPresent, "/nvme"},
       Checkpoint{"t", "/p"},
       CheckpointReply{"t", 3, 99},
       Restore{"t", "/p"},

@@ -164,5 +164,66 @@ TEST(ReferencePage, SectionsColumnsAliasesAndEscapes) {
   EXPECT_THAT(md, Not(HasSubstr("| `colour` |")));
 }
 
+// Two applicabilities, each for the keys under its scope: the same bit means another name.
+const std::vector<KeySpec>& scoped_rows() {
+  static const std::vector<KeySpec> r = {
+      {.path = "fruit", .type = ValueType::kObject, .doc = "a fruit"},
+      {.path = "fruit.seeds", .type = ValueType::kInt, .doc = "seeds", .applies_to = kA},
+      {.path = "tool", .type = ValueType::kObject, .doc = "a tool"},
+      {.path = "tool.blade", .type = ValueType::kString, .doc = "blade", .applies_to = kB},
+      {.path = "tool.grip",
+       .type = ValueType::kBool,
+       .doc = "grip",
+       .support = Support::kNoEffect,
+       .support_note = "always held"},
+      {.path = "tool.laser",
+       .type = ValueType::kBool,
+       .def = bool_value(false),
+       .doc = "laser",
+       .supported_value = bool_value(false)},
+      {.path = "engine",
+       .type = ValueType::kObject,
+       .doc = "an engine",
+       .support = Support::kUnsupported},
+  };
+  return r;
+}
+
+const KeyTable& scoped_table() {
+  static const KeyTable t(
+      [] {
+        std::vector<const KeySpec*> v;
+        for (const auto& r : scoped_rows()) v.push_back(&r);
+        return v;
+      }(),
+      std::vector<Applicability>{{"fruit", "fruits", {"apple", "pear"}, "fruit"},
+                                 {"tool", "tools", {"knife", "saw"}, "tool"}});
+  return t;
+}
+
+TEST(KeyTableErrors, EachScopeNamesItsOwnKinds) {
+  EXPECT_EQ(scoped_table().applicability("fruit").noun, "fruit");
+  EXPECT_EQ(scoped_table().applicability("tool").plural, "tools");
+  EXPECT_EQ(scoped_table().applicability("").noun, "");
+  EXPECT_EQ(scoped_table().not_applicable_problem(scoped_rows()[1], 1),
+            "key \"seeds\" applies to fruit apple, not to fruit pear; pear takes: ");
+  EXPECT_EQ(scoped_table().not_applicable_problem(scoped_rows()[3], 0),
+            "key \"blade\" applies to tool saw, not to tool knife; knife takes: grip, laser");
+  const std::string md = reference_markdown(scoped_table(), "# T\n");
+  EXPECT_THAT(md, HasSubstr("| key | fruits | default |"));
+  EXPECT_THAT(md, HasSubstr("| `blade` | saw |"));
+  EXPECT_THAT(md, Not(HasSubstr("## `engine`")));  // no rows: no section of its own
+}
+
+TEST(CompatibilityPage, MarksEveryKey) {
+  const std::string md = compatibility_markdown(scoped_table(), "## C\n\n");
+  EXPECT_THAT(md, HasSubstr("## C\n\n| key | in dsactor |\n|---|---|\n| `fruit` | supported |"));
+  EXPECT_THAT(md, HasSubstr("| `tool.grip` | accepted, no effect: always held |"));
+  EXPECT_THAT(md, HasSubstr("| `tool.laser` | supported only as `false`; other values are "
+                            "unsupported |"));
+  EXPECT_THAT(md, HasSubstr("| `engine` | unsupported |"));
+  EXPECT_EQ(support_text(scoped_rows()[4]), "accepted, no effect: always held");
+}
+
 }  // namespace
 }  // namespace dsactor::key_table

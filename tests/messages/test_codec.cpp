@@ -65,7 +65,9 @@ std::vector<Header> every_kind() {
   add(FetchParameters{11, 4, DType::fp16, {}});
   add(FetchReply{11, 5, DType::fp16, 300, {}});
   add(Stats{});
-  add(StatsReply{1ull << 33, 1ull << 36, 48, 1000, "mlock", 40, 8});
+  add(StatsReply{1ull << 33, 1ull << 36, 48, 1000, "mlock", 40, 8, NvmeTier::kPresent,
+                 "/mnt/nvme"});
+  add(StatsReply{1, 0, 1, 2, "none", 1, 0, NvmeTier::kAbsent, ""});
   add(Checkpoint{"step1000", "/ckpt/run"});
   add(CheckpointReply{"step1000", 1000, 123456789});
   add(Restore{"step1000", "/ckpt/run"});
@@ -599,6 +601,27 @@ TEST(Loopback, RouterDealerPushOverTcp) {
   ASSERT_TRUE(ack.ok()) << ack.error().message;
   EXPECT_EQ(ack->header.request_id, 77u);
   EXPECT_EQ(std::get<PushReply>(ack->header.body).sum_squares, 42.0);
+}
+
+// A service older than StatsReply's NVMe fields sends neither: the reply still decodes, and
+// says it cannot tell whether there is an NVMe tier.
+TEST(Codec, StatsReplyOfAnOlderServiceReadsAsUnknownTier) {
+  auto frames = one(forged([](wire::Header::Builder h) {
+    auto r = h.initKind().initStatsReply();
+    r.setBytesInRam(4096);
+    r.setPartitions(1);
+    r.setPinning("none");
+  }));
+  auto decoded = decode(frames);
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  const auto& reply = std::get<StatsReply>(decoded->header.body);
+  EXPECT_EQ(reply.bytes_in_ram, 4096u);
+  EXPECT_EQ(reply.nvme_tier, NvmeTier::kUnknown);
+  EXPECT_EQ(reply.nvme_dir, "");
+  auto bad = one(forged([](wire::Header::Builder h) {
+    h.initKind().initStatsReply().setNvmeTier(static_cast<wire::NvmeTier>(7));
+  }));
+  EXPECT_EQ(error_of(bad), DecodeErrc::badField);
 }
 
 }  // namespace

@@ -7,7 +7,15 @@
 namespace dsactor::trainer {
 
 const char* to_string(OptimizerType t) {
-  return t == OptimizerType::kAdamW ? "AdamW" : "Adam";
+  switch (t) {
+    case OptimizerType::kAdamW:
+      return "AdamW";
+    case OptimizerType::kLamb:
+      return "Lamb";
+    case OptimizerType::kAdam:
+      break;
+  }
+  return "Adam";
 }
 const char* to_string(SchedulerType t) {
   switch (t) {
@@ -17,6 +25,10 @@ const char* to_string(SchedulerType t) {
       return "WarmupDecayLR";
     case SchedulerType::kWarmupCosineLR:
       return "WarmupCosineLR";
+    case SchedulerType::kOneCycle:
+      return "OneCycle";
+    case SchedulerType::kLRRangeTest:
+      return "LRRangeTest";
     case SchedulerType::kNone:
       break;
   }
@@ -34,8 +46,9 @@ DsConfig parse_ds_config(const nlohmann::json& j, const std::string& source, int
         fmt::format("{}: world_size {} is invalid; it must be >= 1", source, world_size));
   cfg.world_size = world_size;
   ds_config_detail::apply_defaults(cfg);
-  ds_config_detail::ParseState state{source, cfg, {}, {}};
+  ds_config_detail::ParseState state(source, cfg);
   ds_config_detail::read_keys(state, j);
+  ds_config_detail::report_collected(state);
   ds_config_detail::apply_rules(state);
   return cfg;
 }

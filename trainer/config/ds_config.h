@@ -25,8 +25,15 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class OptimizerType { kAdam, kAdamW };
-enum class SchedulerType { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+enum class OptimizerType { kAdam, kAdamW, kLamb };
+enum class SchedulerType {
+  kNone,
+  kWarmupLR,
+  kWarmupDecayLR,
+  kWarmupCosineLR,
+  kOneCycle,
+  kLRRangeTest
+};
 enum class WarmupType { kLog, kLinear };
 enum class OffloadDevice { kNone, kCpu, kNvme };
 // "none" in DeepSpeed = not set (the engine picks the default for the precision in use).
@@ -46,6 +53,11 @@ struct OptimizerConfig {
   bool adam_w_mode = true;
   bool bias_correction = true;
   bool torch_adam = false;  // parsed only; dsactor always uses its own kernels
+  // Lamb (DeepSpeed's FusedLamb): bounds of the trust ratio ||w|| / ||update||, and eps
+  // added inside the square root instead of after it.
+  double max_coeff = 10.0;
+  double min_coeff = 0.01;
+  bool eps_inside_sqrt = false;
 };
 
 struct SchedulerConfig {
@@ -59,6 +71,29 @@ struct SchedulerConfig {
   int64_t total_num_steps = 0;  // required for WarmupDecayLR and WarmupCosineLR
   double warmup_min_ratio = 0;
   double cos_min_ratio = 0;
+  // Where DeepSpeed constructs the scheduler; -1 (the default) starts the schedule, and
+  // only then does construction set the first step's lr (otherwise it is the optimizer's).
+  int64_t last_batch_iteration = -1;
+  // OneCycle (deepspeed/runtime/lr_schedules.py); cycle_min_lr and cycle_max_lr are required.
+  double cycle_min_lr = 0;
+  double cycle_max_lr = 0;
+  double decay_lr_rate = 0;
+  int64_t cycle_first_step_size = 0;
+  std::optional<int64_t> cycle_second_step_size;  // unset: cycle_first_step_size
+  int64_t cycle_first_stair_count = 0;
+  std::optional<int64_t> cycle_second_stair_count;  // unset: cycle_first_stair_count
+  int64_t decay_step_size = 0;
+  // Cycles the optimizer's beta1 inversely to the lr, and sets beta2 to 0.99, as DeepSpeed's
+  // OneCycle does with an optimizer that has betas.
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0;
+  double cycle_max_mom = 0;
+  double decay_mom_rate = 0;
+  // LRRangeTest.
+  double lr_range_test_min_lr = 0;
+  int64_t lr_range_test_step_size = 0;
+  double lr_range_test_step_rate = 0;
+  bool lr_range_test_staircase = false;
 };
 
 struct Fp16Config {
@@ -149,12 +184,15 @@ struct ZeroConfig {
   bool log_trace_cache_warnings = false;
 };
 
+// DeepSpeed's `aio` block (deepspeed/runtime/swap_tensor/aio_config.py). dsactor applies
+// it to the NVMe tier of the offload services `dsactor up` starts for this config.
 struct AioConfig {
   int64_t block_size = 0;
   int64_t queue_depth = 0;
-  int64_t thread_count = 0;
+  int64_t intra_op_parallelism = 0;  // also spelled thread_count (deprecated)
   bool single_submit = false;
   bool overlap_events = true;
+  bool use_gds = false;  // only false: GPUDirect Storage is not supported
 };
 
 struct MonitorConfig {
@@ -216,6 +254,8 @@ struct DsConfig {
   int64_t gradient_accumulation_steps = 0;
 
   double gradient_clipping = 0;  // 0 = off
+  // With the deprecated "zero_optimization": true form: its allgather_bucket_size.
+  int64_t allgather_size = 0;
   int64_t steps_per_print = 0;
   bool wall_clock_breakdown = false;
   bool memory_breakdown = false;
@@ -245,11 +285,33 @@ struct DsConfig {
 
   // Deprecated keys that were accepted and mapped (DeepSpeed warns about them too).
   std::vector<std::string> warnings;
+  // Keys given with a value dsactor does not act on ("<path>: accepted, has no effect in
+  // dsactor: <why>"), and unsupported sections given with enabled: false.
+  std::vector<std::string> no_effect;
 };
+
+// `--set key.path=value` from the command line (or a deploy file's config_overrides): each
+// sets or replaces one key of the file's tree before it is parsed. The value is read as
+// JSON when it is valid JSON, else as a string ("1e-4" and "8" are numbers, "AdamW" a
+// string, "[0.9, 0.95]" a list).
+struct ConfigOverride {
+  std::string path;  // dotted: "optimizer.params.lr"
+  std::string value;
+};
+// "key.path=value" -> ConfigOverride; throws ConfigError naming the text when there is no
+// '=' or the path is empty.
+ConfigOverride parse_config_override(const std::string& text);
+std::vector<ConfigOverride> parse_config_overrides(const std::vector<std::string>& texts);
+// Applies the overrides to `j` in order (objects on the way are created); throws
+// ConfigError when a path runs through a value that is not an object.
+void apply_config_overrides(nlohmann::json& j, const std::vector<ConfigOverride>& overrides);
 
 // Reads .json, or .yaml/.yml (converted to the same JSON tree; YAML 1.2 core scalars, so
 // 2e8 is a number and quoted scalars stay strings). Logs the warnings with spdlog.
-DsConfig load_ds_config(const std::filesystem::path& file, int world_size = 1);
+// `overrides` are applied to the file's tree first (apply_config_overrides); messages then
+// name "<file> with --set" as the source.
+DsConfig load_ds_config(const std::filesystem::path& file, int world_size = 1,
+                        const std::vector<ConfigOverride>& overrides = {});
 
 // `source` names the origin in error messages (normally the file path).
 DsConfig parse_ds_config(const nlohmann::json& j, const std::string& source, int world_size = 1);

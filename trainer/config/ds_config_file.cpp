@@ -140,7 +140,8 @@ nlohmann::json yaml_text_to_json(const std::string& yaml_text, const std::string
   }
 }
 
-DsConfig load_ds_config(const std::filesystem::path& file, int world_size) {
+DsConfig load_ds_config(const std::filesystem::path& file, int world_size,
+                        const std::vector<ConfigOverride>& overrides) {
   const std::string source = file.string();
   std::ifstream in(file, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the DeepSpeed config file", source));
@@ -156,8 +157,11 @@ DsConfig load_ds_config(const std::filesystem::path& file, int world_size) {
     throw ConfigError(fmt::format(
         "{}: unknown config file extension \"{}\"; allowed: .json, .yaml, .yml", source, ext));
   }
-  DsConfig cfg = parse_ds_config(j, source, world_size);
+  apply_config_overrides(j, overrides);
+  DsConfig cfg =
+      parse_ds_config(j, overrides.empty() ? source : source + " with --set", world_size);
   for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
+  for (const auto& w : cfg.no_effect) spdlog::warn("{}", w);
   return cfg;
 }
 

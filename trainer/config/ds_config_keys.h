@@ -18,12 +18,13 @@ struct DsKey {
 };
 
 const std::vector<DsKey>& ds_keys();
-// The engine's view of ds_keys(); its applicability names the scheduler types
-// (scheduler.params keys apply to some types only).
+// The engine's view of ds_keys(); its applicabilities name the scheduler types and the
+// optimizer types (scheduler.params and optimizer.params keys apply to some types only).
 const key_table::KeyTable& ds_key_table();
 // The row of ds_keys() behind a KeySpec of ds_key_table().
 const DsKey& ds_key(const key_table::KeySpec& spec);
 // The bit of `type` in KeySpec::applies_to (type != kNone).
 size_t scheduler_index(SchedulerType type);
+size_t optimizer_index(OptimizerType type);
 
 }  // namespace dsactor::trainer::ds_config_detail

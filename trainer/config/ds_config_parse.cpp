@@ -1,9 +1,14 @@
 // The walk over a ds_config's JSON tree: every key is looked up in the key table
 // (ds_config_keys.cpp), its value checked against the row and stored through the row's
-// setter. The rules that span several keys are in ds_config_rules.cpp.
+// setter. "auto" values and DeepSpeed features dsactor lacks are collected, not thrown
+// (ds_config_problems.cpp reports them together); the rules that span several keys are in
+// ds_config_rules.cpp.
 #include "trainer/config/ds_config_parse.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include <fmt/format.h>
@@ -18,6 +23,7 @@ namespace {
 
 using json = nlohmann::json;
 using key_table::KeySpec;
+using key_table::Support;
 using key_table::ValueType;
 
 // A JSON value as messages show it: its dump, cut at 60 characters.
@@ -37,18 +43,32 @@ const char* json_type_name(const json& v) {
   return "null";
 }
 
+bool is_auto(const json& v) {
+  return v.is_string() && key_table::lower(v.get<std::string>()) == "auto";
+}
+
+// A number written as a string ("1e-4", "8"), as DeepSpeed's pydantic models accept it:
+// the whole text must be a finite decimal number.
+std::optional<double> numeric_string(const json& v) {
+  if (!v.is_string()) return std::nullopt;
+  const std::string s = v.get<std::string>();
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0])) ||
+      s.find_first_of("xXpP") != std::string::npos)
+    return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(x)) return std::nullopt;
+  return x;
+}
+
 // Reads one leaf value of the JSON tree as its row's type.
 class LeafReader {
  public:
-  LeafReader(const ParseState& state, const KeySpec& spec) : state_(state), spec_(spec) {}
+  LeafReader(const ParseState& state, const KeySpec& spec, std::string_view place)
+      : state_(state), spec_(spec), place_(place) {}
 
   Value read(const json& v) const {
-    if (v.is_string() && key_table::lower(v.get<std::string>()) == "auto" &&
-        spec_.type != ValueType::kString)
-      fail(
-          fmt::format("\"auto\" is a placeholder the Hugging Face integration fills in; dsactor "
-                      "reads the file as it is and needs a concrete value: {}",
-                      key_table::allowed_text(spec_)));
     if (v.is_null()) {
       if (spec_.nullable) return {};
       fail_type(v);
@@ -77,7 +97,7 @@ class LeafReader {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& problem) const { state_.fail(spec_.path, problem); }
+  [[noreturn]] void fail(const std::string& problem) const { state_.fail(place_, problem); }
   [[noreturn]] void fail_type(const json& v) const {
     fail(key_table::expected_problem(spec_, fmt::format("{} {}", json_type_name(v), shown(v))));
   }
@@ -88,6 +108,7 @@ class LeafReader {
   }
 
   double number(const json& v) const {
+    if (const auto x = numeric_string(v)) return *x;
     if (!v.is_number()) fail_type(v);
     const double x = v.get<double>();
     if (!std::isfinite(x)) fail_type(v);
@@ -103,7 +124,7 @@ class LeafReader {
         fail(fmt::format("value {} is too large; expected {}", shown(v),
                          key_table::allowed_text(spec_)));
       i = static_cast<int64_t>(v.get<uint64_t>());
-    } else if (v.is_number_float()) {
+    } else if (v.is_number_float() || numeric_string(v)) {
       // DeepSpeed configs write sizes as 2e8, which JSON reads as a float.
       const double x = number(v);
       if (x != std::floor(x) || std::fabs(x) >= 9.2e18)
@@ -143,6 +164,7 @@ class LeafReader {
 
   const ParseState& state_;
   const KeySpec& spec_;
+  std::string_view place_;
 };
 
 void note_deprecated(ParseState& state, const KeySpec& s) {
@@ -152,34 +174,115 @@ void note_deprecated(ParseState& state, const KeySpec& s) {
       s.alias_of.empty() || s.doc.empty() ? std::string() : fmt::format(" ({})", s.doc)));
 }
 
-void read_object(ParseState& state, std::string_view parent, const json& obj) {
+std::string note_suffix(const KeySpec& s) {
+  return s.support_note.empty() ? std::string() : fmt::format(" ({})", s.support_note);
+}
+
+void note_no_effect(ParseState& state, std::string_view place, const KeySpec& s) {
+  state.cfg.no_effect.push_back(fmt::format("{}: {}: accepted, has no effect in dsactor{}",
+                                            state.source, place, note_suffix(s)));
+}
+
+// A section or key of a feature dsactor lacks and whose content it does not read: refused,
+// unless it is a section switched off with "enabled": false.
+bool switched_off(const json& v);
+
+void given_feature(ParseState& state, std::string_view place, const KeySpec& s, const json& v) {
+  if (s.support == Support::kNoEffect) {
+    if (!switched_off(v) && !(v.is_object() && v.empty())) note_no_effect(state, place, s);
+    return;
+  }
+  if (switched_off(v)) {
+    state.cfg.no_effect.push_back(fmt::format("{}: {}: {}; ignored because enabled is false",
+                                              state.source, place, kUnsupportedFeature));
+    return;
+  }
+  state.unsupported.push_back(fmt::format("{}: {}{}", place, kUnsupportedFeature, note_suffix(s)));
+}
+
+// A value dsactor reads but does not support (supported_value), or does not act on.
+void check_support(ParseState& state, std::string_view place, const KeySpec& s, const Value& v) {
+  if (!std::holds_alternative<std::monostate>(s.supported_value) && v != s.supported_value) {
+    state.unsupported.push_back(fmt::format(
+        "{}: value {} is {} (supported: {}){}", place, key_table::value_text(v, s.type),
+        kUnsupportedFeature, key_table::value_text(s.supported_value, s.type), note_suffix(s)));
+    return;
+  }
+  if (s.support == Support::kNoEffect && v != s.def && !std::holds_alternative<std::monostate>(v))
+    note_no_effect(state, place, s);
+}
+
+bool is_unsupported_choice(const KeySpec& s, const json& v) {
+  if (s.type != ValueType::kEnum || !v.is_string()) return false;
+  const auto text = key_table::lower(v.get<std::string>());
+  for (auto u : s.unsupported)
+    if (key_table::lower(u) == text) return true;
+  return false;
+}
+
+void read_object(ParseState& state, std::string_view parent, std::string_view place,
+                 const json& obj);
+
+bool switched_off(const json& v) {
+  return v.is_object() && v.contains("enabled") && v.at("enabled") == false;
+}
+
+// One key of an object: `s` its row, `place` where the file has it.
+void read_key(ParseState& state, const KeySpec& s, const std::string& place, const json& v) {
+  const auto& table = ds_key_table();
+  const std::string canonical(s.alias_of.empty() ? s.path : s.alias_of);
+  const KeySpec& row = s.alias_of.empty() ? s : *table.find(canonical);  // how it is supported
+  if (state.has(canonical))
+    state.fail(place, fmt::format("gives the same setting as {}, which is also given; keep one of "
+                                  "them",
+                                  canonical));
+  state.present.insert(canonical);
+  if (s.deprecated) note_deprecated(state, s);
+  const bool has_rows = !table.children(canonical).empty();
+  if (!has_rows && (row.support == Support::kUnsupported ||
+                    (row.support == Support::kNoEffect && row.type == ValueType::kObject)))
+    return given_feature(state, place, row, v);
+  if (is_auto(v) && s.type != ValueType::kString) {
+    state.autos[canonical] = key_table::allowed_text(s);
+    return;
+  }
+  if (is_unsupported_choice(s, v)) {
+    state.unsupported.push_back(fmt::format("{}: value {} is {}; supported: {}", place, shown(v),
+                                            kUnsupportedFeature, key_table::allowed_text(s)));
+    return;
+  }
+  if (s.type == ValueType::kObject) {
+    if (v.is_null() && s.nullable) return;
+    // deepspeed/runtime/zero/config.py, get_zero_config: a boolean section is the old form,
+    // read by read_zero_config_deprecated (true = stage 1); ds_config_rules.cpp applies it.
+    if (canonical == "zero_optimization" && v.is_boolean()) {
+      state.zero_optimization_flag = v.get<bool>();
+      return;
+    }
+    if (!v.is_object())
+      state.fail(place,
+                 key_table::expected_problem(s, fmt::format("{} {}", json_type_name(v), shown(v))));
+    if (row.support == Support::kNoEffect && !v.empty() && !switched_off(v))
+      note_no_effect(state, place, row);
+    return read_object(state, canonical, place, v);
+  }
+  Value value = LeafReader(state, s, place).read(v);
+  check_support(state, place, row, value);
+  if (const auto set = ds_key(s).set) set(state.cfg, value);
+  state.given[canonical] = std::move(value);
+}
+
+// `parent`: the object's path in the table; `place`: where the file has it (an alias such
+// as bfloat16 reads the rows of bf16).
+void read_object(ParseState& state, std::string_view parent, std::string_view place,
+                 const json& obj) {
   const auto& table = ds_key_table();
   for (const auto& [key, _] : obj.items())
     if (!table.child(parent, key))
-      state.fail(key_table::join_path(parent, key), table.unknown_key_problem(parent, key));
-
+      state.fail(key_table::join_path(place, key), table.unknown_key_problem(parent, key));
   for (const auto* s : table.children(parent)) {
     const auto leaf = std::string(key_table::leaf_of(s->path));
-    if (!obj.contains(leaf)) continue;
-    const json& v = obj.at(leaf);
-    const std::string canonical(s->alias_of.empty() ? s->path : s->alias_of);
-    if (state.has(canonical))
-      state.fail(s->path,
-                 fmt::format("gives the same setting as {}, which is also given; keep one of them",
-                             canonical));
-    state.present.insert(canonical);
-    if (s->deprecated) note_deprecated(state, *s);
-    if (s->type == ValueType::kObject) {
-      if (v.is_null() && s->nullable) continue;
-      if (!v.is_object())
-        state.fail(s->path, key_table::expected_problem(
-                                *s, fmt::format("{} {}", json_type_name(v), shown(v))));
-      read_object(state, s->path, v);
-      continue;
-    }
-    Value value = LeafReader(state, *s).read(v);
-    if (const auto set = ds_key(*s).set) set(state.cfg, value);
-    state.given[canonical] = std::move(value);
+    if (obj.contains(leaf)) read_key(state, *s, key_table::join_path(place, leaf), obj.at(leaf));
   }
 }
 
@@ -202,7 +305,7 @@ void read_keys(ParseState& state, const nlohmann::json& top) {
   if (!top.is_object())
     throw ConfigError(fmt::format("{}: the top level must be an object, got {}", state.source,
                                   json_type_name(top)));
-  read_object(state, "", top);
+  read_object(state, "", "", top);
 }
 
 }  // namespace dsactor::trainer::ds_config_detail

@@ -1,6 +1,7 @@
 // The ds_config rules beyond single keys, DeepSpeed's: the batch triple and its floor
 // divisions, the optimizer and scheduler sections, ZeRO's stage-dependent default and
-// deprecated booleans, and the combinations dsactor refuses.
+// deprecated booleans (and the deprecated boolean section), and the combinations dsactor
+// refuses.
 #include <fmt/format.h>
 
 #include "key_table/key_path.h"
@@ -74,12 +75,29 @@ void resolve_batch(ParseState& state) {
                     derived.empty() ? std::string() : fmt::format(" (derived: {})", derived)));
 }
 
+// Keys of a section's params that the section's type does not take (DeepSpeed passes the
+// params to the type's constructor as keyword arguments), and the required ones missing.
+void check_params_of_type(ParseState& state, std::string_view params, size_t which,
+                          const char* type_name) {
+  const auto& table = ds_key_table();
+  for (const auto* s : table.children(params))
+    if (state.has(s->path) && !table.applies(*s, which))
+      state.fail(s->path, table.not_applicable_problem(*s, which));
+  for (const auto* s : table.children(params))
+    if (table.applies(*s, which) && s->default_doc == "required" && !state.has(s->path))
+      state.fail(s->path, fmt::format("missing: {} requires {} ({})", type_name,
+                                      key_table::leaf_of(s->path), key_table::allowed_text(*s)));
+}
+
 void resolve_optimizer_and_scheduler(ParseState& state) {
   auto& c = state.cfg;
   c.optimizer.present = state.has("optimizer");
   if (c.optimizer.present && !state.has("optimizer.type"))
     state.fail("optimizer.type", "missing: an optimizer section needs a type; allowed: " +
                                      key_table::allowed_text(spec_of("optimizer.type")));
+  if (c.optimizer.present)
+    check_params_of_type(state, "optimizer.params", optimizer_index(c.optimizer.type),
+                         to_string(c.optimizer.type));
   // DeepSpeed: "Optimizer name of Adam forces AdamW logic unless adam_w_mode is explicitly set"
   // and AdamW always means decoupled weight decay.
   if (c.optimizer.type == OptimizerType::kAdamW) c.optimizer.adam_w_mode = true;
@@ -91,19 +109,26 @@ void resolve_optimizer_and_scheduler(ParseState& state) {
   if (!state.has("scheduler.type"))
     state.fail("scheduler.type", "missing: a scheduler section needs a type; allowed: " +
                                      key_table::allowed_text(spec_of("scheduler.type")));
-  const auto& table = ds_key_table();
-  const size_t which = scheduler_index(c.scheduler.type);
-  for (const auto* s : table.children("scheduler.params"))
-    if (state.has(s->path) && !table.applies(*s, which))
-      state.fail(s->path, table.not_applicable_problem(*s, which));
-  const auto& total = *table.find("scheduler.params.total_num_steps");
-  if (table.applies(total, which) && !state.has(total.path))
-    state.fail(total.path,
-               fmt::format("missing: {} requires total_num_steps ({})", to_string(c.scheduler.type),
-                           key_table::allowed_text(total)));
+  check_params_of_type(state, "scheduler.params", scheduler_index(c.scheduler.type),
+                       to_string(c.scheduler.type));
+}
+
+// deepspeed/runtime/zero/config.py, read_zero_config_deprecated: "zero_optimization": true
+// is stage 1 with allgather_bucket_size from the top-level allgather_size, false is stage 0
+// (DeepSpeed warns that the form is deprecated; so do we).
+void resolve_zero_flag(ParseState& state) {
+  if (!state.zero_optimization_flag) return;
+  auto& c = state.cfg;
+  c.zero_optimization.stage = *state.zero_optimization_flag ? 1 : 0;
+  if (c.zero_optimization.stage > 0) c.zero_optimization.allgather_bucket_size = c.allgather_size;
+  c.warnings.push_back(fmt::format(
+      "{}: \"zero_optimization\": {} is DeepSpeed's deprecated form of {{\"stage\": {}}}; use "
+      "the object form",
+      state.source, *state.zero_optimization_flag, c.zero_optimization.stage));
 }
 
 void resolve_zero(ParseState& state) {
+  resolve_zero_flag(state);
   auto& z = state.cfg.zero_optimization;
   if (!state.has("zero_optimization.overlap_comm")) z.overlap_comm = z.stage == 3;
 
@@ -153,10 +178,6 @@ void resolve_rest(ParseState& state) {
   if (c.fp16.enabled && c.bf16.enabled)
     state.fail("fp16.enabled",
                "fp16.enabled and bf16.enabled are both true; enable at most one of them");
-  if (c.wandb.enabled)
-    state.fail("wandb.enabled",
-               "Weights & Biases logging is not supported by dsactor; set it to false and use "
-               "csv_monitor or tensorboard");
 }
 
 }  // namespace

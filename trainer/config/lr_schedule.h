@@ -1,7 +1,9 @@
 #pragma once
-// DeepSpeed's learning-rate schedules (deepspeed/runtime/lr_schedules.py) as pure functions
-// of the step count, so every process (trainer, coordinator, offload service) computes the
-// same lr without sharing a scheduler object.
+// DeepSpeed's learning-rate schedules (deepspeed/runtime/lr_schedules.py: WarmupLR,
+// WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest) as pure functions of the step
+// count, so every process (trainer, coordinator, offload service) computes the same lr
+// without sharing a scheduler object.
+#include <array>
 #include <cstdint>
 
 #include "trainer/config/ds_config.h"
@@ -14,10 +16,18 @@ namespace dsactor::trainer {
 double scheduled_lr(const SchedulerConfig& s, double base_lr, int64_t iteration);
 
 // The lr of the next optimizer step after `step` applied optimizer steps (0 for the first
-// step). DeepSpeed constructs the scheduler at last_batch_iteration = -1, which sets the lr
-// of the first step, and calls scheduler.step() after every optimizer step that was not
-// skipped for fp16 overflow; so this is scheduled_lr(s, base_lr, step - 1). Skipped
-// (overflow) steps must not be counted in `step`. Without a scheduler: base_lr.
+// step). DeepSpeed constructs the scheduler at last_batch_iteration (-1 by default), which
+// at -1 sets the lr of the first step (at any other value the first step keeps the
+// optimizer's lr), and calls scheduler.step() after every optimizer step that was not
+// skipped for fp16 overflow; so step k >= 1 uses scheduled_lr(s, base_lr,
+// last_batch_iteration + k). Skipped (overflow) steps must not be counted in `step`.
+// Without a scheduler: base_lr.
 double learning_rate(const SchedulerConfig& s, double base_lr, int64_t step);
+
+// The optimizer's (beta1, beta2) for the step after `step` applied steps: `betas` (the
+// optimizer's own), except under OneCycle with cycle_momentum, which sets beta1 from its
+// momentum cycle and beta2 to 0.99 (cycle_min_mom at construction, as DeepSpeed does).
+std::array<double, 2> scheduled_betas(const SchedulerConfig& s, std::array<double, 2> betas,
+                                      int64_t step);
 
 }  // namespace dsactor::trainer

@@ -16,6 +16,7 @@
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/inference.h"
+#include "trainer/optimizer_step.h"
 
 namespace dsactor::trainer {
 
@@ -251,14 +252,9 @@ StepResult Engine::train_step(BatchLoader& loader) {
   r.grad_norm = norm;
   const float multiplier =
       k::grad_multiplier(k::clip_coefficient(norm, config_.gradient_clipping), r.loss_scale);
-  k::AdamHyper h = adam_;
-  h.lr = static_cast<float>(r.lr);
   ++optimizer_steps_;
-  for (size_t b = 0; b < master_.blocks.size(); ++b) {
-    k::adam_step(master_.blocks[b].data(), adam_m_.blocks[b].data(), adam_v_.blocks[b].data(),
-                 grads_.blocks[b].data(), master_.blocks[b].size(), h, optimizer_steps_,
-                 multiplier);
-  }
+  local_optimizer_step(config_, model_.layouts(), master_, adam_m_, adam_v_, grads_, adam_, r.lr,
+                       optimizer_steps_, multiplier);
   refresh_working_params();
   r.optimizer_seconds = seconds_since(t_opt);
   r.global_step = global_step_;

@@ -40,6 +40,10 @@ struct StepResult {
   double loss_scale = 1;    // the scale the backward ran with
   bool skipped = false;     // fp16 overflow: no parameter changed
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
+  // ZeRO engines with offload services (0 otherwise), parts of the times above: waiting for
+  // parameters from the services, for the gradient pushes' replies (and the verdict), and
+  // the commit (or skip) on every service.
+  double fetch_seconds = 0, push_seconds = 0, commit_seconds = 0;
 };
 
 // The ZeRO stage-0 engine: one process holds the whole model, its gradients and the Adam

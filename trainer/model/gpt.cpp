@@ -111,43 +111,56 @@ void GptModel::forward(BlockSet& params, const int32_t* inputs, int B, int T, Bl
                       config_.vocab_size));
   Activations& a = acts_;
 
+  ForwardLaps laps(profile_, L);
   hooks.acquire(kEmb);
+  laps.restart();
   {
     const EmbeddingView e = embedding_view(layouts_, params);
     k::encoder_forward(a.encoded.data(), inputs, e.wte, e.wpe, B, T, C);
   }
+  laps.lap(&ForwardProfile::embedding);
   hooks.release(kEmb);
   for (int l = 0; l < L; ++l) {
     hooks.acquire(1 + static_cast<size_t>(l));
+    laps.restart();
     const LayerView p = layer_view(layouts_, params, l);
     const float* residual = l == 0 ? a.encoded.data() : a.residual3[l - 1].data();
     k::layernorm_forward(a.ln1[l].data(), a.ln1_mean[l].data(), a.ln1_rstd[l].data(), residual,
                          p.ln1w, p.ln1b, BT, C);
+    laps.lap_layer(l, &LayerTimes::ln_1);
     k::matmul_forward(a.qkv[l].data(), a.ln1[l].data(), p.qkvw, p.qkvb, BT, C, 3 * C);
     k::attention_forward(a.atty[l].data(), a.att[l].data(), a.qkv[l].data(), B, T, C, NH);
     k::matmul_forward(a.scratch_btc.data(), a.atty[l].data(), p.attprojw, p.attprojb, BT, C, C);
     k::residual_forward(a.residual2[l].data(), residual, a.scratch_btc.data(), n);
+    laps.lap_layer(l, &LayerTimes::attn);
     k::layernorm_forward(a.ln2[l].data(), a.ln2_mean[l].data(), a.ln2_rstd[l].data(),
                          a.residual2[l].data(), p.ln2w, p.ln2b, BT, C);
+    laps.lap_layer(l, &LayerTimes::ln_2);
     k::matmul_forward(a.fch[l].data(), a.ln2[l].data(), p.fcw, p.fcb, BT, C, 4 * C);
     k::gelu_forward(a.fch_gelu.data(), a.fch[l].data(), static_cast<size_t>(BT) * 4 * C);
     k::matmul_forward(a.scratch_btc.data(), a.fch_gelu.data(), p.fcprojw, p.fcprojb, BT, 4 * C, C);
     k::residual_forward(a.residual3[l].data(), a.residual2[l].data(), a.scratch_btc.data(), n);
+    laps.lap_layer(l, &LayerTimes::mlp);
     hooks.release(1 + static_cast<size_t>(l));
   }
   hooks.acquire(kFinal);
+  laps.restart();
   const FinalNormView f = final_norm_view(layouts_, params);
   k::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(),
                        a.residual3[L - 1].data(), f.lnfw, f.lnfb, BT, C);
+  laps.lap(&ForwardProfile::ln_f);
   hooks.acquire(kEmb);  // tied LM head
+  laps.restart();
   // Mapped here, not with the other activations: transient logits are freed after the LM
   // head's backward (set_transient_logits). matmul_forward writes every element.
   if (a.logits.size() != static_cast<size_t>(BT) * Vp)
     a.logits = FloatBuffer::uninitialized(static_cast<size_t>(BT) * Vp);
   k::matmul_forward(a.logits.data(), a.lnf.data(), embedding_view(layouts_, params).wte, nullptr,
                     BT, C, Vp);
+  laps.lap(&ForwardProfile::lm_head);
   last_forward_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  laps.finish(B, T, last_forward_seconds_);
 }
 
 static float mean_of(const FloatBuffer& losses, int n) {

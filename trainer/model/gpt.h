@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "trainer/model/float_buffer.h"
+#include "trainer/model/forward_profile.h"
 #include "trainer/model/gpt_config.h"
 #include "trainer/model/param_blocks.h"
 
@@ -59,6 +60,8 @@ class GptModel {
   // engine, whose memory peak comes later in the backward; a holder of the whole model
   // keeps them and saves the page faults.
   void set_transient_logits(bool transient) { transient_logits_ = transient; }
+  // Times each module of the next forward into `profile` (the flops profiler); null: off.
+  void set_forward_profile(ForwardProfile* profile) { profile_ = profile; }
 
  private:
   struct Activations {
@@ -84,6 +87,7 @@ class GptModel {
   Activations acts_;
   double last_forward_seconds_ = 0;
   bool transient_logits_ = false;
+  ForwardProfile* profile_ = nullptr;
 };
 
 }  // namespace dsactor::trainer

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "trainer/engine/engine.h"
+#include "trainer/monitor/flops_profiler.h"
 
 namespace dsactor::trainer {
 
@@ -22,11 +23,24 @@ class StepEngine {
   virtual bool stop_agreed() const = 0;
 };
 
+// `profiler` (optional, not owned): the flops profiler times the model's forward in the
+// step it asks for and reports it after that step.
 template <class E>
 class StepEngineOf final : public StepEngine {
  public:
-  explicit StepEngineOf(E& engine) : e_(engine) {}
-  StepResult train_step(BatchLoader& loader) override { return e_.train_step(loader); }
+  explicit StepEngineOf(E& engine, FlopsProfiler* profiler = nullptr)
+      : e_(engine), profiler_(profiler) {}
+  StepResult train_step(BatchLoader& loader) override {
+    if (!profiler_) return e_.train_step(loader);
+    struct Detach {
+      GptModel& model;
+      ~Detach() { model.set_forward_profile(nullptr); }
+    } detach{e_.model()};
+    e_.model().set_forward_profile(profiler_->before_step(e_.global_step()));
+    const StepResult r = e_.train_step(loader);
+    profiler_->after_step(r);
+    return r;
+  }
   int64_t global_step() const override { return e_.global_step(); }
   Precision precision() const override { return e_.precision(); }
   void request_stop() override { e_.request_stop(); }
@@ -34,6 +48,7 @@ class StepEngineOf final : public StepEngine {
 
  private:
   E& e_;
+  FlopsProfiler* profiler_;
 };
 
 }  // namespace dsactor::trainer

@@ -368,6 +368,7 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   StepResult r;
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
+  const double fetch_waits = fetch_wait_seconds();
   gradients_->begin_step();
   run_micro_steps(loader, r);
 
@@ -375,10 +376,14 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   // The global norm and overflow verdict from every push reply, before any commit: a
   // service that failed a push stops this step here (no commit went anywhere).
   const Verdict v = reach_verdict(r);
+  r.push_seconds = seconds_since(t_opt);
+  r.fetch_seconds = fetch_wait_seconds() - fetch_waits;
   ++counters_.global_step;
   const auto step = static_cast<uint64_t>(counters_.global_step);
   // A diverged run (throw) and an fp16 overflow both leave every service skipping the step.
+  const auto t_commit = Clock::now();
   if (v.nonfinite) skip_everywhere(step);
+  r.commit_seconds = seconds_since(t_commit);
   if (skip_on_overflow(precision_, v.nonfinite, scaler_, counters_.global_step,
                        counters_.skipped_steps, r)) {
     r.optimizer_seconds = seconds_since(t_opt);
@@ -386,11 +391,15 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   }
   const double norm = std::sqrt(v.sum_squares) / r.loss_scale;
   r.grad_norm = norm;
+  const auto t_apply = Clock::now();
   commit_everywhere(
       {step, k::clip_coefficient(norm, config_.gradient_clipping), r.loss_scale, r.lr});
+  r.commit_seconds += seconds_since(t_apply);
   ++counters_.optimizer_steps;
   counters_.committed_step = step;
+  const auto t_refetch = Clock::now();
   residency_->parameters_committed(step);
+  r.fetch_seconds += seconds_since(t_refetch);
   r.optimizer_seconds = seconds_since(t_opt);
   r.global_step = counters_.global_step;
   return r;
@@ -427,6 +436,12 @@ nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
   counters_ = loaded.counters;
   residency_->parameters_committed(counters_.committed_step);
   return std::move(loaded.extra);
+}
+
+double ZeroEngine::fetch_wait_seconds() const {
+  ZeroStats s;
+  residency_->add_stats(s);
+  return s.scheduler.wait_seconds;
 }
 
 ZeroStats ZeroEngine::stats() const {

@@ -81,6 +81,7 @@ class ZeroEngine {
   nlohmann::json load_checkpoint(const std::filesystem::path& dir);
 
   const DsConfig& config() const { return config_; }
+  GptModel& model() { return model_; }
   Precision precision() const { return precision_; }
   int stage() const { return config_.zero_optimization.stage; }
   int64_t global_step() const { return counters_.global_step; }
@@ -96,6 +97,8 @@ class ZeroEngine {
   bool stop_agreed() const { return plan_.world_size() == 1 ? stop_requested_ : stop_agreed_; }
   const PartitionPlan& plan() const { return plan_; }
   ZeroStats stats() const;
+  // Time the stage-3 scheduler has waited for fetches so far (0 in stages 1/2).
+  double fetch_wait_seconds() const;
   // Every block's parameters as forward reads them, fetched from the services now (for
   // tests and export; stage 3 included).
   BlockSet gather_params();
