@@ -123,10 +123,8 @@ TEST(NcclCollectives, MissingPeerTimesOutNamingTheJoin) {
   RendezvousClient store(server.endpoint(), "nccl-missing", 10s);
   NcclCollectivesOptions o;
   o.timeout = 3s;
-  const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THAT(error_of([&] { make_nccl_collectives(0, 2, 0, store, o); }),
               AllOf(HasSubstr("join on rank 0 of 2"), HasSubstr("3000 ms timeout")));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
   // Rank 1 of that world finds the id rank 0 published (the store's broadcast).
   RendezvousClient peer(server.endpoint(), "nccl-missing", 1s);
   EXPECT_EQ(peer.get("nccl/unique_id").size(), 128u);

@@ -10,6 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/config/ds_config_test_util.h"
+
 namespace dsactor::trainer {
 namespace {
 
@@ -21,13 +23,7 @@ using ::testing::Not;
 constexpr const char* kSrc = "cfgdir/my_ds.json";
 
 std::string error_of(const json& j, int world_size = 1) {
-  try {
-    parse_ds_config(j, kSrc, world_size);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no ConfigError for " << j.dump();
-  return "";
+  return config_error_of(j, kSrc, world_size);
 }
 
 json with_batch(json j) {

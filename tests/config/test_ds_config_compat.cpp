@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/config/ds_config_test_util.h"
+
 #include "trainer/config/ds_config.h"
 
 namespace dsactor::trainer {
@@ -23,13 +25,7 @@ using ::testing::Not;
 constexpr const char* kSrc = "hf/ds_config.json";
 
 std::string error_of(const json& j, int world_size = 1) {
-  try {
-    parse_ds_config(j, kSrc, world_size);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no ConfigError for " << j.dump();
-  return "";
+  return config_error_of(j, kSrc, world_size);
 }
 
 size_t lines_containing(const std::string& text, const std::string& what) {

@@ -82,13 +82,8 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
       fetch_clients_.push_back(std::make_unique<actors::ServiceClient>(
           system, ep, z_.options.timeout, z_.options.job_id));
     model.set_transient_logits(true);  // not held through the backward's peak
-    SchedulerOptions so;
-    so.prefetch_bucket_size = zo.prefetch_bucket_size;
-    so.max_live_parameters = zo.max_live_parameters;
-    so.max_reuse_distance = zo.max_reuse_distance;
-    so.persistence_threshold = zo.param_persistence_threshold;
     scheduler_ = std::make_unique<ParamScheduler>(
-        system, block_numels(z_.layouts), params_, so,
+        system, block_numels(z_.layouts), params_, SchedulerOptions::from(zo),
         [this](size_t b, uint64_t step, size_t numel) { return fetch_resident(b, step, numel); });
     return;
   }

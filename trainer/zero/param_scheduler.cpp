@@ -8,6 +8,11 @@
 
 namespace dsactor::trainer {
 
+SchedulerOptions SchedulerOptions::from(const ZeroConfig& z) {
+  return {z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance,
+          z.param_persistence_threshold};
+}
+
 namespace {
 
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;

@@ -9,19 +9,24 @@
 
 #include <caf/all.hpp>
 
+#include "trainer/config/ds_config.h"
 #include "trainer/model/gpt.h"
 
 namespace dsactor::trainer {
 
 // ds_config's stage-3 knobs, in elements (DeepSpeed's units).
+// The stage-3 knobs of zero_optimization (stage3_prefetch_bucket_size, stage3_max_live_parameters,
+// stage3_max_reuse_distance, stage3_param_persistence_threshold): the ds_config parser holds
+// their defaults, so this carries none of its own.
 struct SchedulerOptions {
-  int64_t prefetch_bucket_size = 50000000;   // elements in flight ahead of use (one block
-                                             // at least); 0: no prefetch
-  int64_t max_live_parameters = 1000000000;  // elements resident (in use, cached, in flight)
-  int64_t max_reuse_distance = 1000000000;   // keep a released block whose next use in this
-                                             // pass comes within this many elements of
-                                             // other blocks' fetches
-  int64_t persistence_threshold = 100000;    // blocks smaller than this stay resident
+  int64_t prefetch_bucket_size;   // elements in flight ahead of use (one block at least);
+                                  // 0: no prefetch
+  int64_t max_live_parameters;    // elements resident (in use, cached, in flight)
+  int64_t max_reuse_distance;     // keep a released block whose next use in this pass comes
+                                  // within this many elements of other blocks' fetches
+  int64_t persistence_threshold;  // blocks smaller than this stay resident
+
+  static SchedulerOptions from(const ZeroConfig& zero);
 };
 
 struct SchedulerStats {
