@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "bench/adam_bench.h"
+#include "bench/checkpoint_bench.h"
 #include "bench/dp_bench.h"
 #include "bench/nvme_bench.h"
 #include "bench/tokenize_bench.h"
@@ -39,6 +40,19 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--warmup", o->warmup_steps, "unmeasured steps first")->capture_default_str();
   train->add_flag("--json", *json, "print one JSON object");
   train->callback([o, json] { print_result(bench::run_train_bench(*o), *json); });
+
+  auto* ckpt = bench->add_subcommand("checkpoint", "periodic checkpoints' cost as a fraction of stage-0 step time, against the same run without checkpoints");
+  auto co = std::make_shared<bench::CheckpointBenchOptions>();
+  ckpt->add_option("--model", co->model, "model preset or YAML")->capture_default_str();
+  ckpt->add_option("--micro-batch", co->micro_batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
+  ckpt->add_option("--seq", co->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
+  ckpt->add_option("--every", co->every, "steps between checkpoints")->check(CLI::PositiveNumber)->capture_default_str();
+  ckpt->add_option("--steps", co->steps, "measured steps per phase (0: --every)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  ckpt->add_option("--warmup", co->warmup_steps, "unmeasured steps first")->capture_default_str();
+  ckpt->add_option("--keep-last", co->keep_last, "checkpoint tags kept")->check(CLI::NonNegativeNumber)->capture_default_str();
+  ckpt->add_option("--dir", co->dir, "where the checkpoints go (default: a temporary directory, removed)");
+  ckpt->add_flag("--json", *json, "print one JSON object");
+  ckpt->callback([co, json] { print_result(bench::run_checkpoint_bench(*co), *json); });
 
   auto* zero = bench->add_subcommand("zero", "stage 3 with offload_optimizer+offload_param (cpu, a real offload service) against stage 0, same run");
   auto zo = std::make_shared<bench::ZeroBenchOptions>();

@@ -24,6 +24,7 @@
 #include "actors/runtime/runtime.h"
 #include "cli/start_trainer.h"
 #include "deploy/launch_env.h"
+#include "trainer/checkpoint_series.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/hf_weights.h"
@@ -219,8 +220,10 @@ class StopSignals {
 // taken every report of it).
 RunOutcome run_engine_actor(caf::actor_system& system, StepEngine& engine, BatchLoader& loader,
                             const monitor_actor& monitor, int64_t target, int64_t tokens_per_step,
-                            StopSignals& signals, const std::string& name) {
-  const engine_actor actor = spawn_engine_actor(system, engine, loader, monitor, tokens_per_step);
+                            StopSignals& signals, const std::string& name,
+                            std::function<void(int64_t)> after_step) {
+  const engine_actor actor =
+      spawn_engine_actor(system, engine, loader, monitor, tokens_per_step, std::move(after_step));
   signals.watch([actor, name](int sig) {
     spdlog::warn("{}: {} received: stopping after the current step (every rank the same step)",
                  name, sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -320,8 +323,18 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "trainer: write the final weights to <out>/model.safetensors and a "
                  "checkpoint to <out>/checkpoint");
   cmd.add_option("--resume", a.resume,
-                 "trainer: load this checkpoint (an earlier run's <out>/checkpoint) first; "
-                 "--steps stays the total");
+                 "trainer: load this checkpoint first: a tag dir, a dir holding `latest` (an "
+                 "earlier run's <out>/checkpoint) or that run's --out; --steps stays the total");
+  cmd.add_option("--checkpoint-dir", a.checkpoint_dir,
+                 "trainer: where checkpoints go: <dir>/global_step<N>/ and <dir>/latest "
+                 "(default <out>/checkpoint)");
+  cmd.add_option("--checkpoint-every", a.checkpoint_every,
+                 "trainer: checkpoint every N steps besides the end (0: at the end only)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--keep-last", a.keep_last,
+                 "trainer: keep the newest K checkpoint tags, removing older ones once a new "
+                 "one is complete (0: keep every tag)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 namespace {
@@ -343,6 +356,7 @@ struct RankRun {
   Comms& comms;
   actors::Runtime& runtime;
   monitor_actor monitor;
+  CheckpointSeries* checkpoints = nullptr;  // null: this run saves no checkpoint
 
   std::filesystem::path out() const { return std::filesystem::path(a.out); }
   int64_t tokens_per_step() const {
@@ -365,10 +379,31 @@ struct RankRun {
     return t ? tokenizer_metadata(*t) : std::map<std::string, std::string>{};
   }
 
-  // Either engine: resume (checkpoint and data cursor), then the engine actor's run; a
-  // failed step throws its error.
+  // A checkpoint of this step through the series (every rank calls it; `writes`: this rank
+  // writes a part, stage 0's rank 0 only); its tag directory, or nothing without a series.
   template <class EngineT>
-  RunOutcome resume_and_run(EngineT& engine, const std::filesystem::path& resume_dir) {
+  std::optional<std::filesystem::path> save(EngineT& engine, bool writes) const {
+    if (!checkpoints) return std::nullopt;
+    CheckpointSeries::SaveInto into;
+    if (writes)
+      into = [&](const std::filesystem::path& dir) {
+        engine.save_checkpoint(dir, checkpoint_extra());
+      };
+    return checkpoints->save(engine.global_step(), into);
+  }
+  // The end of a run: a save unless the last periodic one was of this step.
+  template <class EngineT>
+  std::optional<std::filesystem::path> final_save(EngineT& engine, bool writes) const {
+    if (checkpoints && checkpoints->last_saved_step() == engine.global_step())
+      return checkpoints->policy().dir / checkpoint_tag(engine.global_step());
+    return save(engine, writes);
+  }
+
+  // Either engine: resume (checkpoint and data cursor), then the engine actor's run with the
+  // periodic checkpoints; a failed step throws its error.
+  template <class EngineT>
+  RunOutcome resume_and_run(EngineT& engine, const std::filesystem::path& resume_dir,
+                            bool writes_checkpoints) {
     if (!a.resume.empty()) {
       const nlohmann::json extra = engine.load_checkpoint(resume_dir);
       if (tokenizer) check_same_tokenizer(tokenizer_from_extra(extra), tokenizer->id(), a.resume);
@@ -382,8 +417,11 @@ struct RankRun {
     FlopsProfiler profiler(config, gpt);
     const bool profile = config.flops_profiler.enabled && place.rank == 0;
     StepEngineOf<EngineT> steps(engine, profile ? &profiler : nullptr);
+    auto periodic = [this, &engine, writes_checkpoints](int64_t step) {
+      if (checkpoints && checkpoints->due(step)) save(engine, writes_checkpoints);
+    };
     RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
-                                          tokens_per_step(), signals, a.name);
+                                          tokens_per_step(), signals, a.name, periodic);
     if (!outcome.ok) throw std::runtime_error(outcome.error);
     return outcome;
   }
@@ -393,8 +431,8 @@ struct RankRun {
   void exit_if_stopped(const RunOutcome& o) const {
     if (!o.stopped) return;
     spdlog::warn("{}: stopped at step {} of {}{}", a.name, o.global_step, target,
-                 a.out.empty() ? " (no --out: nothing saved)"
-                               : "; resume with --resume " + (out() / "checkpoint").string());
+                 checkpoints ? "; resume with --resume " + checkpoints->policy().dir.string()
+                             : std::string(" (no --out or --checkpoint-dir: nothing saved)"));
     throw CLI::RuntimeError(128 + (signals.received() ? signals.received() : SIGTERM));
   }
 };
@@ -408,20 +446,21 @@ int run_stage0(RankRun& run) {
   }
   spdlog::info("{}: ZeRO stage 0 ({}), rank {} of {}", a.name, precision_name(engine.precision()),
                run.place.rank, run.place.world_size);
+  // Every rank holds the same weights and optimizer state: rank 0 writes them.
+  const bool writes = run.place.rank == 0;
   const RunOutcome outcome = run.resume_and_run(
-      engine, a.resume.empty() ? std::filesystem::path() : find_checkpoint(a.resume));
+      engine, a.resume.empty() ? std::filesystem::path() : find_checkpoint(a.resume), writes);
   spdlog::info("{}: done at step {}: loss {:.4f}", a.name, engine.global_step(), outcome.last.loss);
   log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
-  // Every rank holds the same weights and optimizer state: rank 0 writes them.
-  if (!a.out.empty() && run.place.rank == 0) {
+  if (!a.out.empty() && writes) {
     const auto out = run.out();
     std::filesystem::create_directories(out);
     export_hf_safetensors(out / "model.safetensors", run.gpt, engine.master_params(),
                           run.weights_metadata());
-    engine.save_checkpoint(out / "checkpoint", run.checkpoint_extra());
-    spdlog::info("{}: final weights in {}, checkpoint in {}", a.name,
-                 (out / "model.safetensors").string(), (out / "checkpoint").string());
+    spdlog::info("{}: final weights in {}", a.name, (out / "model.safetensors").string());
   }
+  if (const auto ckpt = run.final_save(engine, writes); ckpt && writes)
+    spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt->string());
   run.exit_if_stopped(outcome);
   return 0;
 }
@@ -456,10 +495,9 @@ int run_zero(RankRun& run) {
   spdlog::info("{}: ZeRO stage {} ({}), rank {} of {}, {}, {} blocks", a.name, engine.stage(),
                precision_name(engine.precision()), run.place.rank, run.place.world_size, holders,
                engine.plan().blocks());
-  // --resume: a checkpoint, or an --out dir holding one (a checkpoint holds no checkpoint/).
-  const std::filesystem::path resume = a.resume;
+  // --resume: a checkpoint, a directory naming one in `latest`, or an --out dir holding one.
   const RunOutcome outcome = run.resume_and_run(
-      engine, std::filesystem::exists(resume / "checkpoint") ? resume / "checkpoint" : resume);
+      engine, a.resume.empty() ? std::filesystem::path() : resolve_checkpoint(a.resume), true);
   const ZeroStats s = engine.stats();
   spdlog::info(
       "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; optimizer state {} B, "
@@ -479,10 +517,9 @@ int run_zero(RankRun& run) {
       export_hf_safetensors(out / "model.safetensors", run.gpt, full, run.weights_metadata());
       spdlog::info("{}: final weights in {}", a.name, (out / "model.safetensors").string());
     }
-    const auto ckpt = out / "checkpoint";
-    engine.save_checkpoint(ckpt, run.checkpoint_extra());
-    spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt.string());
   }
+  if (const auto ckpt = run.final_save(engine, true))
+    spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt->string());
   run.exit_if_stopped(outcome);
   return 0;
 }
@@ -506,6 +543,22 @@ EngineChoice choose_trainer_engine(const StartTrainerArgs& a, const DsConfig& co
   return choice;
 }
 
+// Where and how often this trainer checkpoints: nothing without --out or --checkpoint-dir
+// (asking for periodic checkpoints then is refused, not ignored).
+std::optional<CheckpointPolicy> checkpoint_policy(const StartTrainerArgs& a) {
+  if (a.checkpoint_dir.empty() && a.out.empty()) {
+    if (a.checkpoint_every > 0 || a.keep_last > 0)
+      throw std::invalid_argument(fmt::format(
+          "{}: --checkpoint-every {} / --keep-last {} need --out or --checkpoint-dir (where the "
+          "checkpoints go)",
+          a.name, a.checkpoint_every, a.keep_last));
+    return std::nullopt;
+  }
+  return CheckpointPolicy{a.checkpoint_dir.empty() ? std::filesystem::path(a.out) / "checkpoint"
+                                                   : std::filesystem::path(a.checkpoint_dir),
+                          a.checkpoint_every, a.keep_last};
+}
+
 }  // namespace
 
 int run_start_trainer(const StartTrainerArgs& a) {
@@ -514,6 +567,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
     throw std::invalid_argument(
         "dsactor start --role trainer needs --config and --data (and --offload endpoints for "
         "offload_optimizer / offload_param), or --deploy");
+  const std::optional<CheckpointPolicy> policy = checkpoint_policy(a);
   Placement place = resolve_placement(a);
   Comms store;  // the rendezvous (and the rank, when the coordinator assigns it)
   if (place.world_size > 1 || a.collectives == "nccl") open_store(a, place, store);
@@ -556,6 +610,11 @@ int run_start_trainer(const StartTrainerArgs& a) {
               comms,
               runtime,
               spawn_monitor(runtime.system(), config, mo)};
+  std::optional<CheckpointSeries> checkpoints;
+  if (policy) {
+    checkpoints.emplace(*policy, place.rank, comms.grad.get());
+    run.checkpoints = &*checkpoints;
+  }
   return engine == EngineChoice::kStage0 ? run_stage0(run) : run_zero(run);
 }
 

@@ -34,10 +34,15 @@ void add_train_command(CLI::App& app) {
                   "tokenizer.json, or vocab.json/encoder.json with its merges file)");
   cmd->add_option("--init", o->init, "start from these safetensors weights")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--resume", o->resume, "continue from a checkpoint dir (or an --out dir)")
+  cmd->add_option("--resume", o->resume,
+                  "continue from a checkpoint: a tag dir, a dir holding `latest` (the newest "
+                  "tag), or an earlier run's --out dir")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--out", o->out, "output dir: checkpoint/ and monitor files")
       ->capture_default_str();
+  cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
+                  "where checkpoints go: <dir>/global_step<N>/ and <dir>/latest (default "
+                  "<out>/checkpoint)");
   cmd->add_option("--steps", o->steps,
                   "total optimizer steps to reach (default: scheduler total_num_steps, else 100)");
   cmd->add_option("--seq", o->seq_len, "sequence length T (default: the model's block_size)");
@@ -48,7 +53,13 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--eval-every", o->eval_every, "validate every N steps (0: at the end)");
   cmd->add_option("--eval-batches", o->eval_batches, "validation batches")->capture_default_str();
-  cmd->add_option("--save-every", o->save_every, "checkpoint every N steps (0: at the end)");
+  cmd->add_option("--checkpoint-every,--save-every", o->checkpoint_every,
+                  "checkpoint every N steps besides the end (0: at the end only)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--keep-last", o->keep_last,
+                  "keep the newest K checkpoint tags, removing older ones once a new one is "
+                  "complete (0: keep every tag)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--sample", *sample, "tokens to generate after training (0: none)")
       ->capture_default_str();
   cmd->callback([o, sample] {

@@ -49,16 +49,24 @@ struct StartTrainerArgs {
   // If set: safetensors weights to start from (Hugging Face GPT-2 names), instead of the
   // seed's initial weights; with ZeRO they go to the services block by block.
   std::string init;
-  // If set: a checkpoint directory (<out>/checkpoint of an earlier run) loaded before
-  // training; --steps stays the total, so `--steps N/2` then `--resume ... --steps N`
-  // ends with the weights of `--steps N` straight, bit for bit.
+  // If set: a checkpoint loaded before training: a tag directory, a directory holding
+  // `latest` (<out>/checkpoint of an earlier run) or the --out directory itself; --steps
+  // stays the total, so `--steps N/2` then `--resume ... --steps N` ends with the weights of
+  // `--steps N` straight, bit for bit.
   std::string resume;
+  // Checkpoints (trainer/checkpoint_series.h): <checkpoint_dir>/global_step<N>/ and `latest`,
+  // default <out>/checkpoint; a save every `checkpoint_every` steps besides the end (0: the
+  // end only); the newest `keep_last` tags stay (0: all).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep_last = 0;
 };
 
 // Adds --config --set (repeatable) --model --data --tokenizer --offload (repeatable) --steps
 // --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
-// --serve-coordinator --comm-timeout-ms --init --out --resume to `cmd`, all stored in `a`.
+// --serve-coordinator --comm-timeout-ms --init --out --resume --checkpoint-dir
+// --checkpoint-every --keep-last to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

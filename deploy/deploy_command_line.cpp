@@ -42,6 +42,12 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
       if (role.shared_memory == false) a.emplace_back("--no-shared-memory");
       for (const auto& [key, value] : role.config_overrides)
         a.insert(a.end(), {"--set", key + "=" + value});
+      if (const auto& c = config.checkpoint; c.every)
+        a.insert(a.end(), {"--checkpoint-every", std::to_string(*c.every)});
+      if (const auto& c = config.checkpoint; c.keep_last)
+        a.insert(a.end(), {"--keep-last", std::to_string(*c.keep_last)});
+      if (const auto& c = config.checkpoint; c.dir)
+        a.insert(a.end(), {"--checkpoint-dir", c.dir->string()});
       if (!config.rendezvous.empty()) {
         a.insert(a.end(), {"--coordinator", config.rendezvous});
         if (config.rendezvous_in_rank0 && role.rank == 0) a.emplace_back("--serve-coordinator");

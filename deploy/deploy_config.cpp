@@ -79,6 +79,7 @@ class DeployParser {
   }
 
   void read_top_level();
+  void read_checkpoint_key();
   void read_roles();
   RoleSpec read_role(const YAML::Node& n, size_t index, std::map<RoleKind, int>& per_kind);
   void read_offload_keys(const YAML::Node& n, const std::string& p, RoleSpec& r);
@@ -121,6 +122,19 @@ void DeployParser::read_top_level() {
     role_defaults_.startup_timeout = yaml_.seconds(n, "startup_timeout");
   if (const auto& n = root()["shutdown_timeout"])
     role_defaults_.shutdown_timeout = yaml_.seconds(n, "shutdown_timeout");
+  read_checkpoint_key();
+}
+
+void DeployParser::read_checkpoint_key() {
+  const YAML::Node c = root()["checkpoint"];
+  if (!c) return;
+  if (!c.IsMap())
+    yaml_.fail(c, "checkpoint", fmt::format("expected a map, got {}", DeployYaml::shown(c)));
+  yaml_.check_keys(c, "checkpoint", std::nullopt);
+  if (c["every"]) cfg_.checkpoint.every = yaml_.integer(c["every"], "checkpoint.every");
+  if (c["keep_last"])
+    cfg_.checkpoint.keep_last = yaml_.integer(c["keep_last"], "checkpoint.keep_last");
+  if (c["dir"]) cfg_.checkpoint.dir = yaml_.path(c["dir"], "checkpoint.dir");
 }
 
 void DeployParser::read_roles() {

@@ -81,12 +81,20 @@ struct RoleSpec {
   double shutdown_timeout = 10;                          // seconds from SIGTERM to SIGKILL
 };
 
+// The top-level `checkpoint:` block, passed to every trainer; unset: the trainer's default.
+struct CheckpointSpec {
+  std::optional<int64_t> every;              // `--checkpoint-every`
+  std::optional<int64_t> keep_last;          // `--keep-last`
+  std::optional<std::filesystem::path> dir;  // `--checkpoint-dir` (absolute)
+};
+
 struct DeployConfig {
   std::filesystem::path source;  // the deploy file, absolute
   std::string job;               // default: the file's stem
   bool allow_remote = false;     // allow listening on non-loopback addresses
   bool create_dirs = true;       // `up` creates missing nvme/out directories
   std::vector<RoleSpec> roles;   // in file order
+  CheckpointSpec checkpoint;     // every trainer's checkpoints
   // Where the trainers rendezvous (Gloo store, NCCL unique id): the coordinator role's
   // `listen`; else the top-level `rendezvous` key; else, with world_size > 1, an implicit
   // tcp://127.0.0.1:<port> on the first port of the 5555+ scheme no role uses (only when
@@ -111,7 +119,8 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //                [--aio-overlap-events BOOL] [--buffer-count N] [--no-mlock] [--max-arena BYTES]
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
 //                [--offload ENDPOINT]... [--model M] [--data D] [--tokenizer T] [--steps S] [--out
-//                DIR] [--set KEY=VALUE]...
+//                DIR] [--set KEY=VALUE]... [--checkpoint-every N] [--keep-last K]
+//                [--checkpoint-dir DIR]
 //                [--coordinator ENDPOINT [--serve-coordinator]]
 //   coordinator: start --role coordinator --name N --deploy FILE --listen E
 // Every path is absolute; `--offload` lists the endpoints of the services the trainer's

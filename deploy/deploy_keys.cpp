@@ -78,6 +78,28 @@ const std::vector<KeySpec>& deploy_keys() {
        .max = kMaxSeconds,
        .min_exclusive = true,
        .doc = "default for every role: time from SIGTERM to SIGKILL"},
+      {.path = "checkpoint",
+       .type = ValueType::kObject,
+       .doc = "the trainers' checkpoints, given to every trainer.",
+       .allowed_doc = "a map",
+       .section = "`checkpoint:`"},
+      {.path = "checkpoint.every",
+       .type = ValueType::kInt,
+       .def = int_value(0),
+       .min = 0,
+       .doc = "a checkpoint every N global steps besides the end (`--checkpoint-every`); 0: at "
+              "the end (and on a stop) only"},
+      {.path = "checkpoint.keep_last",
+       .type = ValueType::kInt,
+       .def = int_value(0),
+       .min = 0,
+       .doc = "the newest K checkpoint tags stay, older ones are removed once a new one is "
+              "complete (`--keep-last`); 0: every tag stays"},
+      {.path = "checkpoint.dir",
+       .type = ValueType::kPath,
+       .doc = "where checkpoints go: `<dir>/global_step<N>/` and `<dir>/latest` "
+              "(`--checkpoint-dir`); shared by the trainers of a data-parallel job",
+       .default_doc = "each trainer's `<out>/checkpoint`"},
       // ---- each entry of roles: ----
       {.path = "roles[].role",
        .type = ValueType::kEnum,

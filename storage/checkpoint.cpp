@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checksum/crc32c.h"
+#include "storage/crash_point.h"
 #include "storage/safetensors.h"
 
 namespace dsactor::storage {
@@ -261,6 +262,7 @@ void CheckpointWriter::commit() {
   write_small_file_durably(tmp_dir_ / kManifest, manifest.dump(1));
   fsync_directory(tmp_dir_);
   if (fault_hook_) fault_hook_(CommitStage::kTempComplete);
+  crash_point("checkpoint-written");
 
   const fs::path parent = parent_of(dir_);
   if (!exists) {
@@ -268,12 +270,14 @@ void CheckpointWriter::commit() {
     fsync_directory(parent);
     done_ = true;
     if (fault_hook_) fault_hook_(CommitStage::kSwapped);
+    crash_point("checkpoint-published");
     return;
   }
   if (use_exchange_ && exchange_paths(tmp_dir_, dir_)) {
     fsync_directory(parent);
     done_ = true;
     if (fault_hook_) fault_hook_(CommitStage::kSwapped);
+    crash_point("checkpoint-published");
     remove_previous(tmp_dir_);  // now holds the previous checkpoint
     return;
   }
@@ -286,6 +290,7 @@ void CheckpointWriter::commit() {
   fsync_directory(parent);
   done_ = true;
   if (fault_hook_) fault_hook_(CommitStage::kSwapped);
+  crash_point("checkpoint-published");
   remove_previous(old);
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/crossentropy.h"
 #include "storage/checkpoint.h"
+#include "trainer/checkpoint_series.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/model/hf_weights.h"
 #include "trainer/rng.h"
@@ -28,7 +29,8 @@ GptConfig model_of_checkpoint(const nlohmann::json& state, const std::filesystem
   }
 }
 
-LoadedWeights load_checkpoint_weights(const std::filesystem::path& dir) {
+LoadedWeights load_checkpoint_weights(const std::filesystem::path& named) {
+  const std::filesystem::path dir = resolve_checkpoint(named);
   storage::CheckpointReader r(dir);
   LoadedWeights w{model_of_checkpoint(r.state(), dir), {}, {}};
   if (r.state().contains("extra")) w.tokenizer = tokenizer_from_extra(r.state().at("extra"));

@@ -25,6 +25,7 @@ struct LoadedWeights {
   BlockSet params;
   std::optional<TokenizerId> tokenizer;
 };
+// `dir`: a checkpoint, or a directory naming one through `latest` (resolve_checkpoint).
 LoadedWeights load_checkpoint_weights(const std::filesystem::path& dir);
 // A Hugging Face style safetensors file: the shape from `model` (a preset or model YAML) when
 // given, else from __metadata__ (what `dsactor export` writes; Hugging Face's own files have

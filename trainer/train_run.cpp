@@ -9,6 +9,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "trainer/checkpoint_series.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/monitor/flops_profiler.h"
 #include "trainer/monitor/monitors.h"
@@ -21,11 +22,11 @@
 namespace dsactor::trainer {
 
 std::filesystem::path find_checkpoint(const std::filesystem::path& dir) {
-  if (std::filesystem::exists(dir / "manifest.json")) return dir;
-  if (std::filesystem::exists(dir / "checkpoint" / "manifest.json")) return dir / "checkpoint";
-  throw std::invalid_argument(fmt::format("{}: no checkpoint here (looked for {} and {})",
-                                          dir.string(), (dir / "manifest.json").string(),
-                                          (dir / "checkpoint" / "manifest.json").string()));
+  const auto found = resolve_checkpoint(dir);
+  if (std::filesystem::exists(found / "manifest.json")) return found;
+  throw std::invalid_argument(
+      fmt::format("{}: no checkpoint here (looked for {}, {}/latest and {}/checkpoint)",
+                  dir.string(), (found / "manifest.json").string(), dir.string(), dir.string()));
 }
 
 namespace {
@@ -89,13 +90,16 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
     const int n = static_cast<int>(std::min<int64_t>(o.eval_batches, val.batches_per_epoch()));
     return engine.evaluate(val, std::max(n, 1));
   };
+  CheckpointSeries checkpoints(CheckpointPolicy{o.checkpoint_dir.value_or(o.out / "checkpoint"),
+                                                o.checkpoint_every, o.keep_last},
+                               0, nullptr);
   const auto save = [&]() {
-    const auto dir = o.out / "checkpoint";
     nlohmann::json extra{
         {"train_cursor", train.cursor()}, {"data", o.data.string()}, {"seed", o.seed}};
     if (recorded) extra["tokenizer"] = tokenizer_json(*recorded);
-    engine.save_checkpoint(dir, extra);
-    return dir;
+    return checkpoints.save(engine.global_step(), [&](const std::filesystem::path& dir) {
+      engine.save_checkpoint(dir, extra);
+    });
   };
 
   TrainSummary s;
@@ -126,7 +130,7 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
       monitor("Eval/Samples/val_loss", r.global_step, v);
       if (cb.on_eval) cb.on_eval(r.global_step, v);
     }
-    if (o.save_every > 0 && r.global_step % o.save_every == 0) save();
+    if (checkpoints.due(r.global_step)) s.checkpoint = save();
     s.tokens_per_second = p.tokens_per_second;
   }
   s.val_loss = validate();
@@ -134,7 +138,7 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
   if (cb.on_eval && have_val) cb.on_eval(engine.global_step(), s.val_loss);
   s.steps = engine.global_step();
   s.skipped_steps = engine.skipped_steps();
-  s.checkpoint = save();
+  if (checkpoints.last_saved_step() != engine.global_step()) s.checkpoint = save();
   return s;
 }
 

@@ -120,8 +120,10 @@ TEST(StartTrainerStop, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
   const int s0 = stopped_step(ranks[0]->log()), s1 = stopped_step(ranks[1]->log());
   EXPECT_GE(s1, 5);
   EXPECT_EQ(s0, s1) << ranks[0]->log() << ranks[1]->log();
-  // Rank 0 (the one that writes) saved the agreed step.
-  EXPECT_TRUE(std::filesystem::exists(dir.path() / "out0/checkpoint/manifest.json"));
+  // Rank 0 (the one that writes) saved the agreed step and named it in `latest`.
+  const auto tag = "global_step" + std::to_string(s0);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "out0/checkpoint" / tag / "manifest.json"));
+  EXPECT_EQ(dsactor::testing::read_file(dir.path() / "out0/checkpoint/latest"), tag);
 }
 
 }  // namespace

@@ -413,6 +413,37 @@ TEST_F(DeployConfigTest, PayloadKeysAreCheckedAndBelongToTheirRoles) {
               ::testing::HasSubstr("max_arena"));
 }
 
+TEST_F(DeployConfigTest, CheckpointBlockGoesToEveryTrainer) {
+  const auto cfg = load(R"(
+checkpoint: {every: 50, keep_last: 3, dir: ckpt}
+roles:
+  - role: trainer
+    config: ds.json
+  - role: trainer
+    config: ds.json
+)");
+  for (const auto& role : cfg.roles) {
+    const auto argv = to_command_line(cfg, role);
+    const auto tail = [&](const std::string& flag) {
+      const auto it = std::find(argv.begin(), argv.end(), flag);
+      return it == argv.end() || it + 1 == argv.end() ? std::string("(none)") : *(it + 1);
+    };
+    EXPECT_EQ(tail("--checkpoint-every"), "50");
+    EXPECT_EQ(tail("--keep-last"), "3");
+    EXPECT_EQ(tail("--checkpoint-dir"), (dir / "ckpt").string());  // against the file's dir
+  }
+  // Unset: the trainer's own defaults, no flag at all.
+  const auto plain = load("roles:\n  - {role: trainer, config: ds.json}\n");
+  const auto argv = to_command_line(plain, plain.roles[0]);
+  EXPECT_EQ(std::find(argv.begin(), argv.end(), "--checkpoint-every"), argv.end());
+  EXPECT_THAT(error_of("checkpoint: {every: -1}\nroles:\n  - {role: trainer, config: ds.json}\n"),
+              AllOf(HasSubstr("checkpoint.every"), HasSubstr("-1")));
+  EXPECT_THAT(error_of("checkpoint: {keep: 2}\nroles:\n  - {role: trainer, config: ds.json}\n"),
+              AllOf(HasSubstr("checkpoint.keep"), HasSubstr("keep_last")));
+  EXPECT_THAT(error_of("checkpoint: 50\nroles:\n  - {role: trainer, config: ds.json}\n"),
+              HasSubstr("checkpoint: expected a map"));
+}
+
 // The trainers' rendezvous contract: --coordinator E for every trainer, --serve-coordinator
 // for the rank 0 that binds E when no coordinator role does.
 class RendezvousTest : public DeployConfigTest {

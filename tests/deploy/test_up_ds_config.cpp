@@ -19,6 +19,7 @@ namespace dsactor::deploy {
 namespace {
 
 using dsactor::testing::free_port;
+using dsactor::testing::read_file;
 using dsactor::testing::run_dsactor;
 using dsactor::testing::TempDir;
 using dsactor::testing::write_file;
@@ -133,7 +134,10 @@ TEST_F(UpDsConfig, ConfigOverridesFillHuggingFaceAutoValues) {
                              HasSubstr("--set 'optimizer.params.betas=[0.9, 0.95]'")));
   const auto up = run_dsactor("up deploy.yaml", dir.path());
   EXPECT_EQ(up.exit_code, 0) << up.out << up.err;
-  EXPECT_TRUE(std::filesystem::exists(dir / "run" / "checkpoint" / "manifest.json")) << up.out;
+  const auto checkpoints = dir / "run" / "checkpoint";
+  EXPECT_TRUE(
+      std::filesystem::exists(checkpoints / read_file(checkpoints / "latest") / "manifest.json"))
+      << up.out;
 }
 
 TEST_F(UpDsConfig, ZeroWallClockBreakdownAddsFetchPushAndCommit) {

@@ -13,6 +13,7 @@ struct EngineState {
   BatchLoader* loader = nullptr;
   monitor_actor monitor;
   int64_t tokens_per_step = 0;
+  std::function<void(int64_t)> after_step;
   int64_t target = 0;
   std::optional<caf::typed_response_promise<RunOutcome>> promise;
   std::chrono::steady_clock::time_point started;
@@ -26,6 +27,7 @@ struct EngineSetup {
   BatchLoader* loader;
   monitor_actor monitor;
   int64_t tokens_per_step;
+  std::function<void(int64_t)> after_step;
 };
 
 void finish(EngineState& s, RunOutcome o) {
@@ -41,6 +43,7 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
   self->state.loader = setup->loader;
   self->state.monitor = setup->monitor;
   self->state.tokens_per_step = setup->tokens_per_step;
+  self->state.after_step = std::move(setup->after_step);
   return {
       [self](run_atom, int64_t target) -> caf::typed_response_promise<RunOutcome> {
         auto& s = self->state;
@@ -77,6 +80,13 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
                                 std::max(rep.elapsed_seconds, 1e-9);
         rep.fp16 = s.engine->precision() == Precision::kFp16;
         self->send(s.monitor, report_atom::value, rep);
+        if (s.after_step) {
+          try {
+            s.after_step(s.engine->global_step());
+          } catch (const std::exception& e) {
+            return finish(s, RunOutcome{false, false, e.what(), 0, {}});
+          }
+        }
         // Through the mailbox: a stop or status request queued during the step runs first.
         self->send(self, next_step_atom::value);
       },
@@ -86,9 +96,10 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
 }  // namespace
 
 engine_actor spawn_engine_actor(caf::actor_system& system, StepEngine& engine, BatchLoader& loader,
-                                monitor_actor monitor, int64_t tokens_per_step) {
-  auto setup =
-      std::make_shared<EngineSetup>(EngineSetup{&engine, &loader, monitor, tokens_per_step});
+                                monitor_actor monitor, int64_t tokens_per_step,
+                                std::function<void(int64_t)> after_step) {
+  auto setup = std::make_shared<EngineSetup>(
+      EngineSetup{&engine, &loader, monitor, tokens_per_step, std::move(after_step)});
   return system.spawn<caf::detached>(engine_behavior, setup);
 }
 

@@ -6,6 +6,7 @@
 // that every rank ends after the same step and a checkpoint can follow.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <caf/all.hpp>
@@ -37,8 +38,11 @@ using engine_actor =
 
 // `engine` and `loader` are borrowed: they must outlive the actor, and nobody else may use
 // them until the run's reply has arrived. tokens_per_step: the global batch's tokens.
+// `after_step` (optional) runs on the actor's thread after each step with its global step
+// (the periodic checkpoint); a throw ends the run as a failed step does.
 engine_actor spawn_engine_actor(caf::actor_system& system, StepEngine& engine, BatchLoader& loader,
-                                monitor_actor monitor, int64_t tokens_per_step);
+                                monitor_actor monitor, int64_t tokens_per_step,
+                                std::function<void(int64_t)> after_step = {});
 
 }  // namespace dsactor::trainer
 

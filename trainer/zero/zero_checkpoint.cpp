@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +70,21 @@ std::string service_dir_name(size_t s) {
   return fmt::format("service-{}", s);
 }
 
+// After a save: the service directories of earlier saves here, which the committed manifest
+// no longer names. Only what this host sees: a service on another host keeps its old
+// directories (the wire has no request to delete a checkpoint).
+void remove_unnamed_service_dirs(const fs::path& abs, const std::set<std::string>& named) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(abs, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!n.starts_with("service-") || named.count(n) || !e.is_directory()) continue;
+    fs::remove_all(e.path(), ec);
+    if (ec)
+      spdlog::warn("checkpoint {}: could not remove {}: {}", abs.string(), e.path().string(),
+                   ec.message());
+  }
+}
+
 // Who holds the partitions, as the manifest records it.
 const char* holder_name(const ZeroContext& z) {
   return z.local ? "trainer" : "services";
@@ -123,22 +139,20 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
     return;
   }
   fs::create_directories(abs);
-  // The manifest goes first: from here until the new one is committed, `dir` does not
-  // look like a checkpoint, so a crash cannot leave an old manifest beside new partitions.
-  const fs::path manifest_dir = abs / "trainer";
-  if (fs::exists(manifest_dir)) {
-    fs::remove_all(manifest_dir);
-    storage::fsync_directory(abs);
-  }
   // A tag unique to this save: a service directory left by another save (even of the
-  // same step) fails the service's tag check instead of being restored by mistake.
-  const std::string tag = fmt::format(
-      "{}-step-{}-{:x}", z_.options.job_id, c.global_step,
-      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
+  // same step) fails the service's tag check instead of being restored by mistake. The
+  // service directories carry it too, so this save never writes over the directories the
+  // committed manifest names: until the new manifest replaces it (atomically, last), the
+  // old checkpoint stays whole.
+  const uint64_t nonce =
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const std::string tag = fmt::format("{}-step-{}-{:x}", z_.options.job_id, c.global_step, nonce);
   nlohmann::json services = nlohmann::json::array();
+  std::set<std::string> written;
   for (size_t s : services_in_use(z_.plan, rank)) {
     actors::ServiceClient& service = *z_.services[s];
-    const fs::path sdir = abs / service_dir_name(s);
+    const std::string name = fmt::format("{}-{:x}", service_dir_name(s), nonce);
+    const fs::path sdir = abs / name;
     const auto reply = await_or_throw(service, "checkpoint", c.committed_step,
                                       service.checkpoint(tag, sdir.string()));
     // The service's job step counts skipped steps too: it is the trainer's global step.
@@ -147,16 +161,18 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
           "offload service {} checkpointed step {} into {}, but the trainer is at step {}: "
           "another trainer is committing to job {}?",
           service.endpoint(), reply.step, sdir.string(), c.global_step, z_.options.job_id));
+    written.insert(name);
     services.push_back({{"index", s},
                         {"endpoint", service.endpoint()},
-                        {"dir", service_dir_name(s)},
+                        {"dir", name},
                         {"tag", tag},
                         {"step", reply.step},
                         {"bytes", reply.bytes_written}});
   }
-  storage::CheckpointWriter w(manifest_dir);
+  storage::CheckpointWriter w(abs / "trainer");
   w.set_state(manifest_state(extra, scaler, std::move(services)));
   w.commit();  // the checkpoint exists from here on
+  remove_unnamed_service_dirs(abs, written);
 }
 
 struct ZeroCheckpoint::Manifest {

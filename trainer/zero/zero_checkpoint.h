@@ -1,11 +1,13 @@
 #pragma once
 // ZeroEngine's checkpoints (trainer/README.md, "ZeRO with offload services": Checkpoints):
 // every service holding partitions of this rank writes them on its own host
-// (`service-<s>/`), then the trainer's manifest (`trainer/`: counters, loss scaler, plan,
-// the services' tags, `extra`) is committed last. A load checks the manifest against this
-// run before any service is touched, then restores the services one by one, rolling the
-// earlier ones back from a snapshot if a later one refuses. Partitions held by the rank
-// itself (LocalPartitions) are saved beside the same manifest in one checkpoint directory.
+// (`service-<s>-<save>/`, new directories each save), then the trainer's manifest
+// (`trainer/`: counters, loss scaler, plan, the services' tags and directories, `extra`)
+// replaces the old one atomically, last; only then are the old service directories removed. A load
+// checks the manifest against this run before any service is touched, then restores the services
+// one by one, rolling the earlier ones back from a snapshot if a later one refuses. Partitions held
+// by the rank itself (LocalPartitions) are saved beside the same manifest in one checkpoint
+// directory.
 
 #include <filesystem>
 

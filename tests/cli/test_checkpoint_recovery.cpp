@@ -1,0 +1,302 @@
+// Periodic checkpoints and what survives a crash, with the real binary: `--checkpoint-every`
+// and `--keep-last` leave exactly the newest K tags with `latest` naming the newest; a
+// SIGKILL at every phase of a save (DSACTOR_TEST_CRASH_AT, storage/crash_point.h) leaves the
+// old or the new checkpoint loadable, and the resumed run ends with the uninterrupted run's
+// weights bit for bit; so does a trainer killed with -9 in the middle of a run.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "deploy/service_process.h"
+#include "storage/safetensors.h"
+#include "tests/cli/child_process.h"
+#include "tests/cli/cli_test_util.h"
+#include "tests/deploy/deploy_test_util.h"
+#include "trainer/inference.h"
+
+namespace dsactor {
+namespace {
+
+namespace fs = std::filesystem;
+using dsactor::testing::Child;
+using dsactor::testing::read_file;
+using dsactor::testing::TempDir;
+using dsactor::testing::write_file;
+
+constexpr auto kWait = std::chrono::seconds(300);
+
+void write_inputs(const fs::path& dir) {
+  std::string corpus;
+  for (int i = 0; i < 300; ++i)
+    corpus += "a stitch in time saves nine " + std::to_string(i % 11) + "\n";
+  write_file(dir / "corpus.txt", corpus);
+  const std::string common =
+      R"("train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+         "optimizer": {"type": "AdamW", "params": {"lr": 0.001}})";
+  write_file(dir / "stage0.json", "{" + common + "}");
+  write_file(dir / "z3.json", "{" + common + R"(, "zero_optimization": {"stage": 3}})");
+  write_file(dir / "z3offload.json",
+             "{" + common +
+                 R"(, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                    "offload_param": {"device": "cpu"}}})");
+}
+
+// The tags (global_step<N>) in a checkpoint directory.
+std::set<std::string> tags_in(const fs::path& dir) {
+  std::set<std::string> tags;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().starts_with("global_step"))
+      tags.insert(e.path().filename().string());
+  return tags;
+}
+
+bool same_bits(const trainer::BlockSet& a, const trainer::BlockSet& b) {
+  if (a.blocks.size() != b.blocks.size()) return false;
+  for (size_t i = 0; i < a.blocks.size(); ++i)
+    if (a.blocks[i].bytes() != b.blocks[i].bytes() ||
+        std::memcmp(a.blocks[i].data(), b.blocks[i].data(), a.blocks[i].bytes()) != 0)
+      return false;
+  return true;
+}
+
+bool same_safetensors(const fs::path& x, const fs::path& y) {
+  const auto a = storage::read_safetensors(x), b = storage::read_safetensors(y);
+  if (a.tensors.size() != b.tensors.size()) return false;
+  for (const auto& [name, t] : a.tensors)
+    if (!b.tensors.count(name) || t.bytes != b.tensors.at(name).bytes) return false;
+  return true;
+}
+
+// "resumed from ... at step N" in a log, or -1.
+int resumed_step(const std::string& log) {
+  const auto from = log.find("resumed from ");
+  if (from == std::string::npos) return -1;
+  const auto at = log.find(" at step ", from);
+  return at == std::string::npos ? -1 : std::stoi(log.substr(at + 9));
+}
+
+TEST(PeriodicCheckpoints, KeepLastLeavesTheNewestTagsAndLatestNamesTheNewest) {
+  TempDir dir;
+  write_inputs(dir.path());
+  const auto r = testing::run_dsactor(
+      "train --config stage0.json --model tiny --data corpus.txt --seq 16 --steps 7 --out o "
+      "--checkpoint-every 2 --keep-last 2 --sample 0",
+      dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Saves at 2, 4, 6 and the end (7); the two newest stay.
+  EXPECT_EQ(tags_in(dir.path() / "o/checkpoint"),
+            (std::set<std::string>{"global_step6", "global_step7"}));
+  EXPECT_EQ(read_file(dir.path() / "o/checkpoint/latest"), "global_step7");
+  for (const auto& e : fs::directory_iterator(dir.path() / "o/checkpoint"))
+    EXPECT_FALSE(e.path().filename().string().find(".tmp-") != std::string::npos) << e.path();
+
+  // --resume takes the --out dir, the dir holding `latest`, a tag, and the layout before tags.
+  fs::rename(dir.path() / "o/checkpoint/global_step6", dir.path() / "untagged");
+  for (const std::string from : {"o", "o/checkpoint", "o/checkpoint/global_step7", "untagged"}) {
+    const auto resumed = testing::run_dsactor(
+        "train --config stage0.json --model tiny --data corpus.txt --seq 16 --steps 8 --out r "
+        "--sample 0 --resume " +
+            from,
+        dir.path());
+    ASSERT_EQ(resumed.exit_code, 0) << from << ": " << resumed.err;
+    EXPECT_EQ(resumed_step(resumed.err), from == "untagged" ? 6 : 7) << from << resumed.err;
+  }
+  // `latest` naming a tag that is not there is an error naming both.
+  write_file(dir.path() / "o/checkpoint/latest", "global_step99");
+  const auto bad = testing::run_dsactor(
+      "train --config stage0.json --model tiny --data corpus.txt --seq 16 --steps 8 --out r "
+      "--sample 0 --resume o",
+      dir.path());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("global_step99"), std::string::npos) << bad.err;
+  // Periodic checkpoints with nowhere to go are refused, not ignored.
+  const auto nowhere = testing::run_dsactor(
+      "start --role trainer --config stage0.json --model tiny --data corpus.txt --seq 16 "
+      "--steps 2 --checkpoint-every 1",
+      dir.path());
+  EXPECT_NE(nowhere.exit_code, 0);
+  EXPECT_NE(nowhere.err.find("--checkpoint-dir"), std::string::npos) << nowhere.err;
+}
+
+// A save's phases (storage/crash_point.h), each killed in the save of step 4 (the one of
+// step 2 is the old checkpoint; with keep-last 1 the save of step 4 is the first to remove
+// a tag), and the step `latest` names afterwards.
+struct Phase {
+  const char* name;
+  int occurrence;  // the save of step 4 reaches the phase for the n-th time
+  int survivor;
+};
+constexpr Phase kPhases[] = {{"checkpoint-written", 2, 2},
+                             {"checkpoint-published", 2, 2},
+                             {"latest-replaced", 2, 4},
+                             {"old-tag-removed", 1, 4}};
+constexpr int kCrashSteps = 6;
+
+// One way of training: stage 0 and ZeRO-3 on the rank through `dsactor train`, ZeRO-3 on
+// an offload service through `start --role trainer` (a fresh RAM service for every run, so
+// a resume restores the service from the checkpoint too).
+struct EngineKind {
+  const char* name;
+  const char* config;
+  bool service;
+};
+
+void PrintTo(const EngineKind& k, std::ostream* os) {
+  *os << k.name;
+}
+
+class CrashDuringSave : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  void SetUp() override { write_inputs(dir_.path()); }
+
+  // Runs to `steps` (kCrashSteps) with a save every 2 steps; returns the exit code.
+  int run(const std::string& out, int keep_last, const std::string& resume,
+          const std::vector<std::string>& env, std::string* log, int steps = kCrashSteps) {
+    const EngineKind& k = GetParam();
+    std::unique_ptr<deploy::ServiceProcess> service;
+    std::vector<std::string> args;
+    if (k.service) {
+      service = std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY,
+                                                         std::vector<std::string>{"--no-mlock"},
+                                                         dir_.path() / (out + "_service.log"));
+      args = {"start", "--role", "trainer", "--offload", service->endpoint()};
+    } else {
+      args = {"train", "--sample", "0"};
+    }
+    args.insert(args.end(), {"--config", k.config, "--model", "tiny", "--data", "corpus.txt",
+                             "--seq", "16", "--steps", std::to_string(steps), "--out", out,
+                             "--checkpoint-every", "2", "--keep-last", std::to_string(keep_last)});
+    if (!resume.empty()) args.insert(args.end(), {"--resume", resume});
+    static int runs = 0;
+    Child child(dir_.path(), args, dir_.path() / (out + "_" + std::to_string(++runs) + ".log"),
+                env);
+    const int rc = child.wait(kWait);
+    *log = child.log();
+    return rc;
+  }
+  // The run's final weights: the trainer's safetensors, or the last checkpoint's master.
+  bool same_final_weights(const std::string& a, const std::string& b) const {
+    if (GetParam().service)
+      return same_safetensors(dir_.path() / a / "model.safetensors",
+                              dir_.path() / b / "model.safetensors");
+    return same_bits(trainer::load_checkpoint_weights(dir_.path() / a).params,
+                     trainer::load_checkpoint_weights(dir_.path() / b).params);
+  }
+
+  TempDir dir_;
+};
+
+TEST_P(CrashDuringSave, AKillAtEveryPhaseLeavesTheOldOrTheNewCheckpoint) {
+  std::string log;
+  ASSERT_EQ(run("ref", 0, "", {}, &log), 0) << log;
+  EXPECT_EQ(tags_in(dir_.path() / "ref/checkpoint"),
+            (std::set<std::string>{"global_step2", "global_step4", "global_step6"}));
+  for (const Phase& phase : kPhases) {
+    SCOPED_TRACE(phase.name);
+    const std::string out = std::string("crash-") + phase.name;
+    ASSERT_EQ(run(out, 1, "",
+                  {std::string("DSACTOR_TEST_CRASH_AT=") + phase.name + ":" +
+                   std::to_string(phase.occurrence)},
+                  &log),
+              128 + SIGKILL)
+        << log;
+    const auto survivor = "global_step" + std::to_string(phase.survivor);
+    EXPECT_EQ(read_file(dir_.path() / out / "checkpoint/latest"), survivor);
+    if (!GetParam().service) {  // the checkpoint `latest` names is the straight run's
+      EXPECT_TRUE(same_bits(
+          trainer::load_checkpoint_weights(dir_.path() / out / "checkpoint").params,
+          trainer::load_checkpoint_weights(dir_.path() / "ref/checkpoint" / survivor).params));
+    }
+    ASSERT_EQ(run(out, 1, out, {}, &log), 0) << log;
+    EXPECT_EQ(resumed_step(log), phase.survivor) << log;
+    EXPECT_TRUE(same_final_weights(out, "ref"));
+    EXPECT_EQ(read_file(dir_.path() / out / "checkpoint/latest"), "global_step6");
+    // Keep-last 1, and nothing left of the interrupted save (its temp directory, a tag
+    // without its manifest).
+    EXPECT_EQ(tags_in(dir_.path() / out / "checkpoint"), (std::set<std::string>{"global_step6"}));
+  }
+}
+
+// A save into a tag that exists (a resumed run saving a step again) never takes the old
+// checkpoint there apart before the new one is complete: killed before the new one is
+// published, the old one loads.
+TEST_P(CrashDuringSave, AKillWhileATagIsSavedAgainKeepsTheOldOne) {
+  std::string log;
+  ASSERT_EQ(run("ref", 0, "", {}, &log), 0) << log;
+  ASSERT_EQ(run("again", 0, "", {}, &log, 4), 0) << log;
+  ASSERT_EQ(run("again", 0, "again/checkpoint/global_step2",
+                {"DSACTOR_TEST_CRASH_AT=checkpoint-written:1"}, &log, 4),
+            128 + SIGKILL)
+      << log;
+  ASSERT_EQ(run("again", 0, "again", {}, &log), 0) << log;
+  EXPECT_EQ(resumed_step(log), 4) << log;
+  EXPECT_TRUE(same_final_weights("again", "ref"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, CrashDuringSave,
+                         ::testing::Values(EngineKind{"Stage0", "stage0.json", false},
+                                           EngineKind{"Zero3OnTheRank", "z3.json", false},
+                                           EngineKind{"Zero3OnAService", "z3offload.json", true}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// kill -9 of a trainer in the middle of a run: the resumed run starts at the newest
+// checkpoint `latest` names and ends with the undisturbed run's weights, bit for bit.
+TEST(KilledTrainer, ResumesFromLatestAndEndsWithTheUndisturbedRunsWeights) {
+  TempDir dir;
+  write_inputs(dir.path());
+  constexpr int kSteps = 200;
+  const auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"start",
+                                    "--role",
+                                    "trainer",
+                                    "--config",
+                                    "z3.json",
+                                    "--model",
+                                    "tiny",
+                                    "--data",
+                                    "corpus.txt",
+                                    "--seq",
+                                    "16",
+                                    "--steps",
+                                    std::to_string(kSteps),
+                                    "--out",
+                                    out,
+                                    "--checkpoint-every",
+                                    "10",
+                                    "--keep-last",
+                                    "2"};
+  };
+  Child straight(dir.path(), args("straight"), dir.path() / "straight.log");
+  ASSERT_EQ(straight.wait(kWait), 0) << straight.log();
+
+  Child cut(dir.path(), args("cut"), dir.path() / "cut.log");
+  ASSERT_TRUE(cut.wait_for_out("checkpoint global_step20 saved", kWait)) << cut.log();
+  cut.signal(SIGKILL);
+  EXPECT_EQ(cut.wait(kWait), 128 + SIGKILL) << cut.log();
+  EXPECT_FALSE(fs::exists(dir.path() / "cut/model.safetensors")) << "the run was not cut";
+
+  auto resume = args("cut");
+  resume.insert(resume.end(), {"--resume", "cut"});
+  Child resumed(dir.path(), resume, dir.path() / "resumed.log");
+  ASSERT_EQ(resumed.wait(kWait), 0) << resumed.log();
+  const int from = resumed_step(resumed.log());
+  EXPECT_GE(from, 20) << resumed.log();
+  EXPECT_LT(from, kSteps) << "the run finished before the kill; nothing was tested";
+  EXPECT_EQ(from % 10, 0) << resumed.log();
+  EXPECT_TRUE(same_safetensors(dir.path() / "straight/model.safetensors",
+                               dir.path() / "cut/model.safetensors"));
+  EXPECT_EQ(tags_in(dir.path() / "cut/checkpoint"),
+            (std::set<std::string>{"global_step190", "global_step200"}));
+}
+
+}  // namespace
+}  // namespace dsactor

@@ -1,0 +1,154 @@
+#include "trainer/checkpoint_series.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "actors/collectives/collectives.h"
+#include "storage/checkpoint.h"
+#include "storage/crash_point.h"
+
+namespace dsactor::trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kTagPrefix = "global_step";
+constexpr const char* kLatest = "latest";
+
+// The step of a tag directory's name, or nullopt for anything else (temp directories of an
+// interrupted commit, checkpoints of the layout before tags, the user's own files).
+std::optional<int64_t> tag_step(const std::string& name) {
+  if (!name.starts_with(kTagPrefix) || name.size() == kTagPrefix.size() || name.size() > 30)
+    return std::nullopt;
+  const std::string digits = name.substr(kTagPrefix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoll(digits);
+}
+
+std::string read_latest(const fs::path& file) {
+  std::ifstream in(file);
+  std::string tag;
+  std::getline(in, tag);
+  while (!tag.empty() && (tag.back() == ' ' || tag.back() == '\r' || tag.back() == '\t'))
+    tag.pop_back();
+  if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos)
+    throw std::invalid_argument(fmt::format(
+        "{}: names no checkpoint tag (\"{}\"); it should hold a directory name beside it, e.g. "
+        "global_step100",
+        file.string(), tag));
+  return tag;
+}
+
+}  // namespace
+
+std::string checkpoint_tag(int64_t step) {
+  return fmt::format("{}{}", kTagPrefix, step);
+}
+
+fs::path resolve_checkpoint(const fs::path& dir) {
+  if (fs::is_regular_file(dir / kLatest)) {
+    const fs::path tagged = dir / read_latest(dir / kLatest);
+    if (!fs::is_directory(tagged))
+      throw std::invalid_argument(fmt::format("{}: names {}, which does not exist",
+                                              (dir / kLatest).string(), tagged.string()));
+    return tagged;
+  }
+  if (fs::is_directory(dir / "checkpoint")) return resolve_checkpoint(dir / "checkpoint");
+  return dir;
+}
+
+CheckpointSeries::CheckpointSeries(CheckpointPolicy policy, int rank, actors::Collectives* comm)
+    : policy_(std::move(policy)), rank_(rank), comm_(comm) {
+  if (policy_.dir.empty())
+    throw std::invalid_argument("checkpoints need a directory (--out or --checkpoint-dir)");
+  if (policy_.every < 0 || policy_.keep_last < 0)
+    throw std::invalid_argument(fmt::format(
+        "--checkpoint-every {} / --keep-last {}: both must be 0 or more (0: at the end only, "
+        "keep every tag)",
+        policy_.every, policy_.keep_last));
+  policy_.dir = policy_.dir.lexically_normal();
+}
+
+fs::path CheckpointSeries::save(int64_t step, const SaveInto& save_into) {
+  const std::string tag = checkpoint_tag(step);
+  const fs::path dir = policy_.dir / tag;
+  fs::create_directories(policy_.dir);
+  if (save_into) {
+    save_into(dir);
+    // The engine's commit made the files inside durable; the tag's own entry must be too
+    // before `latest` names it.
+    storage::fsync_directory(dir);
+    storage::fsync_directory(policy_.dir);
+  }
+  const bool several = comm_ && comm_->world_size() > 1;
+  if (several) comm_->barrier();  // every rank's part is committed before any `latest` names it
+  // A rank that sees no tag (stage 0's other ranks, each with its own directory) names none.
+  if (fs::is_directory(dir)) {
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(tag.data()),
+                                           tag.size());
+    storage::write_file_atomic(policy_.dir / kLatest, std::span(&bytes, 1));
+    storage::crash_point("latest-replaced");
+  }
+  // Every rank's `latest` names the new tag before any rank removes an old one.
+  if (several) comm_->barrier();
+  last_saved_ = step;
+  if (rank_ == 0) spdlog::info("checkpoint {} saved in {}", tag, policy_.dir.string());
+  remove_old_tags(step);
+  return dir;
+}
+
+void CheckpointSeries::remove_old_tags(int64_t newest) const {
+  // A tag's temp directory (`<tag>.tmp-<pid>`, CheckpointWriter) left by a save a crash
+  // interrupted: no rank writes a tag at or below the one every rank just saved.
+  std::vector<fs::path> leftovers;
+  for (const auto& e : fs::directory_iterator(policy_.dir)) {
+    const std::string name = e.path().filename().string();
+    const auto dot = name.find(".tmp-");
+    if (dot == std::string::npos || dot + 5 == name.size() ||
+        name.find_first_not_of("0123456789", dot + 5) != std::string::npos)
+      continue;
+    if (const auto step = tag_step(name.substr(0, dot)); step && *step <= newest)
+      leftovers.push_back(e.path());
+  }
+  for (const auto& path : leftovers) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  if (policy_.keep_last == 0) return;
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (const auto& e : fs::directory_iterator(policy_.dir)) {
+    const auto step = tag_step(e.path().filename().string());
+    if (!step || !e.is_directory()) continue;
+    if (*step < newest) older.emplace_back(*step, e.path());
+    // A tag beyond this run's step is another run's future (this one resumed from an
+    // earlier tag): never the series' to remove.
+    if (*step > newest)
+      spdlog::warn("checkpoint {} is newer than this run's {}; left in place", e.path().string(),
+                   checkpoint_tag(newest));
+  }
+  std::sort(older.begin(), older.end());
+  const size_t keep = static_cast<size_t>(policy_.keep_last) - 1;  // besides the new tag
+  if (older.size() <= keep) return;
+  older.resize(older.size() - keep);  // the oldest ones, oldest first
+  for (const auto& [step, path] : older) {
+    // Ranks sharing the directory remove the same tags at once: whoever comes second finds
+    // less to remove, which is no error.
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec && fs::exists(path))
+      spdlog::warn("could not remove checkpoint {}: {}", path.string(), ec.message());
+    storage::fsync_directory(policy_.dir);
+    storage::crash_point("old-tag-removed");
+  }
+}
+
+}  // namespace dsactor::trainer

@@ -1,0 +1,67 @@
+#pragma once
+// Checkpoints over a run, in DeepSpeed's layout: each save is a tag directory
+// `<dir>/global_step<N>/` (what the engine writes: a stage-0 or ZeRO checkpoint, per rank
+// `rank-<r>/` with several trainers), and `<dir>/latest` names the newest complete tag.
+// A save is durable before it is named: the engine's own commit (files fsynced, manifest
+// last), then the tag and its parent directory fsynced, then every rank's part agreed on (a
+// barrier), then `latest` replaced atomically (temp file, fsync, rename, fsync directory),
+// then (a second barrier) the tags beyond `keep_last` removed, oldest first. A crash at
+// any point leaves `latest` naming a complete checkpoint (the old one or the new one).
+// Several ranks: each writes its part and `latest` where it sees the tag; a directory
+// shared by the ranks (DeepSpeed's assumption) has one `latest`, which moves only once
+// every part is committed. With a directory per rank, a crash between two ranks' `latest`
+// writes leaves them naming different (complete) tags.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+namespace dsactor::actors {
+class Collectives;
+}
+
+namespace dsactor::trainer {
+
+struct CheckpointPolicy {
+  std::filesystem::path dir;  // holds the tags and `latest`
+  int64_t every = 0;          // a save every N global steps; 0: at the end (and on a stop) only
+  int keep_last = 0;          // the newest K tags stay; 0: every tag stays (DeepSpeed's way)
+};
+
+// "global_step<N>", DeepSpeed's default tag.
+std::string checkpoint_tag(int64_t step);
+
+// What `--resume DIR` names, as a checkpoint directory: DIR/<tag in DIR/latest> when DIR
+// holds `latest`; the same for DIR/checkpoint when DIR is a run's --out directory; else DIR
+// itself (a tag directory, or a checkpoint of the layout before tags). Throws when `latest`
+// names a tag that is not there.
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& dir);
+
+class CheckpointSeries {
+ public:
+  // `comm`: the trainers' collectives when there are several (the barriers around
+  // `latest`), else null.
+  CheckpointSeries(CheckpointPolicy policy, int rank, actors::Collectives* comm);
+
+  const CheckpointPolicy& policy() const { return policy_; }
+  bool due(int64_t step) const { return policy_.every > 0 && step % policy_.every == 0; }
+  // The step of this run's last save; -1 before the first.
+  int64_t last_saved_step() const { return last_saved_; }
+
+  // Writes this rank's part through `save_into(tag directory)` (empty: this rank writes
+  // nothing, e.g. stage 0's ranks other than 0), then names it in `latest` and removes the
+  // tags beyond keep_last. Every rank calls it at the same step. Returns the tag directory.
+  using SaveInto = std::function<void(const std::filesystem::path&)>;
+  std::filesystem::path save(int64_t step, const SaveInto& save_into);
+
+ private:
+  void remove_old_tags(int64_t newest) const;
+
+  CheckpointPolicy policy_;
+  int rank_;
+  actors::Collectives* comm_;
+  int64_t last_saved_ = -1;
+};
+
+}  // namespace dsactor::trainer
