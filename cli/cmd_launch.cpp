@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "deploy/batch_launch.h"
+#include "deploy/deepspeed_env.h"
+#include "deploy/host_selection.h"
 #include "deploy/launch_env.h"
 #include "deploy/launcher.h"
 #include "deploy/supervisor.h"
@@ -29,6 +32,7 @@ struct LaunchArgs {
   std::string remote_binary;
   std::string workdir;
   std::vector<std::string> trainer_args;
+  deploy::HostFilter filter;
 };
 
 // Exit codes: 0 every rank exited 0; 2 bad hostfile or arguments; 100 + rank (at most 199)
@@ -44,12 +48,37 @@ std::string self_binary() {
   return p.string();
 }
 
+bool batch_launcher(const std::string& launcher) {
+  return launcher == "openmpi" || launcher == "slurm";
+}
+
+// The launcher's program (+ args): $DSACTOR_LAUNCH_<NAME>, else empty (its default).
+std::vector<std::string> launcher_program(const std::string& launcher) {
+  const std::string env_name = "DSACTOR_LAUNCH_" + std::string(launcher == "openmpi" ? "MPIRUN"
+                                                               : launcher == "slurm" ? "SRUN"
+                                                               : launcher == "pdsh"  ? "PDSH"
+                                                                                     : "SSH");
+  const char* t = std::getenv(env_name.c_str());
+  return t ? deploy::split_words(t) : std::vector<std::string>{};
+}
+
+// openmpi / slurm: one mpirun or srun command runs every rank.
+std::vector<deploy::RankCommand> plan_batch(const LaunchArgs& a,
+                                            const std::vector<deploy::SelectedHost>& hosts,
+                                            const deploy::LaunchPlanOptions& o) {
+  deploy::RankCommand c;
+  c.host = hosts.front().host;
+  c.argv = deploy::plan_batch_launch(
+      a.launcher == "openmpi" ? deploy::BatchLauncher::kOpenMpi : deploy::BatchLauncher::kSlurm,
+      hosts, o, launcher_program(a.launcher));
+  return {c};
+}
+
 void run_launch(const LaunchArgs& a) {
   deploy::LaunchPlanOptions o;
   o.transport =
       a.launcher == "pdsh" ? deploy::LaunchTransport::kPdsh : deploy::LaunchTransport::kSsh;
-  const char* env_name = a.launcher == "pdsh" ? "DSACTOR_LAUNCH_PDSH" : "DSACTOR_LAUNCH_SSH";
-  if (const char* t = std::getenv(env_name)) o.transport_command = deploy::split_words(t);
+  o.transport_command = launcher_program(a.launcher);
   o.master_addr = a.master_addr;
   o.master_port = a.master_port;
   // The same install path and working directory on every host, as DeepSpeed assumes.
@@ -58,18 +87,24 @@ void run_launch(const LaunchArgs& a) {
   o.trainer_args = a.trainer_args;
   std::vector<deploy::RankCommand> plan;
   try {
-    plan = deploy::plan_launch(deploy::parse_hostfile(a.hostfile), o);
+    o.exports = deploy::launch_exports(deploy::deepspeed_env_dirs(), deploy::process_env,
+                                       deploy::process_env_names());
+    const auto hosts = deploy::select_hosts(deploy::parse_hostfile(a.hostfile), a.filter);
+    plan = batch_launcher(a.launcher) ? plan_batch(a, hosts, o) : deploy::plan_launch_on(hosts, o);
   } catch (const deploy::LaunchConfigError& e) {
     spdlog::error("{}", e.what());
     throw CLI::RuntimeError(kExitConfig);
   }
 
-  auto name_of = [](const deploy::RankCommand& c) {
+  auto name_of = [&](const deploy::RankCommand& c) {
+    if (batch_launcher(a.launcher)) return a.launcher;
     return "rank " + std::to_string(c.rank) + "@" + c.host;
   };
   if (a.dry_run) {
-    std::printf("# %zu rank(s) from %s over %s\n", plan.size(), a.hostfile.c_str(),
-                a.launcher.c_str());
+    std::printf("# %s from %s over %s\n",
+                batch_launcher(a.launcher) ? "one command for every rank"
+                                           : (std::to_string(plan.size()) + " rank(s)").c_str(),
+                a.hostfile.c_str(), a.launcher.c_str());
     for (const auto& c : plan)
       std::printf("[%s] %s\n", name_of(c).c_str(), deploy::shell_quote(c.argv).c_str());
     std::fflush(stdout);
@@ -95,10 +130,14 @@ void run_launch(const LaunchArgs& a) {
   }
   for (const auto& c : plan) {
     if (name_of(c) != result.failed) continue;
-    spdlog::error(
-        "dsactor launch: rank {} on host {} failed (exit code {}; the other ranks were "
-        "stopped): {}",
-        c.rank, c.host, result.exit_code, result.message);
+    if (batch_launcher(a.launcher))
+      spdlog::error("dsactor launch: {} failed (exit code {}): {}", a.launcher, result.exit_code,
+                    result.message);
+    else
+      spdlog::error(
+          "dsactor launch: rank {} on host {} failed (exit code {}; the other ranks were "
+          "stopped): {}",
+          c.rank, c.host, result.exit_code, result.message);
   }
   if (result.failed.empty()) spdlog::warn("dsactor launch: {}", result.message);
   throw CLI::RuntimeError(result.exit_code);
@@ -110,21 +149,32 @@ void add_launch_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "launch",
       "start `dsactor start --role trainer ARGS` on every slot of a DeepSpeed hostfile over "
-      "ssh or pdsh (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set per rank); "
-      "one failing rank stops the others");
+      "ssh or pdsh (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set per rank), or "
+      "with one mpirun or srun; one failing rank stops the others");
   auto a = std::make_shared<LaunchArgs>();
   cmd->add_option("--hostfile", a->hostfile, "DeepSpeed hostfile: `host slots=N` per line")
       ->required();
   cmd->add_option("--launcher", a->launcher,
                   "ssh: one `ssh HOST CMD` per rank (program: $DSACTOR_LAUNCH_SSH, default "
-                  "ssh); pdsh: one `pdsh -S -w HOST CMD` per rank ($DSACTOR_LAUNCH_PDSH)")
-      ->check(CLI::IsMember({"ssh", "pdsh"}))
+                  "ssh); pdsh: one `pdsh -S -w HOST CMD` per rank ($DSACTOR_LAUNCH_PDSH); "
+                  "openmpi: one mpirun for every rank ($DSACTOR_LAUNCH_MPIRUN); slurm: one "
+                  "srun ($DSACTOR_LAUNCH_SRUN)")
+      ->check(CLI::IsMember({"ssh", "pdsh", "openmpi", "slurm"}))
       ->capture_default_str();
-  cmd->add_option("--master-addr", a->master_addr,
-                  "MASTER_ADDR of every rank (default: the hostfile's first host)");
-  cmd->add_option("--master-port", a->master_port, "MASTER_PORT of every rank")
+  cmd->add_option("--master-addr,--master_addr", a->master_addr,
+                  "MASTER_ADDR of every rank (default: the first selected host)");
+  cmd->add_option("--master-port,--master_port", a->master_port, "MASTER_PORT of every rank")
       ->check(CLI::Range(1, 65535))
       ->capture_default_str();
+  cmd->add_option("-i,--include", a->filter.include,
+                  "only these hosts/slots: HOST[:SLOT,...][@HOST[:SLOT,...]...] (DeepSpeed's "
+                  "syntax; a host without slots means all of them)");
+  cmd->add_option("-e,--exclude", a->filter.exclude,
+                  "every host/slot but these, same syntax as --include");
+  cmd->add_option("--num-nodes,--num_nodes", a->filter.num_nodes,
+                  "the first N selected hosts (default: all)");
+  cmd->add_option("--num-gpus,--num_gpus", a->filter.num_gpus,
+                  "the first N selected slots of each host (default: all)");
   cmd->add_flag("--dry-run", a->dry_run, "print each rank's command line, start nothing");
   cmd->add_option("--remote-binary", a->remote_binary,
                   "path of dsactor on the hosts (default: this binary's own path)");
@@ -136,6 +186,8 @@ void add_launch_command(CLI::App& app) {
   cmd->footer(
       "Example: dsactor launch --hostfile hosts -- --config ds.json --offload "
       "tcp://127.0.0.1:5555 --coordinator tcp://node0:29400\n"
+      "Every rank also gets the NAME=VALUE lines of .deepspeed_env ($DS_ENV_FILE) in the home "
+      "and current directory, and the launching shell's NCCL*, UCX*, MV2* and DSACTOR_LOG.\n"
       "Exit codes: 0 every rank exited 0; 2 bad hostfile or arguments; 100+r rank r failed (at "
       "most 199; logged with its host and last stderr lines); 128+N stopped by signal N.");
   cmd->callback([a] { run_launch(*a); });

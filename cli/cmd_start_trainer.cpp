@@ -261,7 +261,11 @@ void log_validation(EngineT& engine, const DataSplit& split, int B, int T, uint6
 }  // namespace
 
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
-  cmd.add_option("--config", a.config, "trainer: ds_config (zero_optimization.stage 0-3)");
+  cmd.add_option("--config,--deepspeed_config", a.config,
+                 "trainer: ds_config (zero_optimization.stage 0-3)");
+  cmd.add_flag("--deepspeed", a.deepspeed_flag,
+               "trainer: accepted as DeepSpeed's scripts pass it; dsactor always runs its "
+               "DeepSpeed engine, so it changes nothing");
   cmd.add_option("--set", a.set,
                  "trainer: KEY.PATH=VALUE sets or replaces a ds_config key (repeatable; VALUE "
                  "is read as JSON when it is JSON, else as a string), e.g. filling \"auto\" "
@@ -274,7 +278,9 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
   cmd.add_option("--offload", a.offload,
                  "trainer: offload service endpoint, for a config with offload_optimizer "
                  "(repeat for several; blocks are placed round-robin over them)");
-  cmd.add_option("--steps", a.steps, "trainer: optimizer steps (0: scheduler total or 100)");
+  cmd.add_option("--steps", a.steps,
+                 "trainer: total optimizer steps to reach (default: scheduler total_num_steps, "
+                 "else 100)");
   cmd.add_option("--seq", a.seq, "trainer: sequence length (0: the model's block_size)");
   cmd.add_option("--seed", a.seed, "trainer: seed of weights and data order")
       ->capture_default_str();
@@ -606,7 +612,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
               train,
               B,
               T,
-              target_steps(a.steps > 0 ? std::optional<int64_t>(a.steps) : std::nullopt, config),
+              target_steps(a.steps, config),
               comms,
               runtime,
               spawn_monitor(runtime.system(), config, mo)};

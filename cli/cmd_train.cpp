@@ -16,7 +16,11 @@ void add_train_command(CLI::App& app) {
       "train", "train a GPT model in this process (ZeRO stage 0-3, no offload services)");
   auto o = std::make_shared<trainer::TrainOptions>();
   auto sample = std::make_shared<int>(200);
-  cmd->add_option("--config", o->config, "DeepSpeed config (.json or .yaml)")
+  cmd->add_flag("--deepspeed")
+      ->description(
+          "accepted as DeepSpeed's scripts pass it; dsactor always runs its DeepSpeed engine, so "
+          "it changes nothing");
+  cmd->add_option("--config,--deepspeed_config", o->config, "DeepSpeed config (.json or .yaml)")
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", o->config_overrides,

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/unknown_option.h"
 #include "trainer/config/ds_config.h"
 
 int main(int argc, char** argv) {
@@ -37,6 +38,9 @@ int main(int argc, char** argv) {
   dsactor::cli::add_keygen_command(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    spdlog::error("{}", dsactor::cli::describe_unexpected_arguments(app));
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const dsactor::trainer::ConfigError& e) {

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,13 +12,14 @@ namespace dsactor::cli {
 // against running offload services; with a world size > 1, together with the other ranks
 // through Gloo collectives. The deployment-driven form (--deploy) builds these from the YAML.
 struct StartTrainerArgs {
-  std::string config;                // ds_config .json/.yaml (zero_optimization.stage 1-3)
+  std::string config;                // ds_config .json/.yaml (zero_optimization.stage 0-3)
   std::vector<std::string> set;      // --set key.path=value: ds_config keys given here
+  bool deepspeed_flag = false;       // --deepspeed: accepted from DeepSpeed scripts, no effect
   std::string model = "tiny";        // preset or model YAML
   std::string data;                  // text file/dir or llm.c token file
   std::string tokenizer;             // text's tokenizer (load_tokenizer); "": byte
   std::vector<std::string> offload;  // offload service endpoints, in placement order
-  int64_t steps = 0;                 // 0: scheduler.total_num_steps, else 100
+  std::optional<int64_t> steps;      // unset: scheduler.total_num_steps, else 100
   int seq = 0;                       // 0: the model's block_size
   uint64_t seed = 1234;
   int64_t service_timeout_ms = 30000;

@@ -1,6 +1,7 @@
 #include "deploy/launcher.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "deploy/supervisor.h"
 
@@ -18,13 +19,8 @@ std::vector<std::string> split_words(std::string_view text) {
   return out;
 }
 
-std::vector<RankCommand> plan_launch(const std::vector<HostSlots>& hosts,
-                                     const LaunchPlanOptions& o) {
-  if (hosts.empty()) throw LaunchConfigError("dsactor launch: the hostfile lists no hosts");
-  if (o.master_port < 1 || o.master_port > 65535)
-    throw LaunchConfigError(fmt::format(
-        "dsactor launch: --master-port {} is not allowed; expected 1..65535", o.master_port));
-  for (const auto& a : o.trainer_args) {
+void check_trainer_args(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
     for (const char* flag : {"--rank", "--world-size"})
       if (a == flag || a.starts_with(std::string(flag) + "="))
         throw LaunchConfigError(fmt::format(
@@ -32,8 +28,23 @@ std::vector<RankCommand> plan_launch(const std::vector<HostSlots>& hosts,
             "WORLD_SIZE and LOCAL_RANK from the launch (hostfile order and slots)",
             a));
   }
+}
+
+std::vector<RankCommand> plan_launch(const std::vector<HostSlots>& hosts,
+                                     const LaunchPlanOptions& o) {
+  if (hosts.empty()) throw LaunchConfigError("dsactor launch: the hostfile lists no hosts");
+  return plan_launch_on(select_hosts(hosts, HostFilter{}), o);
+}
+
+std::vector<RankCommand> plan_launch_on(const std::vector<SelectedHost>& hosts,
+                                        const LaunchPlanOptions& o) {
+  if (hosts.empty()) throw LaunchConfigError("dsactor launch: the hostfile lists no hosts");
+  if (o.master_port < 1 || o.master_port > 65535)
+    throw LaunchConfigError(fmt::format(
+        "dsactor launch: --master-port {} is not allowed; expected 1..65535", o.master_port));
+  check_trainer_args(o.trainer_args);
   int world = 0;
-  for (const auto& h : hosts) world += h.slots;
+  for (const auto& h : hosts) world += static_cast<int>(h.slots.size());
   const std::string master = o.master_addr.empty() ? hosts.front().host : o.master_addr;
   std::vector<std::string> transport = o.transport_command;
   if (transport.empty()) transport = {o.transport == LaunchTransport::kSsh ? "ssh" : "pdsh"};
@@ -45,17 +56,20 @@ std::vector<RankCommand> plan_launch(const std::vector<HostSlots>& hosts,
   std::vector<RankCommand> out;
   int rank = 0;
   for (const auto& h : hosts) {
-    for (int slot = 0; slot < h.slots; ++slot, ++rank) {
+    for (size_t slot = 0; slot < h.slots.size(); ++slot, ++rank) {
       RankCommand c;
       c.rank = rank;
-      c.local_rank = slot;
+      c.local_rank = static_cast<int>(slot);
       c.host = h.host;
-      c.remote_command = fmt::format(
-          "cd {} && env {} {}", shell_quote({o.workdir}),
-          shell_quote({fmt::format("RANK={}", rank), fmt::format("WORLD_SIZE={}", world),
-                       fmt::format("LOCAL_RANK={}", slot), "MASTER_ADDR=" + master,
-                       fmt::format("MASTER_PORT={}", o.master_port)}),
-          trainer_text);
+      std::vector<std::string> env;
+      for (const auto& [name, value] : o.exports) env.push_back(name + "=" + value);
+      if (!h.leading_slots)
+        env.push_back(fmt::format("CUDA_VISIBLE_DEVICES={}", fmt::join(h.slots, ",")));
+      env.insert(env.end(), {fmt::format("RANK={}", rank), fmt::format("WORLD_SIZE={}", world),
+                             fmt::format("LOCAL_RANK={}", slot), "MASTER_ADDR=" + master,
+                             fmt::format("MASTER_PORT={}", o.master_port)});
+      c.remote_command = fmt::format("cd {} && env {} {}", shell_quote({o.workdir}),
+                                     shell_quote(env), trainer_text);
       c.argv = transport;
       if (o.transport == LaunchTransport::kPdsh) c.argv.insert(c.argv.end(), {"-S", "-w"});
       c.argv.insert(c.argv.end(), {h.host, c.remote_command});

@@ -6,8 +6,9 @@
 // Ranks are laid out host by host in hostfile order: host i's slot s gets
 // rank = (slots of the hosts before it) + s and local_rank = s; world size = all slots.
 // Each rank is one remote-shell command that runs, on its host,
-//   cd <workdir> && env RANK=r WORLD_SIZE=W LOCAL_RANK=l MASTER_ADDR=A MASTER_PORT=P
-//     <binary> start --role trainer <trainer args>       (one line)
+//   cd <workdir> && env [EXPORTS] [CUDA_VISIBLE_DEVICES=..] RANK=r WORLD_SIZE=W LOCAL_RANK=l
+//     MASTER_ADDR=A MASTER_PORT=P <binary> start --role trainer <trainer args>   (one line)
+// EXPORTS are deploy/deepspeed_env.h's (.deepspeed_env and NCCL*/UCX* of the launching shell).
 // (the trainer reads its rank from these variables; actors/launch_env.h). The command is one
 // argument to the transport, quoted for the remote `sh`:
 //   ssh:  <DSACTOR_LAUNCH_SSH, default "ssh"> HOST 'COMMAND'
@@ -20,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "deploy/deepspeed_env.h"
+#include "deploy/host_selection.h"
 #include "deploy/launch_env.h"
 
 namespace dsactor::deploy {
@@ -34,6 +37,7 @@ struct LaunchPlanOptions {
   std::string workdir;  // `cd` here on every host (absolute; normally the launch's cwd)
   std::string binary;   // the dsactor binary on every host (absolute)
   std::vector<std::string> trainer_args;  // appended to `start --role trainer`
+  EnvAssignments exports;  // set on every rank before its own variables (.deepspeed_env)
 };
 
 struct RankCommand {
@@ -49,6 +53,13 @@ struct RankCommand {
 // not in 1..65535.
 std::vector<RankCommand> plan_launch(const std::vector<HostSlots>& hosts,
                                      const LaunchPlanOptions& options);
+// The same over the slots a HostFilter selected: local ranks count 0.. over a host's selected
+// slots, and a host whose selection is not its leading slots gets CUDA_VISIBLE_DEVICES=<slots>.
+std::vector<RankCommand> plan_launch_on(const std::vector<SelectedHost>& hosts,
+                                        const LaunchPlanOptions& options);
+
+// Throws LaunchConfigError when `args` set --rank or --world-size (the launch decides them).
+void check_trainer_args(const std::vector<std::string>& args);
 
 // "ssh -p 2222" -> {"ssh", "-p", "2222"}: split at runs of spaces and tabs.
 std::vector<std::string> split_words(std::string_view text);
