@@ -60,6 +60,16 @@ void secure_client_socket(zmq::socket_t& socket, const ClientSecurity& security)
   socket.set(zmq::sockopt::curve_secretkey, security.keys.secret_key);
 }
 
+bool is_loopback_endpoint(std::string_view endpoint) {
+  if (endpoint.starts_with("ipc://") || endpoint.starts_with("inproc://")) return true;
+  if (!endpoint.starts_with("tcp://")) return false;
+  std::string_view host = endpoint.substr(6);
+  host = host.substr(0, host.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host.starts_with("127.") || host == "::1" || host == "localhost" || host == "lo";
+}
+
 void check_listen_security(const std::string& endpoint, bool loopback,
                            const ServerSecurity& security, const std::string& what) {
   if (!security.insecure) return;

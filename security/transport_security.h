@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <zmq.hpp>
@@ -43,6 +44,11 @@ void secure_server_socket(zmq::socket_t& socket, const ServerSecurity& security)
 // Makes `socket` a CURVE client of the server whose key it holds; nothing when insecure.
 // Call before connect.
 void secure_client_socket(zmq::socket_t& socket, const ClientSecurity& security);
+
+// Whether a ZeroMQ endpoint stays on this machine: tcp:// to 127.0.0.0/8, ::1 or localhost
+// (any port, "*" too), ipc:// and inproc://. Anything else (a host name, 0.0.0.0, "*", an
+// interface name) may be reached from the network.
+bool is_loopback_endpoint(std::string_view endpoint);
 
 // A plain (insecure) listener is allowed on loopback only, with a warning; elsewhere it is
 // refused (std::invalid_argument naming the endpoint). `loopback` is the caller's verdict on

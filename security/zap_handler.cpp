@@ -39,6 +39,12 @@ ZapHandler::ZapHandler(zmq::context_t& context, std::vector<std::string> authori
       "inproc://dsactor.zap.control." + std::to_string(reinterpret_cast<uintptr_t>(this));
   control_.set(zmq::sockopt::linger, 0);
   control_.bind(control_endpoint_);
+  // Connected here, not on the thread: a handler destroyed right after construction must
+  // find the pair connected, or its stop message is dropped and the join never returns. The
+  // socket then belongs to the thread (starting it is the barrier a socket's move needs).
+  stop_ = zmq::socket_t(context, zmq::socket_type::pair);
+  stop_.set(zmq::sockopt::linger, 0);
+  stop_.connect(control_endpoint_);
   thread_ = std::thread([this] { serve(); });
 }
 
@@ -48,9 +54,7 @@ ZapHandler::~ZapHandler() {
 }
 
 void ZapHandler::serve() {
-  zmq::socket_t stop(context_, zmq::socket_type::pair);
-  stop.set(zmq::sockopt::linger, 0);
-  stop.connect(control_endpoint_);
+  zmq::socket_t stop = std::move(stop_);  // closed when the thread ends
   std::array<zmq::pollitem_t, 2> items{
       {{socket_.handle(), 0, ZMQ_POLLIN, 0}, {stop.handle(), 0, ZMQ_POLLIN, 0}}};
   for (;;) {

@@ -40,6 +40,7 @@ class ZapHandler {
   std::string server_name_;
   zmq::socket_t socket_;   // REP on inproc://zeromq.zap.01, used by the thread only
   zmq::socket_t control_;  // PAIR: a message here stops the thread
+  zmq::socket_t stop_;     // PAIR: the thread's end of control_, connected before it starts
   std::string control_endpoint_;
   std::atomic<uint64_t> refused_{0}, admitted_{0};
   std::thread thread_;
