@@ -17,8 +17,10 @@
 #include <gloo/reduce_scatter.h>
 
 #include "actors/collectives/collectives.h"
+#include "actors/collectives/job_token.h"
 #include "actors/collectives/rendezvous_store.h"
 #include "bench/rank_world.h"
+#include "security/curve_keys.h"
 #include "trainer/config/ds_config.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
@@ -61,12 +63,16 @@ nlohmann::json run_dp_bench(int world_size, size_t bytes, int iters) {
   // seconds[op][rank]: each rank's time for `iters` calls.
   std::vector<std::vector<double>> seconds(ops.size(), std::vector<double>(W, 0.0));
 
-  actors::RendezvousServer server;
+  // The ranks are threads of this process: one in-memory keypair for the store and them.
+  const auto keys = actors::shared_key_security(security::generate_keypair());
+  const std::string token = actors::generate_job_token();
+  actors::RendezvousServer server("tcp://127.0.0.1:*", keys.server);
   actors::GlooCollectivesOptions options;
   options.timeout = std::chrono::seconds(120);
 
   auto rank_main = [&](int rank) {
-    actors::RendezvousClient client(server.endpoint(), "dp-bench", options.timeout);
+    actors::RendezvousClient client(server.endpoint(), "dp-bench", keys.client, token,
+                                    options.timeout);
     actors::GlooCollectives coll(rank, world_size, client, options);
     // Zeros: sums stay finite however many iterations run (no inf/NaN slow paths).
     RankBuffers b{std::vector<float>(count, 0.f), std::vector<float>(per, 0.f),
@@ -148,7 +154,7 @@ namespace {
 
 // One rank of the step benchmark, in its own process.
 nlohmann::json step_rank(const DpStepBenchOptions& o, int rank, int world_size,
-                         const std::string& endpoint) {
+                         const RankMeeting& meeting) {
   omp_set_num_threads(1);
   const trainer::GptConfig gpt = trainer::resolve_model(o.model);
   if (o.seq > gpt.block_size)
@@ -160,7 +166,7 @@ nlohmann::json step_rank(const DpStepBenchOptions& o, int rank, int world_size,
   const auto tokens = synthetic_tokens(
       static_cast<size_t>(o.micro_batch) * o.seq * world_size * 8 + 1, gpt.vocab_size);
   trainer::BatchLoader loader(&tokens, o.micro_batch, o.seq, false, 1, rank, world_size);
-  RankWorld world = join_rank_world(rank, world_size, endpoint, "dp-step-bench", false);
+  RankWorld world = join_rank_world(rank, world_size, meeting, "dp-step-bench", false);
   trainer::Engine engine(gpt, config, 1234, world.grad.get());
   for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
   if (world.grad) world.grad->barrier();
@@ -179,8 +185,8 @@ nlohmann::json run_dp_step_bench(const DpStepBenchOptions& o) {
   for (int world_size : {1, 2}) {
     double slowest = 0;
     for (const auto& r : run_forked_ranks("dp bench", world_size,
-                                          [&o, world_size](int rank, const std::string&endpoint) {
-                                            return step_rank(o, rank, world_size, endpoint);
+                                          [&o, world_size](int rank, const RankMeeting&meeting) {
+                                            return step_rank(o, rank, world_size, meeting);
                                           }))
       slowest = std::max(slowest, r["seconds_per_step"].get<double>());
     const double tokens = static_cast<double>(o.micro_batch) * o.seq * world_size;

@@ -22,7 +22,7 @@ constexpr const char* kCounters[] = {"optimizer_state_bytes", "param_bytes", "gr
 
 // One rank of one phase, in its own process: `steps` steps, then what it holds.
 nlohmann::json memory_rank(const ZeroMemoryBenchOptions& o, int stage, int rank, int world_size,
-                           const std::string& endpoint) {
+                           const RankMeeting& meeting) {
   omp_set_num_threads(1);
   const trainer::GptConfig gpt = trainer::resolve_model(o.model);
   if (o.seq > gpt.block_size)
@@ -42,7 +42,7 @@ nlohmann::json memory_rank(const ZeroMemoryBenchOptions& o, int stage, int rank,
   const auto tokens = synthetic_tokens(
       static_cast<size_t>(o.micro_batch) * o.seq * world_size * 8 + 1, gpt.vocab_size);
   trainer::BatchLoader loader(&tokens, o.micro_batch, o.seq, false, 1, rank, world_size);
-  RankWorld world = join_rank_world(rank, world_size, endpoint, "zero-memory-bench", stage == 3);
+  RankWorld world = join_rank_world(rank, world_size, meeting, "zero-memory-bench", stage == 3);
   nlohmann::json j;
   if (stage == 0) {
     trainer::Engine e(gpt, config, 1234, world.grad.get());
@@ -84,8 +84,8 @@ nlohmann::json largest_rank(const std::vector<nlohmann::json>& ranks) {
 nlohmann::json run_phase(const ZeroMemoryBenchOptions& o, int stage, int world_size) {
   const auto ranks =
       run_forked_ranks("zero memory bench stage " + std::to_string(stage), world_size,
-                       [&o, stage, world_size](int rank, const std::string& endpoint) {
-                         return memory_rank(o, stage, rank, world_size, endpoint);
+                       [&o, stage, world_size](int rank, const RankMeeting& meeting) {
+                         return memory_rank(o, stage, rank, world_size, meeting);
                        });
   return largest_rank(ranks);
 }

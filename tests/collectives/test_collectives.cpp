@@ -61,8 +61,8 @@ struct Case {
 
 class CollectivesP : public ::testing::TestWithParam<Case> {
  protected:
-  static RendezvousServer& server() {
-    static RendezvousServer s;
+  static testing::TestStore& server() {
+    static testing::TestStore s;
     return s;
   }
   GlooCollectivesOptions options() const {
@@ -80,7 +80,7 @@ TEST_P(CollectivesP, AllreduceEqualsRankOrderSumOnEveryRank) {
     const auto want = rank_order_sum(world, n, integers);
     std::vector<std::vector<float>> got(world);
     auto errors = run_world(
-        server().endpoint(), fresh_job("allreduce"), world,
+        server(), fresh_job("allreduce"), world,
         [&](int r, Collectives& c) {
           got[r] = input(r, n, integers);
           c.allreduce_sum(got[r].data(), n);
@@ -100,7 +100,7 @@ TEST_P(CollectivesP, ReduceScatterEqualsRankOrderSumSlices) {
   const auto want = rank_order_sum(world, per * world, integers, 5);
   std::vector<std::vector<float>> got(world);
   auto errors = run_world(
-      server().endpoint(), fresh_job("rs"), world,
+      server(), fresh_job("rs"), world,
       [&](int r, Collectives& c) {
         const auto in = input(r, per * world, integers, 5);
         got[r].assign(per, -1.f);
@@ -124,7 +124,7 @@ TEST_P(CollectivesP, AllgatherConcatenatesInRankOrder) {
   }
   std::vector<std::vector<float>> got(world), got_inplace(world);
   auto errors = run_world(
-      server().endpoint(), fresh_job("ag"), world,
+      server(), fresh_job("ag"), world,
       [&](int r, Collectives& c) {
         const auto in = input(r, per, integers, 9);
         got[r].assign(per * world, 0.f);
@@ -147,7 +147,7 @@ TEST_P(CollectivesP, BroadcastFromEveryRootAndBarrier) {
   const size_t n = 2049;
   std::vector<std::vector<std::vector<float>>> got(world, std::vector<std::vector<float>>(world));
   auto errors = run_world(
-      server().endpoint(), fresh_job("bcast"), world,
+      server(), fresh_job("bcast"), world,
       [&](int r, Collectives& c) {
         for (int root = 0; root < world; ++root) {
           got[root][r] = input(r, n, integers, 77);
@@ -173,7 +173,7 @@ TEST_P(CollectivesP, AsyncCallsRunInSubmissionOrderAndRepeatBitIdentically) {
   for (int run = 0; run < 2; ++run) {
     std::vector<std::vector<float>> a(world), g(world);
     auto errors = run_world(
-        server().endpoint(), fresh_job("async"), world,
+        server(), fresh_job("async"), world,
         [&](int r, Collectives& c) {
           a[r] = input(r, n * world, integers, 3);
           std::vector<float> part(n);

@@ -27,16 +27,16 @@ bool contains(const std::string& s, const std::string& part) {
 }
 
 TEST(CollectivesFaults, RankThatNeverJoinsIsNamedWithinTheTimeout) {
-  RendezvousServer server;
+  testing::TestStore server;
   const std::string job = fresh_job("nojoin");
   GlooCollectivesOptions opts;
   opts.timeout = 1500ms;
   std::vector<std::future<std::string>> ranks;
   for (int r = 0; r < 2; ++r) {  // world of 3; rank 2 never starts
     ranks.push_back(std::async(std::launch::async, [&, r]() -> std::string {
-      RendezvousClient client(server.endpoint(), job, opts.timeout);
+      auto client = server.client(job, opts.timeout);
       try {
-        GlooCollectives c(r, 3, client, opts);
+        GlooCollectives c(r, 3, *client, opts);
       } catch (const CollectiveError& e) {
         return e.what();
       }
@@ -51,7 +51,7 @@ TEST(CollectivesFaults, RankThatNeverJoinsIsNamedWithinTheTimeout) {
 }
 
 TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
-  RendezvousServer server;
+  testing::TestStore server;
   const std::string job = fresh_job("hang");
   GlooCollectivesOptions opts;
   opts.timeout = 1500ms;
@@ -60,7 +60,7 @@ TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
   std::vector<std::string> errors(3);
   std::vector<std::string> after(3);
   auto errs = testing::run_world(
-      server.endpoint(), job, 3,
+      server, job, 3,
       [&](int r, Collectives& c) {
         std::vector<float> x(100000, 1.f);
         c.allreduce_sum(x.data(), x.size());  // all three take part once
@@ -115,25 +115,32 @@ TEST(CollectivesFaultsChild, DISABLED_RankThatExitsMidCollective) {
   const auto endpoint = env("DSACTOR_TEST_RDV_ENDPOINT");
   if (!endpoint) GTEST_SKIP() << "helper process for ProcessExitingMidCollective";
   const std::string job = *env("DSACTOR_TEST_RDV_JOB");
+  // The parent's keypair and token, as a rank sharing its key file would hold them.
+  const auto keys = shared_key_security(
+      {*env("DSACTOR_TEST_RDV_PUBLIC_KEY"), *env("DSACTOR_TEST_RDV_SECRET_KEY")});
+  const std::string token = *env(kJobTokenEnv);
   GlooCollectivesOptions opts;
   opts.timeout = 20s;
-  RendezvousClient client(*endpoint, job, opts.timeout);
+  RendezvousClient client(*endpoint, job, keys.client, token, opts.timeout);
   GlooCollectives c(2, 3, client, opts);
   std::vector<float> x(1 << 20, 1.f);
   c.allreduce_sum(x.data(), x.size());
   // Once the others say they are entering their second allreduce, where they wait for this
   // rank's data: die there, without cleanup, as a crashed trainer would.
-  RendezvousClient signals(*endpoint, job, opts.timeout);
+  RendezvousClient signals(*endpoint, job, keys.client, token, opts.timeout);
   signals.wait({kSecondCall[0], kSecondCall[1]});
   _exit(7);
 }
 
 TEST(CollectivesFaults, ProcessExitingMidCollectiveFailsTheOthersFast) {
-  RendezvousServer server;
+  testing::TestStore server;
   const std::string job = fresh_job("exit");
   deploy::ChildOptions child_options;
   child_options.env = {{"DSACTOR_TEST_RDV_ENDPOINT", server.endpoint()},
-                       {"DSACTOR_TEST_RDV_JOB", job}};
+                       {"DSACTOR_TEST_RDV_JOB", job},
+                       {"DSACTOR_TEST_RDV_PUBLIC_KEY", server.keys.client.keys.public_key},
+                       {"DSACTOR_TEST_RDV_SECRET_KEY", server.keys.client.keys.secret_key},
+                       {kJobTokenEnv, server.token}};
   auto child =
       deploy::ChildProcess::exec({"/proc/self/exe", "--gtest_filter=CollectivesFaultsChild.*",
                                   "--gtest_also_run_disabled_tests"},
@@ -145,12 +152,12 @@ TEST(CollectivesFaults, ProcessExitingMidCollectiveFailsTheOthersFast) {
   std::vector<std::future<void>> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r] {
-      RendezvousClient client(server.endpoint(), job, opts.timeout);
-      GlooCollectives c(r, 3, client, opts);
+      auto client = server.client(job, opts.timeout);
+      GlooCollectives c(r, 3, *client, opts);
       std::vector<float> x(1 << 20, 1.f);
       c.allreduce_sum(x.data(), x.size());
       EXPECT_EQ(x[12345], 3.f);
-      RendezvousClient(server.endpoint(), job, opts.timeout).set(kSecondCall[r], {});
+      server.client(job, opts.timeout)->set(kSecondCall[r], {});
       try {
         c.allreduce_sum(x.data(), x.size());
       } catch (const CollectiveError& e) {

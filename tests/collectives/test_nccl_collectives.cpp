@@ -16,6 +16,7 @@
 #include "actors/collectives/collectives.h"
 #include "actors/collectives/nccl_collectives.h"
 #include "actors/collectives/rendezvous_store.h"
+#include "tests/collectives/collectives_test_util.h"
 
 #ifdef DSACTOR_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -40,8 +41,9 @@ std::string error_of(const std::function<void()>& fn) {
 #ifndef DSACTOR_HAVE_NCCL
 
 TEST(NcclCollectives, FactoryRefusesWhenNotBuiltWithNccl) {
-  RendezvousServer server;
-  RendezvousClient store(server.endpoint(), "nccl-test", 1s);
+  testing::TestStore server;
+  auto store_client = server.client("nccl-test", 1s);
+  RendezvousClient& store = *store_client;
   EXPECT_THAT(error_of([&] { make_nccl_collectives(0, 1, 0, store); }),
               AllOf(HasSubstr("not built with NCCL"), HasSubstr("DSACTOR_WITH_CUDA")));
 }
@@ -62,8 +64,9 @@ NcclCollectivesOptions quick() {
 
 TEST(NcclCollectives, WithoutTheDeviceTheConstructorNamesIt) {
   const int n = cuda_devices();
-  RendezvousServer server;
-  RendezvousClient store(server.endpoint(), "nccl-test", 1s);
+  testing::TestStore server;
+  auto store_client = server.client("nccl-test", 1s);
+  RendezvousClient& store = *store_client;
   // Device n never exists: 0 on a machine without GPUs, one past the last otherwise.
   EXPECT_THAT(error_of([&] { make_nccl_collectives(0, 1, n, store, quick()); }),
               AllOf(HasSubstr("CUDA device " + std::to_string(n) + " is not available"),
@@ -78,8 +81,9 @@ std::vector<float> ramp(size_t n, float scale, float offset) {
 
 TEST(NcclCollectives, WorldOfOneOnDeviceZero) {
   if (cuda_devices() < 1) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
-  RendezvousServer server;
-  RendezvousClient store(server.endpoint(), "nccl-w1", 10s);
+  testing::TestStore server;
+  auto store_client = server.client("nccl-w1", 10s);
+  RendezvousClient& store = *store_client;
   auto c = make_nccl_collectives(0, 1, 0, store, quick());
   ASSERT_EQ(c->world_size(), 1);
 
@@ -119,15 +123,16 @@ TEST(NcclCollectives, WorldOfOneOnDeviceZero) {
 
 TEST(NcclCollectives, MissingPeerTimesOutNamingTheJoin) {
   if (cuda_devices() < 1) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
-  RendezvousServer server;
-  RendezvousClient store(server.endpoint(), "nccl-missing", 10s);
+  testing::TestStore server;
+  auto store_client = server.client("nccl-missing", 10s);
+  RendezvousClient& store = *store_client;
   NcclCollectivesOptions o;
   o.timeout = 3s;
   EXPECT_THAT(error_of([&] { make_nccl_collectives(0, 2, 0, store, o); }),
               AllOf(HasSubstr("join on rank 0 of 2"), HasSubstr("3000 ms timeout")));
   // Rank 1 of that world finds the id rank 0 published (the store's broadcast).
-  RendezvousClient peer(server.endpoint(), "nccl-missing", 1s);
-  EXPECT_EQ(peer.get("nccl/unique_id").size(), 128u);
+  auto peer = server.client("nccl-missing", 1s);
+  EXPECT_EQ(peer->get("nccl/unique_id").size(), 128u);
 }
 
 TEST(NcclCollectives, TwoRanksOnTwoDevicesSumLikeADoubleReference) {
@@ -136,7 +141,7 @@ TEST(NcclCollectives, TwoRanksOnTwoDevicesSumLikeADoubleReference) {
                  << " (NCCL runs one rank per device)";
   constexpr int kWorld = 2;
   constexpr size_t kCount = 100003;  // per rank in reduce-scatter / allgather
-  RendezvousServer server("tcp://127.0.0.1:*");
+  testing::TestStore server;
   std::vector<std::vector<float> > in(kWorld), allreduced(kWorld), scattered(kWorld),
       gathered(kWorld), broadcast(kWorld);
   std::vector<std::string> errors(kWorld);
@@ -145,7 +150,8 @@ TEST(NcclCollectives, TwoRanksOnTwoDevicesSumLikeADoubleReference) {
     in[r] = ramp(kWorld * kCount, 0.001f * (r + 1), 0.5f + r);
     ranks.emplace_back([&, r] {
       try {
-        RendezvousClient store(server.endpoint(), "nccl-w2", 30s);
+        auto store_client = server.client("nccl-w2", 30s);
+        RendezvousClient& store = *store_client;
         auto c = make_nccl_collectives(r, kWorld, r, store, quick());
         allreduced[r] = in[r];
         c->allreduce_sum(allreduced[r].data(), allreduced[r].size());

@@ -13,6 +13,7 @@
 
 #include "actors/collectives/collectives.h"
 #include "actors/collectives/rendezvous_store.h"
+#include "tests/collectives/collectives_test_util.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/rng.h"
@@ -127,9 +128,10 @@ struct RankComms {
 };
 
 // Runs fn(rank, comms) for `world` ranks, each on a thread of its own with its own
-// rendezvous client and Gloo meshes on 127.0.0.1; rethrows the first rank's error.
+// rendezvous client (of one keyed store) and Gloo meshes on 127.0.0.1; rethrows the first
+// rank's error.
 inline void run_ranks(int world, const std::function<void(int, const RankComms&)>& fn) {
-  static actors::RendezvousServer server;
+  static actors::testing::TestStore server;
   static int worlds = 0;
   const std::string job = "zero-local-" + std::to_string(worlds++);
   std::vector<std::future<void>> ranks;
@@ -137,11 +139,11 @@ inline void run_ranks(int world, const std::function<void(int, const RankComms&)
     ranks.push_back(std::async(std::launch::async, [&, r] {
       actors::GlooCollectivesOptions o;
       o.timeout = std::chrono::seconds(120);
-      actors::RendezvousClient store(server.endpoint(), job, o.timeout);
+      const auto store = server.client(job, o.timeout);
       o.prefix = "grad";
-      actors::GlooCollectives grad(r, world, store, o);
+      actors::GlooCollectives grad(r, world, *store, o);
       o.prefix = "param";
-      actors::GlooCollectives param(r, world, store, o);
+      actors::GlooCollectives param(r, world, *store, o);
       fn(r, RankComms{grad, param});
     }));
   for (auto& f : ranks) f.get();
