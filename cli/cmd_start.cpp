@@ -10,6 +10,7 @@
 #include "actors/collectives/rendezvous_store.h"
 #include "cli/commands.h"
 #include "cli/start_trainer.h"
+#include "cli/trainer_rendezvous.h"
 #include "offload_service/service.h"
 
 namespace dsactor::cli {
@@ -72,11 +73,14 @@ int run_offload(const StartArgs& a) {
 // The deployment's rendezvous store (trainers' Gloo mesh, NCCL unique id, rank
 // assignment) as a process of its own, for when no trainer should host it. `dsactor up`
 // calls it ready on the "listening on" line or once the store answers a request.
-int run_coordinator(const StartArgs& a, const std::string& name, const std::string& deploy) {
+int run_coordinator(const StartArgs& a, const StartTrainerArgs& keys, const std::string& name,
+                    const std::string& deploy) {
   const sigset_t stop_signals = block_stop_signals();
-  actors::RendezvousServer server(a.service.listen);
-  spdlog::info("coordinator {}{}: rendezvous store listening on {}", name,
-               deploy.empty() ? "" : " of " + deploy, server.endpoint());
+  actors::RendezvousServer server(a.service.listen, coordinator_security(keys, name),
+                                  coordinator_options(keys, name));
+  spdlog::info("coordinator {}{}: rendezvous store listening on {} ({})", name,
+               deploy.empty() ? "" : " of " + deploy, server.endpoint(),
+               keys.insecure ? "plain, --insecure" : "CurveZMQ");
   spdlog::info("coordinator: {} received, stopping", wait_for_stop(stop_signals));
   return 0;  // ~RendezvousServer stops its thread and closes the socket
 }
@@ -160,7 +164,7 @@ void add_start_command(CLI::App& app) {
     }
     if (a->role == "coordinator") {
       // --name/--deploy are the trainer options' (shared); their defaults name a trainer.
-      const int rc = run_coordinator(*a, cmd->count("--name") ? t->name : "coordinator",
+      const int rc = run_coordinator(*a, *t, cmd->count("--name") ? t->name : "coordinator",
                                      cmd->count("--deploy") ? t->deploy : "");
       if (rc != 0) throw std::runtime_error("coordinator exited with " + std::to_string(rc));
       return;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
@@ -23,6 +24,7 @@
 #include "actors/collectives/rendezvous_store.h"
 #include "actors/runtime/runtime.h"
 #include "cli/start_trainer.h"
+#include "cli/trainer_rendezvous.h"
 #include "deploy/launch_env.h"
 #include "trainer/checkpoint_series.h"
 #include "trainer/data/batch_loader.h"
@@ -125,18 +127,23 @@ struct Comms {
 };
 
 // The rendezvous store (served here with --serve-coordinator) and, when the rank was not
-// given, this trainer's rank from the coordinator's counter.
+// given, this trainer's rank through the store's join protocol.
 void open_store(const StartTrainerArgs& a, Placement& p, Comms& c) {
   const auto timeout = std::chrono::milliseconds(a.comm_timeout_ms);
   // World size 1 (NCCL only): a store of our own for the unique id.
   const std::string endpoint = p.world_size == 1 ? "tcp://127.0.0.1:*" : p.coordinator;
+  const RendezvousKeys keys = rendezvous_keys(a, p.world_size, p.serve);
   if (p.serve || p.world_size == 1) {
-    c.server = std::make_unique<actors::RendezvousServer>(endpoint);
+    actors::RendezvousServerOptions o;
+    o.job_token = keys.token;
+    c.server = std::make_unique<actors::RendezvousServer>(endpoint, keys.server, o);
     if (p.world_size > 1)
-      spdlog::info("{}: serving the trainers' rendezvous on {}", a.name, c.server->endpoint());
+      spdlog::info("{}: serving the trainers' rendezvous on {} ({})", a.name, c.server->endpoint(),
+                   keys.server.insecure ? "plain, --insecure" : "CurveZMQ");
   }
   c.store = std::make_unique<actors::RendezvousClient>(
-      c.server && p.world_size == 1 ? c.server->endpoint() : p.coordinator, a.job, timeout);
+      c.server && p.world_size == 1 ? c.server->endpoint() : p.coordinator, a.job, keys.client,
+      keys.token, timeout);
   if (p.rank >= 0) return;
   p.rank = actors::assign_rank(*c.store, p.world_size);
   p.local_rank = p.rank;
@@ -148,6 +155,9 @@ Comms connect_trainers(const StartTrainerArgs& a, const Placement& p, bool want_
   const bool nccl = a.collectives == "nccl";
   if (p.world_size == 1 && !nccl) return c;
   const auto timeout = std::chrono::milliseconds(a.comm_timeout_ms);
+  // Before NCCL reads its environment.
+  const std::string address =
+      comm_bind_address(a, p.world_size == 1 ? "127.0.0.1" : local_address_towards(p.coordinator));
   if (nccl) {
     actors::NcclCollectivesOptions no;
     no.timeout = timeout;
@@ -160,7 +170,7 @@ Comms connect_trainers(const StartTrainerArgs& a, const Placement& p, bool want_
   }
   actors::GlooCollectivesOptions o;
   o.timeout = timeout;
-  o.address = local_address_towards(p.coordinator);
+  o.address = address;
   o.prefix = "grad";
   if (!c.grad)
     c.grad = std::make_unique<actors::GlooCollectives>(p.rank, p.world_size, *c.store, o);
@@ -260,7 +270,27 @@ void log_validation(EngineT& engine, const DataSplit& split, int B, int T, uint6
 
 }  // namespace
 
+namespace {
+
+// The keys of `dsactor start` (shared by every role: the contract's flag names).
+void add_key_options(CLI::App& cmd, StartTrainerArgs& a) {
+  cmd.add_option("--secret-key", a.secret_key,
+                 "this process's CurveZMQ keypair (a .key_secret file from dsactor keygen)");
+  cmd.add_option("--authorized-keys", a.authorized_keys,
+                 "listening roles: the client public keys admitted (a file of keys or a "
+                 "directory of .key files)");
+  cmd.add_flag("--insecure", a.insecure,
+               "plain ZeroMQ instead of CurveZMQ for every socket of this process (loopback "
+               "only for listeners; a warning at start)");
+  cmd.add_option("--offload-key", a.offload_keys,
+                 "trainer: the public key of an --offload service (repeat, same order as "
+                 "--offload)");
+}
+
+}  // namespace
+
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
+  add_key_options(cmd, a);
   cmd.add_option("--config,--deepspeed_config", a.config,
                  "trainer: ds_config (zero_optimization.stage 0-3)");
   cmd.add_flag("--deepspeed", a.deepspeed_flag,
@@ -341,6 +371,7 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "trainer: keep the newest K checkpoint tags, removing older ones once a new "
                  "one is complete (0: keep every tag)")
       ->check(CLI::NonNegativeNumber);
+  add_rendezvous_options(cmd, a);
 }
 
 namespace {

@@ -51,6 +51,16 @@ struct StartTrainerArgs {
   // If set: safetensors weights to start from (Hugging Face GPT-2 names), instead of the
   // seed's initial weights; with ZeRO they go to the services block by block.
   std::string init;
+  // The rendezvous (cli/trainer_rendezvous.h, docs/security.md): the store's public key
+  // (--coordinator-key; with --serve-coordinator this trainer's own) and the run's token
+  // (--job-token-file, else DSACTOR_JOB_TOKEN).
+  std::string coordinator_key;
+  std::string job_token_file;
+  // Gloo's TCP transport (and NCCL's sockets) carry no authentication: they bind this
+  // address, or the IPv4 address of this interface (NCCL_SOCKET_IFNAME too); default:
+  // 127.0.0.1 with a loopback coordinator, else the address routing to the coordinator.
+  std::string comm_address;
+  std::string comm_interface;
   // If set: a checkpoint loaded before training: a tag directory, a directory holding
   // `latest` (<out>/checkpoint of an earlier run) or the --out directory itself; --steps
   // stays the total, so `--steps N/2` then `--resume ... --steps N` ends with the weights of
@@ -62,13 +72,22 @@ struct StartTrainerArgs {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep_last = 0;
+  // Keys (security/README.md), shared by every role of `dsactor start`: this process's
+  // keypair (a .key_secret file), the client keys a listening role admits, and plain
+  // sockets instead (--insecure: every connection of this process).
+  std::string secret_key;
+  std::string authorized_keys;
+  bool insecure = false;
+  // Trainer: each --offload service's public key, in the same order.
+  std::vector<std::string> offload_keys;
 };
 
 // Adds --config --set (repeatable) --model --data --tokenizer --offload (repeatable) --steps
 // --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
 // --serve-coordinator --comm-timeout-ms --init --out --resume --checkpoint-dir
-// --checkpoint-every --keep-last to `cmd`, all stored in `a`.
+// --checkpoint-every --keep-last, and the keys (--secret-key --authorized-keys --insecure
+// --offload-key) to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

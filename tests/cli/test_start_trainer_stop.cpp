@@ -108,6 +108,7 @@ TEST(StartTrainerStop, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
     args.insert(args.end(), {"--rank", std::to_string(r), "--world-size", "2", "--coordinator",
                              coordinator, "--comm-timeout-ms", "60000"});
     if (r == 0) args.push_back("--serve-coordinator");
+    for (const auto& k : dsactor::testing::shared_trainer_keys(dir.path())) args.push_back(k);
     ranks.push_back(std::make_unique<Child>(dir.path(), args,
                                             dir.path() / ("rank" + std::to_string(r) + ".log")));
   }

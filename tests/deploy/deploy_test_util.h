@@ -11,9 +11,13 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "actors/collectives/job_token.h"
 #include "deploy/child_process.h"
 #include "deploy/file_watch.h"
+#include "security/curve_keys.h"
+#include "security/transport_security.h"
 
 namespace dsactor::testing {
 
@@ -103,6 +107,41 @@ inline pid_t wait_for_pid(const std::filesystem::path& file, std::chrono::millis
 // pidfd wakes the wait.
 inline bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
   return deploy::wait_for_exit(pid, timeout);
+}
+
+// A keypair as `dsactor keygen --out dir --name name` writes it, made on first use; the path
+// of its secret file.
+inline std::filesystem::path make_keypair(const std::filesystem::path& dir,
+                                          const std::string& name) {
+  const auto secret = dir / (name + ".key_secret");
+  if (!std::filesystem::exists(secret))
+    security::write_keypair(dir, name, security::generate_keypair());
+  return secret;
+}
+
+// A job token file (mode 0600) at `file`, made on first use; its path.
+inline std::filesystem::path make_job_token_file(const std::filesystem::path& file) {
+  if (!std::filesystem::exists(file))
+    actors::write_job_token_file(file, actors::generate_job_token());
+  return file;
+}
+
+// A client of a keyed server: the keypair `secret` and the server's public key file.
+inline security::ClientSecurity client_keys(const std::filesystem::path& secret,
+                                            const std::filesystem::path& server_public) {
+  security::ClientSecurity c;
+  c.keys = security::read_secret_key_file(secret);
+  c.server_key = security::read_public_key_file(server_public);
+  return c;
+}
+
+// The flags of trainers started by hand that share one keypair (rank 0 serves the
+// rendezvous with it, and admits its own key) and one job token, made under `dir` once.
+inline std::vector<std::string> shared_trainer_keys(const std::filesystem::path& dir) {
+  const auto secret = make_keypair(dir / "keys", "job");
+  return {"--secret-key",      secret.string(),
+          "--coordinator-key", (dir / "keys" / "job.key").string(),
+          "--job-token-file",  make_job_token_file(dir / "job.token").string()};
 }
 
 }  // namespace dsactor::testing

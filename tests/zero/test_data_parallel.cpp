@@ -1,7 +1,8 @@
 // Data parallel through the real binary: two `dsactor start --role trainer` processes (rank
-// 0 serving the rendezvous, Gloo over 127.0.0.1), each with its own offload service process
-// where the config names offload (else the ranks hold the partitions), against `dsactor
-// train` (stage 0, one process) with twice the micro-batch on the same seed and data.
+// 0 serving the rendezvous with the keypair both share and the run's token, Gloo over
+// 127.0.0.1), each with its own offload service process where the config names offload (else
+// the ranks hold the partitions), against `dsactor train` (stage 0, one process) with twice
+// the micro-batch on the same seed and data.
 //
 // Why a tolerance: both runs see the same 2b rows per step and dloss = scale / (2b*T) in
 // both, so every per-position gradient contribution is the same float; only the summation
@@ -135,6 +136,7 @@ TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
                                      "--out",
                                      tag + "_out"};
     if (r == 0) args.push_back("--serve-coordinator");
+    for (const auto& k : dsactor::testing::shared_trainer_keys(dir)) args.push_back(k);
     if (offload) args.insert(args.end(), {"--offload", services[r]->endpoint()});
     ranks.push_back(
         std::make_unique<Child>(dir, args, dir / (tag + "_rank" + std::to_string(r) + ".log")));
@@ -218,6 +220,7 @@ TEST_P(LauncherEnvironment, RanksFromTheEnvironmentTrainLikeRanksFromFlags) {
       args.insert(args.end(), {"--world-size", "2", "--coordinator", "tcp://127.0.0.1:" + port});
       if (r == 0) args.push_back("--serve-coordinator");
     }
+    for (const auto& k : dsactor::testing::shared_trainer_keys(dir)) args.push_back(k);
     ranks.push_back(
         std::make_unique<Child>(dir, args, dir / (launcher + "_rank" + rank + ".log"), env));
   }
@@ -271,6 +274,7 @@ TEST(DataParallelFailure, ARankThatDiesStopsTheOtherWithAnErrorNamingIt) {
                                   "--comm-timeout-ms",
                                   "3000"};
     if (rank == 0) a.push_back("--serve-coordinator");
+    for (const auto& k : dsactor::testing::shared_trainer_keys(dir.path())) a.push_back(k);
     return a;
   };
   Child rank0(dir.path(), args(0, 50), dir.path() / "rank0.log");

@@ -112,6 +112,7 @@ TEST(NcclTrainer, TwoRanksOnTwoDevicesTrainLikeOneRankWithTwiceTheBatch) {
                                      "--world-size", "2",       "--coordinator",
                                      coordinator,    "--out",   "dp"};
     if (r == 0) args.push_back("--serve-coordinator");
+    for (const auto& k : dsactor::testing::shared_trainer_keys(dir.path())) args.push_back(k);
     ranks.push_back(std::make_unique<Child>(dir.path(), args,
                                             dir.path() / ("rank" + std::to_string(r) + ".log")));
   }
