@@ -9,6 +9,7 @@
 #include <system_error>
 #include <vector>
 
+#include "actors/collectives/job_token.h"
 #include "cli/commands.h"
 #include "deploy/batch_launch.h"
 #include "deploy/deepspeed_env.h"
@@ -33,6 +34,9 @@ struct LaunchArgs {
   std::string workdir;
   std::vector<std::string> trainer_args;
   deploy::HostFilter filter;
+  // Passed to every rank (docs/security.md); paths as the hosts see them.
+  std::string secret_key, authorized_keys, coordinator_key, job_token_file;
+  bool insecure = false;
 };
 
 // Exit codes: 0 every rank exited 0; 2 bad hostfile or arguments; 100 + rank (at most 199)
@@ -62,6 +66,50 @@ std::vector<std::string> launcher_program(const std::string& launcher) {
   return t ? deploy::split_words(t) : std::vector<std::string>{};
 }
 
+[[noreturn]] void refuse(const std::string& why) {
+  spdlog::error("dsactor launch: {}", why);
+  throw CLI::RuntimeError(kExitConfig);
+}
+
+// The key flags every rank gets, added to the trainer arguments unless they hold them
+// already. Rank 0 serves the rendezvous with its --secret-key, so by default the ranks share
+// one keypair: the coordinator key is the secret key's own public half.
+void add_key_flags(const LaunchArgs& a, std::vector<std::string>& args) {
+  auto add = [&](const char* flag, const std::string& value) {
+    if (!value.empty() && !deploy::has_flag(args, flag)) args.insert(args.end(), {flag, value});
+  };
+  if (a.insecure) {
+    if (!deploy::has_flag(args, "--insecure")) args.emplace_back("--insecure");
+    return;
+  }
+  add("--secret-key", a.secret_key);
+  if (!deploy::has_flag(args, "--secret-key"))
+    refuse(
+        "every rank needs --secret-key FILE (the same path on every host; `dsactor keygen`, "
+        "docs/security.md), or --insecure on one host");
+  add("--coordinator-key", a.coordinator_key.empty() ? a.secret_key : a.coordinator_key);
+  add("--authorized-keys", a.authorized_keys);
+}
+
+// The run's job token when the launch hands it over (ssh: on each rank's stdin; mpirun and
+// srun: in their environment, which they pass on): DSACTOR_JOB_TOKEN of this process, else a
+// fresh one. Empty when the ranks read a --job-token-file or run --insecure.
+std::string launch_token(const LaunchArgs& a, std::vector<std::string>& args) {
+  if (!a.job_token_file.empty() && !deploy::has_flag(args, "--job-token-file"))
+    args.insert(args.end(), {"--job-token-file", a.job_token_file});
+  if (a.insecure || deploy::has_flag(args, "--job-token-file")) return {};
+  if (a.launcher == "pdsh")
+    refuse(
+        "pdsh does not pass stdin on, so the run's job token cannot reach the ranks privately: "
+        "give --job-token-file FILE (the same path on every host, mode 0600)");
+  try {
+    const auto token = actors::job_token_from(std::nullopt);
+    return token ? *token : actors::generate_job_token();
+  } catch (const actors::JobTokenError& e) {
+    refuse(e.what());
+  }
+}
+
 // openmpi / slurm: one mpirun or srun command runs every rank.
 std::vector<deploy::RankCommand> plan_batch(const LaunchArgs& a,
                                             const std::vector<deploy::SelectedHost>& hosts,
@@ -85,11 +133,20 @@ void run_launch(const LaunchArgs& a) {
   o.workdir = a.workdir.empty() ? fs::current_path().string() : a.workdir;
   o.binary = a.remote_binary.empty() ? self_binary() : a.remote_binary;
   o.trainer_args = a.trainer_args;
+  std::vector<deploy::SelectedHost> hosts;
+  try {  // the hostfile's errors come first
+    hosts = deploy::select_hosts(deploy::parse_hostfile(a.hostfile), a.filter);
+  } catch (const deploy::LaunchConfigError& e) {
+    refuse(e.what());
+  }
+  add_key_flags(a, o.trainer_args);
+  const std::string token = launch_token(a, o.trainer_args);
+  o.token_on_stdin = !token.empty() && !batch_launcher(a.launcher);
+  o.token_in_env = !token.empty() && batch_launcher(a.launcher);
   std::vector<deploy::RankCommand> plan;
   try {
     o.exports = deploy::launch_exports(deploy::deepspeed_env_dirs(), deploy::process_env,
                                        deploy::process_env_names());
-    const auto hosts = deploy::select_hosts(deploy::parse_hostfile(a.hostfile), a.filter);
     plan = batch_launcher(a.launcher) ? plan_batch(a, hosts, o) : deploy::plan_launch_on(hosts, o);
   } catch (const deploy::LaunchConfigError& e) {
     spdlog::error("{}", e.what());
@@ -117,6 +174,8 @@ void run_launch(const LaunchArgs& a) {
     s.name = name_of(c);
     s.argv = c.argv;
     s.code_index = std::min(c.rank, 99);  // exit code 100 + rank, capped at 199
+    if (o.token_on_stdin) s.stdin_text = token + "\n";
+    if (o.token_in_env) s.env.emplace_back(actors::kJobTokenEnv, token);
     children.push_back(std::move(s));
   }
   deploy::SupervisorOptions opt;
@@ -180,12 +239,25 @@ void add_launch_command(CLI::App& app) {
                   "path of dsactor on the hosts (default: this binary's own path)");
   cmd->add_option("--workdir", a->workdir,
                   "directory the ranks run in on every host (default: the current directory)");
+  cmd->add_option("--secret-key", a->secret_key,
+                  "every rank's --secret-key (a path on the hosts; rank 0 serves the rendezvous "
+                  "with it)");
+  cmd->add_option("--coordinator-key", a->coordinator_key,
+                  "every rank's --coordinator-key: rank 0's public key (default: --secret-key's "
+                  "public half, when the ranks share one keypair)");
+  cmd->add_option("--authorized-keys", a->authorized_keys,
+                  "every rank's --authorized-keys: the keys rank 0's rendezvous admits, when "
+                  "the ranks hold keys of their own");
+  cmd->add_option("--job-token-file", a->job_token_file,
+                  "every rank's --job-token-file (default: a token per run, or "
+                  "$DSACTOR_JOB_TOKEN, on each ssh's stdin or in mpirun's/srun's environment)");
+  cmd->add_flag("--insecure", a->insecure, "every rank's --insecure (one host, loopback only)");
   cmd->add_option("trainer_args", a->trainer_args,
                   "after `--`: the arguments of `dsactor start --role trainer` (not --rank or "
                   "--world-size: the launch sets them)");
   cmd->footer(
-      "Example: dsactor launch --hostfile hosts -- --config ds.json --offload "
-      "tcp://127.0.0.1:5555 --coordinator tcp://node0:29400\n"
+      "Example: dsactor launch --hostfile hosts --secret-key keys/job.key_secret -- --config "
+      "ds.json --offload tcp://127.0.0.1:5555\n"
       "Every rank also gets the NAME=VALUE lines of .deepspeed_env ($DS_ENV_FILE) in the home "
       "and current directory, and the launching shell's NCCL*, UCX*, MV2* and DSACTOR_LOG.\n"
       "Exit codes: 0 every rank exited 0; 2 bad hostfile or arguments; 100+r rank r failed (at "

@@ -9,8 +9,10 @@
 #include <string>
 #include <system_error>
 
+#include "actors/collectives/job_token.h"
 #include "cli/commands.h"
 #include "deploy/deploy_config.h"
+#include "deploy/run_keys.h"
 #include "deploy/service_tiers.h"
 #include "deploy/supervisor.h"
 #include "trainer/config/ds_config.h"
@@ -24,6 +26,7 @@ namespace fs = std::filesystem;
 struct UpArgs {
   std::string deploy;
   bool dry_run = false;
+  bool make_keys = false;
 };
 
 // Exit codes: 0 success; 2 the deploy file or a trainer's ds_config is wrong; 3 a directory could
@@ -31,6 +34,9 @@ struct UpArgs {
 // SIGINT/SIGTERM/SIGHUP.
 constexpr int kExitConfig = 2;
 constexpr int kExitSetup = 3;
+
+// What a dry run shows for the per-run keys directory, which it does not make.
+const char* const kRunKeysPlaceholder = "<run keys>";
 
 // Children run this very binary, so `up` and `start` always match.
 std::string self_binary() {
@@ -46,9 +52,18 @@ void print_dry_run(const deploy::DeployConfig& cfg,
                    const std::vector<deploy::ChildSpec>& children) {
   std::printf("# job %s from %s: %zu role(s); services start first, trainers once they answer\n",
               cfg.job.c_str(), cfg.source.c_str(), children.size());
+  if (cfg.security.insecure)
+    std::printf("# security.insecure: plain ZeroMQ on loopback, no keys\n");
+  else
+    std::printf(
+        "# keys in %s%s; the job token %s\n", cfg.security.keys_dir.c_str(),
+        cfg.security.keys_dir == kRunKeysPlaceholder ? " (a fresh 0700 directory per run)" : "",
+        cfg.security.job_token_file.empty() ? "is made per run (DSACTOR_JOB_TOKEN)"
+                                            : "is in security.job_token_file");
   for (const auto& c : children) {
     std::string env;
-    for (const auto& [k, v] : c.env) env += deploy::shell_quote({k + "=" + v}) + " ";
+    for (const auto& [k, v] : c.env)
+      env += deploy::shell_quote({k + "=" + (k == actors::kJobTokenEnv ? "<token>" : v)}) + " ";
     std::printf("[%s] %s%s\n", c.name.c_str(), env.c_str(), deploy::shell_quote(c.argv).c_str());
   }
   std::fflush(stdout);
@@ -110,11 +125,48 @@ void create_dirs(const deploy::DeployConfig& cfg) {
   }
 }
 
+// `up --make-keys`: the keys, allow-lists and token file of a deployment whose keys are
+// copied to other machines; nothing starts.
+void make_keys(const deploy::DeployConfig& cfg) {
+  if (cfg.security.insecure || cfg.security.keys_dir.empty()) {
+    spdlog::error("{}: --make-keys needs security.keys_dir (and no security.insecure)",
+                  cfg.source.string());
+    throw CLI::RuntimeError(kExitConfig);
+  }
+  deploy::make_run_keys(cfg);
+  if (!cfg.security.job_token_file.empty()) deploy::run_job_token(cfg, /*create_file=*/true);
+  std::printf("# keys of job %s in %s\n", cfg.job.c_str(), cfg.security.keys_dir.c_str());
+  for (const auto& r : cfg.roles)
+    std::printf("[%s] secret %s%s%s\n", r.name.c_str(), r.secret_key.c_str(),
+                cfg.is_server(r) ? ", public " : "",
+                cfg.is_server(r)
+                    ? (r.public_key.string() + ", admits " + r.authorized_keys.string()).c_str()
+                    : "");
+  if (!cfg.security.job_token_file.empty())
+    std::printf("# job token in %s\n", cfg.security.job_token_file.c_str());
+  std::fflush(stdout);
+}
+
 void run_up(const UpArgs& a) {
   deploy::DeployConfig cfg;
+  std::optional<deploy::RunKeysDir> run_keys;  // removed when `up` ends, however it ends
+  std::string token;
   try {
     cfg = deploy::load_deploy_config(a.deploy);
+    if (a.make_keys) return make_keys(cfg);
     apply_trainer_configs(cfg);
+    if (!cfg.security.insecure && cfg.security.keys_dir.empty()) {
+      if (a.dry_run) {
+        deploy::resolve_key_files(cfg, kRunKeysPlaceholder);
+      } else {
+        run_keys.emplace();
+        deploy::resolve_key_files(cfg, run_keys->path());
+      }
+    }
+    if (!a.dry_run) {
+      deploy::make_run_keys(cfg);
+      token = deploy::run_job_token(cfg);
+    }
   } catch (const deploy::DeployConfigError& e) {
     spdlog::error("{}", e.what());
     throw CLI::RuntimeError(kExitConfig);
@@ -122,18 +174,25 @@ void run_up(const UpArgs& a) {
     spdlog::error("{}", e.what());
     throw CLI::RuntimeError(kExitConfig);
   }
-  const auto children = deploy::children_for(cfg, self_binary());
+  for (const auto& w : deploy::remote_listener_warnings(cfg)) spdlog::warn("{}", w);
+  if (cfg.security.insecure)
+    spdlog::warn(
+        "dsactor up: security.insecure: the roles run WITHOUT authentication (loopback "
+        "only)");
   if (a.dry_run) {
-    print_dry_run(cfg, children);
+    print_dry_run(cfg, deploy::children_for(cfg, self_binary(), "<token>"));
     return;
   }
+  const auto children = deploy::children_for(cfg, self_binary(), token);
   create_dirs(cfg);
 
   deploy::SupervisorOptions opt;
   opt.stop_signals = {SIGINT, SIGTERM, SIGHUP};
   deploy::Supervisor sup(children, opt);
-  spdlog::info("dsactor up: job {} with {} role(s) from {}", cfg.job, children.size(),
-               cfg.source.string());
+  spdlog::info(
+      "dsactor up: job {} with {} role(s) from {} ({})", cfg.job, children.size(),
+      cfg.source.string(),
+      cfg.security.insecure ? "no authentication" : "keys in " + cfg.security.keys_dir.string());
   const auto result = sup.run();
   if (result.exit_code == 0) {
     spdlog::info("dsactor up: every trainer finished; all roles stopped");
@@ -159,6 +218,9 @@ void add_up_command(CLI::App& app) {
       ->required();
   cmd->add_flag("--dry-run", a->dry_run,
                 "print each role's environment and command line, start nothing");
+  cmd->add_flag("--make-keys", a->make_keys,
+                "write the missing keypairs, the servers' allow-lists and the job token file "
+                "into security.keys_dir (to copy to other machines), start nothing");
   cmd->footer(
       "Exit codes: 0 every trainer exited 0; 2 invalid deploy file or trainer ds_config; 3 a "
       "directory could not be created; 100+i roles[i] failed (its exit code and last stderr lines "

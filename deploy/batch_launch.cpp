@@ -34,6 +34,8 @@ std::vector<std::string> plan_batch_launch(BatchLauncher launcher,
     argv.insert(argv.end(), {"-n", std::to_string(world), "-H",
                              fmt::format("{}", fmt::join(placement, ",")), "-wdir", o.workdir});
     for (const auto& [n, v] : env) argv.insert(argv.end(), {"-x", n + "=" + v});
+    // By name only: mpirun passes its own value on, which is in no argv.
+    if (o.token_in_env) argv.insert(argv.end(), {"-x", "DSACTOR_JOB_TOKEN"});
   } else {
     if (argv.empty()) argv = {"srun"};
     std::string exports = "--export=ALL";

@@ -12,6 +12,8 @@
 // selection other than a host's leading slots (--include host:1,3) is refused: it needs
 // per-host CUDA_VISIBLE_DEVICES, which the ssh and pdsh launchers set. srun's environment
 // list is comma-separated, so a value holding a comma is refused.
+// With token_in_env the run's token is in the launcher's environment: mpirun gets
+// `-x DSACTOR_JOB_TOKEN` (the name only), srun passes it with --export=ALL.
 #include <string>
 #include <vector>
 

@@ -201,7 +201,17 @@ ChildProcess ChildProcess::start(const ChildOptions& o, const std::string& what,
                                  const std::function<void(int start_pipe)>& in_child) {
   Stream out = open_output(o.out), err = open_output(o.err);
   UniqueFd null_in;
-  if (o.stdin_null) null_in = open_or_throw("/dev/null", O_RDONLY);
+  if (o.stdin_text) {
+    // Written whole before fork: a pipe holds 64 KiB, so this never blocks.
+    if (o.stdin_text->size() > 4096) throw ChildStartError("stdin_text: longer than 4096 bytes");
+    Pipe in = make_pipe();
+    if (::write(in.write.get(), o.stdin_text->data(), o.stdin_text->size()) !=
+        static_cast<ssize_t>(o.stdin_text->size()))
+      throw ChildStartError("stdin pipe: " + errno_text(errno));
+    null_in = std::move(in.read);
+  } else if (o.stdin_null) {
+    null_in = open_or_throw("/dev/null", O_RDONLY);
+  }
   Pipe start_pipe = make_pipe();
   const std::string workdir = o.workdir.string();
   ChildSetup s;

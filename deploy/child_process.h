@@ -69,6 +69,9 @@ struct ChildOptions {
   std::vector<std::pair<std::string, std::string>> env;
   std::filesystem::path workdir;  // the child's working directory; empty: ours
   bool stdin_null = false;        // /dev/null as stdin instead of ours
+  // When set: stdin is a pipe holding this text (at most 4096 bytes), then end of file. How
+  // a secret reaches a child (or a remote shell) without showing in any argv.
+  std::optional<std::string> stdin_text;
   Output out, err;
   // The child leads a new process group: signal() and the destructor reach its own children
   // too, the terminal's Ctrl-C does not reach it, and whatever is left in the group when the

@@ -7,8 +7,35 @@
 
 namespace dsactor::deploy {
 
+namespace {
+
+using Args = std::vector<std::string>;
+
+void add_file(Args& a, const char* flag, const std::filesystem::path& file) {
+  if (!file.empty()) a.insert(a.end(), {flag, file.string()});
+}
+
+// The keys of a role (docs/security.md): what it proves, whom it admits, whom it expects.
+void add_security(Args& a, const DeployConfig& config, const RoleSpec& role) {
+  if (config.security.insecure) {
+    a.emplace_back("--insecure");
+  } else {
+    add_file(a, "--secret-key", role.secret_key);
+    if (config.is_server(role)) add_file(a, "--authorized-keys", role.authorized_keys);
+    if (role.kind == RoleKind::kTrainer) {
+      for (const auto& name : role.offload)
+        if (const RoleSpec* o = config.find(name)) add_file(a, "--offload-key", o->public_key);
+      if (!config.is_server(role)) add_file(a, "--coordinator-key", config.rendezvous_key());
+    }
+  }
+  if (role.kind != RoleKind::kOffload && !config.rendezvous.empty())
+    add_file(a, "--job-token-file", config.security.job_token_file);
+}
+
+}  // namespace
+
 std::vector<std::string> to_command_line(const DeployConfig& config, const RoleSpec& role) {
-  std::vector<std::string> a = {"start", "--role", std::string(role_kind_name(role.kind))};
+  Args a = {"start", "--role", std::string(role_kind_name(role.kind))};
   switch (role.kind) {
     case RoleKind::kOffload:
       a.insert(a.end(), {"--listen", role.listen});
@@ -52,12 +79,16 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
         a.insert(a.end(), {"--coordinator", config.rendezvous});
         if (config.rendezvous_in_rank0 && role.rank == 0) a.emplace_back("--serve-coordinator");
       }
+      if (!role.comm_interface.empty())
+        a.insert(a.end(), {"--comm-interface", role.comm_interface});
+      if (!role.comm_address.empty()) a.insert(a.end(), {"--comm-address", role.comm_address});
       break;
     case RoleKind::kCoordinator:
       a.insert(a.end(),
                {"--name", role.name, "--deploy", config.source.string(), "--listen", role.listen});
       break;
   }
+  add_security(a, config, role);
   return a;
 }
 

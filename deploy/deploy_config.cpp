@@ -28,12 +28,13 @@ std::string names_or_none(const std::vector<std::string>& names) {
 }
 
 void merge_env(EnvList& into, const EnvList& more) {
-  for (const auto& [k, v] : more) {
-    auto it = std::find_if(into.begin(), into.end(), [&](const auto& e) { return e.first == k; });
+  for (const auto& kv : more) {  // not a structured binding: clang 14 (the fuzz build)
+    auto it =
+        std::find_if(into.begin(), into.end(), [&](const auto& e) { return e.first == kv.first; });
     if (it != into.end())
-      it->second = v;
+      it->second = kv.second;
     else
-      into.emplace_back(k, v);
+      into.push_back(kv);
   }
 }
 
@@ -64,6 +65,7 @@ class DeployParser {
     resolve_offload_lists();
     assign_ranks();
     choose_rendezvous();
+    check_security();
     return std::move(cfg_);
   }
 
@@ -94,6 +96,9 @@ class DeployParser {
                                         const std::vector<std::string>& offload_names);
   void assign_ranks();
   void choose_rendezvous();
+  void read_security();
+  void read_key_files(const YAML::Node& n, const std::string& p, RoleSpec& r);
+  void check_security();
 
   DeployYaml yaml_;
   const YAML::Node root_;
@@ -123,6 +128,7 @@ void DeployParser::read_top_level() {
   if (const auto& n = root()["shutdown_timeout"])
     role_defaults_.shutdown_timeout = yaml_.seconds(n, "shutdown_timeout");
   read_checkpoint_key();
+  read_security();
 }
 
 void DeployParser::read_checkpoint_key() {
@@ -135,6 +141,36 @@ void DeployParser::read_checkpoint_key() {
   if (c["keep_last"])
     cfg_.checkpoint.keep_last = yaml_.integer(c["keep_last"], "checkpoint.keep_last");
   if (c["dir"]) cfg_.checkpoint.dir = yaml_.path(c["dir"], "checkpoint.dir");
+}
+
+void DeployParser::read_security() {
+  const YAML::Node n = root()["security"];
+  if (!n) return;
+  if (!n.IsMap())
+    yaml_.fail(n, "security", fmt::format("expected a map, got {}", DeployYaml::shown(n)));
+  yaml_.check_keys(n, "security", std::nullopt);
+  DeploySecurity& s = cfg_.security;
+  if (n["insecure"]) s.insecure = yaml_.boolean(n["insecure"], "security.insecure");
+  if (n["keys_dir"]) s.keys_dir = yaml_.path(n["keys_dir"], "security.keys_dir");
+  if (n["job_token_file"])
+    s.job_token_file = yaml_.path(n["job_token_file"], "security.job_token_file");
+  if (n["coordinator_key"])
+    s.coordinator_key = yaml_.path(n["coordinator_key"], "security.coordinator_key");
+  if (s.insecure && cfg_.allow_remote)
+    yaml_.fail(root()["allow_remote"], "allow_remote",
+               "value true is not allowed with security.insecure: a listener beyond this "
+               "machine needs keys (remove `insecure`, and `dsactor up` makes them)");
+}
+
+// Key files given by hand for one role (keys distributed to several machines).
+void DeployParser::read_key_files(const YAML::Node& n, const std::string& p, RoleSpec& r) {
+  if (n["secret_key"]) {
+    r.secret_key = yaml_.path(n["secret_key"], p + ".secret_key");
+    r.own_key_files = true;
+  }
+  if (n["public_key"]) r.public_key = yaml_.path(n["public_key"], p + ".public_key");
+  if (n["authorized_keys"])
+    r.authorized_keys = yaml_.path(n["authorized_keys"], p + ".authorized_keys");
 }
 
 void DeployParser::read_roles() {
@@ -171,6 +207,7 @@ RoleSpec DeployParser::read_role(const YAML::Node& n, size_t index,
   if (n["listen"]) r.listen = yaml_.string(n["listen"], p + ".listen");
   read_offload_keys(n, p, r);
   read_trainer_keys(n, p, r);
+  read_key_files(n, p, r);
   if (n["env"]) merge_env(r.env, yaml_.env(n["env"], p + ".env"));
   if (n["startup_timeout"])
     r.startup_timeout = yaml_.seconds(n["startup_timeout"], p + ".startup_timeout");
@@ -213,7 +250,8 @@ void DeployParser::read_offload_keys(const YAML::Node& n, const std::string& p, 
 void DeployParser::read_trainer_keys(const YAML::Node& n, const std::string& p, RoleSpec& r) {
   if (n["config"]) {
     r.config = yaml_.path(n["config"], p + ".config");
-    if (!fs::is_regular_file(r.config))
+    std::error_code ec;  // a path the system cannot even look at is one that does not exist
+    if (!fs::is_regular_file(r.config, ec))
       yaml_.fail(n["config"], p + ".config",
                  fmt::format("ds_config {} does not exist (relative paths are resolved against {})",
                              r.config.string(), yaml_.base_dir().string()));
@@ -239,6 +277,9 @@ void DeployParser::read_trainer_keys(const YAML::Node& n, const std::string& p, 
   if (n["shared_memory"]) r.shared_memory = yaml_.boolean(n["shared_memory"], p + ".shared_memory");
   if (n["config_overrides"])
     r.config_overrides = yaml_.config_overrides(n["config_overrides"], p + ".config_overrides");
+  if (n["comm_interface"])
+    r.comm_interface = yaml_.string(n["comm_interface"], p + ".comm_interface");
+  if (n["comm_address"]) r.comm_address = yaml_.string(n["comm_address"], p + ".comm_address");
 }
 
 // Names are what logs, exit messages and `offload:` lists refer to: they must be unique.
@@ -275,9 +316,9 @@ void DeployParser::bind_explicit_endpoints() {
     if (!e->tcp) e->text = "ipc://" + yaml_.resolve(e->text.substr(6)).string();
     if (e->tcp && !cfg_.allow_remote && !is_loopback_endpoint(e->text))
       yaml_.fail(n, p,
-                 fmt::format("value \"{}\" listens beyond this machine (host \"{}\"); the services "
-                             "have no authentication, so only loopback (127.0.0.1, ::1) is allowed "
-                             "unless the top level sets allow_remote: true",
+                 fmt::format("value \"{}\" listens beyond this machine (host \"{}\"); only "
+                             "loopback (127.0.0.1, ::1) is allowed unless the top level sets "
+                             "allow_remote: true (and the roles have keys: docs/security.md)",
                              r.listen, e->host));
     r.listen = e->text;
     if (e->tcp) used_ports_.insert(e->port);
@@ -331,12 +372,13 @@ void DeployParser::check_nvme_dirs() {
     if (!r.nvme || cfg_.create_dirs) continue;
     const YAML::Node n = node_of(r)["nvme"];
     const std::string p = fmt::format("roles[{}].nvme", r.index);
-    if (!fs::exists(*r.nvme))
+    std::error_code ec;
+    if (!fs::exists(*r.nvme, ec))
       yaml_.fail(n, p,
                  fmt::format("directory {} does not exist and create_dirs is false; create it or "
                              "set create_dirs: true (relative paths are resolved against {})",
                              r.nvme->string(), yaml_.base_dir().string()));
-    if (!fs::is_directory(*r.nvme))
+    if (!fs::is_directory(*r.nvme, ec))
       yaml_.fail(n, p, fmt::format("{} exists but is not a directory", r.nvme->string()));
   }
 }
@@ -439,8 +481,8 @@ void DeployParser::choose_rendezvous() {
     if (rank0_here && rendezvous_key_->tcp && !cfg_.allow_remote &&
         !is_loopback_endpoint(cfg_.rendezvous))
       yaml_.fail(root()["rendezvous"], "rendezvous",
-                 fmt::format("value \"{}\" makes trainer rank 0 listen beyond this machine; the "
-                             "store has no authentication, so this needs allow_remote: true",
+                 fmt::format("value \"{}\" makes trainer rank 0 listen beyond this machine, "
+                             "which needs allow_remote: true",
                              cfg_.rendezvous));
   } else if (world_size_ > 1 && !ts.empty()) {
     if (!rank0_here || static_cast<int>(ts.size()) < world_size_)
@@ -454,6 +496,21 @@ void DeployParser::choose_rendezvous() {
     cfg_.rendezvous = fmt::format("tcp://127.0.0.1:{}", next_port_);
     cfg_.rendezvous_in_rank0 = true;
   }
+}
+
+// What spans the security block and the roles: key files resolved when the file says
+// where they are, and a rendezvous outside this file needs its server's key.
+void DeployParser::check_security() {
+  if (cfg_.security.insecure) return;
+  if (!cfg_.security.keys_dir.empty()) resolve_key_files(cfg_, cfg_.security.keys_dir);
+  const bool external_store = !cfg_.rendezvous.empty() && !cfg_.rendezvous_in_rank0 &&
+                              cfg_.of_kind(RoleKind::kCoordinator).empty();
+  if (external_store && cfg_.security.coordinator_key.empty() && !trainers().empty())
+    yaml_.fail(root()["rendezvous"], "rendezvous",
+               fmt::format("the store at \"{}\" runs outside this file: set "
+                           "security.coordinator_key to its public key file (or "
+                           "security.insecure: true on loopback)",
+                           cfg_.rendezvous));
 }
 
 }  // namespace
@@ -481,6 +538,43 @@ std::vector<const RoleSpec*> DeployConfig::of_kind(RoleKind k) const {
   for (const auto& r : roles)
     if (r.kind == k) out.push_back(&r);
   return out;
+}
+
+bool DeployConfig::is_server(const RoleSpec& r) const {
+  return r.kind != RoleKind::kTrainer || (rendezvous_in_rank0 && r.rank == 0);
+}
+
+std::vector<const RoleSpec*> DeployConfig::clients_of(const RoleSpec& server) const {
+  std::vector<const RoleSpec*> out;
+  for (const auto* t : of_kind(RoleKind::kTrainer)) {
+    const bool uses =
+        server.kind == RoleKind::kOffload
+            ? std::find(t->offload.begin(), t->offload.end(), server.name) != t->offload.end()
+            : !rendezvous.empty();
+    if (uses) out.push_back(t);
+  }
+  return out;
+}
+
+fs::path DeployConfig::rendezvous_key() const {
+  if (rendezvous.empty()) return {};
+  for (const auto& r : roles)
+    if (r.kind != RoleKind::kOffload && is_server(r)) return r.public_key;
+  return security.coordinator_key;
+}
+
+void resolve_key_files(DeployConfig& config, const fs::path& keys_dir) {
+  config.security.keys_dir = keys_dir;
+  for (auto& r : config.roles) {
+    if (r.secret_key.empty()) r.secret_key = keys_dir / (r.name + ".key_secret");
+    if (r.public_key.empty()) {
+      const std::string secret = r.secret_key.string();
+      r.public_key = secret.ends_with(".key_secret") ? fs::path(secret.substr(0, secret.size() - 7))
+                                                     : keys_dir / (r.name + ".key");
+    }
+    if (r.authorized_keys.empty() && config.is_server(r))
+      r.authorized_keys = keys_dir / (r.name + ".authorized");
+  }
 }
 
 DeployConfig parse_deploy_config(const std::string& yaml_text, const fs::path& source) {

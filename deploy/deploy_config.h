@@ -74,6 +74,16 @@ struct RoleSpec {
   // ds_config keys given here instead of in the file (`--set key.path=value` each, in file
   // order): "auto" values filled for this deployment, say. The value is JSON text.
   std::vector<std::pair<std::string, std::string>> config_overrides;
+  std::string comm_interface;  // `--comm-interface`; empty: the trainer's default
+  std::string comm_address;    // `--comm-address`; empty: the trainer's default
+
+  // every role's key files (docs/security.md). Empty: not resolved yet (security.keys_dir
+  // unset until `dsactor up` makes the run's directory). secret_key: its keypair, default
+  // <keys_dir>/<name>.key_secret; public_key (servers): what clients are given, default the
+  // secret's `.key` twin; authorized_keys (servers): the clients it admits, default
+  // <keys_dir>/<name>.authorized, which `up` writes from the keys of the roles that use it.
+  std::filesystem::path secret_key, public_key, authorized_keys;
+  bool own_key_files = false;  // the file names secret_key itself: `up` never generates it
 
   // every role; the timeouts' defaults are the deployment's (docs/deploy.md reads them here)
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
@@ -86,6 +96,20 @@ struct CheckpointSpec {
   std::optional<int64_t> every;              // `--checkpoint-every`
   std::optional<int64_t> keep_last;          // `--keep-last`
   std::optional<std::filesystem::path> dir;  // `--checkpoint-dir` (absolute)
+};
+
+// The `security:` block: how the roles authenticate (docs/security.md).
+struct DeploySecurity {
+  bool insecure = false;  // plain ZeroMQ, loopback only: every role gets --insecure
+  // Where the roles' keypairs and the servers' allow-lists are (absolute). Empty in the
+  // file: `dsactor up` makes a fresh 0700 directory per run and removes it at the end.
+  std::filesystem::path keys_dir;
+  // The run's rendezvous token (--job-token-file); empty: `dsactor up` makes one per run and
+  // hands it to the roles in DSACTOR_JOB_TOKEN.
+  std::filesystem::path job_token_file;
+  // The public key of a rendezvous server that runs outside this file (`rendezvous:` with
+  // rank 0 elsewhere).
+  std::filesystem::path coordinator_key;
 };
 
 struct DeployConfig {
@@ -103,9 +127,18 @@ struct DeployConfig {
   // No coordinator role: trainer rank 0 binds `rendezvous` itself, in-process (torchrun's
   // rank 0 hosting the TCPStore), when this file runs rank 0.
   bool rendezvous_in_rank0 = false;
+  DeploySecurity security;
 
   const RoleSpec* find(std::string_view name) const;
   std::vector<const RoleSpec*> of_kind(RoleKind k) const;
+  // Whether `role` listens: an offload or coordinator role, or trainer rank 0 serving the
+  // rendezvous (rendezvous_in_rank0).
+  bool is_server(const RoleSpec& role) const;
+  // The roles that connect to `server`: the trainers whose offload list names it, or (the
+  // rendezvous) every trainer.
+  std::vector<const RoleSpec*> clients_of(const RoleSpec& server) const;
+  // The public key file of the rendezvous server the trainers use; empty when there is none.
+  std::filesystem::path rendezvous_key() const;
 };
 
 // Reads and validates a deploy file. Throws DeployConfigError.
@@ -117,12 +150,19 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //   offload:     start --role offload --listen E [--nvme DIR] [--memory-limit BYTES]
 //                [--aio-block-size B] [--aio-queue-depth Q] [--aio-single-submit BOOL]
 //                [--aio-overlap-events BOOL] [--buffer-count N] [--no-mlock] [--max-arena BYTES]
+//                SERVER-KEYS
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
 //                [--offload ENDPOINT]... [--model M] [--data D] [--tokenizer T] [--steps S] [--out
 //                DIR] [--set KEY=VALUE]... [--checkpoint-every N] [--keep-last K]
 //                [--checkpoint-dir DIR]
-//                [--coordinator ENDPOINT [--serve-coordinator]]
-//   coordinator: start --role coordinator --name N --deploy FILE --listen E
+//                [--coordinator ENDPOINT [--serve-coordinator]] [--comm-interface I]
+//                [--comm-address A] CLIENT-KEYS
+//   coordinator: start --role coordinator --name N --deploy FILE --listen E SERVER-KEYS [TOKEN]
+// SERVER-KEYS: --secret-key S --authorized-keys A; CLIENT-KEYS: --secret-key S, then
+// --offload-key K for each --offload, and with a rendezvous --coordinator-key K
+// [--authorized-keys A when it serves it] [TOKEN]; TOKEN: --job-token-file F when the file
+// names one (else `up` passes DSACTOR_JOB_TOKEN). With security.insecure: --insecure and no
+// keys. Key flags whose file is not resolved yet (no keys_dir) are left out.
 // Every path is absolute; `--offload` lists the endpoints of the services the trainer's
 // partitions go to, in the order the deploy file names them. `--coordinator` is
 // config.rendezvous when set; `--serve-coordinator` goes to rank 0 when
@@ -131,8 +171,19 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 // environment to every role instead).
 std::vector<std::string> to_command_line(const DeployConfig& config, const RoleSpec& role);
 
+// Fills every role's key file left unset from `keys_dir` (absolute), which becomes
+// config.security.keys_dir. The parser calls it when the file sets keys_dir; `dsactor up`
+// with the run's own directory otherwise.
+void resolve_key_files(DeployConfig& config, const std::filesystem::path& keys_dir);
+
 // Whether a tcp:// endpoint's host is a loopback address (127.0.0.0/8, ::1, localhost).
 bool is_loopback_endpoint(std::string_view endpoint);
+
+// What `dsactor up` warns about (allow_remote: true; docs/security.md): one line per role
+// that listens beyond this machine (a `listen`, or the rendezvous trainer rank 0 serves),
+// naming it and its endpoint, or one line saying allow_remote is set but unused. Empty
+// without allow_remote.
+std::vector<std::string> remote_listener_warnings(const DeployConfig& config);
 
 // The key reference (docs/deploy.md is generated from it).
 std::string deploy_reference_markdown();

@@ -6,6 +6,7 @@
 
 #include "deploy/deploy_config.h"
 #include "key_table/key_suggestion.h"
+#include "security/transport_security.h"
 
 namespace dsactor::deploy {
 
@@ -49,11 +50,31 @@ std::optional<Endpoint> split_endpoint(std::string_view e, std::string& why) {
 bool is_loopback_endpoint(std::string_view endpoint) {
   std::string why;
   const auto e = split_endpoint(endpoint, why);
-  if (!e || !e->tcp) return e.has_value();  // ipc:// is local by construction
-  std::string host = e->host;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return host.starts_with("127.") || host == "::1" || host == "lo";
+  return e && security::is_loopback_endpoint(e->text);
+}
+
+std::vector<std::string> remote_listener_warnings(const DeployConfig& config) {
+  std::vector<std::string> out;
+  if (!config.allow_remote) return out;
+  auto exposed = [&](const RoleSpec& r, const std::string& endpoint, const char* what) {
+    if (endpoint.empty() || is_loopback_endpoint(endpoint)) return;
+    out.push_back(fmt::format(
+        "allow_remote: roles[{}] \"{}\" {} {}, reachable beyond this machine: only holders of "
+        "a key on its allow-list get in (docs/security.md: what is and is not protected)",
+        r.index, r.name, what, endpoint));
+  };
+  for (const auto& r : config.roles) {
+    if (r.kind != RoleKind::kTrainer)
+      exposed(r, r.listen, "listens on");
+    else if (config.rendezvous_in_rank0 && r.rank == 0)
+      exposed(r, config.rendezvous, "serves the rendezvous on");
+  }
+  if (out.empty())
+    out.push_back(fmt::format(
+        "{}: allow_remote: true, but every role listens on loopback (remove it, or give "
+        "the roles that must be reached a non-loopback listen)",
+        config.source.string()));
+  return out;
 }
 
 }  // namespace dsactor::deploy

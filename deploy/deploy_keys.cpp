@@ -45,8 +45,9 @@ const std::vector<KeySpec>& deploy_keys() {
       {.path = "allow_remote",
        .type = ValueType::kBool,
        .def = bool_value(deployment.allow_remote),
-       .doc = "allow `listen` on non-loopback addresses (the services have no authentication "
-              "yet)"},
+       .doc = "allow `listen` and `rendezvous` on non-loopback addresses; refused with "
+              "`security.insecure` (a remote listener needs keys); `dsactor up` warns for each "
+              "role listening beyond loopback"},
       {.path = "create_dirs",
        .type = ValueType::kBool,
        .def = bool_value(deployment.create_dirs),
@@ -214,6 +215,19 @@ const std::vector<KeySpec>& deploy_keys() {
        .applies_to = kTrainer,
        .default_doc = "{}",
        .allowed_doc = "a map key.path: value"},
+      {.path = "roles[].comm_interface",
+       .type = ValueType::kString,
+       .doc = "network interface the trainers' collectives bind (Gloo's TCP transport, "
+              "NCCL_SOCKET_IFNAME; not authenticated: docs/security.md)",
+       .applies_to = kTrainer,
+       .default_doc = "loopback with a loopback rendezvous, else the interface that routes to it",
+       .allowed_doc = "an interface name (eth0, ib0)"},
+      {.path = "roles[].comm_address",
+       .type = ValueType::kString,
+       .doc = "IPv4 address the trainers' collectives bind, instead of comm_interface",
+       .applies_to = kTrainer,
+       .default_doc = "see comm_interface",
+       .allowed_doc = "an address of this machine"},
       {.path = "roles[].offload",
        .type = ValueType::kStringList,
        .doc = "offload services this trainer's partitions go to",
@@ -238,6 +252,21 @@ const std::vector<KeySpec>& deploy_keys() {
        .min_exclusive = true,
        .doc = "see the top-level key",
        .default_doc = "top-level value"},
+      {.path = "roles[].secret_key",
+       .type = ValueType::kPath,
+       .doc = "this role's keypair (`--secret-key`, a .key_secret file, mode 0600), for keys "
+              "distributed by hand; `up` generates none for it",
+       .default_doc = "<keys_dir>/<name>.key_secret"},
+      {.path = "roles[].public_key",
+       .type = ValueType::kPath,
+       .doc = "this server's public key, given to its clients (`--offload-key`, "
+              "`--coordinator-key`)",
+       .default_doc = "the secret key's .key twin, else <keys_dir>/<name>.key"},
+      {.path = "roles[].authorized_keys",
+       .type = ValueType::kPath,
+       .doc = "the client keys this server admits (`--authorized-keys`: a file of Z85 keys or a "
+              "directory of .key files); trainers use it when rank 0 serves the rendezvous",
+       .default_doc = "<keys_dir>/<name>.authorized, written by `up` from its clients' keys"},
       // ---- aio: of an offload role (unset: the service's storage::NvmeOptions) ----
       {.path = "roles[].aio.block_size",
        .type = ValueType::kBytes,
@@ -262,6 +291,35 @@ const std::vector<KeySpec>& deploy_keys() {
        .def = bool_value(store.nvme.overlap_events),
        .doc = "refill the queue as requests complete (false: whole batches)",
        .applies_to = kOffload},
+      // ---- security: (last on the page: every role's keys come from it) ----
+      {.path = "security",
+       .type = ValueType::kObject,
+       .doc = "how the roles authenticate (CurveZMQ keys, the rendezvous token; "
+              "docs/security.md).",
+       .default_doc = "keys made per run",
+       .allowed_doc = "a map",
+       .section = "`security:`"},
+      {.path = "security.insecure",
+       .type = ValueType::kBool,
+       .def = bool_value(deployment.security.insecure),
+       .doc = "plain ZeroMQ without keys: every role gets `--insecure`, listens on loopback "
+              "only and warns at start"},
+      {.path = "security.keys_dir",
+       .type = ValueType::kPath,
+       .doc = "where each role's keypair (<name>.key, <name>.key_secret) and each server's "
+              "allow-list (<name>.authorized) are; `up` generates the missing ones (0700 "
+              "directory, 0600 secrets), `up --make-keys` only that",
+       .default_doc = "a fresh directory per run, removed at the end"},
+      {.path = "security.job_token_file",
+       .type = ValueType::kPath,
+       .doc = "the run's rendezvous token (`--job-token-file`, mode 0600); `up --make-keys` "
+              "writes one when it is missing",
+       .default_doc = "a fresh token per run, in DSACTOR_JOB_TOKEN"},
+      {.path = "security.coordinator_key",
+       .type = ValueType::kPath,
+       .doc = "the public key of a rendezvous server outside this file (`rendezvous:` with "
+              "rank 0 elsewhere)",
+       .default_doc = "the coordinator role's or trainer rank 0's public_key"},
   };
   return table;
 }

@@ -30,6 +30,13 @@ void check_trainer_args(const std::vector<std::string>& args) {
   }
 }
 
+bool has_flag(const std::vector<std::string>& args, std::string_view flag) {
+  for (const auto& a : args)
+    if (a == flag || (a.starts_with(flag) && a.size() > flag.size() && a[flag.size()] == '='))
+      return true;
+  return false;
+}
+
 std::vector<RankCommand> plan_launch(const std::vector<HostSlots>& hosts,
                                      const LaunchPlanOptions& o) {
   if (hosts.empty()) throw LaunchConfigError("dsactor launch: the hostfile lists no hosts");
@@ -68,8 +75,10 @@ std::vector<RankCommand> plan_launch_on(const std::vector<SelectedHost>& hosts,
       env.insert(env.end(), {fmt::format("RANK={}", rank), fmt::format("WORLD_SIZE={}", world),
                              fmt::format("LOCAL_RANK={}", slot), "MASTER_ADDR=" + master,
                              fmt::format("MASTER_PORT={}", o.master_port)});
-      c.remote_command = fmt::format("cd {} && env {} {}", shell_quote({o.workdir}),
-                                     shell_quote(env), trainer_text);
+      c.remote_command = fmt::format(
+          "{}cd {} && env {} {}",
+          o.token_on_stdin ? "IFS= read -r DSACTOR_JOB_TOKEN && export DSACTOR_JOB_TOKEN && " : "",
+          shell_quote({o.workdir}), shell_quote(env), trainer_text);
       c.argv = transport;
       if (o.transport == LaunchTransport::kPdsh) c.argv.insert(c.argv.end(), {"-S", "-w"});
       c.argv.insert(c.argv.end(), {h.host, c.remote_command});

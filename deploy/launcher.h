@@ -9,7 +9,11 @@
 //   cd <workdir> && env [EXPORTS] [CUDA_VISIBLE_DEVICES=..] RANK=r WORLD_SIZE=W LOCAL_RANK=l
 //     MASTER_ADDR=A MASTER_PORT=P <binary> start --role trainer <trainer args>   (one line)
 // EXPORTS are deploy/deepspeed_env.h's (.deepspeed_env and NCCL*/UCX* of the launching shell).
-// (the trainer reads its rank from these variables; actors/launch_env.h). The command is one
+// (the trainer reads its rank from these variables; actors/launch_env.h). With
+// token_on_stdin the command first reads one line of stdin into DSACTOR_JOB_TOKEN,
+//   IFS= read -r DSACTOR_JOB_TOKEN && export DSACTOR_JOB_TOKEN && cd <workdir> && ...
+// so the run's token reaches the trainer through ssh's stdin, never in an argv (which other
+// users of either host can read). The command is one
 // argument to the transport, quoted for the remote `sh`:
 //   ssh:  <DSACTOR_LAUNCH_SSH, default "ssh"> HOST 'COMMAND'
 //   pdsh: <DSACTOR_LAUNCH_PDSH, default "pdsh"> -S -w HOST 'COMMAND'   (one pdsh per rank, so
@@ -37,7 +41,11 @@ struct LaunchPlanOptions {
   std::string workdir;  // `cd` here on every host (absolute; normally the launch's cwd)
   std::string binary;   // the dsactor binary on every host (absolute)
   std::vector<std::string> trainer_args;  // appended to `start --role trainer`
-  EnvAssignments exports;  // set on every rank before its own variables (.deepspeed_env)
+  EnvAssignments exports;       // set on every rank before its own variables (.deepspeed_env)
+  bool token_on_stdin = false;  // ssh/pdsh: the remote shell reads DSACTOR_JOB_TOKEN first
+  // mpirun/srun: DSACTOR_JOB_TOKEN is in the launcher's environment; mpirun is told to pass
+  // it on by name (`-x DSACTOR_JOB_TOKEN`), srun passes its whole environment.
+  bool token_in_env = false;
 };
 
 struct RankCommand {
@@ -60,6 +68,9 @@ std::vector<RankCommand> plan_launch_on(const std::vector<SelectedHost>& hosts,
 
 // Throws LaunchConfigError when `args` set --rank or --world-size (the launch decides them).
 void check_trainer_args(const std::vector<std::string>& args);
+
+// Whether `args` hold `flag` ("--x" or "--x=value").
+bool has_flag(const std::vector<std::string>& args, std::string_view flag);
 
 // "ssh -p 2222" -> {"ssh", "-p", "2222"}: split at runs of spaces and tabs.
 std::vector<std::string> split_words(std::string_view text);

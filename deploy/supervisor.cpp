@@ -1,7 +1,9 @@
 #include "deploy/supervisor.h"
 
+#include "actors/collectives/job_token.h"
 #include "actors/collectives/rendezvous_store.h"
 #include "deploy/child_process.h"
+#include "security/curve_keys.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -220,6 +222,7 @@ struct Supervisor::Impl {
     ChildOptions options;
     options.env = s.env;
     options.stdin_null = true;
+    options.stdin_text = s.stdin_text;
     options.out = Output::pipe();
     options.err = Output::pipe();
     options.own_process_group = true;
@@ -518,7 +521,35 @@ void Supervisor::request_stop() {
   [[maybe_unused]] auto w = ::write(impl_->stop_write.get(), &b, 1);
 }
 
-std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary) {
+namespace {
+
+// A coordinator is ready once its store answers a round trip: removing a key nobody sets
+// changes nothing. The probe proves the coordinator's own key, which its store admits.
+std::function<bool()> rendezvous_probe(const DeployConfig& config, const RoleSpec& r,
+                                       const std::string& job_token) {
+  return [endpoint = r.listen, job = config.job, insecure = config.security.insecure,
+          secret_key = r.secret_key, job_token] {
+    try {
+      security::ClientSecurity keys;
+      keys.insecure = insecure;
+      if (!insecure) {
+        keys.keys = security::read_secret_key_file(secret_key);
+        keys.server_key = keys.keys.public_key;
+      }
+      actors::RendezvousClient probe(endpoint, job, keys, job_token,
+                                     std::chrono::milliseconds(500));
+      probe.remove("dsactor/up/ready-probe");
+      return true;
+    } catch (const std::exception&) {
+      return false;  // not answering yet (or not our protocol): probe again later
+    }
+  };
+}
+
+}  // namespace
+
+std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary,
+                                    const std::string& job_token) {
   std::vector<ChildSpec> out;
   for (const auto& r : config.roles) {
     ChildSpec c;
@@ -527,6 +558,10 @@ std::vector<ChildSpec> children_for(const DeployConfig& config, const std::strin
     for (auto& a : to_command_line(config, r)) c.argv.push_back(std::move(a));
     c.env = {{"DSACTOR_JOB", config.job}, {"DSACTOR_ROLE_NAME", r.name}};
     for (const auto& kv : r.env) c.env.push_back(kv);
+    // The token travels in the environment (readable by this user only), never in an argv.
+    if (!job_token.empty() && config.security.job_token_file.empty() &&
+        r.kind != RoleKind::kOffload)
+      c.env.emplace_back(actors::kJobTokenEnv, job_token);
     c.service = r.kind != RoleKind::kTrainer;
     // Services share the host with trainers and sit idle between requests: OpenMP threads
     // that spin after each Adam pass would take the trainers' cores (measured: a 30-step
@@ -538,18 +573,7 @@ std::vector<ChildSpec> children_for(const DeployConfig& config, const std::strin
                                  });
     if (c.service && !wait_policy_set) c.env.emplace_back("OMP_WAIT_POLICY", "passive");
     if (c.service) c.ready_endpoint = r.listen;
-    if (r.kind == RoleKind::kCoordinator) {
-      // Removing a key nobody sets is a full round trip that changes nothing.
-      c.ready_probe = [endpoint = r.listen, job = config.job] {
-        try {
-          actors::RendezvousClient probe(endpoint, job, std::chrono::milliseconds(500));
-          probe.remove("dsactor/up/ready-probe");
-          return true;
-        } catch (const std::exception&) {
-          return false;  // not answering yet (or not our protocol): probe again later
-        }
-      };
-    }
+    if (r.kind == RoleKind::kCoordinator) c.ready_probe = rendezvous_probe(config, r, job_token);
     c.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.startup_timeout * 1000));
     c.shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.shutdown_timeout * 1000));
     c.code_index = static_cast<int>(r.index);

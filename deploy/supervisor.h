@@ -33,6 +33,7 @@ struct ChildSpec {
   std::string name;               // log prefix "[name] " and the name in every message
   std::vector<std::string> argv;  // argv[0]: a path, or a name looked up in PATH
   std::vector<std::pair<std::string, std::string>> env;  // added to the inherited environment
+  std::optional<std::string> stdin_text;  // the child's stdin (ChildOptions); else /dev/null
   // Services must become ready before any worker starts, and must not exit on their own.
   bool service = false;
   // Services: ready when a line of output contains "listening on <ready_endpoint>" or a
@@ -89,8 +90,12 @@ class Supervisor {
 };
 
 // The children `dsactor up` runs for a deployment: `binary` + to_command_line(role) for each
-// role, with DSACTOR_JOB and DSACTOR_ROLE_NAME in their environment. A coordinator is ready
-// once its rendezvous store answers a request (ready_probe), not merely accepts connections.
-std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary);
+// role, with DSACTOR_JOB and DSACTOR_ROLE_NAME in their environment, and the run's
+// `job_token` in DSACTOR_JOB_TOKEN for the trainers and the coordinator (unless the file
+// names a job_token_file, which their command lines carry). A coordinator is ready once its
+// rendezvous store answers a request made with its own key and the token (ready_probe), not
+// merely accepts connections.
+std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary,
+                                    const std::string& job_token);
 
 }  // namespace dsactor::deploy

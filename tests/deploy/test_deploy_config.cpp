@@ -265,6 +265,13 @@ TEST_F(DeployConfigTest, TrainerConfigMustExist) {
                     HasSubstr("does not exist")));
   EXPECT_THAT(error_of("roles: [{role: trainer}]"),
               AllOf(HasSubstr("roles[0].config"), HasSubstr("missing")));
+  // A name the file system refuses to look at (found by fuzz_deploy_yaml) is one that does not
+  // exist, not an uncaught filesystem_error.
+  EXPECT_THAT(error_of("roles: [{role: trainer, config: " + std::string(5000, 'x') + "}]"),
+              AllOf(HasSubstr("roles[0].config"), HasSubstr("does not exist")));
+  EXPECT_THAT(error_of("create_dirs: false\nroles: [{role: offload, nvme: " +
+                       std::string(5000, 'x') + "}]"),
+              HasSubstr("roles[0].nvme"));
 }
 
 TEST_F(DeployConfigTest, TrainerMustReferenceKnownOffloadServices) {
@@ -515,17 +522,21 @@ roles:
 }
 
 TEST_F(RendezvousTest, ExplicitKeyForTrainersOnSeveralMachines) {
-  // This machine runs ranks 2 and 3 of 4: they connect to rank 0's store elsewhere.
-  const auto here = load(R"(
+  // This machine runs ranks 2 and 3 of 4: they connect to rank 0's store elsewhere, whose
+  // public key the file names.
+  const std::string ranks23 = R"(
 rendezvous: "tcp://10.0.0.1:29400"
 roles:
   - {role: trainer, config: ds.json, rank: 2, world_size: 4}
   - {role: trainer, config: ds.json, rank: 3}
-)");
+)";
+  const auto here = load("security: {coordinator_key: /keys/rank0.key}" + ranks23);
   EXPECT_EQ(here.rendezvous, "tcp://10.0.0.1:29400");
   EXPECT_FALSE(here.rendezvous_in_rank0);
-  EXPECT_THAT(tail_after_config(to_command_line(here, here.roles[0])),
-              ElementsAre("--coordinator", "tcp://10.0.0.1:29400"));
+  EXPECT_THAT(
+      tail_after_config(to_command_line(here, here.roles[0])),
+      ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--coordinator-key", "/keys/rank0.key"));
+  EXPECT_THAT(error_of(ranks23), HasSubstr("set security.coordinator_key"));
   // The machine with rank 0 binds it, which beyond loopback needs allow_remote.
   const std::string rank0 =
       "rendezvous: \"tcp://10.0.0.1:29400\"\n"

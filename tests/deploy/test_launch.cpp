@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,9 +140,11 @@ void write_script(const std::filesystem::path& p, const std::string& text) {
 class LaunchCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    // The transport stand-in: `ssh HOST CMD` becomes `sh -c CMD` here; it notes the host.
+    // The transport stand-in: `ssh HOST CMD` becomes `sh -c CMD` here (stdin passed on, as
+    // ssh does); it notes the host, and its whole argv in transport.args.
     write_script(dir / "fake-ssh",
-                 "#!/bin/sh\necho \"transport to $1\" >&2\nshift\nexec sh -c \"$*\"\n");
+                 "#!/bin/sh\necho \"$*\" >> \"" + (dir / "transport.args").string() +
+                     "\"\necho \"transport to $1\" >&2\nshift\nexec sh -c \"$*\"\n");
     // What a rank runs instead of dsactor: reports its environment, cwd and argv, records
     // its pid, then either fails (RANK == FAIL_RANK) or lingers (SLEEP seconds).
     write_script(dir / "rank.sh",
@@ -150,6 +154,7 @@ class LaunchCli : public ::testing::Test {
                      "$RANK\"\n"
                      "echo \"RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK "
                      "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT pwd=$(pwd) args=$*\"\n"
+                     "echo \"token=$DSACTOR_JOB_TOKEN\"\n"
                      "if [ \"$RANK\" = \"$FAIL_RANK\" ]; then echo \"rank $RANK gives up\" >&2; "
                      "exit 3; fi\n"
                      "sleep \"${SLEEP:-0}\"\n"
@@ -162,16 +167,16 @@ class LaunchCli : public ::testing::Test {
     return extra;
   }
   std::vector<std::string> args(std::vector<std::string> trainer_args) const {
-    std::vector<std::string> a = {"--hostfile",
-                                  (dir / "hosts").string(),
-                                  "--remote-binary",
-                                  (dir / "rank.sh").string(),
-                                  "--workdir",
-                                  (dir / "wd").string(),
-                                  "--"};
+    std::vector<std::string> a = {
+        "--hostfile", (dir / "hosts").string(), "--remote-binary", (dir / "rank.sh").string(),
+        "--workdir",  (dir / "wd").string(),    "--secret-key",    secret().string(),
+        "--"};
     a.insert(a.end(), trainer_args.begin(), trainer_args.end());
     return a;
   }
+
+  // One keypair the ranks share (rank 0 serves the rendezvous with it), made on first use.
+  std::filesystem::path secret() const { return make_keypair(dir / "keys", "job"); }
 
   TempDir dir;
 };
@@ -180,38 +185,70 @@ TEST_F(LaunchCli, DryRunPrintsOneQuotedCommandPerRankAndStartsNothing) {
   write_file(dir / "hosts2", "node-a slots=2\nnode-b slots=1\n");
   Launch l(dir,
            {"--hostfile", (dir / "hosts2").string(), "--dry-run", "--master-port", "29555",
-            "--workdir", "/w", "--remote-binary", "/bin/dsactor", "--", "--config", "my ds.json"},
+            "--workdir", "/w", "--remote-binary", "/bin/dsactor", "--secret-key",
+            "/k/job.key_secret", "--", "--config", "my ds.json"},
            env());
   ASSERT_EQ(l.wait(20s), 0) << l.err();
+  // The token is read from stdin by the remote shell; the key flags follow the trainer's.
   const std::string cmd2 =
+      "IFS= read -r DSACTOR_JOB_TOKEN && export DSACTOR_JOB_TOKEN && "
       "cd /w && env RANK=2 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=node-a MASTER_PORT=29555 "
-      "/bin/dsactor start --role trainer --config 'my ds.json'";
+      "/bin/dsactor start --role trainer --config 'my ds.json' --secret-key /k/job.key_secret "
+      "--coordinator-key /k/job.key_secret";
   // The remote command is one argument of the transport, quoted once more for the local shell.
   std::string quoted;
   for (char c : cmd2) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   EXPECT_THAT(l.out(), AllOf(HasSubstr("# 3 rank(s) from "),
                              HasSubstr("[rank 0@node-a] " + (dir / "fake-ssh").string() +
-                                       " node-a 'cd /w && env RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 "),
+                                       " node-a 'IFS= read -r DSACTOR_JOB_TOKEN && export "
+                                       "DSACTOR_JOB_TOKEN && cd /w && env RANK=0 WORLD_SIZE=3 "
+                                       "LOCAL_RANK=0 "),
                              HasSubstr("[rank 1@node-a] "), HasSubstr("LOCAL_RANK=1 "),
                              HasSubstr("[rank 2@node-b] " + (dir / "fake-ssh").string() +
                                        " node-b '" + quoted + "'\n")));
   EXPECT_THAT(l.err(), Not(HasSubstr("transport to")));  // nothing ran
 
-  Launch p(dir, {"--hostfile", (dir / "hosts2").string(), "--dry-run", "--launcher", "pdsh"});
-  ASSERT_EQ(p.wait(20s), 0) << p.err();
-  EXPECT_THAT(p.out(), HasSubstr("[rank 2@node-b] pdsh -S -w node-b 'cd "));
+  // pdsh passes no stdin on: the token must be a file on the hosts.
+  Launch p(dir, {"--hostfile", (dir / "hosts2").string(), "--dry-run", "--launcher", "pdsh",
+                 "--secret-key", "/k/job.key_secret"});
+  EXPECT_EQ(p.wait(20s), 2);
+  EXPECT_THAT(p.err(), HasSubstr("give --job-token-file FILE"));
+  Launch q(dir, {"--hostfile", (dir / "hosts2").string(), "--dry-run", "--launcher", "pdsh",
+                 "--secret-key", "/k/job.key_secret", "--job-token-file", "/k/job.token"});
+  ASSERT_EQ(q.wait(20s), 0) << q.err();
+  EXPECT_THAT(q.out(), AllOf(HasSubstr("[rank 2@node-b] pdsh -S -w node-b 'cd "),
+                             HasSubstr("--job-token-file /k/job.token")));
+  // Without a key, nothing is planned; --insecure passes itself and no token.
+  Launch none(dir, {"--hostfile", (dir / "hosts2").string(), "--dry-run"});
+  EXPECT_EQ(none.wait(20s), 2);
+  EXPECT_THAT(none.err(), HasSubstr("every rank needs --secret-key FILE"));
+  Launch plain(dir, {"--hostfile", (dir / "hosts2").string(), "--dry-run", "--insecure"});
+  ASSERT_EQ(plain.wait(20s), 0) << plain.err();
+  EXPECT_THAT(plain.out(),
+              AllOf(HasSubstr("--role trainer --insecure'"), Not(HasSubstr("DSACTOR_JOB_TOKEN")),
+                    Not(HasSubstr("--secret-key"))));
 }
 
 TEST_F(LaunchCli, EveryRankGetsItsEnvironmentThroughTheTransport) {
   Launch l(dir, args({"--steps", "3", "--data", "it's here"}), env());
   ASSERT_EQ(l.wait(30s), 0) << l.err();
+  const std::string keys =
+      " --secret-key " + secret().string() + " --coordinator-key " + secret().string();
   const std::string tail = " MASTER_ADDR=localhost MASTER_PORT=29500 pwd=" + (dir / "wd").string() +
-                           " args=start --role trainer --steps 3 --data it's here";
+                           " args=start --role trainer --steps 3 --data it's here" + keys;
   EXPECT_THAT(l.out(),
               AllOf(HasSubstr("[rank 0@localhost] RANK=0 WORLD_SIZE=2 LOCAL_RANK=0" + tail),
                     HasSubstr("[rank 1@localhost] RANK=1 WORLD_SIZE=2 LOCAL_RANK=1" + tail)));
   EXPECT_THAT(l.out(), HasSubstr("[rank 1@localhost] transport to localhost"));
   EXPECT_THAT(l.err(), HasSubstr("every rank exited 0"));
+  // Both ranks hold the run's one token, which no transport argv carried.
+  const std::regex token_line("\\[rank ([01])@localhost\\] token=([0-9a-f]{64})\n");
+  std::set<std::string> tokens;
+  const std::string out = l.out();
+  for (std::sregex_iterator it(out.begin(), out.end(), token_line), end; it != end; ++it)
+    tokens.insert((*it)[2]);
+  ASSERT_EQ(tokens.size(), 1u) << out;
+  EXPECT_THAT(read_file(dir / "transport.args"), Not(HasSubstr(*tokens.begin())));
 }
 
 TEST_F(LaunchCli, OneFailingRankStopsTheOthersAndIsNamed) {
@@ -230,8 +267,8 @@ TEST_F(LaunchCli, RealTrainerFailureIsPropagated) {
   // The real `dsactor start --role trainer` (no --remote-binary) with a ds_config that does
   // not exist: every rank fails, and launch names the first one that did.
   Launch l(dir,
-           {"--hostfile", (dir / "hosts").string(), "--workdir", (dir / "wd").string(), "--",
-            "--config", (dir / "absent.json").string()},
+           {"--hostfile", (dir / "hosts").string(), "--workdir", (dir / "wd").string(),
+            "--secret-key", secret().string(), "--", "--config", (dir / "absent.json").string()},
            env());
   const int rc = l.wait(60s);
   EXPECT_THAT(rc, ::testing::AnyOf(100, 101)) << l.err();
@@ -244,7 +281,8 @@ TEST_F(LaunchCli, BadHostfileAndArgumentsExit2) {
   Launch l(dir, {"--hostfile", (dir / "bad").string(), "--dry-run"});
   EXPECT_EQ(l.wait(20s), 2);
   EXPECT_THAT(l.err(), HasSubstr((dir / "bad").string() + ":1"));
-  Launch r(dir, {"--hostfile", (dir / "hosts").string(), "--dry-run", "--", "--rank", "0"});
+  Launch r(dir, {"--hostfile", (dir / "hosts").string(), "--dry-run", "--insecure", "--", "--rank",
+                 "0"});
   EXPECT_EQ(r.wait(20s), 2);
   EXPECT_THAT(r.err(), HasSubstr("\"--rank\" is not allowed"));
 }

@@ -157,40 +157,55 @@ TEST(DeepSpeedEnv, FilesThenPrefixesLastValueWins) {
 
 // The whole openmpi path for real: `dsactor launch --launcher openmpi` runs a stand-in
 // mpirun (DSACTOR_LAUNCH_MPIRUN) that starts -n copies with Open MPI's rank variables, the
-// -x variables and -wdir, as mpirun does; each rank reports what it got.
+// -x variables and -wdir, as mpirun does; each rank reports what it got. The run's token
+// reaches the ranks through mpirun's environment, named by `-x` without its value.
 TEST(LaunchCliParity, OpenMpiLauncherRunsEveryRankWithTheExportedEnvironment) {
   TempDir dir;
   write_file(dir.path() / "mpirun",
              "#!/bin/sh\n"
-             "n=1\n"
-             "while [ $# -gt 0 ]; do case \"$1\" in\n"
-             "  -n) n=$2; shift 2;; -H) shift 2;; -wdir) cd \"$2\"; shift 2;;\n"
-             "  -x) export \"$2\"; shift 2;; *) break;; esac; done\n"
-             "i=0; while [ $i -lt $n ]; do\n"
-             "  OMPI_COMM_WORLD_RANK=$i OMPI_COMM_WORLD_SIZE=$n OMPI_COMM_WORLD_LOCAL_RANK=$i "
-             "\"$@\" & i=$((i+1)); done\n"
-             "wait\n");
+             "echo \"$*\" > \"" +
+                 (dir.path() / "mpirun.args").string() +
+                 "\"\n"
+                 "n=1\n"
+                 "while [ $# -gt 0 ]; do case \"$1\" in\n"
+                 "  -n) n=$2; shift 2;; -H) shift 2;; -wdir) cd \"$2\"; shift 2;;\n"
+                 "  -x) export \"$2\"; shift 2;; *) break;; esac; done\n"
+                 "i=0; while [ $i -lt $n ]; do\n"
+                 "  OMPI_COMM_WORLD_RANK=$i OMPI_COMM_WORLD_SIZE=$n OMPI_COMM_WORLD_LOCAL_RANK=$i "
+                 "\"$@\" & i=$((i+1)); done\n"
+                 "wait\n");
   write_file(dir.path() / "rank.sh",
              "#!/bin/sh\necho \"rank $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE in $(pwd): "
-             "FOO=$FOO NCCL_DEBUG=$NCCL_DEBUG MASTER=$MASTER_ADDR:$MASTER_PORT args=$*\"\n");
+             "FOO=$FOO NCCL_DEBUG=$NCCL_DEBUG MASTER=$MASTER_ADDR:$MASTER_PORT args=$*\"\n"
+             "echo \"token=$DSACTOR_JOB_TOKEN\"\n");
   for (const char* f : {"mpirun", "rank.sh"}) ::chmod((dir.path() / f).c_str(), 0755);
   write_file(dir.path() / "hosts", "localhost slots=2\nother slots=1\n");
   write_file(dir.path() / ".deepspeed_env", "FOO=from the env file\n");
   std::filesystem::create_directories(dir.path() / "wd");
-  DsactorProcess launch({"launch", "--hostfile", (dir.path() / "hosts").string(), "--launcher",
-                         "openmpi", "--exclude", "other", "--master_port", "29611",
-                         "--remote-binary", (dir.path() / "rank.sh").string(), "--workdir",
-                         (dir.path() / "wd").string(), "--", "--steps", "2"},
-                        dir.path() / "out", dir.path() / "err",
-                        {"DSACTOR_LAUNCH_MPIRUN=" + (dir.path() / "mpirun").string(),
-                         "NCCL_DEBUG=WARN", "HOME=" + dir.path().string()},
-                        dir.path());
+  DsactorProcess launch(
+      {"launch", "--hostfile", (dir.path() / "hosts").string(), "--launcher", "openmpi",
+       "--exclude", "other", "--master_port", "29611", "--remote-binary",
+       (dir.path() / "rank.sh").string(), "--workdir", (dir.path() / "wd").string(), "--secret-key",
+       "/k/job.key_secret", "--", "--steps", "2"},
+      dir.path() / "out", dir.path() / "err",
+      {"DSACTOR_LAUNCH_MPIRUN=" + (dir.path() / "mpirun").string(), "NCCL_DEBUG=WARN",
+       "HOME=" + dir.path().string()},
+      dir.path());
   ASSERT_EQ(launch.wait(60s), 0) << launch.err();
   const std::string tail = " in " + (dir.path() / "wd").string() +
                            ": FOO=from the env file NCCL_DEBUG=WARN MASTER=localhost:29611 "
-                           "args=start --role trainer --steps 2";
+                           "args=start --role trainer --steps 2 --secret-key /k/job.key_secret "
+                           "--coordinator-key /k/job.key_secret";
   EXPECT_THAT(launch.out(), HasSubstr("rank 0 of 2" + tail));
   EXPECT_THAT(launch.out(), HasSubstr("rank 1 of 2" + tail));
+  const std::string out = launch.out();
+  const auto at = out.find("token=");
+  ASSERT_NE(at, std::string::npos);
+  const std::string token = out.substr(at + 6, out.find('\n', at) - at - 6);
+  EXPECT_TRUE(actors::is_job_token(token)) << token;
+  const std::string args = read_file(dir.path() / "mpirun.args");
+  EXPECT_THAT(args, HasSubstr("-x DSACTOR_JOB_TOKEN "));
+  EXPECT_THAT(args, ::testing::Not(HasSubstr(token)));  // in no argv
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "deploy/run_keys.h"
 #include "deploy/supervisor.h"
 #include "tests/deploy/deploy_test_util.h"
 
@@ -392,9 +393,12 @@ TEST(Supervisor, RealOffloadServiceThenAShellTrainerThenACleanStop) {
   const int port = dsactor::testing::free_port();
   const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
   dsactor::testing::write_file(dir / "ds.json", "{}");
-  dsactor::testing::write_file(dir / "d.yaml", "roles:\n  - {role: offload, listen: \"" + ep +
-                                                   "\", mlock: false, memory_limit: 64MiB}\n");
-  auto kids = children_for(load_deploy_config(dir / "d.yaml"), DSACTOR_BINARY);
+  dsactor::testing::write_file(
+      dir / "d.yaml", "security: {keys_dir: keys}\nroles:\n  - {role: offload, listen: \"" + ep +
+                          "\", mlock: false, memory_limit: 64MiB}\n");
+  const auto cfg = load_deploy_config(dir / "d.yaml");
+  make_run_keys(cfg);  // as `dsactor up` does before it starts anything
+  auto kids = children_for(cfg, DSACTOR_BINARY, run_job_token(cfg));
   ASSERT_EQ(kids.size(), 1u);
   kids[0].startup_timeout = 20s;
   auto trainer = sh("trainer0", "echo trainer sees the service; exit 0", false, 1);
@@ -419,7 +423,7 @@ roles:
   - {role: trainer, config: ds.json, startup_timeout: 7}
 )");
   const auto cfg = load_deploy_config(dir / "d.yaml");
-  const auto kids = children_for(cfg, "/bin/dsactor");
+  const auto kids = children_for(cfg, "/bin/dsactor", "token-of-the-run-0123456789");
   ASSERT_EQ(kids.size(), 2u);
   EXPECT_EQ(kids[0].argv.front(), "/bin/dsactor");
   EXPECT_EQ(kids[0].argv[1], "start");
@@ -439,6 +443,39 @@ roles:
     EXPECT_THAT(kids[1].env, Not(Contains(Env{"OMP_WAIT_POLICY", "passive"})));
   }
   EXPECT_EQ(shell_quote({"a", "b c", "it's"}), "a 'b c' 'it'\\''s'");
+}
+
+// The run's token reaches the trainers and the coordinator in their environment, never in an
+// argv (which every user of the machine can read), unless the file names a token file.
+TEST(Supervisor, TheRunsTokenTravelsInTheEnvironment) {
+  TempDir dir;
+  dsactor::testing::write_file(dir / "ds.json", "{}");
+  const std::string roles = R"(
+roles:
+  - {role: coordinator}
+  - {role: offload}
+  - {role: trainer, config: ds.json}
+  - {role: trainer, config: ds.json}
+)";
+  dsactor::testing::write_file(dir / "d.yaml", roles);
+  const std::string token = "token-of-the-run-0123456789";
+  const auto kids = children_for(load_deploy_config(dir / "d.yaml"), "/bin/dsactor", token);
+  using Env = std::pair<std::string, std::string>;
+  for (const auto& k : kids) {
+    EXPECT_THAT(k.argv, Not(Contains(HasSubstr(token)))) << k.name;
+    if (k.name == "offload0") {
+      EXPECT_THAT(k.env, Not(Contains(Env{"DSACTOR_JOB_TOKEN", token})));
+    } else {
+      EXPECT_THAT(k.env, Contains(Env{"DSACTOR_JOB_TOKEN", token})) << k.name;
+    }
+  }
+  dsactor::testing::write_file(dir / "f.yaml", "security: {job_token_file: t}" + roles);
+  for (const auto& k : children_for(load_deploy_config(dir / "f.yaml"), "/bin/dsactor", token)) {
+    EXPECT_THAT(k.env, Not(Contains(Env{"DSACTOR_JOB_TOKEN", token}))) << k.name;
+    if (k.name != "offload0") {
+      EXPECT_THAT(k.argv, Contains((dir / "t").string())) << k.name;
+    }
+  }
 }
 
 }  // namespace

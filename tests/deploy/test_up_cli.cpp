@@ -66,6 +66,42 @@ class UpCli : public ::testing::Test {
   std::string endpoint;
 };
 
+// The default run is authenticated: the dry run shows the per-run keys each role gets and
+// never the token; --make-keys writes the keys of a keys_dir and starts nothing; plain mode
+// is said out loud.
+TEST_F(UpCli, KeysAreMadePerRunTheDryRunShowsThemAndMakeKeysWritesThem) {
+  const std::string trainers =
+      "  - {role: trainer, name: t0, config: ds.json, steps: 3}\n"
+      "  - {role: trainer, name: t1, config: ds.json, steps: 3}\n";
+  const auto file = deploy("job: k\nroles:\n" + offload_role() + trainers);
+  UpProcess dry(dir, {file.string(), "--dry-run"});
+  ASSERT_EQ(dry.wait(30s), 0) << dry.err();
+  EXPECT_THAT(dry.out(), AllOf(HasSubstr("# keys in <run keys> (a fresh 0700 directory per run)"),
+                               HasSubstr("--secret-key '<run keys>/t1.key_secret'"),
+                               HasSubstr("--coordinator-key '<run keys>/t0.key'"),
+                               HasSubstr("--offload-key '<run keys>/offload0.key'"),
+                               HasSubstr("'DSACTOR_JOB_TOKEN=<token>'")));
+
+  const auto kept = deploy(
+      "job: k\nsecurity: {keys_dir: keys, job_token_file: run.token}\n"
+      "roles:\n" +
+      offload_role() + trainers);
+  UpProcess make(dir, {kept.string(), "--make-keys"});
+  ASSERT_EQ(make.wait(30s), 0) << make.err();
+  for (const char* f :
+       {"keys/offload0.key_secret", "keys/offload0.key", "keys/offload0.authorized",
+        "keys/t0.key_secret", "keys/t0.authorized", "keys/t1.key_secret", "run.token"})
+    EXPECT_TRUE(std::filesystem::exists(dir / f)) << f;
+  EXPECT_THAT(make.out(), HasSubstr("[t0] secret " + (dir / "keys/t0.key_secret").string()));
+  EXPECT_TRUE(make.children().empty());  // nothing started
+
+  const auto plain = deploy("security: {insecure: true}\nroles:\n" + offload_role());
+  UpProcess insecure(dir, {plain.string(), "--dry-run"});
+  ASSERT_EQ(insecure.wait(30s), 0) << insecure.err();
+  EXPECT_THAT(insecure.err(), HasSubstr("WITHOUT authentication"));
+  EXPECT_THAT(insecure.out(), AllOf(HasSubstr("--insecure"), Not(HasSubstr("--secret-key"))));
+}
+
 TEST_F(UpCli, DryRunPrintsEveryCommandLineAndStartsNothing) {
   const auto file = deploy("job: demo\nroles:\n" + offload_role() +
                            "  - {role: trainer, config: ds.json, steps: 3}\n");
