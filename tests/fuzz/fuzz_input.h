@@ -1,8 +1,9 @@
 #pragma once
 
-// Layout of a fuzz input, shared by fuzz_decode.cpp and make_corpus.cpp so the seeds the
-// corpus generator writes are split back into exactly the frames it encoded:
-//   byte 0: frame count n = 1 + ((byte & 0x7F) % 3); bit 7 set = also decode with tight Limits
+// Layout of a fuzz input, shared by the multipart targets (fuzz_decode, fuzz_rendezvous) and
+// their seed generators, so a seed is split back into exactly the frames it encoded:
+//   byte 0: frame count n = 1 + ((byte & 0x7F) % max_frames) (3 for the wire decoder);
+//   bit 7 set = the target's second variant (the decoder's tight Limits)
 //   then, for each of the first n-1 frames, a 4-byte little-endian length (clamped to
 //   what is left), then that frame's bytes; the last frame takes the rest.
 
@@ -17,10 +18,11 @@
 
 namespace dsactor::fuzz {
 
-inline std::vector<zmq::message_t> split_frames(const uint8_t* data, size_t size) {
+inline std::vector<zmq::message_t> split_frames(const uint8_t* data, size_t size,
+                                                size_t max_frames = 3) {
   std::vector<zmq::message_t> frames;
   if (size == 0) return frames;
-  const size_t n = 1 + (data[0] & 0x7F) % 3;
+  const size_t n = 1 + (data[0] & 0x7F) % max_frames;
   size_t pos = 1;
   for (size_t i = 0; i + 1 < n; ++i) {
     uint32_t len = 0;
