@@ -318,7 +318,10 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "trainer: how long one offload request may take before the service counts "
                  "as down")
       ->capture_default_str();
-  cmd.add_option("--job", a.job, "trainer: job id on the offload services")->capture_default_str();
+  cmd.add_option("--job", a.job,
+                 "trainer: job id on the offload services (<job>-rank<r> per rank when there "
+                 "are several) and at the rendezvous")
+      ->capture_default_str();
   cmd.add_option("--name", a.name, "trainer: role name (from the deployment)")
       ->capture_default_str();
   cmd.add_option("--deploy", a.deploy, "trainer: the deployment file this role comes from");

@@ -58,7 +58,7 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
     case RoleKind::kTrainer:
       a.insert(a.end(), {"--name", role.name, "--deploy", config.source.string(), "--config",
                          role.config.string(), "--rank", std::to_string(role.rank), "--world-size",
-                         std::to_string(role.world_size)});
+                         std::to_string(role.world_size), "--job", config.job});
       for (const auto& name : role.offload)
         if (const RoleSpec* o = config.find(name)) a.insert(a.end(), {"--offload", o->listen});
       if (!role.model.empty()) a.insert(a.end(), {"--model", role.model});

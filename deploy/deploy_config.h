@@ -39,6 +39,11 @@ struct AioOverrides {
   std::optional<bool> overlap_events;   // refill the queue as requests complete
 };
 
+// A role's time to answer on its endpoint, and from SIGTERM to SIGKILL, unless the file
+// says otherwise; the Supervisor's children (launch's ranks too) default to the same.
+inline constexpr double kDefaultStartupSeconds = 60;
+inline constexpr double kDefaultShutdownSeconds = 10;
+
 struct RoleSpec {
   RoleKind kind = RoleKind::kTrainer;
   // Unique in the deployment; the log prefix "[name]". Default: <role><n>, n counting roles
@@ -87,8 +92,8 @@ struct RoleSpec {
 
   // every role; the timeouts' defaults are the deployment's (docs/deploy.md reads them here)
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
-  double startup_timeout = 60;                           // seconds until the role must answer
-  double shutdown_timeout = 10;                          // seconds from SIGTERM to SIGKILL
+  double startup_timeout = kDefaultStartupSeconds;       // seconds until the role must answer
+  double shutdown_timeout = kDefaultShutdownSeconds;     // seconds from SIGTERM to SIGKILL
 };
 
 // The top-level `checkpoint:` block, passed to every trainer; unset: the trainer's default.
@@ -152,6 +157,7 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //                [--aio-overlap-events BOOL] [--buffer-count N] [--no-mlock] [--max-arena BYTES]
 //                SERVER-KEYS
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
+//                --job JOB (the services name the rank's job JOB, or JOB-rank<R> when W > 1)
 //                [--offload ENDPOINT]... [--model M] [--data D] [--tokenizer T] [--steps S] [--out
 //                DIR] [--set KEY=VALUE]... [--checkpoint-every N] [--keep-last K]
 //                [--checkpoint-dir DIR]

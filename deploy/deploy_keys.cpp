@@ -33,7 +33,8 @@ const std::vector<KeySpec>& deploy_keys() {
       // ---- top level ----
       {.path = "job",
        .type = ValueType::kString,
-       .doc = "job id the roles register under",
+       .doc = "job id the trainers register under on the offload services (`<job>-rank<r>` "
+              "per rank when there are several) and meet under at the rendezvous",
        .default_doc = "the file's stem",
        .allowed_doc = kNameRule},
       {.path = "roles",

@@ -43,8 +43,8 @@ struct ChildSpec {
   // returns true (a round trip of the service's own protocol, e.g. the coordinator's
   // rendezvous store answering a request). Called on run()'s thread; keep it short.
   std::function<bool()> ready_probe;
-  std::chrono::milliseconds startup_timeout{60000};
-  std::chrono::milliseconds shutdown_timeout{10000};
+  std::chrono::milliseconds startup_timeout{static_cast<int64_t>(kDefaultStartupSeconds * 1000)};
+  std::chrono::milliseconds shutdown_timeout{static_cast<int64_t>(kDefaultShutdownSeconds * 1000)};
   // Reported in the exit code (100 + code_index) when this child is the one that failed.
   int code_index = 0;
 };

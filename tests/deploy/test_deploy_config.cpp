@@ -384,11 +384,11 @@ roles:
   EXPECT_THAT(
       to_command_line(cfg, cfg.roles[3]),
       ElementsAre("start", "--role", "trainer", "--name", "t", "--deploy", file(), "--config",
-                  (dir / "ds.json").string(), "--rank", "0", "--world-size", "1", "--offload",
-                  "tcp://127.0.0.1:7001", "--offload", "tcp://127.0.0.1:5555", "--model", "tiny",
-                  "--data", (dir / "d.txt").string(), "--tokenizer", (dir / "gpt2").string(),
-                  "--steps", "3", "--out", (dir / "o").string(), "--coordinator",
-                  "tcp://127.0.0.1:7002"));
+                  (dir / "ds.json").string(), "--rank", "0", "--world-size", "1", "--job", cfg.job,
+                  "--offload", "tcp://127.0.0.1:7001", "--offload", "tcp://127.0.0.1:5555",
+                  "--model", "tiny", "--data", (dir / "d.txt").string(), "--tokenizer",
+                  (dir / "gpt2").string(), "--steps", "3", "--out", (dir / "o").string(),
+                  "--coordinator", "tcp://127.0.0.1:7002"));
   const auto t = to_command_line(cfg, cfg.roles[3]);
   EXPECT_EQ(std::count(t.begin(), t.end(), "--no-shared-memory"), 0);
   const auto u = load(
