@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/metrics_flags.h"
+
 namespace dsactor::cli {
 
 // `dsactor start --role trainer`: one trainer rank: stage 0 in-process, or ZeRO stages 1-3
@@ -53,12 +55,15 @@ struct StartTrainerArgs {
   // training; --steps stays the total, so `--steps N/2` then `--resume ... --steps N`
   // ends with the weights of `--steps N` straight, bit for bit.
   std::string resume;
+  // --metrics-listen / --metrics-token (the offload role reads them too).
+  MetricsArgs metrics;
 };
 
 // Adds --config --set (repeatable) --model --data --tokenizer --offload (repeatable) --steps
 // --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
-// --serve-coordinator --comm-timeout-ms --init --out --resume to `cmd`, all stored in `a`.
+// --serve-coordinator --comm-timeout-ms --init --out --resume --metrics-listen --metrics-token
+// to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

@@ -75,6 +75,10 @@ struct RoleSpec {
   // order): "auto" values filled for this deployment, say. The value is JSON text.
   std::vector<std::pair<std::string, std::string>> config_overrides;
 
+  // offload, trainer: `--metrics-listen HOST:PORT` (loopback; port 0: a free one, logged by
+  // the role); empty: no metrics server
+  std::string metrics_listen;
+
   // every role; the timeouts' defaults are the deployment's (docs/deploy.md reads them here)
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
   double startup_timeout = 60;                           // seconds until the role must answer
@@ -109,9 +113,10 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //   offload:     start --role offload --listen E [--nvme DIR] [--memory-limit BYTES]
 //                [--aio-block-size B] [--aio-queue-depth Q] [--aio-single-submit BOOL]
 //                [--aio-overlap-events BOOL] [--buffer-count N] [--no-mlock] [--max-arena BYTES]
+//                [--metrics-listen HOST:PORT]
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
 //                [--offload ENDPOINT]... [--model M] [--data D] [--tokenizer T] [--steps S] [--out
-//                DIR] [--set KEY=VALUE]...
+//                DIR] [--set KEY=VALUE]... [--metrics-listen HOST:PORT]
 //                [--coordinator ENDPOINT [--serve-coordinator]]
 //   coordinator: start --role coordinator --name N --deploy FILE --listen E
 // Every path is absolute; `--offload` lists the endpoints of the services the trainer's
