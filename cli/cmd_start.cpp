@@ -9,9 +9,11 @@
 
 #include "actors/collectives/rendezvous_store.h"
 #include "cli/commands.h"
+#include "cli/metrics_flags.h"
 #include "cli/start_trainer.h"
 #include "cli/trainer_rendezvous.h"
 #include "offload_service/service.h"
+#include "offload_service/service_metrics.h"
 
 namespace dsactor::cli {
 
@@ -44,7 +46,7 @@ const char* wait_for_stop(const sigset_t& stop_signals) {
   return sig == SIGINT ? "SIGINT" : "SIGTERM";
 }
 
-int run_offload(const StartArgs& a) {
+int run_offload(const StartArgs& a, const MetricsArgs& m) {
   const sigset_t stop_signals = block_stop_signals();
 
   offload::ServiceOptions o = a.service;
@@ -63,8 +65,18 @@ int run_offload(const StartArgs& a) {
   }
   spdlog::info("offload service listening on {} ({} tier; partition workers: {}; pinning: {})",
                service.endpoint(), tiers, service.workers(), service.pinning_report());
+  metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});
+  offload::add_service_metrics(registry, service);
+  auto metrics_server = serve_metrics(m, registry, "offload service", [&] {
+    return nlohmann::json{{"role", "offload"},
+                          {"endpoint", service.endpoint()},
+                          {"tiers", tiers},
+                          {"workers", service.workers()},
+                          {"pinning", service.pinning_report()}};
+  });
 
   spdlog::info("offload service: {} received, stopping", wait_for_stop(stop_signals));
+  if (metrics_server) metrics_server->stop();  // before the service it reads
   service.stop();
   spdlog::info("offload service stopped");
   return 0;
@@ -153,7 +165,7 @@ void add_start_command(CLI::App& app) {
   add_start_trainer_options(*cmd, *t);
   cmd->callback([a, t, cmd] {
     if (a->role == "offload") {
-      const int rc = run_offload(*a);
+      const int rc = run_offload(*a, t->metrics);
       if (rc != 0) throw std::runtime_error("offload service exited with " + std::to_string(rc));
       return;
     }

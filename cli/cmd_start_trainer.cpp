@@ -23,6 +23,7 @@
 #include "actors/collectives/collectives.h"
 #include "actors/collectives/rendezvous_store.h"
 #include "actors/runtime/runtime.h"
+#include "cli/metrics_flags.h"
 #include "cli/start_trainer.h"
 #include "cli/trainer_rendezvous.h"
 #include "deploy/launch_env.h"
@@ -375,6 +376,7 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "one is complete (0: keep every tag)")
       ->check(CLI::NonNegativeNumber);
   add_rendezvous_options(cmd, a);
+  add_metrics_options(cmd, a.metrics, "trainer, offload: ");
 }
 
 namespace {
@@ -611,6 +613,14 @@ int run_start_trainer(const StartTrainerArgs& a) {
   Placement place = resolve_placement(a);
   Comms store;  // the rendezvous (and the rank, when the coordinator assigns it)
   if (place.world_size > 1 || a.collectives == "nccl") open_store(a, place, store);
+  // Served from here on; the monitor actor fills it with every step's report.
+  const auto registry = std::make_shared<metrics::Registry>(metrics::Labels{
+      {"job", a.job}, {"role", "trainer"}, {"rank", std::to_string(place.rank)}, {"name", a.name}});
+  const auto metrics_server = serve_metrics(a.metrics, *registry, a.name, [&a, place] {
+    return nlohmann::json{{"name", a.name},     {"role", "trainer"},
+                          {"rank", place.rank}, {"world_size", place.world_size},
+                          {"config", a.config}, {"offload", a.offload}};
+  });
   const DsConfig config = load_ds_config(a.config, place.world_size, parse_config_overrides(a.set));
   const EngineChoice engine = choose_trainer_engine(a, config, place.world_size);
   const int stage = config.zero_optimization.stage;
@@ -634,6 +644,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
   mo.out = a.out.empty() ? std::filesystem::path("runs/trainer") : std::filesystem::path(a.out);
   mo.write_monitors = place.rank == 0;
   mo.print_every = config.steps_per_print > 0 ? config.steps_per_print : 10;
+  if (metrics_server) mo.metrics = registry;
   RankRun run{a,
               signals,
               place,

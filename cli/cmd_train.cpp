@@ -2,11 +2,14 @@
 #include <spdlog/spdlog.h>
 
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
+#include "cli/metrics_flags.h"
 #include "cli/progress_bar.h"
 #include "trainer/data/byte_tokenizer.h"
 #include "trainer/inference.h"
+#include "trainer/monitor/train_metrics.h"
 #include "trainer/train_run.h"
 
 namespace dsactor::cli {
@@ -16,6 +19,7 @@ void add_train_command(CLI::App& app) {
       "train", "train a GPT model in this process (ZeRO stage 0-3, no offload services)");
   auto o = std::make_shared<trainer::TrainOptions>();
   auto sample = std::make_shared<int>(200);
+  auto metrics_args = std::make_shared<MetricsArgs>();
   cmd->add_flag("--deepspeed")
       ->description(
           "accepted as DeepSpeed's scripts pass it; dsactor always runs its DeepSpeed engine, so "
@@ -66,11 +70,20 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--sample", *sample, "tokens to generate after training (0: none)")
       ->capture_default_str();
-  cmd->callback([o, sample] {
+  add_metrics_options(*cmd, *metrics_args);
+  cmd->callback([o, sample, metrics_args] {
+    metrics::Registry registry(
+        metrics::Labels{{"job", "train"}, {"role", "trainer"}, {"rank", "0"}, {"name", "train"}});
+    const auto server = serve_metrics(*metrics_args, registry, "train", [&o] {
+      return nlohmann::json{{"name", "train"}, {"role", "trainer"}, {"config", o->config}};
+    });
+    std::optional<trainer::TrainMetrics> train_metrics;
+    if (server) train_metrics.emplace(registry);
     ProgressBar bar;
     trainer::TrainCallbacks cb;
     cb.log_steps = !bar.active();
-    cb.on_step = [&bar](const trainer::TrainProgress& p) {
+    cb.on_step = [&bar, &train_metrics](const trainer::TrainProgress& p) {
+      if (train_metrics) train_metrics->record(p.step, p.target_steps, p.tokens_per_second);
       bar.update(p.step.global_step, p.target_steps,
                  fmt::format("loss {:.4f} | {:.0f} tok/s", p.step.loss, p.tokens_per_second),
                  p.elapsed_seconds);

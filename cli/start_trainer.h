@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/metrics_flags.h"
+
 namespace dsactor::cli {
 
 // `dsactor start --role trainer`: one trainer rank: stage 0 in-process, or ZeRO stages 1-3
@@ -80,14 +82,16 @@ struct StartTrainerArgs {
   bool insecure = false;
   // Trainer: each --offload service's public key, in the same order.
   std::vector<std::string> offload_keys;
+  // --metrics-listen / --metrics-token (the offload role reads them too).
+  MetricsArgs metrics;
 };
 
 // Adds --config --set (repeatable) --model --data --tokenizer --offload (repeatable) --steps
 // --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
 // --serve-coordinator --comm-timeout-ms --init --out --resume --checkpoint-dir
-// --checkpoint-every --keep-last, and the keys (--secret-key --authorized-keys --insecure
-// --offload-key) to `cmd`, all stored in `a`.
+// --checkpoint-every --keep-last, the keys (--secret-key --authorized-keys --insecure
+// --offload-key) and --metrics-listen --metrics-token to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

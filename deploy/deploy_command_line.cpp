@@ -54,6 +54,8 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
         a.insert(a.end(), {"--buffer-count", std::to_string(*role.buffer_count)});
       if (role.mlock == false) a.emplace_back("--no-mlock");
       if (role.max_arena) a.insert(a.end(), {"--max-arena", std::to_string(*role.max_arena)});
+      if (!role.metrics_listen.empty())
+        a.insert(a.end(), {"--metrics-listen", role.metrics_listen});
       break;
     case RoleKind::kTrainer:
       a.insert(a.end(), {"--name", role.name, "--deploy", config.source.string(), "--config",
@@ -67,6 +69,8 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
       if (role.steps) a.insert(a.end(), {"--steps", std::to_string(role.steps)});
       if (!role.out.empty()) a.insert(a.end(), {"--out", role.out});
       if (role.shared_memory == false) a.emplace_back("--no-shared-memory");
+      if (!role.metrics_listen.empty())
+        a.insert(a.end(), {"--metrics-listen", role.metrics_listen});
       for (const auto& [key, value] : role.config_overrides)
         a.insert(a.end(), {"--set", key + "=" + value});
       if (const auto& c = config.checkpoint; c.every)

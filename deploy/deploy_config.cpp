@@ -16,6 +16,7 @@
 #include "deploy/deploy_endpoint.h"
 #include "deploy/deploy_yaml.h"
 #include "key_table/key_suggestion.h"
+#include "metrics/http_server.h"
 
 namespace dsactor::deploy {
 
@@ -85,6 +86,7 @@ class DeployParser {
   void read_roles();
   RoleSpec read_role(const YAML::Node& n, size_t index, std::map<RoleKind, int>& per_kind);
   void read_offload_keys(const YAML::Node& n, const std::string& p, RoleSpec& r);
+  std::string read_metrics_listen(const YAML::Node& n, const std::string& p);
   void read_trainer_keys(const YAML::Node& n, const std::string& p, RoleSpec& r);
   void check_names();
   void bind_explicit_endpoints();
@@ -205,6 +207,7 @@ RoleSpec DeployParser::read_role(const YAML::Node& n, size_t index,
                       n["name"] ? yaml_.string(n["name"], p + ".name")
                                 : fmt::format("{}{}", role_kind_name(r.kind), nth));
   if (n["listen"]) r.listen = yaml_.string(n["listen"], p + ".listen");
+  if (n["metrics_listen"]) r.metrics_listen = read_metrics_listen(n["metrics_listen"], p);
   read_offload_keys(n, p, r);
   read_trainer_keys(n, p, r);
   read_key_files(n, p, r);
@@ -214,6 +217,26 @@ RoleSpec DeployParser::read_role(const YAML::Node& n, size_t index,
   if (n["shutdown_timeout"])
     r.shutdown_timeout = yaml_.seconds(n["shutdown_timeout"], p + ".shutdown_timeout");
   return r;
+}
+
+// A role's metrics address: HOST:PORT on loopback (dsactor up passes no token, and the
+// servers refuse other addresses without one).
+std::string DeployParser::read_metrics_listen(const YAML::Node& n, const std::string& p) {
+  const std::string path = p + ".metrics_listen";
+  const std::string text = yaml_.string(n, path);
+  metrics::ListenAddress at;
+  try {
+    at = metrics::parse_listen_address(text, path);
+  } catch (const std::invalid_argument& e) {
+    yaml_.fail(n, path, e.what());
+  }
+  if (!metrics::is_loopback(at.host))
+    yaml_.fail(n, path,
+               fmt::format("\"{}\" is off loopback: the metrics then need a token, which dsactor "
+                           "up does not pass yet; use 127.0.0.1:PORT, or start the role by hand "
+                           "with --metrics-listen and --metrics-token",
+                           text));
+  return text;
 }
 
 // The keys check_keys let through only for offload roles.

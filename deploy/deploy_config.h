@@ -90,6 +90,10 @@ struct RoleSpec {
   std::filesystem::path secret_key, public_key, authorized_keys;
   bool own_key_files = false;  // the file names secret_key itself: `up` never generates it
 
+  // offload, trainer: `--metrics-listen HOST:PORT` (loopback; port 0: a free one, logged by
+  // the role); empty: no metrics server
+  std::string metrics_listen;
+
   // every role; the timeouts' defaults are the deployment's (docs/deploy.md reads them here)
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
   double startup_timeout = kDefaultStartupSeconds;       // seconds until the role must answer
@@ -155,12 +159,12 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //   offload:     start --role offload --listen E [--nvme DIR] [--memory-limit BYTES]
 //                [--aio-block-size B] [--aio-queue-depth Q] [--aio-single-submit BOOL]
 //                [--aio-overlap-events BOOL] [--buffer-count N] [--no-mlock] [--max-arena BYTES]
-//                SERVER-KEYS
+//                [--metrics-listen HOST:PORT] SERVER-KEYS
 //   trainer:     start --role trainer --name N --deploy FILE --config DS --rank R --world-size W
 //                --job JOB (the services name the rank's job JOB, or JOB-rank<R> when W > 1)
 //                [--offload ENDPOINT]... [--model M] [--data D] [--tokenizer T] [--steps S] [--out
 //                DIR] [--set KEY=VALUE]... [--checkpoint-every N] [--keep-last K]
-//                [--checkpoint-dir DIR]
+//                [--checkpoint-dir DIR] [--metrics-listen HOST:PORT]
 //                [--coordinator ENDPOINT [--serve-coordinator]] [--comm-interface I]
 //                [--comm-address A] CLIENT-KEYS
 //   coordinator: start --role coordinator --name N --deploy FILE --listen E SERVER-KEYS [TOKEN]

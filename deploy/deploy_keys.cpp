@@ -235,6 +235,14 @@ const std::vector<KeySpec>& deploy_keys() {
        .applies_to = kTrainer,
        .default_doc = "every offload role in the file",
        .allowed_doc = "an offload role's name or a list of them"},
+      {.path = "roles[].metrics_listen",
+       .type = ValueType::kString,
+       .doc = "serve Prometheus `/metrics` and JSON `/api/state` over HTTP here "
+              "(`--metrics-listen`); port 0 picks a free one, which the role logs",
+       .applies_to = kOffload | kTrainer,
+       .default_doc = "no metrics server",
+       .allowed_doc = "HOST:PORT on loopback (127.0.0.1:9100); off loopback needs a token, "
+                      "which `dsactor up` does not pass yet"},
       {.path = "roles[].env",
        .type = ValueType::kStringMap,
        .doc = "environment added to this role (overrides the top-level env)",

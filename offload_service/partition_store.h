@@ -106,6 +106,7 @@ struct StoreStats {
   uint64_t partitions_on_nvme = 0;
   uint64_t steps = 0;          // steps applied (skips not counted)
   uint64_t staging_bytes = 0;  // NVMe staging ring
+  uint64_t memory_limit = 0;   // what bytes_in_ram may reach (the staging ring taken off)
   PinningKind pinning = PinningKind::kNone;
   std::optional<std::filesystem::path> nvme_dir;  // the NVMe tier's, when there is one
   messages::StatsReply wire() const {

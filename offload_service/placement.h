@@ -33,6 +33,7 @@ class Placement {
 
   void charge(const PartitionEntry& p);
   uint64_t ram_used() const { return ram_used_; }
+  uint64_t memory_limit() const { return limit_; }
   bool has_nvme() const { return has_nvme_; }
 
  private:

@@ -4,6 +4,7 @@
 
 #include "actors/runtime/gateway.h"
 #include "actors/runtime/runtime.h"
+#include "offload_service/step_coordinator.h"
 #include "offload_service/store_actors.h"
 
 namespace dsactor::offload {
@@ -47,6 +48,15 @@ size_t OffloadService::workers() const {
 
 const std::string& OffloadService::pinning_report() const {
   return impl_->store.pinning_report;
+}
+
+StoreStats OffloadService::stats() const {
+  return detail::call<StoreStats>(impl_->runtime.system(), impl_->store.coordinator,
+                                  stats_atom::value);
+}
+
+const actors::GatewayCounters& OffloadService::gateway_counters() const {
+  return impl_->gateway->counters();
 }
 
 void OffloadService::stop() {

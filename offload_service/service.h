@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/runtime/gateway.h"
 #include "messages/codec.h"
 #include "offload_service/partition_store.h"
 
@@ -38,6 +39,10 @@ class OffloadService {
   const std::string& pinning_report() const;
   // Partition workers in use (StoreOptions::workers resolved).
   size_t workers() const;
+  // The store's figures (Stats, asked of the step coordinator: it answers after the
+  // requests queued before) and the gateway's request counts, for the metrics.
+  StoreStats stats() const;
+  const actors::GatewayCounters& gateway_counters() const;
   // Stops accepting requests, lets the store's actors finish what they are running, and
   // shuts the actor system down; idempotent.
   void stop();

@@ -181,6 +181,7 @@ struct CoordinatorState {
   StoreStats stats() {
     StoreStats st;
     st.bytes_in_ram = placement.ram_used();
+    st.memory_limit = placement.memory_limit();
     if (nvme) {
       const auto u = nvme->usage();
       st.bytes_on_nvme = u.used_bytes;

@@ -23,6 +23,8 @@ packages=(
   libpcre2-dev nodejs npm
   # benchmarks' references and the demo corpus
   fio fortunes
+  # promtool, which the metrics tests run on every exposition
+  prometheus
 )
 
 # A package whose program is already on PATH from another source counts as present: machines

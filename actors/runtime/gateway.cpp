@@ -115,6 +115,7 @@ struct Gateway::Shared {
     }
     req->message = std::move(decoded.value());
     counters->requests++;
+    counters->traffic.count(req->message);
     caf::anon_send(handler, handle_atom::value, RequestPtr(std::move(req)));
   }
 

@@ -22,6 +22,7 @@
 #include <caf/all.hpp>
 #include <zmq.hpp>
 
+#include "actors/runtime/job_traffic.h"
 #include "messages/codec.h"
 
 namespace dsactor::actors {
@@ -86,6 +87,7 @@ struct GatewayCounters {
   std::atomic<uint64_t> refused{0};   // answered with an ErrorReply by the gateway
   std::atomic<uint64_t> dropped{0};   // could not be answered
   std::atomic<uint64_t> replies{0};   // sent back
+  JobTraffic traffic;                 // per job, from the decoded requests
 };
 
 class Gateway {

@@ -631,3 +631,55 @@ TEST(DeployReference, ListsEveryKey) {
 
 }  // namespace
 }  // namespace dsactor::deploy
+
+namespace dsactor::deploy {
+namespace {
+
+class DeployMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::write_file(dir / "ds.json", "{\"train_micro_batch_size_per_gpu\": 4}");
+  }
+  DeployConfig load(const std::string& yaml) {
+    testing::write_file(dir / "deploy.yaml", yaml);
+    return load_deploy_config(dir / "deploy.yaml");
+  }
+  testing::TempDir dir;
+};
+
+TEST_F(DeployMetricsTest, MetricsListenReachesTheRolesCommandLine) {
+  const auto cfg = load(R"(
+roles:
+  - {role: offload, metrics_listen: "127.0.0.1:0"}
+  - {role: trainer, config: ds.json, metrics_listen: "127.0.0.1:9101"})");
+  const auto offload = to_command_line(cfg, cfg.roles[0]);
+  const auto trainer = to_command_line(cfg, cfg.roles[1]);
+  auto after = [](const std::vector<std::string>& argv, const std::string& flag) {
+    const auto it = std::find(argv.begin(), argv.end(), flag);
+    return it == argv.end() || it + 1 == argv.end() ? std::string() : *(it + 1);
+  };
+  EXPECT_EQ(after(offload, "--metrics-listen"), "127.0.0.1:0");
+  EXPECT_EQ(after(trainer, "--metrics-listen"), "127.0.0.1:9101");
+}
+
+TEST_F(DeployMetricsTest, MetricsListenOffLoopbackOrMalformedOrOnACoordinatorIsRefused) {
+  auto error_of = [this](const std::string& yaml) -> std::string {
+    try {
+      load(yaml);
+    } catch (const DeployConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_THAT(error_of("roles: [{role: offload, metrics_listen: \"0.0.0.0:9100\"}]"),
+              ::testing::AllOf(::testing::HasSubstr("roles[0].metrics_listen"),
+                               ::testing::HasSubstr("off loopback")));
+  EXPECT_THAT(error_of("roles: [{role: offload, metrics_listen: \"9100\"}]"),
+              ::testing::AllOf(::testing::HasSubstr("roles[0].metrics_listen"),
+                               ::testing::HasSubstr("HOST:PORT")));
+  EXPECT_THAT(error_of("roles: [{role: coordinator, metrics_listen: \"127.0.0.1:0\"}]"),
+              ::testing::HasSubstr("roles[0].metrics_listen"));
+}
+
+}  // namespace
+}  // namespace dsactor::deploy

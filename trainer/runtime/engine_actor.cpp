@@ -79,6 +79,7 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
                                 static_cast<double>(s.tokens_per_step) /
                                 std::max(rep.elapsed_seconds, 1e-9);
         rep.fp16 = s.engine->precision() == Precision::kFp16;
+        rep.figures = s.engine->figures();
         self->send(s.monitor, report_atom::value, rep);
         if (s.after_step) {
           try {

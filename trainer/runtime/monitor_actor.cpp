@@ -16,6 +16,7 @@ struct MonitorState {
   MonitorOptions options;
   std::shared_ptr<Monitors> monitors;            // null on ranks that write none
   std::optional<WallClockBreakdown> wall_clock;  // wall_clock_breakdown, rank 0
+  std::optional<TrainMetrics> metrics;           // with MonitorOptions::metrics
   StepReport latest;
   static inline const char* name = "monitor";
 };
@@ -27,6 +28,7 @@ monitor_actor::behavior_type monitor_behavior(monitor_actor::stateful_pointer<Mo
   self->state.options = std::move(options);
   self->state.monitors = std::move(monitors);
   if (wall_clock_breakdown) self->state.wall_clock.emplace();
+  if (self->state.options.metrics) self->state.metrics.emplace(*self->state.options.metrics);
   return {
       [self](report_atom, const StepReport& rep) {
         auto& s = self->state;
@@ -34,6 +36,7 @@ monitor_actor::behavior_type monitor_behavior(monitor_actor::stateful_pointer<Mo
         const StepResult& r = rep.result;
         if (s.monitors) s.monitors->write_step(r, rep.fp16);
         if (s.wall_clock) s.wall_clock->add(r);
+        if (s.metrics) s.metrics->record(r, rep.target_steps, rep.tokens_per_second, rep.figures);
         if (r.global_step % s.options.print_every != 0 && r.global_step != rep.target_steps) return;
         spdlog::info("{}: step {}/{}: loss {:.4f} grad_norm {:.4f} lr {:.3g}{} {:.0f} tok/s",
                      s.options.name, r.global_step, rep.target_steps, r.loss, r.grad_norm, r.lr,

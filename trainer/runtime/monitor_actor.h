@@ -4,12 +4,16 @@
 // the latest report for whoever asks (status queries, a dashboard).
 
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include <caf/all.hpp>
 
+#include "metrics/registry.h"
 #include "trainer/config/ds_config.h"
 #include "trainer/engine/engine.h"
+#include "trainer/monitor/train_metrics.h"
 
 namespace dsactor::trainer {
 
@@ -19,6 +23,7 @@ struct StepReport {
   double elapsed_seconds = 0;    // since the run started (this invocation)
   double tokens_per_second = 0;  // global batch tokens over elapsed time
   bool fp16 = false;
+  std::optional<EngineFigures> figures;  // the ZeRO engine's (StepEngine::figures())
 };
 
 using report_atom = caf::atom_constant<caf::atom("report")>;
@@ -32,6 +37,8 @@ struct MonitorOptions {
   std::filesystem::path out;     // monitors without output_path write to <out>/monitor
   bool write_monitors = true;    // rank 0 only: every rank sees the same global values
   int64_t print_every = 10;      // steps_per_print (and always the last step)
+  // Every report is also recorded here (TrainMetrics), on every rank; null: no metrics.
+  std::shared_ptr<metrics::Registry> metrics;
 };
 
 monitor_actor spawn_monitor(caf::actor_system& system, const DsConfig& config,

@@ -3,9 +3,11 @@
 // on. Engine (stage 0) and ZeroEngine (stages 1-3) both fit through StepEngineOf<E>.
 
 #include <cstdint>
+#include <optional>
 
 #include "trainer/engine/engine.h"
 #include "trainer/monitor/flops_profiler.h"
+#include "trainer/monitor/train_metrics.h"
 
 namespace dsactor::trainer {
 
@@ -21,6 +23,8 @@ class StepEngine {
   // stop_agreed() turns true on every rank after that same step.
   virtual void request_stop() = 0;
   virtual bool stop_agreed() const = 0;
+  // The bytes the engine moved and holds, for the metrics; none for stage 0.
+  virtual std::optional<EngineFigures> figures() const = 0;
 };
 
 // `profiler` (optional, not owned): the flops profiler times the model's forward in the
@@ -45,6 +49,19 @@ class StepEngineOf final : public StepEngine {
   Precision precision() const override { return e_.precision(); }
   void request_stop() override { e_.request_stop(); }
   bool stop_agreed() const override { return e_.stop_agreed(); }
+  std::optional<EngineFigures> figures() const override {
+    if constexpr (requires { e_.stats().bytes_pushed; }) {
+      const auto s = e_.stats();
+      return EngineFigures{s.bytes_pushed,
+                           s.bytes_fetched,
+                           s.total_param_bytes,
+                           s.peak_resident_param_bytes,
+                           s.peak_resident_grad_bytes,
+                           s.optimizer_state_bytes};
+    } else {
+      return std::nullopt;
+    }
+  }
 
  private:
   E& e_;

@@ -1,0 +1,35 @@
+#include "actors/runtime/job_traffic.h"
+
+#include <variant>
+
+namespace dsactor::actors {
+
+void JobTraffic::count(const messages::Message& request) {
+  const auto& body = request.header.body;
+  const bool push = std::holds_alternative<messages::PushGradients>(body);
+  const bool fetch = std::holds_alternative<messages::FetchParameters>(body);
+  const bool commit = std::holds_alternative<messages::CommitStep>(body);
+  const bool skip = std::holds_alternative<messages::SkipStep>(body);
+  if (!push && !fetch && !commit && !skip) return;
+  std::lock_guard lock(mutex_);
+  auto it = jobs_.find(request.header.job_id);
+  if (it == jobs_.end()) it = jobs_.emplace(request.header.job_id, JobTrafficFigures{}).first;
+  JobTrafficFigures& f = it->second;
+  if (push) {
+    f.pushes++;
+    if (const auto* slice = messages::arena_of(body))
+      f.pushed_arena_bytes += slice->length;
+    else
+      f.pushed_frame_bytes += request.payload.size();
+  }
+  f.fetches += fetch;
+  f.commits += commit;
+  f.skips += skip;
+}
+
+std::map<std::string, JobTrafficFigures> JobTraffic::by_job() const {
+  std::lock_guard lock(mutex_);
+  return {jobs_.begin(), jobs_.end()};
+}
+
+}  // namespace dsactor::actors

@@ -1,0 +1,191 @@
+// A real offload service and a ZeRO-3 trainer against it, both with --metrics-listen on
+// 127.0.0.1:0: /metrics is scraped during the run, the trainer's dsactor_train_loss equals
+// the CSV monitor's row for the same step, the service counts the job's pushed bytes and
+// commits, and promtool (Debian's prometheus package) accepts both expositions.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "tests/cli/child_process.h"
+#include "tests/deploy/deploy_test_util.h"
+
+namespace dsactor {
+namespace {
+
+using dsactor::testing::Child;
+using dsactor::testing::free_port;
+using dsactor::testing::TempDir;
+using dsactor::testing::write_file;
+using namespace std::chrono_literals;
+
+// The port a role logged in "metrics on http://127.0.0.1:PORT/metrics".
+int logged_metrics_port(Child& child) {
+  if (!child.wait_for_err("/metrics and", 120s)) return -1;
+  std::smatch m;
+  const std::string log = child.log();
+  if (!std::regex_search(log, m, std::regex(R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)")))
+    return -1;
+  return std::stoi(m[1]);
+}
+
+std::optional<std::string> scrape(int port, const std::string& path = "/metrics") {
+  httplib::Client client("127.0.0.1", port);
+  auto res = client.Get(path.c_str());
+  if (!res || res->status != 200) return std::nullopt;
+  return res->body;
+}
+
+// The value text of the one sample of `name` whose labels contain `labels` ("" for any).
+std::optional<std::string> sample(const std::string& text, const std::string& name,
+                                  const std::string& labels = "") {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) continue;
+    if (line.find(labels) == std::string::npos) continue;
+    return line.substr(line.rfind(' ') + 1);
+  }
+  return std::nullopt;
+}
+
+// The CSV monitor's value for `step` ("step,value" rows), as written.
+std::optional<std::string> csv_value(const std::filesystem::path& file, const std::string& step) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(step + ",", 0) == 0) return line.substr(step.size() + 1);
+  return std::nullopt;
+}
+
+bool have_promtool() {
+  return std::system("command -v promtool >/dev/null 2>&1") == 0;
+}
+
+// promtool's verdict on an exposition ("" when it passes).
+std::string promtool_problems(const std::filesystem::path& dir, const std::string& name,
+                              const std::string& text) {
+  write_file(dir / (name + ".prom"), text);
+  const auto report = dir / (name + ".promtool");
+  const std::string cmd = "promtool check metrics < '" + (dir / (name + ".prom")).string() +
+                          "' > '" + report.string() + "' 2>&1";
+  if (std::system(cmd.c_str()) == 0) return "";
+  std::ifstream in(report);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str().empty() ? "promtool failed" : ss.str();
+}
+
+TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
+  TempDir dir;
+  std::string corpus;
+  for (int i = 0; i < 300; ++i)
+    corpus += "metrics are what a run shows " + std::to_string(i) + "\n";
+  write_file(dir / "corpus.txt", corpus);
+  write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 100,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                          "offload_param": {"device": "cpu"}},
+    "csv_monitor": {"enabled": true, "output_path": ")" +
+                                  (dir / "monitor").string() + R"(", "job_name": "e2e"}})");
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Child service(dir.path(),
+                {"start", "--role", "offload", "--listen", endpoint, "--no-mlock",
+                 "--metrics-listen", "127.0.0.1:0"},
+                dir / "service.log");
+  const int service_port = logged_metrics_port(service);
+  ASSERT_GT(service_port, 0) << service.log();
+  ASSERT_TRUE(service.wait_for_err("listening on", 60s)) << service.log();
+  Child trainer(dir.path(),
+                {"start", "--role", "trainer", "--config", "ds.json", "--model", "tiny", "--data",
+                 "corpus.txt", "--seq", "16", "--steps", "100000", "--offload", endpoint, "--job",
+                 "e2e-job", "--metrics-listen", "127.0.0.1:0"},
+                dir / "trainer.log");
+  const int trainer_port = logged_metrics_port(trainer);
+  ASSERT_GT(trainer_port, 0) << trainer.log();
+
+  // Two scrapes in a row that agree on the step and the loss: a step's figures, not a mix
+  // of two steps' (the monitor sets them one after the other).
+  std::string during, step, loss;
+  const auto deadline = std::chrono::steady_clock::now() + 300s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto a = scrape(trainer_port), b = scrape(trainer_port);
+    ASSERT_TRUE(a && b) << trainer.log();
+    const auto s1 = sample(*a, "dsactor_train_global_step"),
+               s2 = sample(*b, "dsactor_train_global_step");
+    const auto l1 = sample(*a, "dsactor_train_loss"), l2 = sample(*b, "dsactor_train_loss");
+    if (s1 && s2 && l1 && l2 && *s1 == *s2 && *l1 == *l2 && std::stoll(*s1) >= 3) {
+      during = *b;
+      step = *s1;
+      loss = *l1;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(during.empty()) << "no stable scrape during the run\n" << trainer.log();
+  const auto csv = csv_value(dir / "monitor" / "e2e" / "Train_Samples_train_loss.csv", step);
+  ASSERT_TRUE(csv) << "no CSV row for step " << step;
+  EXPECT_EQ(loss, *csv) << "step " << step;
+  EXPECT_NE(during.find("role=\"trainer\""), std::string::npos) << during;
+  EXPECT_NE(during.find("job=\"e2e-job\""), std::string::npos) << during;
+  EXPECT_TRUE(sample(during, "dsactor_train_phase_seconds_count", "phase=\"fetch\""));
+  const auto pushed = sample(during, "dsactor_train_pushed_bytes_total");
+  ASSERT_TRUE(pushed) << during;
+  EXPECT_GT(std::stod(*pushed), 0);
+
+  const auto state = scrape(trainer_port, "/api/state");
+  ASSERT_TRUE(state);
+  const auto json = nlohmann::json::parse(*state);
+  EXPECT_EQ(json["process"]["role"], "trainer");
+  EXPECT_GE(json["metrics"]["dsactor_train_global_step"]["series"][0]["value"].get<double>(), 3);
+
+  const auto served = scrape(service_port);
+  ASSERT_TRUE(served) << service.log();
+  // One rank, same host: the gradients go through the shared-memory arena.
+  const auto arena = sample(*served, "dsactor_offload_pushed_bytes_total", "path=\"arena\"");
+  const auto frames = sample(*served, "dsactor_offload_pushed_bytes_total", "path=\"frames\"");
+  ASSERT_TRUE(arena && frames) << *served;
+  EXPECT_GT(std::stod(*arena) + std::stod(*frames), 0) << *served;
+  EXPECT_NE(served->find("job=\"e2e-job\""), std::string::npos) << *served;
+  const auto commits = sample(*served, "dsactor_offload_commits_total", "job=\"e2e-job\"");
+  ASSERT_TRUE(commits) << *served;
+  EXPECT_GE(std::stod(*commits), 3);
+  const auto ram = sample(*served, "dsactor_offload_ram_bytes");
+  const auto limit = sample(*served, "dsactor_offload_ram_limit_bytes");
+  ASSERT_TRUE(ram && limit) << *served;
+  EXPECT_GT(std::stod(*ram), 0);
+  EXPECT_GE(std::stod(*limit), std::stod(*ram));
+
+  trainer.signal(SIGTERM);
+  EXPECT_EQ(trainer.wait(120s), 128 + SIGTERM) << trainer.log();
+  service.signal(SIGTERM);
+  EXPECT_EQ(service.wait(60s), 0) << service.log();
+
+  if (!have_promtool()) GTEST_SKIP() << "promtool not installed (scripts/install-deps.sh)";
+  EXPECT_EQ(promtool_problems(dir.path(), "trainer", during), "") << during;
+  EXPECT_EQ(promtool_problems(dir.path(), "service", *served), "") << *served;
+}
+
+TEST(MetricsEndToEnd, OffLoopbackWithoutTokenIsRefusedAtStart) {
+  TempDir dir;
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Child service(dir.path(),
+                {"start", "--role", "offload", "--listen", endpoint, "--no-mlock",
+                 "--metrics-listen", "0.0.0.0:0"},
+                dir / "service.log");
+  EXPECT_NE(service.wait(60s), 0);
+  EXPECT_NE(service.log().find("--metrics-listen 0.0.0.0:0: off loopback the metrics need a token"),
+            std::string::npos)
+      << service.log();
+}
+
+}  // namespace
+}  // namespace dsactor
