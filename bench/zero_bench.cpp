@@ -155,6 +155,81 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
   return t;
 }
 
+// What the scheduler and the engine counted over the measured steps of a stage-3 phase.
+nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::ZeroStats& after,
+                              int steps) {
+  const double n = steps;
+  nlohmann::json r;
+  const double fetch_s = after.scheduler.fetch_seconds - before.scheduler.fetch_seconds;
+  const double wait_s = after.scheduler.wait_seconds - before.scheduler.wait_seconds;
+  r["bytes_pushed_per_step"] = (after.bytes_pushed - before.bytes_pushed) / n;
+  r["bytes_fetched_per_step"] = (after.bytes_fetched - before.bytes_fetched) / n;
+  r["fetch_seconds_per_step"] = fetch_s / n;
+  r["wait_seconds_per_step"] = wait_s / n;
+  // acquire() waits at most as long as the fetch it waits on; what it did not wait
+  // for ran while the model computed.
+  r["fetch_hidden_fraction"] = fetch_s > 0 ? std::clamp(1.0 - wait_s / fetch_s, 0.0, 1.0) : 0.0;
+  r["prefetch_hits"] = after.scheduler.prefetch_hits - before.scheduler.prefetch_hits;
+  r["fetches"] = after.scheduler.fetches - before.scheduler.fetches;
+  r["peak_resident_param_bytes"] = after.peak_resident_param_bytes;
+  // Gradients live from their block's backward to its push (gas 1, as here).
+  r["peak_resident_grad_bytes"] = after.peak_resident_grad_bytes;
+  r["max_pushes_in_flight"] = after.max_pushes_in_flight;
+  // Shared-memory arenas with the service (0: frames); resident once touched.
+  r["arena_bytes"] = after.arena_bytes;
+  // Of the measured steps' pushes and fetches (as `fetches`), those that went in place.
+  r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
+  r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
+  // The two peaks need not coincide: their sum bounds the model state held at once.
+  r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes;
+  return r;
+}
+
+// The ratios of the stage-3 phases to stage 0, with every phase's own figures.
+nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptConfig& gpt,
+                                  const nlohmann::json& stage0, const nlohmann::json& on,
+                                  const nlohmann::json& off) {
+  const size_t params = trainer::parameter_count(gpt);
+  const double model_bytes = static_cast<double>(params) * 4;
+  auto ratio = [](const nlohmann::json& a, const nlohmann::json& b, const char* k) {
+    return a[k].get<double>() / b[k].get<double>();
+  };
+  auto trainer_cpu = [](const nlohmann::json& j) {
+    return j["cpu_user_ms_per_step"].get<double>() + j["cpu_sys_ms_per_step"].get<double>();
+  };
+  return {
+      {"model", o.model},
+      {"n_layer", gpt.n_layer},
+      {"parameters", params},
+      {"model_bytes_fp32", model_bytes},
+      {"micro_batch", o.micro_batch},
+      {"seq", o.seq},
+      {"steps_measured", o.steps},
+      {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
+      {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
+      {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
+      {"step_time_goal", 1.25},
+      {"cpu_ratio_prefetch_on", ratio(on, stage0, "total_cpu_ms_per_step")},
+      {"cpu_ratio_prefetch_off", ratio(off, stage0, "total_cpu_ms_per_step")},
+      // The trainer's own CPU (without the service's) over stage 0's: about the step-time
+      // ratio where the service runs on cores of its own, as an offload service does on a
+      // real host, instead of sharing this machine's with the trainer.
+      {"trainer_cpu_ratio_prefetch_on", trainer_cpu(on) / trainer_cpu(stage0)},
+      {"peak_rss_ratio", ratio(on, stage0, "vm_hwm_bytes")},
+      {"peak_rss_delta_ratio", ratio(on, stage0, "vm_hwm_minus_start_bytes")},
+      {"accounted_bytes_ratio", ratio(on, stage0, "accounted_bytes")},
+      {"peak_param_bytes_over_model", on["peak_resident_param_bytes"].get<double>() / model_bytes},
+      {"peak_grad_bytes_over_model", on["peak_resident_grad_bytes"].get<double>() / model_bytes},
+      {"peak_memory_goal", 0.25},
+      {"fetched_per_step_over_model", on["bytes_fetched_per_step"].get<double>() / model_bytes},
+      {"pushed_per_step_over_model", on["bytes_pushed_per_step"].get<double>() / model_bytes},
+      {"fetch_hidden_fraction_prefetch_on", on["fetch_hidden_fraction"]},
+      {"fetch_hidden_fraction_prefetch_off", off["fetch_hidden_fraction"]},
+      {"stage0", stage0},
+      {"stage3_prefetch_on", on},
+      {"stage3_prefetch_off", off}};
+}
+
 }  // namespace
 
 nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
@@ -209,32 +284,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         const ZeroStats before = engine.stats();
         nlohmann::json r = time_steps(engine, loader, o.steps, service.pid()).to_json();
         const ZeroStats after = engine.stats();
-        const double n = o.steps;
-        const double fetch_s = after.scheduler.fetch_seconds - before.scheduler.fetch_seconds;
-        const double wait_s = after.scheduler.wait_seconds - before.scheduler.wait_seconds;
+        r.update(stage3_figures(before, after, o.steps));
         r["prefetch_bucket_size"] = bucket;
         r["max_live_parameters"] = max_live;
-        r["bytes_pushed_per_step"] = (after.bytes_pushed - before.bytes_pushed) / n;
-        r["bytes_fetched_per_step"] = (after.bytes_fetched - before.bytes_fetched) / n;
-        r["fetch_seconds_per_step"] = fetch_s / n;
-        r["wait_seconds_per_step"] = wait_s / n;
-        // acquire() waits at most as long as the fetch it waits on; what it did not wait
-        // for ran while the model computed.
-        r["fetch_hidden_fraction"] =
-            fetch_s > 0 ? std::clamp(1.0 - wait_s / fetch_s, 0.0, 1.0) : 0.0;
-        r["prefetch_hits"] = after.scheduler.prefetch_hits - before.scheduler.prefetch_hits;
-        r["fetches"] = after.scheduler.fetches - before.scheduler.fetches;
-        r["peak_resident_param_bytes"] = after.peak_resident_param_bytes;
-        // Gradients live from their block's backward to its push (gas 1, as here).
-        r["peak_resident_grad_bytes"] = after.peak_resident_grad_bytes;
-        r["max_pushes_in_flight"] = after.max_pushes_in_flight;
-        // Shared-memory arenas with the service (0: frames); resident once touched.
-        r["arena_bytes"] = after.arena_bytes;
-        // Of the measured steps' pushes and fetches (as `fetches`), those that went in place.
-        r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
-        r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
-        // The two peaks need not coincide: their sum bounds the model state held at once.
-        r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes;
         return r;
       });
     } catch (...) {
@@ -249,44 +301,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on);
   const nlohmann::json off = stage3("stage3_prefetch_off", 0);
 
-  const double model_bytes = static_cast<double>(params) * 4;
-  auto ratio = [](const nlohmann::json& a, const nlohmann::json& b, const char* k) {
-    return a[k].get<double>() / b[k].get<double>();
-  };
-  auto trainer_cpu = [](const nlohmann::json& j) {
-    return j["cpu_user_ms_per_step"].get<double>() + j["cpu_sys_ms_per_step"].get<double>();
-  };
-  return {
-      {"model", o.model},
-      {"n_layer", gpt.n_layer},
-      {"parameters", params},
-      {"model_bytes_fp32", model_bytes},
-      {"micro_batch", o.micro_batch},
-      {"seq", o.seq},
-      {"steps_measured", o.steps},
-      {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
-      {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
-      {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
-      {"step_time_goal", 1.25},
-      {"cpu_ratio_prefetch_on", ratio(on, stage0, "total_cpu_ms_per_step")},
-      {"cpu_ratio_prefetch_off", ratio(off, stage0, "total_cpu_ms_per_step")},
-      // The trainer's own CPU (without the service's) over stage 0's: about the step-time
-      // ratio where the service runs on cores of its own, as an offload service does on a
-      // real host, instead of sharing this machine's with the trainer.
-      {"trainer_cpu_ratio_prefetch_on", trainer_cpu(on) / trainer_cpu(stage0)},
-      {"peak_rss_ratio", ratio(on, stage0, "vm_hwm_bytes")},
-      {"peak_rss_delta_ratio", ratio(on, stage0, "vm_hwm_minus_start_bytes")},
-      {"accounted_bytes_ratio", ratio(on, stage0, "accounted_bytes")},
-      {"peak_param_bytes_over_model", on["peak_resident_param_bytes"].get<double>() / model_bytes},
-      {"peak_grad_bytes_over_model", on["peak_resident_grad_bytes"].get<double>() / model_bytes},
-      {"peak_memory_goal", 0.25},
-      {"fetched_per_step_over_model", on["bytes_fetched_per_step"].get<double>() / model_bytes},
-      {"pushed_per_step_over_model", on["bytes_pushed_per_step"].get<double>() / model_bytes},
-      {"fetch_hidden_fraction_prefetch_on", on["fetch_hidden_fraction"]},
-      {"fetch_hidden_fraction_prefetch_off", off["fetch_hidden_fraction"]},
-      {"stage0", stage0},
-      {"stage3_prefetch_on", on},
-      {"stage3_prefetch_off", off}};
+  return zero_bench_summary(o, gpt, stage0, on, off);
 }
 
 }  // namespace dsactor::bench

@@ -14,6 +14,7 @@
 
 #include "actors/offload_link/offload_client.h"
 #include "tests/offload/offload_test_util.h"
+#include "tests/zero/zero_test_util.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/rng.h"
@@ -24,17 +25,13 @@ namespace {
 
 using offload::test::ServiceProcess;
 using offload::test::TempDir;
+using test::corpus;
+using test::expect_equal_runs;
+using test::run_stage0;
+using test::Trace;
 
 const GptConfig kTiny{2, 2, 32, 64, 16};
 constexpr int kSteps = 30;
-
-std::vector<int32_t> corpus(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (size_t i = 0; i < n; ++i)
-    t[i] = static_cast<int32_t>((i * 7 + (i / 5) % 3) % 64 ^ (rng.next_u64() % 16 == 0 ? 1 : 0));
-  return t;
-}
 
 nlohmann::json precision_json(const std::string& mode) {
   if (mode == "fp16")  // 2^24: the first steps overflow and are skipped
@@ -62,47 +59,6 @@ DsConfig config(const std::string& mode, int stage, const std::string& device,
   }
   j.merge_patch(extra);
   return parse_ds_config(j, "test");
-}
-
-struct Trace {
-  std::vector<StepResult> steps;
-  BlockSet params;
-};
-
-Trace run_stage0(const GptConfig& model, const DsConfig& c, const std::vector<int32_t>& tokens,
-                 int steps) {
-  Engine e(model, c, 5);
-  BatchLoader loader(&tokens, 4, 16, true, 9);
-  Trace r;
-  for (int i = 0; i < steps; ++i) r.steps.push_back(e.train_step(loader));
-  r.params = BlockSet::zeros(e.model().layouts());
-  r.params.copy_from(e.compute_params());
-  return r;
-}
-
-bool same_bits(float a, float b) {
-  return std::memcmp(&a, &b, 4) == 0;
-}
-
-void expect_equal_runs(const Trace& want, const Trace& got) {
-  ASSERT_EQ(want.steps.size(), got.steps.size());
-  for (size_t i = 0; i < want.steps.size(); ++i) {
-    SCOPED_TRACE("step " + std::to_string(i + 1));
-    EXPECT_TRUE(same_bits(want.steps[i].loss, got.steps[i].loss))
-        << want.steps[i].loss << " vs " << got.steps[i].loss;
-    EXPECT_EQ(want.steps[i].skipped, got.steps[i].skipped);
-    EXPECT_EQ(want.steps[i].loss_scale, got.steps[i].loss_scale);
-    EXPECT_EQ(want.steps[i].lr, got.steps[i].lr);
-    if (!want.steps[i].skipped) {
-      EXPECT_EQ(want.steps[i].grad_norm, got.steps[i].grad_norm);
-    }
-  }
-  ASSERT_EQ(want.params.blocks.size(), got.params.blocks.size());
-  for (size_t b = 0; b < want.params.blocks.size(); ++b)
-    EXPECT_EQ(std::memcmp(want.params.blocks[b].data(), got.params.blocks[b].data(),
-                          want.params.blocks[b].bytes()),
-              0)
-        << "block " << b;
 }
 
 class ZeroEngineTest : public ::testing::Test {
@@ -146,7 +102,7 @@ class ZeroEngineTest : public ::testing::Test {
     ZeroEngine e(model, c, 5, std::move(o));
     BatchLoader loader(&tokens, 4, 16, true, 9);
     Trace r;
-    for (int i = 0; i < steps; ++i) r.steps.push_back(e.train_step(loader));
+    test::continue_run(e, loader, steps, r);
     r.params = e.gather_params();
     if (stats) *stats = e.stats();
     return r;

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tests/zero/zero_local_test_util.h"
+#include "tests/zero/zero_test_util.h"
 #include "trainer/inference.h"
 
 namespace dsactor::trainer {

@@ -16,7 +16,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "tests/zero/zero_local_test_util.h"
+#include "tests/zero/zero_test_util.h"
 
 namespace dsactor::trainer {
 namespace {

@@ -1,8 +1,9 @@
 #pragma once
-// What the tests of ZeRO without offload services (the ranks hold the partitions) share: the
-// corpus, a ds_config of any stage and precision, runs of the stage-0 Engine and of the
-// ZeroEngine recorded step by step, bit-for-bit comparison, and W ranks as threads of this
-// process with the two Gloo communicators a trainer process opens.
+// What the ZeRO tests share: the corpus, runs of the stage-0 Engine and of the ZeroEngine
+// recorded step by step, bit-for-bit comparison (with and without offload services); for
+// ZeRO without services (the ranks hold the partitions), a ds_config of any stage and
+// precision and W ranks as threads of this process with the two Gloo communicators a
+// trainer process opens.
 #include <gtest/gtest.h>
 
 #include <cstring>
