@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
@@ -257,7 +258,27 @@ void log_validation(EngineT& engine, const DataSplit& split, int B, int T, uint6
 
 }  // namespace
 
+namespace {
+
+// The keys of `dsactor start` (shared by every role: the contract's flag names).
+void add_key_options(CLI::App& cmd, StartTrainerArgs& a) {
+  cmd.add_option("--secret-key", a.secret_key,
+                 "this process's CurveZMQ keypair (a .key_secret file from dsactor keygen)");
+  cmd.add_option("--authorized-keys", a.authorized_keys,
+                 "listening roles: the client public keys admitted (a file of keys or a "
+                 "directory of .key files)");
+  cmd.add_flag("--insecure", a.insecure,
+               "plain ZeroMQ instead of CurveZMQ for every socket of this process (loopback "
+               "only for listeners; a warning at start)");
+  cmd.add_option("--offload-key", a.offload_keys,
+                 "trainer: the public key of an --offload service (repeat, same order as "
+                 "--offload)");
+}
+
+}  // namespace
+
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
+  add_key_options(cmd, a);
   cmd.add_option("--config", a.config, "trainer: ds_config (zero_optimization.stage 0-3)");
   cmd.add_option("--set", a.set,
                  "trainer: KEY.PATH=VALUE sets or replaces a ds_config key (repeatable; VALUE "
@@ -426,10 +447,33 @@ int run_stage0(RankRun& run) {
   return 0;
 }
 
+// How this trainer reaches each --offload service: its keypair and the service's key, or
+// plain with --insecure.
+std::vector<security::ClientSecurity> offload_security(const StartTrainerArgs& a) {
+  if (!a.insecure && a.offload_keys.size() != a.offload.size())
+    throw std::invalid_argument(fmt::format(
+        "{}: {} --offload service(s) but {} --offload-key: give each service's public key, in "
+        "the same order (its keypair from `dsactor keygen`), or --insecure",
+        a.name, a.offload.size(), a.offload_keys.size()));
+  std::vector<security::ClientSecurity> out;
+  for (size_t s = 0; s < a.offload.size(); ++s) {
+    auto optional_path = [](const std::string& p) {
+      return p.empty() ? std::nullopt : std::optional<std::filesystem::path>(p);
+    };
+    out.push_back(security::load_client_security(
+        optional_path(a.secret_key), a.insecure ? std::nullopt : optional_path(a.offload_keys[s]),
+        a.insecure, a.name));
+  }
+  return out;
+}
+
 ZeroOptions zero_options(const RankRun& run) {
   const StartTrainerArgs& a = run.a;
   ZeroOptions o;
-  if (run.engine == EngineChoice::kZeroOnServices) o.services = a.offload;
+  if (run.engine == EngineChoice::kZeroOnServices) {
+    o.services = a.offload;
+    o.service_security = offload_security(a);
+  }
   o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
   // Each rank its own job on the services: ranks may share a service (a deployment's
   // default gives every trainer every offload role), and a job's step commits come from one
@@ -483,6 +527,8 @@ int run_zero(RankRun& run) {
     engine.save_checkpoint(ckpt, run.checkpoint_extra());
     spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt.string());
   }
+  // The run is over (its checkpoint, if any, is written): the services free the job.
+  engine.drop_jobs();
   run.exit_if_stopped(outcome);
   return 0;
 }

@@ -53,12 +53,21 @@ struct StartTrainerArgs {
   // training; --steps stays the total, so `--steps N/2` then `--resume ... --steps N`
   // ends with the weights of `--steps N` straight, bit for bit.
   std::string resume;
+  // Keys (security/README.md), shared by every role of `dsactor start`: this process's
+  // keypair (a .key_secret file), the client keys a listening role admits, and plain
+  // sockets instead (--insecure: every connection of this process).
+  std::string secret_key;
+  std::string authorized_keys;
+  bool insecure = false;
+  // Trainer: each --offload service's public key, in the same order.
+  std::vector<std::string> offload_keys;
 };
 
 // Adds --config --set (repeatable) --model --data --tokenizer --offload (repeatable) --steps
 // --seq --seed
 // --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
-// --serve-coordinator --comm-timeout-ms --init --out --resume to `cmd`, all stored in `a`.
+// --serve-coordinator --comm-timeout-ms --init --out --resume, and the keys (--secret-key
+// --authorized-keys --insecure --offload-key) to `cmd`, all stored in `a`.
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a);
 // Runs the training; returns the exit code (0). Throws with a message naming the config
 // key or the offload endpoint on failure.

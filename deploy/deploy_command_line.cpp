@@ -27,6 +27,8 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
         a.insert(a.end(), {"--buffer-count", std::to_string(*role.buffer_count)});
       if (role.mlock == false) a.emplace_back("--no-mlock");
       if (role.max_arena) a.insert(a.end(), {"--max-arena", std::to_string(*role.max_arena)});
+      // Until deployments carry keys (the `security:` block), their sockets are plain.
+      a.emplace_back("--insecure");
       break;
     case RoleKind::kTrainer:
       a.insert(a.end(), {"--name", role.name, "--deploy", config.source.string(), "--config",
@@ -46,6 +48,7 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
         a.insert(a.end(), {"--coordinator", config.rendezvous});
         if (config.rendezvous_in_rank0 && role.rank == 0) a.emplace_back("--serve-coordinator");
       }
+      a.emplace_back("--insecure");
       break;
     case RoleKind::kCoordinator:
       a.insert(a.end(),

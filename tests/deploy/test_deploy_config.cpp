@@ -364,13 +364,14 @@ roles:
   - {role: coordinator, name: c, listen: "tcp://127.0.0.1:7002"}
   - {role: trainer, name: t, config: ds.json, offload: [b, a], model: tiny, data: d.txt, tokenizer: gpt2, steps: 3, out: o}
 )");
-  EXPECT_THAT(to_command_line(cfg, cfg.roles[0]),
-              ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555",
-                          "--nvme", (dir / "ssd").string(), "--memory-limit", "1073741824",
-                          "--aio-block-size", "8192", "--aio-queue-depth", "4", "--no-mlock"));
+  EXPECT_THAT(
+      to_command_line(cfg, cfg.roles[0]),
+      ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555", "--nvme",
+                  (dir / "ssd").string(), "--memory-limit", "1073741824", "--aio-block-size",
+                  "8192", "--aio-queue-depth", "4", "--no-mlock", "--insecure"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[1]),
               ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:7001",
-                          "--max-arena", "0"));
+                          "--max-arena", "0", "--insecure"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[2]),
               ElementsAre("start", "--role", "coordinator", "--name", "c", "--deploy", file(),
                           "--listen", "tcp://127.0.0.1:7002"));
@@ -381,7 +382,7 @@ roles:
                   "tcp://127.0.0.1:7001", "--offload", "tcp://127.0.0.1:5555", "--model", "tiny",
                   "--data", (dir / "d.txt").string(), "--tokenizer", (dir / "gpt2").string(),
                   "--steps", "3", "--out", (dir / "o").string(), "--coordinator",
-                  "tcp://127.0.0.1:7002"));
+                  "tcp://127.0.0.1:7002", "--insecure"));
   const auto t = to_command_line(cfg, cfg.roles[3]);
   EXPECT_EQ(std::count(t.begin(), t.end(), "--no-shared-memory"), 0);
   const auto u = load(

@@ -135,7 +135,11 @@ TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
                                      "--out",
                                      tag + "_out"};
     if (r == 0) args.push_back("--serve-coordinator");
-    if (offload) args.insert(args.end(), {"--offload", services[r]->endpoint()});
+    if (offload) {
+      args.insert(args.end(), {"--offload", services[r]->endpoint()});
+      const auto keys = services[r]->trainer_flags();
+      args.insert(args.end(), keys.begin(), keys.end());
+    }
     ranks.push_back(
         std::make_unique<Child>(dir, args, dir / (tag + "_rank" + std::to_string(r) + ".log")));
   }

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "checksum/crc32c.h"
 #include "storage/checkpoint.h"
 #include "trainer/zero/local_partitions.h"
 #include "trainer/zero/service_error.h"
@@ -19,7 +21,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kZeroCheckpointFormat = "dsactor-zero-checkpoint";
-constexpr int kZeroCheckpointVersion = 1;
+// 2: the services' parts are named beneath their state directories (version 1 recorded
+// directories beside the manifest, at absolute paths the services wrote to).
+constexpr int kZeroCheckpointVersion = 2;
 
 nlohmann::json model_json(const GptConfig& g) {
   return {{"n_layer", g.n_layer},
@@ -57,16 +61,29 @@ std::vector<size_t> services_in_use(const PartitionPlan& plan, uint32_t rank) {
   return s;
 }
 
-// With several trainers each rank saves its own partitions and manifest under
-// <dir>/rank-<r>; at world size 1, <dir> itself. Absolute: services write on their own
-// hosts.
+// With several trainers each rank saves its manifest under <dir>/rank-<r>; at world size
+// 1, <dir> itself.
 fs::path rank_directory(const fs::path& dir, const PartitionPlan& plan, uint32_t rank) {
   const fs::path abs = fs::absolute(dir).lexically_normal();
   return plan.world_size() == 1 ? abs : abs / fmt::format("rank-{}", rank);
 }
 
-std::string service_dir_name(size_t s) {
-  return fmt::format("service-{}", s);
+// What a service's part of the checkpoint at `abs` is called beneath the service's state
+// directory (in the directory of this trainer's key and job): the checkpoint directory's
+// name and a hash of its whole path, so saves to one directory replace each other and
+// saves to different ones do not. The manifest records it, so a moved checkpoint directory
+// still finds its parts.
+std::string checkpoint_base(const fs::path& abs) {
+  std::string name = abs.filename().string().substr(0, 64);
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  if (name.empty() || name[0] == '.') name = "checkpoint" + name;
+  const std::string path = abs.string();
+  return fmt::format("{}-{:08x}", name, checksum::crc32c(path.data(), path.size()));
+}
+
+std::string service_part_name(const std::string& base, size_t s) {
+  return fmt::format("{}/service-{}", base, s);
 }
 
 // Who holds the partitions, as the manifest records it.
@@ -136,20 +153,22 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
       "{}-step-{}-{:x}", z_.options.job_id, c.global_step,
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()));
   nlohmann::json services = nlohmann::json::array();
+  const std::string base = checkpoint_base(abs);
   for (size_t s : services_in_use(z_.plan, rank)) {
     actors::ServiceClient& service = *z_.services[s];
-    const fs::path sdir = abs / service_dir_name(s);
-    const auto reply = await_or_throw(service, "checkpoint", c.committed_step,
-                                      service.checkpoint(tag, sdir.string()));
+    const std::string name = service_part_name(base, s);
+    const auto reply =
+        await_or_throw(service, "checkpoint", c.committed_step, service.checkpoint(tag, name));
     // The service's job step counts skipped steps too: it is the trainer's global step.
     if (reply.step != static_cast<uint64_t>(c.global_step))
       throw ZeroServiceError(fmt::format(
           "offload service {} checkpointed step {} into {}, but the trainer is at step {}: "
           "another trainer is committing to job {}?",
-          service.endpoint(), reply.step, sdir.string(), c.global_step, z_.options.job_id));
+          service.endpoint(), reply.step, reply.location, c.global_step, z_.options.job_id));
     services.push_back({{"index", s},
                         {"endpoint", service.endpoint()},
-                        {"dir", service_dir_name(s)},
+                        {"name", name},
+                        {"location", reply.location},
                         {"tag", tag},
                         {"step", reply.step},
                         {"bytes", reply.bytes_written}});
@@ -220,12 +239,13 @@ ZeroCheckpoint::Manifest ZeroCheckpoint::read_manifest(const storage::Checkpoint
 
 void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) const {
   const uint64_t committed = z_.counters.committed_step;
-  const fs::path rollback = abs.parent_path() / (abs.filename().string() + ".rollback");
+  // Snapshots stay on the services (beside the parts), replaced by the next load's.
+  const std::string rollback = checkpoint_base(abs) + ".rollback";
   std::vector<std::pair<size_t, std::string>> snapshots;  // (service, tag)
   auto roll_back = [&]() {
     for (const auto& [s, tag] : snapshots) {
       actors::ServiceClient& service = *z_.services[s];
-      const std::string from = (rollback / service_dir_name(s)).string();
+      const std::string from = service_part_name(rollback, s);
       try {
         await_or_throw(service, "restore (rollback)", committed, service.restore(tag, from));
       } catch (const std::exception& e) {
@@ -237,14 +257,14 @@ void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) co
   for (size_t i = 0; i < m.services.size(); ++i) {
     const auto& [s, saved] = m.services[i];
     actors::ServiceClient& service = *z_.services[s];
-    const std::string sdir = (abs / saved.at("dir").get<std::string>()).string();
+    const std::string sdir = saved.at("name").get<std::string>();
     try {
       if (i + 1 < m.services.size()) {
         // Only needed if a later service may still refuse. A service that cannot snapshot
         // (gradients of a failed step pending) is restored anyway: it is already
         // inconsistent with the trainer, and the checkpoint is what recovers it.
         const std::string snap_tag = fmt::format("rollback-{}", committed);
-        const std::string snap_dir = (rollback / service_dir_name(s)).string();
+        const std::string snap_dir = service_part_name(rollback, s);
         try {
           await_or_throw(service, "checkpoint (rollback snapshot)", committed,
                          service.checkpoint(snap_tag, snap_dir));
@@ -262,15 +282,11 @@ void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) co
             service.endpoint(), reply.step, sdir, global));
     } catch (const std::exception& e) {
       roll_back();
-      std::error_code ec;
-      fs::remove_all(rollback, ec);
       throw ZeroServiceError(
           fmt::format("{}: checkpoint refused, the trainer and the services keep their state: {}",
                       abs.string(), e.what()));
     }
   }
-  std::error_code ec;
-  fs::remove_all(rollback, ec);  // on this host only; a remote service's snapshot stays
 }
 
 ZeroCheckpoint::Loaded ZeroCheckpoint::load(const fs::path& dir, const LossScaler& scaler) const {

@@ -1,8 +1,10 @@
 #pragma once
 // ZeroEngine's checkpoints (trainer/README.md, "ZeRO with offload services": Checkpoints):
-// every service holding partitions of this rank writes them on its own host
-// (`service-<s>/`), then the trainer's manifest (`trainer/`: counters, loss scaler, plan,
-// the services' tags, `extra`) is committed last. A load checks the manifest against this
+// every service holding partitions of this rank writes them on its own host, beneath its
+// state directory, under a name derived from the checkpoint directory
+// (`<name>-<hash>/service-<s>`, in the directory of this trainer's key and job), then the
+// trainer's manifest (`trainer/`: counters, loss scaler, plan, the services' names, tags
+// and locations, `extra`) is committed last. A load checks the manifest against this
 // run before any service is touched, then restores the services one by one, rolling the
 // earlier ones back from a snapshot if a later one refuses. Partitions held by the rank
 // itself (LocalPartitions) are saved beside the same manifest in one checkpoint directory.
