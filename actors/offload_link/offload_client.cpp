@@ -36,6 +36,10 @@ OffloadClient::OffloadClient(std::string endpoint, const security::ClientSecurit
   // buckets), and a DEALER at its mark would block the caller's send.
   socket_.set(zmq::sockopt::sndhwm, 0);
   socket_.set(zmq::sockopt::rcvhwm, 0);
+  // A DEALER holds a message only for a connection: when the handshake fails (this key is
+  // not admitted, or the service's key is not the one given) it has none, and a send would
+  // wait forever.
+  socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(timeout_.count()));
   security::secure_client_socket(socket_, security);
   socket_.connect(endpoint_);
 }
@@ -210,11 +214,11 @@ void OffloadClient::forget(uint64_t id) {
   }
 }
 
-void OffloadClient::transmit(const Pending& p) {
+bool OffloadClient::transmit(const Pending& p) {
   std::vector<zmq::message_t> frames = msg::has_payload(p.header.body)
                                            ? msg::encode(p.header, p.payload, p.owner)
                                            : msg::encode(p.header);
-  zmq::send_multipart(socket_, msg::with_envelope({}, std::move(frames)));
+  return zmq::send_multipart(socket_, msg::with_envelope({}, std::move(frames))).has_value();
 }
 
 uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
@@ -234,7 +238,7 @@ uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
     p.payload = payload;
     p.owner = std::move(owner);
   }
-  transmit(p);
+  p.sent = transmit(p);
   outstanding_.emplace(id, std::move(p));
   return id;
 }
@@ -250,8 +254,7 @@ bool OffloadClient::retry_busy(uint64_t id) {
   const auto base = std::chrono::milliseconds(std::min(200, 1 << std::min(p.busy - 1, 8)));
   std::this_thread::sleep_for(base +
                               std::chrono::microseconds(jitter() % (base.count() * 500 + 1)));
-  transmit(p);
-  return true;
+  return transmit(p);
 }
 
 uint64_t OffloadClient::send_set_parameters(uint64_t partition_id, uint64_t version,
@@ -327,6 +330,16 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
   if (waiting == outstanding_.end())
     throw std::logic_error("offload client for " + endpoint_ + ": request " + std::to_string(id) +
                            " is not outstanding");
+  if (!waiting->second.sent) {
+    const std::string kind = waiting->second.kind;
+    forget(id);
+    return ServiceFailure{
+        ServiceFailure::Kind::timeout, msg::ErrorCode::internal,
+        "could not send " + kind + " to the offload service at " + endpoint_ + " within " +
+            std::to_string(timeout_.count()) +
+            " ms: no connection completed its handshake (is the service running, does it admit "
+            "this client's key, and is the service key given the service's own?)"};
+  }
   const auto deadline = Clock::now() + timeout_;
   for (;;) {
     const auto left =

@@ -235,12 +235,14 @@ class OffloadClient {
     messages::Header header;
     std::span<const std::byte> payload;
     std::shared_ptr<const void> owner;  // keeps the payload until the answer
+    bool sent = false;                  // false: no connection took it within the timeout
     int busy = 0;                       // `busy` answers so far
     std::chrono::steady_clock::time_point first_busy;
   };
-  void transmit(const Pending& p);
+  // Sends `p`; false when no connection took it within the timeout.
+  bool transmit(const Pending& p);
   // After a `busy` answer to request `id`: waits, sends it again and returns true; false
-  // once the request has been busy for longer than the timeout.
+  // once the request has been busy for longer than the timeout, or could not be sent.
   bool retry_busy(uint64_t id);
 
   std::string endpoint_;

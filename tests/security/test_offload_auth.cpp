@@ -69,12 +69,14 @@ TEST_F(OffloadAuth, WithoutAnAdmittedKeyNothingReachesTheService) {
   zmq::context_t ctx;
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
   raw.set(zmq::sockopt::linger, 0);
+  // Its handshake fails, so the DEALER may never have a connection to queue the message on.
+  raw.set(zmq::sockopt::sndtimeo, 200);
   raw.connect(service_->endpoint());
   auto frames = msg::with_envelope(
-      {}, msg::encode_copy({1, kVictimJob, msg::SetParameters{kVictimPartition, 9, DType::fp32,
-                                                              kVictimElements}},
+      {}, msg::encode_copy({1, kVictimJob,
+                            msg::SetParameters{kVictimPartition, 9, DType::fp32, kVictimElements}},
                            bytes_of(poison)));
-  zmq::send_multipart(raw, frames);
+  (void)zmq::send_multipart(raw, frames);
   zmq::pollitem_t item{raw.handle(), 0, ZMQ_POLLIN, 0};
   EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(200)), 0);
   EXPECT_NE(service_->log().find("refused a connection"), std::string::npos) << service_->log();
@@ -166,9 +168,9 @@ TEST(OffloadInsecure, WorksOnLoopbackWithAWarningAndIsRefusedElsewhere) {
   // A service that must not start: it exits non-zero, its log naming why.
   auto refused = [&](const std::string& listen, std::vector<std::string> flags,
                      const std::vector<std::string>& words) {
-    std::vector<std::string> argv{DSACTOR_BINARY, "start",       "--role",
-                                  "offload",      "--listen",    listen,
-                                  "--state-dir",  (tmp.path / "state").string()};
+    std::vector<std::string> argv{
+        DSACTOR_BINARY, "start", "--role",      "offload",
+        "--listen",     listen,  "--state-dir", (tmp.path / "state").string()};
     argv.insert(argv.end(), flags.begin(), flags.end());
     deploy::ChildOptions child;
     child.err = deploy::Output::to_file(tmp.path / "refused.log");
