@@ -548,7 +548,8 @@ EngineChoice choose_trainer_engine(const StartTrainerArgs& a, const DsConfig& co
         a.name, fmt::join(a.offload, " "), a.config);
   // The tier the config names must exist on every service.
   if (choice == EngineChoice::kZeroOnServices)
-    check_service_tiers(config, a.offload, std::chrono::milliseconds(a.service_timeout_ms));
+    check_service_tiers(config, a.offload, offload_security(a),
+                        std::chrono::milliseconds(a.service_timeout_ms));
   return choice;
 }
 
