@@ -117,8 +117,9 @@ TEST_F(OffloadQuotas, APushFloodIsAnsweredBusyAndTheMemoryStaysBounded) {
   owner->set_parameters(1, 0, DType::fp32, bytes_of(std::vector<float>(n, 0.5f)));
   const uint64_t base = rss_bytes(service_->pid());
 
-  // Raw DEALERs with the stranger's key: 3 connections x 40 pushes of 8 MiB, sent without
-  // reading a single answer (960 MiB in all).
+  // Raw DEALERs with the stranger's key, sending without reading a single answer, as in
+  // the issue: checkpoints keep the coordinator busy (each writes and syncs 24 MiB) while
+  // 3 connections x 40 pushes of 8 MiB (960 MiB in all) arrive behind them.
   const std::vector<float> g(n, 1.0f);
   const auto payload = std::make_shared<std::vector<float>>(g);
   zmq::context_t ctx;
@@ -137,8 +138,15 @@ TEST_F(OffloadQuotas, APushFloodIsAnsweredBusyAndTheMemoryStaysBounded) {
       std::this_thread::sleep_for(5ms);
     }
   });
+  constexpr int kCheckpoints = 4, kPushes = 40;
   uint64_t id = 1;
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < kCheckpoints; ++i) {
+    for (auto& s : sockets) {
+      const msg::Header h{id++, "pushes", msg::Checkpoint{"busy", "", "ck"}};
+      ASSERT_TRUE(zmq::send_multipart(s, msg::with_envelope({}, msg::encode(h))));
+    }
+  }
+  for (int i = 0; i < kPushes; ++i) {
     for (auto& s : sockets) {
       const msg::Header h{id++, "pushes",
                           msg::PushGradients{1, 1, static_cast<uint32_t>(i), DType::fp32, n, {}}};
@@ -147,11 +155,11 @@ TEST_F(OffloadQuotas, APushFloodIsAnsweredBusyAndTheMemoryStaysBounded) {
       ASSERT_TRUE(zmq::send_multipart(s, frames));
     }
   }
-  // Every answer (the first push is accepted; ordering or busy refuses the rest).
+  // Every answer (accepted, refused for ordering or pending gradients, or busy).
   size_t answers = 0, busy = 0;
   for (auto& s : sockets) {
     s.set(zmq::sockopt::rcvtimeo, 60000);
-    for (int i = 0; i < 40; ++i) {
+    for (int i = 0; i < kCheckpoints + kPushes; ++i) {
       std::vector<zmq::message_t> in;
       if (!zmq::recv_multipart(s, std::back_inserter(in))) break;
       ++answers;
@@ -166,7 +174,7 @@ TEST_F(OffloadQuotas, APushFloodIsAnsweredBusyAndTheMemoryStaysBounded) {
   }
   sending = false;
   watch.join();
-  EXPECT_EQ(answers, 120u);
+  EXPECT_EQ(answers, 3u * (kCheckpoints + kPushes));
   EXPECT_GT(busy, 0u) << "the flood never reached the in-flight limits";
   // The in-flight bytes (48 MiB, plus one message), ZeroMQ's queues of the three
   // connections and the pushes' accumulation buffer; not the 960 MiB sent.
