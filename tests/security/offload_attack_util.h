@@ -52,8 +52,8 @@ inline uint64_t rss_bytes(pid_t pid) {
 class OffloadAttack : public ::testing::Test {
  protected:
   void start(std::vector<std::string> args = {}) {
-    service_ = std::make_unique<ServiceProcess>(args, tmp_.path, tmp_.path / "keys",
-                                                std::vector<std::string>{keys_.stranger.public_key});
+    service_ = std::make_unique<ServiceProcess>(
+        args, tmp_.path, tmp_.path / "keys", std::vector<std::string>{keys_.stranger.public_key});
     victim_ = client(service_->client_security(), kVictimJob);
     victim_->register_partitions(0, 1, {spec(kVictimPartition, kVictimElements)});
     victim_->set_parameters(kVictimPartition, 0, messages::DType::fp32,

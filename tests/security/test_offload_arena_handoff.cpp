@@ -44,8 +44,9 @@ TEST_F(OffloadArenaHandoff, AnotherProcessesMemfdIsNeverOpenedByPath) {
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   const std::string path =
       "/proc/" + std::to_string(child) + "/fd/" + std::to_string(victim_memory.fd());
-  for (const auto& [who, security] : {std::pair{"another client's key", stranger()},
-                                      std::pair{"the victim's own key", service_->client_security()}}) {
+  for (const auto& [who, security] :
+       {std::pair{"another client's key", stranger()},
+        std::pair{"the victim's own key", service_->client_security()}}) {
     SCOPED_TRACE(who);
     auto attacker = client(security, "arena-thief");
     const msg::Header h = attacker->call(msg::MapArena{path, victim_memory.size(), ""});

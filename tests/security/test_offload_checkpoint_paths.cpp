@@ -88,8 +88,7 @@ TEST_F(OffloadCheckpointPaths, AnotherClientCannotReadRestoreOrOverwriteTheVicti
   const std::string tensors = file_text(victim_ckpt_ / "tensors.bin");
   // The stranger's job of the same name is the victim's: denied outright.
   auto same_job = client(stranger(), kVictimJob);
-  EXPECT_EQ(refusal(*same_job, msg::Restore{"x", "", "run/ck"}).code,
-            ErrorCode::permissionDenied);
+  EXPECT_EQ(refusal(*same_job, msg::Restore{"x", "", "run/ck"}).code, ErrorCode::permissionDenied);
   EXPECT_EQ(refusal(*same_job, msg::Checkpoint{"x", "", "run/ck"}).code,
             ErrorCode::permissionDenied);
   // Its own job: names resolve in its own directory, so the victim's are out of reach, and
@@ -159,8 +158,8 @@ TEST_F(OffloadCheckpointPaths, AChangedCheckpointIsRefusedNamingTheFile) {
 TEST_F(OffloadCheckpointPaths, WhatTheServicePersistsIsItsUsersOnly) {
   const auto nvme = tmp_.path / "nvme";
   ServiceProcess svc({"--nvme", nvme.string()}, tmp_.path);
-  auto c = std::make_unique<actors::OffloadClient>(svc.endpoint(), svc.client_security(), 10s,
-                                                   "modes");
+  auto c =
+      std::make_unique<actors::OffloadClient>(svc.endpoint(), svc.client_security(), 10s, "modes");
   c->register_partitions(0, 1, {spec(1, 4096)});
   c->checkpoint("m", "ck");
   size_t seen = 0;
