@@ -439,10 +439,10 @@ roles:
   EXPECT_TRUE(cfg.rendezvous_in_rank0);
   EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[3])),
               ElementsAre("--offload", "tcp://127.0.0.1:5556", "--coordinator",
-                          "tcp://127.0.0.1:5557", "--serve-coordinator"));
-  EXPECT_THAT(
-      tail_after_config(to_command_line(cfg, cfg.roles[2])),
-      ElementsAre("--offload", "tcp://127.0.0.1:5555", "--coordinator", "tcp://127.0.0.1:5557"));
+                          "tcp://127.0.0.1:5557", "--serve-coordinator", "--insecure"));
+  EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[2])),
+              ElementsAre("--offload", "tcp://127.0.0.1:5555", "--coordinator",
+                          "tcp://127.0.0.1:5557", "--insecure"));
 }
 
 TEST_F(RendezvousTest, ImplicitEndpointSkipsEveryRoleEndpoint) {
@@ -463,7 +463,7 @@ TEST_F(RendezvousTest, OneTrainerWithoutCoordinatorGetsNeitherFlag) {
   EXPECT_EQ(cfg.rendezvous, "");
   EXPECT_FALSE(cfg.rendezvous_in_rank0);
   EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[1])),
-              ElementsAre("--offload", "tcp://127.0.0.1:5555"));
+              ElementsAre("--offload", "tcp://127.0.0.1:5555", "--insecure"));
 }
 
 TEST_F(RendezvousTest, CoordinatorRoleIsTheRendezvousAndNoTrainerServes) {
@@ -477,11 +477,11 @@ roles:
   EXPECT_FALSE(cfg.rendezvous_in_rank0);
   for (size_t i : {0u, 2u})
     EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[i])),
-                ElementsAre("--coordinator", "tcp://127.0.0.1:7002"));
+                ElementsAre("--coordinator", "tcp://127.0.0.1:7002", "--insecure"));
   // Even one trainer talks to a coordinator the file runs.
   const auto one = load("roles: [{role: coordinator}, {role: trainer, config: ds.json}]");
   EXPECT_THAT(tail_after_config(to_command_line(one, one.roles[1])),
-              ElementsAre("--coordinator", "tcp://127.0.0.1:5555"));
+              ElementsAre("--coordinator", "tcp://127.0.0.1:5555", "--insecure"));
 }
 
 TEST_F(RendezvousTest, ExplicitKeyForTrainersOnSeveralMachines) {
@@ -495,7 +495,7 @@ roles:
   EXPECT_EQ(here.rendezvous, "tcp://10.0.0.1:29400");
   EXPECT_FALSE(here.rendezvous_in_rank0);
   EXPECT_THAT(tail_after_config(to_command_line(here, here.roles[0])),
-              ElementsAre("--coordinator", "tcp://10.0.0.1:29400"));
+              ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--insecure"));
   // The machine with rank 0 binds it, which beyond loopback needs allow_remote.
   const std::string rank0 =
       "rendezvous: \"tcp://10.0.0.1:29400\"\n"
@@ -504,8 +504,9 @@ roles:
                                      HasSubstr("allow_remote: true")));
   const auto served = load("allow_remote: true\n" + rank0);
   EXPECT_TRUE(served.rendezvous_in_rank0);
-  EXPECT_THAT(tail_after_config(to_command_line(served, served.roles[0])),
-              ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--serve-coordinator"));
+  EXPECT_THAT(
+      tail_after_config(to_command_line(served, served.roles[0])),
+      ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--serve-coordinator", "--insecure"));
 }
 
 TEST_F(RendezvousTest, Refusals) {
