@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -11,6 +12,8 @@
 
 #include "actors/offload_link/offload_client.h"
 #include "offload_service/service.h"
+#include "security/transport_security.h"
+#include "security/zap_handler.h"
 #include "storage/aligned_buffer.h"
 
 namespace dsactor::bench {
@@ -24,11 +27,30 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// One server keypair and one authorized client keypair, made for this run.
+struct BenchKeys {
+  security::ServerSecurity server;
+  security::ClientSecurity client;
+  static BenchKeys make(bool curve) {
+    BenchKeys k{{true, {}, {}}, {true, {}, {}}};
+    if (!curve) return k;
+    const auto server = security::generate_keypair(), client = security::generate_keypair();
+    k.server = {false, server, {client.public_key}};
+    k.client = {false, client, server.public_key};
+    return k;
+  }
+};
+
 // Raw ZeroMQ, same shape as the service path: a DEALER sends (push) or asks for (fetch)
 // `bytes` in one zero-copy frame; a ROUTER thread answers with a small frame or the bytes.
-nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iterations) {
+nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iterations,
+                       const BenchKeys& keys) {
   zmq::context_t ctx(1);
+  std::unique_ptr<security::ZapHandler> zap;
+  if (!keys.server.insecure)
+    zap = std::make_unique<security::ZapHandler>(ctx, keys.server.authorized, "bench");
   zmq::socket_t router(ctx, zmq::socket_type::router);
+  security::secure_server_socket(router, keys.server);
   router.bind("tcp://127.0.0.1:*");
   const std::string endpoint = router.get(zmq::sockopt::last_endpoint);
   const size_t bytes = buf->size();
@@ -57,6 +79,7 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
     }
   });
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  security::secure_client_socket(dealer, keys.client);
   dealer.connect(endpoint);
   auto round = [&](const std::string& op) {
     std::vector<zmq::message_t> out;
@@ -84,18 +107,22 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
   const double push = measure("push"), fetch = measure("fetch");
   round("stop");
   server.join();
-  return {{"push_gbps", push}, {"fetch_gbps", fetch}, {"endpoint", endpoint}};
+  router.close();
+  dealer.close();
+  return {{"push_gbps", push}, {"fetch_gbps", fetch}};
 }
 
 // Through a real (in-process) offload service. `arena`: the same-host shared-memory
 // arena instead of frames; a push then includes writing the bytes into the slot (the
 // trainer writes its half copy there instead of into a frame buffer).
-nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int iterations,
-                            bool arena) {
+nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int iterations, bool arena,
+                            const BenchKeys& keys, const std::filesystem::path& state) {
   offload::ServiceOptions o;
   o.listen = "tcp://127.0.0.1:*";
+  o.security = keys.server;
+  o.store.state_dir = state;
   offload::OffloadService service(o);
-  actors::OffloadClient client(service.endpoint(), std::chrono::seconds(60), "bench");
+  actors::OffloadClient client(service.endpoint(), keys.client, std::chrono::seconds(60), "bench");
   const uint64_t n = buf->size() / sizeof(float);
   msg::PartitionSpec spec;
   spec.partition_id = 1;
@@ -127,7 +154,13 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
   for (int i = 0; i < iterations; ++i) (void)client.fetch(1, 0, msg::DType::fp32);
   const double fetch = double(buf->size()) * iterations / seconds_since(t) / 1e9;
   service.stop();
-  return {{"push_gbps", push}, {"fetch_gbps", fetch}, {"endpoint", service.endpoint()}};
+  return {{"push_gbps", push}, {"fetch_gbps", fetch}};
+}
+
+// Each figure of `run` over raw plain ZeroMQ's.
+nlohmann::json ratios(const nlohmann::json& run, const nlohmann::json& raw) {
+  return {{"push", run["push_gbps"].get<double>() / raw["push_gbps"].get<double>()},
+          {"fetch", run["fetch_gbps"].get<double>() / raw["fetch_gbps"].get<double>()}};
 }
 
 }  // namespace
@@ -142,20 +175,31 @@ nlohmann::json run_transport_bench(size_t partition_bytes, int iterations) {
   float* f = buf->as<float>();
   for (size_t i = 0; i < partition_bytes / 4; ++i) f[i] = float(i % 1000) * 1e-3f;
 
-  const auto raw = raw_zmq(buf, iterations);
-  const auto svc = service_path(buf, iterations, false);
-  const auto arena = service_path(buf, iterations, true);
+  // The services keep nothing here but their (unused) checkpoint secret's directory.
+  std::string tmpl = (std::filesystem::temp_directory_path() / "dsactor-bench-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("transport bench: mkdtemp failed");
+  const std::filesystem::path state = tmpl;
   nlohmann::json out{{"partition_bytes", partition_bytes},
                      {"iterations", iterations},
-                     {"transport", "tcp loopback"},
-                     {"service", svc},
-                     {"service_arena", arena},
-                     {"raw_zmq", raw}};
-  out["ratio"] = {{"push", svc["push_gbps"].get<double>() / raw["push_gbps"].get<double>()},
-                  {"fetch", svc["fetch_gbps"].get<double>() / raw["fetch_gbps"].get<double>()}};
-  out["arena_ratio"] = {
-      {"push", arena["push_gbps"].get<double>() / raw["push_gbps"].get<double>()},
-      {"fetch", arena["fetch_gbps"].get<double>() / raw["fetch_gbps"].get<double>()}};
+                     {"transport", "tcp loopback"}};
+  try {
+    for (const bool curve : {false, true}) {
+      const BenchKeys keys = BenchKeys::make(curve);
+      const std::string mode = curve ? "curve" : "plain";
+      out["raw_zmq"][mode] = raw_zmq(buf, iterations, keys);
+      out["service"][mode] = service_path(buf, iterations, false, keys, state);
+      out["service_arena"][mode] = service_path(buf, iterations, true, keys, state);
+    }
+  } catch (...) {
+    std::filesystem::remove_all(state);
+    throw;
+  }
+  std::filesystem::remove_all(state);
+  // Everything against raw plain ZeroMQ of this run.
+  const nlohmann::json& raw = out["raw_zmq"]["plain"];
+  for (const char* path : {"raw_zmq", "service", "service_arena"})
+    for (const char* mode : {"plain", "curve"})
+      out["ratio_to_raw_plain"][std::string(path) + "_" + mode] = ratios(out[path][mode], raw);
   return out;
 }
 

@@ -11,8 +11,11 @@ namespace dsactor::bench {
 // with crc32c, store actor, gradient accumulation + grad_stats for pushes, zero-copy
 // fetch replies; an OffloadClient on the other end), against a raw ZeroMQ DEALER/ROUTER
 // transfer of the same bytes in the same run (zero-copy frames, a small ack per
-// transfer). Returns both, and service/raw ratios. Each side does one warm-up transfer
-// first, then `iterations` timed ones.
+// transfer). Each path runs plain and with CurveZMQ (the service with its ZAP handler and
+// an authorized client key; raw ZeroMQ with the same keys), payloads as frames and through
+// the same-host shared-memory arena (where only the control messages are encrypted).
+// Every figure is also given as a ratio to raw plain ZeroMQ of the same run. Each side
+// does one warm-up transfer first, then `iterations` timed ones.
 nlohmann::json run_transport_bench(size_t partition_bytes = size_t{64} << 20, int iterations = 10);
 
 }  // namespace dsactor::bench

@@ -275,6 +275,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
                                     {"stage3_max_reuse_distance", o.reuse_distance}};
         ZeroOptions zo;
         zo.services = {service.endpoint()};
+        zo.service_security = {service.client_security()};
         zo.timeout = std::chrono::seconds(o.timeout_seconds);
         zo.job_id = std::string("bench-zero-") + name;
         zo.shared_memory = o.shared_memory;

@@ -134,10 +134,10 @@ void add_bench_command(CLI::App& app) {
     print_result(bench::run_nvme_bench(*nvme_dir, *nvme_bytes, *nvme_opts), *json);
   });
 
-  auto* transport =
-      bench->add_subcommand("transport",
-                            "push/fetch GB/s through an offload service (frames, and the same-host "
-                            "shared-memory arena) against raw ZeroMQ, same bytes, same run");
+  auto* transport = bench->add_subcommand(
+      "transport",
+      "push/fetch GB/s through an offload service (frames, and the same-host shared-memory "
+      "arena) against raw ZeroMQ, each plain and with CurveZMQ, same bytes, same run");
   auto part_bytes = std::make_shared<size_t>(size_t{64} << 20);
   auto transport_iters = std::make_shared<int>(10);
   transport->add_option("--partition-bytes", *part_bytes, "bytes per partition")

@@ -1,7 +1,9 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -14,6 +16,7 @@
 #include "cli/trainer_rendezvous.h"
 #include "offload_service/service.h"
 #include "offload_service/service_metrics.h"
+#include "security/transport_security.h"
 
 namespace dsactor::cli {
 
@@ -25,9 +28,14 @@ struct StartArgs {
   std::string role;
   offload::ServiceOptions service;
   std::string nvme;
+  std::string state_dir;
   bool no_mlock = false;
   bool no_cuda_pinning = false;
 };
+
+std::optional<std::filesystem::path> optional_path(const std::string& p) {
+  return p.empty() ? std::nullopt : std::optional<std::filesystem::path>(p);
+}
 
 // Blocks SIGINT and SIGTERM in the calling thread. Call before any thread exists, so every
 // thread inherits the mask and only the sigwait() of wait_for_stop() ever sees them.
@@ -46,16 +54,24 @@ const char* wait_for_stop(const sigset_t& stop_signals) {
   return sig == SIGINT ? "SIGINT" : "SIGTERM";
 }
 
-int run_offload(const StartArgs& a, const MetricsArgs& m) {
+int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
   const sigset_t stop_signals = block_stop_signals();
+  // What the service persists (NVMe extents, RocksDB, checkpoints, the MAC secret) is
+  // readable by its user only: files 0600, directories 0700.
+  ::umask(077);
 
   offload::ServiceOptions o = a.service;
   if (a.no_mlock) o.store.lock_memory = false;
   if (a.no_cuda_pinning) o.store.pin_with_cuda = false;
-  if (!a.nvme.empty()) o.store.nvme_dir = a.nvme;
+  if (!a.nvme.empty()) o.store.nvme_dir = std::filesystem::absolute(a.nvme);
+  if (!a.state_dir.empty()) o.store.state_dir = std::filesystem::absolute(a.state_dir);
   o.store.service_id = "offload@" + o.listen;
-  // Bad knobs are named before anything is opened or bound.
+  // Bad knobs and missing keys are named before anything is opened or bound.
   offload::validate(o.store);
+  o.security = security::load_server_security(optional_path(keys.secret_key),
+                                              optional_path(keys.authorized_keys), keys.insecure,
+                                              "dsactor start --role offload");
+  // Refuses a plain listener off loopback before opening anything (check_listen_security).
   offload::OffloadService service(o);
   std::string tiers = "RAM";
   if (!a.nvme.empty()) {
@@ -63,11 +79,18 @@ int run_offload(const StartArgs& a, const MetricsArgs& m) {
                 ? fmt::format("RAM up to {} bytes, then NVMe: {}", o.store.max_in_cpu, a.nvme)
                 : "NVMe: " + a.nvme;
   }
+  spdlog::info(
+      "offload service: memory limit {} bytes{}; state directory {}; {} authorized client key(s)",
+      offload::resolved_memory_limit(o.store),
+      o.store.memory_limit ? "" : " (default: half of physical memory; --memory-limit)",
+      offload::resolved_state_dir(o.store).string(),
+      o.security.insecure ? std::string("no keys (--insecure),")
+                          : std::to_string(o.security.authorized.size()));
   spdlog::info("offload service listening on {} ({} tier; partition workers: {}; pinning: {})",
                service.endpoint(), tiers, service.workers(), service.pinning_report());
   metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});
   offload::add_service_metrics(registry, service);
-  auto metrics_server = serve_metrics(m, registry, "offload service", [&] {
+  auto metrics_server = serve_metrics(keys.metrics, registry, "offload service", [&] {
     return nlohmann::json{{"role", "offload"},
                           {"endpoint", service.endpoint()},
                           {"tiers", tiers},
@@ -99,6 +122,37 @@ int run_coordinator(const StartArgs& a, const StartTrainerArgs& keys, const std:
 
 }  // namespace
 
+// What one client may take (offload::StoreOptions, whose defaults --help shows).
+void add_quota_options(CLI::App& cmd, offload::StoreOptions& s) {
+  auto bytes = [&](const char* flag, uint64_t& v, const char* what) {
+    cmd.add_option(flag, v, what)->transform(CLI::AsSizeValue(false))->capture_default_str();
+  };
+  auto count = [&](const char* flag, uint64_t& v, const char* what) {
+    cmd.add_option(flag, v, what)->check(CLI::PositiveNumber)->capture_default_str();
+  };
+  bytes("--max-partition-bytes", s.max_partition_bytes,
+        "offload: largest partition a Register may ask for (fp32 bytes); also the largest frame");
+  count("--max-partitions-per-register", s.max_partitions_per_register,
+        "offload: partitions one Register may list");
+  count("--max-partitions-per-job", s.max_partitions_per_job, "offload: partitions per job");
+  bytes("--max-bytes-per-job", s.max_bytes_per_job,
+        "offload: bytes per job (partition charges as if in RAM); 0 = no cap of its own");
+  count("--max-jobs-per-client", s.max_jobs_per_client, "offload: jobs per client key");
+  count("--max-partitions-per-client", s.max_partitions_per_client,
+        "offload: partitions per client key");
+  bytes("--max-bytes-per-client", s.max_bytes_per_client,
+        "offload: bytes per client key; 0 = no cap of its own");
+  count("--max-requests-in-flight", s.max_requests_in_flight,
+        "offload: requests of one client key in flight; past it the answer is busy (retry)");
+  bytes("--max-bytes-in-flight-per-client", s.max_bytes_in_flight_per_client,
+        "offload: request bytes of one client key in flight");
+  bytes("--max-bytes-in-flight", s.max_bytes_in_flight,
+        "offload: request bytes of all clients in flight");
+  cmd.add_option("--arena-uid", s.arena_uids,
+                 "offload: a user id, besides the service's own, whose same-host trainers may "
+                 "hand over shared-memory arenas (repeatable)");
+}
+
 void add_start_command(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("start", "run one role of a deployment (offload, trainer, coordinator)");
@@ -111,10 +165,14 @@ void add_start_command(CLI::App& app) {
                   "offload: ZeroMQ ROUTER endpoint; coordinator: the rendezvous store's endpoint")
       ->capture_default_str();
   cmd->add_option("--memory-limit", a->service.store.memory_limit,
-                  "offload: bytes of RAM partitions may take (0 = physical memory); "
+                  "offload: bytes of RAM partitions may take (0 = half of physical memory); "
                   "suffixes K/M/G (powers of 1024) accepted")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  cmd->add_option("--state-dir", a->state_dir,
+                  "offload: where checkpoints and their MAC secret live (default: the --nvme "
+                  "directory, else $XDG_STATE_HOME/dsactor or ~/.local/state/dsactor)");
+  add_quota_options(*cmd, a->service.store);
   cmd->add_option("--aio-block-size", a->service.store.nvme.block_size,
                   "offload: io_uring request size and streaming chunk (multiple of 4096)")
       ->transform(CLI::AsSizeValue(false))
@@ -165,7 +223,7 @@ void add_start_command(CLI::App& app) {
   add_start_trainer_options(*cmd, *t);
   cmd->callback([a, t, cmd] {
     if (a->role == "offload") {
-      const int rc = run_offload(*a, t->metrics);
+      const int rc = run_offload(*a, *t);
       if (rc != 0) throw std::runtime_error("offload service exited with " + std::to_string(rc));
       return;
     }

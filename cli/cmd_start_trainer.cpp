@@ -507,10 +507,33 @@ int run_stage0(RankRun& run) {
   return 0;
 }
 
+// How this trainer reaches each --offload service: its keypair and the service's key, or
+// plain with --insecure.
+std::vector<security::ClientSecurity> offload_security(const StartTrainerArgs& a) {
+  if (!a.insecure && a.offload_keys.size() != a.offload.size())
+    throw std::invalid_argument(fmt::format(
+        "{}: {} --offload service(s) but {} --offload-key: give each service's public key, in "
+        "the same order (its keypair from `dsactor keygen`), or --insecure",
+        a.name, a.offload.size(), a.offload_keys.size()));
+  std::vector<security::ClientSecurity> out;
+  for (size_t s = 0; s < a.offload.size(); ++s) {
+    auto optional_path = [](const std::string& p) {
+      return p.empty() ? std::nullopt : std::optional<std::filesystem::path>(p);
+    };
+    out.push_back(security::load_client_security(
+        optional_path(a.secret_key), a.insecure ? std::nullopt : optional_path(a.offload_keys[s]),
+        a.insecure, a.name));
+  }
+  return out;
+}
+
 ZeroOptions zero_options(const RankRun& run) {
   const StartTrainerArgs& a = run.a;
   ZeroOptions o;
-  if (run.engine == EngineChoice::kZeroOnServices) o.services = a.offload;
+  if (run.engine == EngineChoice::kZeroOnServices) {
+    o.services = a.offload;
+    o.service_security = offload_security(a);
+  }
   o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
   // Each rank its own job on the services: ranks may share a service (a deployment's
   // default gives every trainer every offload role), and a job's step commits come from one
@@ -562,6 +585,8 @@ int run_zero(RankRun& run) {
   }
   if (const auto ckpt = run.final_save(engine, true))
     spdlog::info("{}: checkpoint at step {} in {}", a.name, engine.global_step(), ckpt->string());
+  // The run is over (its checkpoint, if any, is written): the services free the job.
+  engine.drop_jobs();
   run.exit_if_stopped(outcome);
   return 0;
 }
@@ -581,7 +606,8 @@ EngineChoice choose_trainer_engine(const StartTrainerArgs& a, const DsConfig& co
         a.name, fmt::join(a.offload, " "), a.config);
   // The tier the config names must exist on every service.
   if (choice == EngineChoice::kZeroOnServices)
-    check_service_tiers(config, a.offload, std::chrono::milliseconds(a.service_timeout_ms));
+    check_service_tiers(config, a.offload, offload_security(a),
+                        std::chrono::milliseconds(a.service_timeout_ms));
   return choice;
 }
 

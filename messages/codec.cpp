@@ -39,6 +39,10 @@ std::string_view to_string(ErrorCode c) {
       return "internal";
     case ErrorCode::schemaMismatch:
       return "schemaMismatch";
+    case ErrorCode::permissionDenied:
+      return "permissionDenied";
+    case ErrorCode::busy:
+      return "busy";
   }
   return "invalid";
 }
@@ -106,7 +110,9 @@ std::string_view kind_name(const Body& body) {
                                                 "mapArena",
                                                 "mapArenaReply",
                                                 "unmapArena",
-                                                "unmapArenaReply"};
+                                                "unmapArenaReply",
+                                                "dropJob",
+                                                "dropJobReply"};
   static_assert(std::size(kNames) == std::variant_size_v<Body>);
   return body.valueless_by_exception() ? "valueless" : kNames[body.index()];
 }

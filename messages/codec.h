@@ -49,6 +49,8 @@ enum class ErrorCode : uint16_t {
   notImplemented = 6,
   internal = 7,
   schemaMismatch = 8,
+  permissionDenied = 9,  // the job belongs to another client key
+  busy = 10,             // too many requests of this client in flight: retry after a pause
 };
 std::string_view to_string(ErrorCode c);
 
@@ -195,20 +197,26 @@ struct StatsReply {
   bool operator==(const StatsReply&) const = default;
 };
 
+// `name`: a relative path the service resolves beneath its state directory, in the
+// directory of the requester's key and job. `path` (an absolute path on the service's host,
+// what older peers send) is refused by the service.
 struct Checkpoint {
   std::string tag;
   std::string path;
+  std::string name;
   bool operator==(const Checkpoint&) const = default;
 };
 struct CheckpointReply {
   std::string tag;
   uint64_t step = 0;
   uint64_t bytes_written = 0;
+  std::string location;  // the directory written, on the service's host (for people)
   bool operator==(const CheckpointReply&) const = default;
 };
 struct Restore {
   std::string tag;
-  std::string path;
+  std::string path;  // refused, as Checkpoint::path
+  std::string name;
   bool operator==(const Restore&) const = default;
 };
 struct RestoreReply {
@@ -228,15 +236,21 @@ struct Pong {
   bool operator==(const Pong&) const = default;
 };
 
-// Same host only: map the requester's arena, a sealed memfd named /proc/<pid>/fd/<fd>.
+// Same host only: map the requester's arena (a sealed memfd of `size` bytes) in two steps
+// (messages/README.md, "Shared-memory arena"): without a ticket the reply carries a one-time
+// ticket and the Unix socket to hand the fd over on; with it, the reply names the arena.
+// `path` (a /proc/<pid>/fd/<fd>, what older peers send) is refused by the service.
 struct MapArena {
   std::string path;
   uint64_t size = 0;
+  std::string ticket;
   bool operator==(const MapArena&) const = default;
 };
 struct MapArenaReply {
-  uint64_t arena_id = 0;
+  uint64_t arena_id = 0;  // 0 in the reply that carries a ticket
   uint64_t size = 0;
+  std::string ticket;
+  std::string socket;  // "@name": a Unix socket in the abstract namespace
   bool operator==(const MapArenaReply&) const = default;
 };
 struct UnmapArena {
@@ -248,6 +262,17 @@ struct UnmapArenaReply {
   bool operator==(const UnmapArenaReply&) const = default;
 };
 
+// Frees a job: its partitions' memory and NVMe extents, its metadata and arenas (not its
+// checkpoints).
+struct DropJob {
+  bool operator==(const DropJob&) const = default;
+};
+struct DropJobReply {
+  uint64_t partitions = 0;
+  uint64_t bytes_freed = 0;  // RAM charges and NVMe extents given back
+  bool operator==(const DropJobReply&) const = default;
+};
+
 struct ErrorReply {
   ErrorCode code = ErrorCode::internal;
   std::string message;
@@ -255,11 +280,11 @@ struct ErrorReply {
 };
 
 // Order matches the wire union ordinals; append only.
-using Body =
-    std::variant<Register, RegisterReply, SetParameters, SetParametersReply, PushGradients,
-                 PushReply, CommitStep, SkipStep, CommitReply, FetchParameters, FetchReply, Stats,
-                 StatsReply, Checkpoint, CheckpointReply, Restore, RestoreReply, Ping, Pong,
-                 ErrorReply, MapArena, MapArenaReply, UnmapArena, UnmapArenaReply>;
+using Body = std::variant<Register, RegisterReply, SetParameters, SetParametersReply, PushGradients,
+                          PushReply, CommitStep, SkipStep, CommitReply, FetchParameters, FetchReply,
+                          Stats, StatsReply, Checkpoint, CheckpointReply, Restore, RestoreReply,
+                          Ping, Pong, ErrorReply, MapArena, MapArenaReply, UnmapArena,
+                          UnmapArenaReply, DropJob, DropJobReply>;
 
 // Name of the body's kind ("pushGradients", ...), for logs and error messages.
 std::string_view kind_name(const Body& body);

@@ -171,21 +171,26 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
     case wire::Header::Kind::CHECKPOINT: {
       auto r = k.getCheckpoint();
       return Checkpoint{text(r.getTag(), limits, "checkpoint.tag"),
-                        text(r.getPath(), limits, "checkpoint.path")};
+                        text(r.getPath(), limits, "checkpoint.path"),
+                        text(r.getName(), limits, "checkpoint.name")};
     }
     case wire::Header::Kind::RESTORE: {
       auto r = k.getRestore();
       return Restore{text(r.getTag(), limits, "restore.tag"),
-                     text(r.getPath(), limits, "restore.path")};
+                     text(r.getPath(), limits, "restore.path"),
+                     text(r.getName(), limits, "restore.name")};
     }
     case wire::Header::Kind::PING:
       return Ping{k.getPing().getNonce()};
     case wire::Header::Kind::MAP_ARENA: {
       auto r = k.getMapArena();
-      return MapArena{text(r.getPath(), limits, "mapArena.path"), r.getSize()};
+      return MapArena{text(r.getPath(), limits, "mapArena.path"), r.getSize(),
+                      text(r.getTicket(), limits, "mapArena.ticket")};
     }
     case wire::Header::Kind::UNMAP_ARENA:
       return UnmapArena{k.getUnmapArena().getArenaId()};
+    case wire::Header::Kind::DROP_JOB:
+      return DropJob{};
     default:
       return std::nullopt;
   }
@@ -239,7 +244,8 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
     case wire::Header::Kind::CHECKPOINT_REPLY: {
       auto r = k.getCheckpointReply();
       return CheckpointReply{text(r.getTag(), limits, "checkpointReply.tag"), r.getStep(),
-                             r.getBytesWritten()};
+                             r.getBytesWritten(),
+                             text(r.getLocation(), limits, "checkpointReply.location")};
     }
     case wire::Header::Kind::RESTORE_REPLY: {
       auto r = k.getRestoreReply();
@@ -262,10 +268,16 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
     }
     case wire::Header::Kind::MAP_ARENA_REPLY: {
       auto r = k.getMapArenaReply();
-      return MapArenaReply{r.getArenaId(), r.getSize()};
+      return MapArenaReply{r.getArenaId(), r.getSize(),
+                           text(r.getTicket(), limits, "mapArenaReply.ticket"),
+                           text(r.getSocket(), limits, "mapArenaReply.socket")};
     }
     case wire::Header::Kind::UNMAP_ARENA_REPLY:
       return UnmapArenaReply{k.getUnmapArenaReply().getArenaId()};
+    case wire::Header::Kind::DROP_JOB_REPLY: {
+      auto r = k.getDropJobReply();
+      return DropJobReply{r.getPartitions(), r.getBytesFreed()};
+    }
     default:
       return std::nullopt;
   }

@@ -180,6 +180,7 @@ void set_body(wire::Header::Kind::Builder k, const Checkpoint& r) {
   auto b = k.initCheckpoint();
   b.setTag(text_ptr(r.tag));
   b.setPath(text_ptr(r.path));
+  b.setName(text_ptr(r.name));
 }
 
 void set_body(wire::Header::Kind::Builder k, const CheckpointReply& r) {
@@ -187,12 +188,14 @@ void set_body(wire::Header::Kind::Builder k, const CheckpointReply& r) {
   b.setTag(text_ptr(r.tag));
   b.setStep(r.step);
   b.setBytesWritten(r.bytes_written);
+  b.setLocation(text_ptr(r.location));
 }
 
 void set_body(wire::Header::Kind::Builder k, const Restore& r) {
   auto b = k.initRestore();
   b.setTag(text_ptr(r.tag));
   b.setPath(text_ptr(r.path));
+  b.setName(text_ptr(r.name));
 }
 
 void set_body(wire::Header::Kind::Builder k, const RestoreReply& r) {
@@ -222,12 +225,15 @@ void set_body(wire::Header::Kind::Builder k, const MapArena& r) {
   auto b = k.initMapArena();
   b.setPath(text_ptr(r.path));
   b.setSize(r.size);
+  b.setTicket(text_ptr(r.ticket));
 }
 
 void set_body(wire::Header::Kind::Builder k, const MapArenaReply& r) {
   auto b = k.initMapArenaReply();
   b.setArenaId(r.arena_id);
   b.setSize(r.size);
+  b.setTicket(text_ptr(r.ticket));
+  b.setSocket(text_ptr(r.socket));
 }
 
 void set_body(wire::Header::Kind::Builder k, const UnmapArena& r) {
@@ -236,6 +242,16 @@ void set_body(wire::Header::Kind::Builder k, const UnmapArena& r) {
 
 void set_body(wire::Header::Kind::Builder k, const UnmapArenaReply& r) {
   k.initUnmapArenaReply().setArenaId(r.arena_id);
+}
+
+void set_body(wire::Header::Kind::Builder k, const DropJob&) {
+  k.initDropJob();
+}
+
+void set_body(wire::Header::Kind::Builder k, const DropJobReply& r) {
+  auto b = k.initDropJobReply();
+  b.setPartitions(r.partitions);
+  b.setBytesFreed(r.bytes_freed);
 }
 
 zmq::message_t header_frame(const Header& header, uint64_t payload_length, uint32_t crc) {

@@ -13,10 +13,10 @@
 namespace dsactor::messages::detail {
 
 static_assert(wire::SCHEMA_VERSION == kSchemaVersion, "codec.h and offload.capnp disagree");
-static_assert(std::variant_size_v<Body> == 24, "a kind was added: extend encode and decode");
+static_assert(std::variant_size_v<Body> == 26, "a kind was added: extend encode and decode");
 
 // The highest ErrorCode this schema knows: encode refuses a larger value, decode reads one
 // (a newer peer's) as `internal`.
-constexpr uint16_t kMaxErrorCode = static_cast<uint16_t>(ErrorCode::schemaMismatch);
+constexpr uint16_t kMaxErrorCode = static_cast<uint16_t>(ErrorCode::busy);
 
 }  // namespace dsactor::messages::detail

@@ -40,6 +40,8 @@ enum ErrorCode {
   notImplemented @6;     # known kind the receiver does not serve
   internal @7;           # bug or I/O failure on the receiver
   schemaMismatch @8;     # header.schemaVersion differs from the receiver's
+  permissionDenied @9;   # the job belongs to another client key (the reply names nothing of it)
+  busy @10;              # too many requests of this client in flight: retry after a pause
 }
 
 struct OptimizerConfig {
@@ -171,20 +173,26 @@ enum NvmeTier {
   present @2;
 }
 
+# Where a checkpoint lives: `name`, a relative path the service resolves beneath its state
+# directory, in the directory of the requester's key and job. `path` (an absolute path on
+# the service's host, before `name` existed) is refused.
 struct Checkpoint {
   tag @0 :Text;
   path @1 :Text;
+  name @2 :Text;
 }
 
 struct CheckpointReply {
   tag @0 :Text;
   step @1 :UInt64;
   bytesWritten @2 :UInt64;
+  location @3 :Text;         # the directory written, on the service's host (for people)
 }
 
 struct Restore {
   tag @0 :Text;
-  path @1 :Text;
+  path @1 :Text;             # refused, as Checkpoint.path
+  name @2 :Text;
 }
 
 struct RestoreReply {
@@ -211,16 +219,22 @@ struct ArenaSlice {
   crc32c @3 :UInt32;         # CRC-32C of the bytes (0 in FetchParameters)
 }
 
-# Asks the service to map the requester's arena: `path` is a sealed memfd of the
-# requester as /proc/<pid>/fd/<fd>, `size` the bytes to map.
+# Maps the requester's arena (a sealed memfd of `size` bytes) in two steps: without
+# `ticket`, the service answers with a one-time ticket and the Unix socket to hand the fd
+# over (SCM_RIGHTS); with the ticket, once the fd is handed over, it maps it and answers
+# with the arena's id. `path` (a /proc/<pid>/fd/<fd> the service opened, before tickets
+# existed) is refused.
 struct MapArena {
   path @0 :Text;
   size @1 :UInt64;
+  ticket @2 :Text;
 }
 
 struct MapArenaReply {
-  arenaId @0 :UInt64;
+  arenaId @0 :UInt64;        # 0 in the answer that carries a ticket
   size @1 :UInt64;
+  ticket @2 :Text;
+  socket @3 :Text;           # the Unix socket ("@name": abstract namespace)
 }
 
 struct UnmapArena {
@@ -229,6 +243,15 @@ struct UnmapArena {
 
 struct UnmapArenaReply {
   arenaId @0 :UInt64;
+}
+
+# Frees the job: its partitions' memory and NVMe extents, its metadata, its arenas. Its
+# checkpoints stay.
+struct DropJob {}
+
+struct DropJobReply {
+  partitions @0 :UInt64;
+  bytesFreed @1 :UInt64;     # RAM charges and NVMe extents given back
 }
 
 struct ErrorReply {
@@ -271,5 +294,7 @@ struct Header {
     mapArenaReply @26 :MapArenaReply;
     unmapArena @27 :UnmapArena;
     unmapArenaReply @28 :UnmapArenaReply;
+    dropJob @29 :DropJob;
+    dropJobReply @30 :DropJobReply;
   }
 }

@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <regex>
 #include <stdexcept>
 
 namespace dsactor::messages {
@@ -58,28 +57,17 @@ SharedArena::~SharedArena() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string SharedArena::path() const {
-  return "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd_);
-}
-
-std::shared_ptr<ArenaMapping> ArenaMapping::open(const std::string& path, uint64_t bytes) {
-  static const std::regex kProcFd("/proc/[0-9]{1,10}/fd/[0-9]{1,10}");
-  const std::string what = "arena '" + path + "'";
-  if (!std::regex_match(path, kProcFd))
-    throw std::runtime_error(what + ": not of the form /proc/<pid>/fd/<fd>");
-  if (bytes == 0) throw std::runtime_error(what + ": size 0");
-  if (bytes > static_cast<uint64_t>(SIZE_MAX / 2))
-    throw std::runtime_error(what + ": size " + std::to_string(bytes) + " too large");
-  // Only regular files are opened at all (opening a device or FIFO can have effects).
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw sys_error(what + ": stat");
-  if (!S_ISREG(st.st_mode)) throw std::runtime_error(what + ": not a regular file");
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) throw sys_error(what + ": open");
+std::shared_ptr<ArenaMapping> ArenaMapping::adopt(int fd, uint64_t bytes) {
+  const std::string what = "arena fd";
   auto fail = [&](const std::string& why) {
     ::close(fd);
     return std::runtime_error(what + ": " + why);
   };
+  if (fd < 0) throw std::runtime_error(what + ": none received");
+  if (bytes == 0) throw fail("size 0");
+  if (bytes > static_cast<uint64_t>(SIZE_MAX / 2))
+    throw fail("size " + std::to_string(bytes) + " too large");
+  struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw fail("not a regular file");
   // F_GET_SEALS fails on anything but a memfd; without F_SEAL_SHRINK its owner could
   // truncate it and turn our reads into SIGBUS.

@@ -7,9 +7,10 @@
 //
 // The trainer creates the arena (SharedArena): a memfd sealed against shrinking, so the
 // service's mapping can never lose its pages under it (a truncated shared file would raise
-// SIGBUS on access). The service opens it through /proc/<pid>/fd/<fd> (ArenaMapping),
-// which works for a peer of the same user in the same PID namespace and fails otherwise:
-// the caller then falls back to payload frames.
+// SIGBUS on access). The fd itself travels to the service over a Unix socket
+// (arena_handoff.h), and the service maps what it received (ArenaMapping::adopt); where
+// that fails (another host, another network namespace, a user the service does not
+// admit) the caller falls back to payload frames.
 
 #include <sys/types.h>
 
@@ -39,8 +40,8 @@ class SharedArena {
 
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }
-  // What a peer opens: /proc/<our pid>/fd/<memfd>.
-  std::string path() const;
+  // The memfd, still ours: what arena_handoff.h passes to the service.
+  int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
@@ -48,14 +49,14 @@ class SharedArena {
   size_t size_ = 0;
 };
 
-// The mapping side: a peer's arena, mapped read/write. Only open() creates one.
+// The mapping side: a peer's arena, mapped read/write. Only adopt() creates one.
 class ArenaMapping {
  public:
-  // `path` must be /proc/<pid>/fd/<fd> naming a regular memfd sealed with F_SEAL_SHRINK of
-  // at least `bytes` (> 0) bytes; anything else (another file, a device, a socket, an
-  // unsealed or too small memfd, another host's path) throws std::runtime_error saying
-  // which check failed. Never maps anything but such a memfd.
-  static std::shared_ptr<ArenaMapping> open(const std::string& path, uint64_t bytes);
+  // Maps `fd` (closed here, whatever happens), which must be a regular memfd sealed with
+  // F_SEAL_SHRINK of at least `bytes` (> 0) bytes; anything else (another file, a device,
+  // a socket, an unsealed or too small memfd) throws std::runtime_error saying which check
+  // failed. Never maps anything but such a memfd.
+  static std::shared_ptr<ArenaMapping> adopt(int fd, uint64_t bytes);
   ~ArenaMapping();
   ArenaMapping(const ArenaMapping&) = delete;
   ArenaMapping& operator=(const ArenaMapping&) = delete;

@@ -14,39 +14,81 @@ using detail::fmt_bytes;
 using detail::refuse;
 using msg::ErrorCode;
 
-msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r) {
-  if (r.size > max_bytes_ - std::min(bytes_, max_bytes_)) {
+ArenaTable::ArenaTable(uint64_t max_bytes, const std::vector<uint32_t>& uids)
+    : max_bytes_(max_bytes) {
+  if (max_bytes_ == 0) return;
+  try {
+    door_ = std::make_unique<ArenaDoor>(std::vector<uid_t>(uids.begin(), uids.end()));
+  } catch (const std::exception& e) {
+    spdlog::warn("offload: no shared-memory arenas (same-host trainers use frames): {}", e.what());
+  }
+}
+
+msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r,
+                                   const std::string& peer) {
+  if (!r.path.empty()) {
+    refuse(ErrorCode::malformed,
+           "mapArena.path: an arena is never opened by path; hand its fd over the service's "
+           "Unix socket (MapArena without a path gets a ticket)");
+  }
+  if (!door_) {
+    refuse(ErrorCode::tooLarge,
+           "mapArena: this service maps no arenas (--max-arena 0, or no "
+           "Unix socket); send payloads as frames");
+  }
+  if (r.size == 0 || r.size > max_bytes_ - std::min(bytes_, max_bytes_)) {
     refuse(ErrorCode::tooLarge, "mapArena.size: " + fmt_bytes(r.size) + " with " +
                                     fmt_bytes(bytes_) + " already mapped exceeds the " +
                                     fmt_bytes(max_bytes_) + " arena limit");
   }
+  if (r.ticket.empty()) {
+    try {
+      return msg::MapArenaReply{0, r.size, door_->issue(peer, h.job_id, r.size), door_->address()};
+    } catch (const std::exception& e) {
+      refuse(ErrorCode::tooLarge, std::string("mapArena: ") + e.what());
+    }
+  }
   std::shared_ptr<const msg::ArenaMapping> mapping;
   try {
-    mapping = msg::ArenaMapping::open(r.path, r.size);
+    mapping = door_->take(r.ticket, peer, h.job_id);
   } catch (const std::exception& e) {
-    refuse(ErrorCode::malformed, std::string("mapArena.path: ") + e.what());
+    refuse(ErrorCode::malformed, std::string("mapArena.ticket: ") + e.what());
+  }
+  if (mapping->size() != r.size) {
+    refuse(ErrorCode::malformed, "mapArena.size: " + std::to_string(r.size) +
+                                     " is not the size the ticket was issued for");
   }
   const uint64_t id = next_id_++;
-  arenas_.emplace(id, Mapped{h.job_id, mapping});
+  arenas_.emplace(id, Mapped{peer, h.job_id, mapping});
   bytes_ += r.size;
   spdlog::info("offload: job '{}' mapped a {} arena as {} (same-host payloads)", h.job_id,
                fmt_bytes(r.size), id);
-  return msg::MapArenaReply{id, r.size};
+  return msg::MapArenaReply{id, r.size, {}, {}};
 }
 
-msg::UnmapArenaReply ArenaTable::unmap(const msg::Header& h, const msg::UnmapArena& r) {
-  const Mapped& a = find(h, r.arena_id, "unmapArena");
+msg::UnmapArenaReply ArenaTable::unmap(const msg::Header& h, const msg::UnmapArena& r,
+                                       const std::string& peer) {
+  const Mapped& a = find(h, r.arena_id, "unmapArena", peer);
   bytes_ -= a.mapping->size();
   arenas_.erase(r.arena_id);
   return msg::UnmapArenaReply{r.arena_id};
 }
 
+void ArenaTable::drop_job(const std::string& owner, const std::string& job) {
+  std::erase_if(arenas_, [&](const auto& a) {
+    if (a.second.owner != owner || a.second.job != job) return false;
+    bytes_ -= a.second.mapping->size();
+    return true;
+  });
+}
+
 std::shared_ptr<const msg::ArenaMapping> ArenaTable::resolve(const msg::Header& h,
-                                                             const msg::ArenaSlice& slice) const {
+                                                             const msg::ArenaSlice& slice,
+                                                             const std::string& peer) const {
   const std::string field = std::holds_alternative<msg::PushGradients>(h.body)
                                 ? "pushGradients.arena"
                                 : "fetchParameters.arena";
-  const Mapped& a = find(h, slice.arena_id, field);
+  const Mapped& a = find(h, slice.arena_id, field, peer);
   if (!a.mapping->range(slice.offset, slice.length)) {
     refuse(ErrorCode::malformed, field + ": [" + std::to_string(slice.offset) + ", +" +
                                      std::to_string(slice.length) + ") is outside the " +
@@ -57,9 +99,10 @@ std::shared_ptr<const msg::ArenaMapping> ArenaTable::resolve(const msg::Header& 
 }
 
 const ArenaTable::Mapped& ArenaTable::find(const msg::Header& h, uint64_t id,
-                                           const std::string& field) const {
+                                           const std::string& field,
+                                           const std::string& peer) const {
   auto a = arenas_.find(id);
-  if (a == arenas_.end() || a->second.job != h.job_id) {
+  if (a == arenas_.end() || a->second.job != h.job_id || a->second.owner != peer) {
     refuse(ErrorCode::malformed, field + ".arenaId: arena " + std::to_string(id) +
                                      " is not mapped for job '" + h.job_id + "'");
   }

@@ -2,45 +2,59 @@
 
 // The trainers' shared-memory arenas the coordinator has mapped (MapArena / UnmapArena),
 // and the check of a push's or fetch's arena slice against them. An arena belongs to the
-// job that mapped it; ids start at 1 (0 names no arena on the wire). A request that uses
-// an arena carries the mapping (a shared_ptr) to its worker, so an UnmapArena meanwhile
-// unmaps it only once that request is answered. Arenas go with UnmapArena or when the
-// service stops.
+// client key and job that mapped it; ids start at 1 (0 names no arena on the wire). Its fd
+// comes over the ArenaDoor's Unix socket with a ticket a first MapArena got, never by a
+// path. A request that uses an arena carries the mapping (a shared_ptr) to its worker, so
+// an UnmapArena meanwhile unmaps it only once that request is answered. Arenas go with
+// UnmapArena, DropJob, or when the service stops.
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "messages/codec.h"
 #include "messages/shm_arena.h"
+#include "offload_service/arena_door.h"
 
 namespace dsactor::offload {
 
 class ArenaTable {
  public:
-  // max_bytes: StoreOptions::max_arena_bytes, over all jobs.
-  explicit ArenaTable(uint64_t max_bytes) : max_bytes_(max_bytes) {}
+  // max_bytes: StoreOptions::max_arena_bytes, over all jobs (0: no arenas, no door);
+  // uids: StoreOptions::arena_uids.
+  ArenaTable(uint64_t max_bytes, const std::vector<uint32_t>& uids);
 
-  // Maps the arena a MapArena names for the request's job. Refuses tooLarge beyond
-  // max_bytes, malformed (naming mapArena.path) when it cannot be mapped.
-  messages::MapArenaReply map(const messages::Header& h, const messages::MapArena& r);
-  messages::UnmapArenaReply unmap(const messages::Header& h, const messages::UnmapArena& r);
+  // MapArena of `peer`: without a ticket, a ticket and the door's socket; with one, the
+  // arena handed over with it, mapped for the request's job. Refuses tooLarge beyond
+  // max_bytes, malformed naming the field otherwise (a path, a bad ticket).
+  messages::MapArenaReply map(const messages::Header& h, const messages::MapArena& r,
+                              const std::string& peer);
+  messages::UnmapArenaReply unmap(const messages::Header& h, const messages::UnmapArena& r,
+                                  const std::string& peer);
   // A push's or fetch's slice: the mapping, once the slice is known to lie inside an arena
-  // of the request's job (a fetch's length is the capacity its reply may fill). Refuses
-  // malformed naming the field otherwise.
+  // of the request's job and key (a fetch's length is the capacity its reply may fill).
+  // Refuses malformed naming the field otherwise.
   std::shared_ptr<const messages::ArenaMapping> resolve(const messages::Header& h,
-                                                        const messages::ArenaSlice& slice) const;
+                                                        const messages::ArenaSlice& slice,
+                                                        const std::string& peer) const;
+  // Unmaps every arena of the job (DropJob).
+  void drop_job(const std::string& owner, const std::string& job);
 
  private:
   struct Mapped {
-    std::string job;
+    std::string owner, job;
     std::shared_ptr<const messages::ArenaMapping> mapping;
   };
-  // The arena `id` of the request's job, or a refusal naming `field`.
-  const Mapped& find(const messages::Header& h, uint64_t id, const std::string& field) const;
+  // The arena `id` of the request's job and key, or a refusal naming `field`.
+  const Mapped& find(const messages::Header& h, uint64_t id, const std::string& field,
+                     const std::string& peer) const;
 
   uint64_t max_bytes_;
+  std::unique_ptr<ArenaDoor> door_;
   std::map<uint64_t, Mapped> arenas_;
   uint64_t next_id_ = 1;
   uint64_t bytes_ = 0;

@@ -28,12 +28,28 @@ std::string tensor_name(uint64_t pid, const char* what) {
   return "partition/" + std::to_string(pid) + "/" + what;
 }
 
-fs::path checkpoint_path(const std::string& path, const char* what) {
-  if (path.empty() || !fs::path(path).is_absolute()) {
-    refuse(ErrorCode::malformed, std::string(what) + " path '" + path +
-                                     "' must be an absolute directory path on the service host");
-  }
-  return fs::path(path).lexically_normal();
+// Checkpoints are named beneath the state directory; a path (what older trainers send) is
+// refused before anything is opened.
+void refuse_path(const std::string& path, const char* what) {
+  if (path.empty()) return;
+  refuse(ErrorCode::malformed,
+         std::string(what) +
+             ".path (a path on the service's host) is refused: name the checkpoint with " + what +
+             ".name, which the service keeps beneath its state directory");
+}
+
+// ---- MACs (state_dir.h) ----
+
+// Of the state, the "mac" member left out.
+security::MacTag state_mac(const security::MacKey& key, nlohmann::json state) {
+  state.erase("mac");
+  return security::KeyedMac(key).field("state").update(state.dump()).finish();
+}
+
+void add_to_mac(security::KeyedMac& mac, uint64_t pid, const char* what, const HostBufferPtr& buf,
+                uint64_t bytes) {
+  mac.field(tensor_name(pid, what));
+  mac.update(std::span<const std::byte>(buf->data(), bytes));
 }
 
 // ---- restore, step by step ----
@@ -43,6 +59,11 @@ struct RestoreFrom {
   fs::path dir;
   [[noreturn]] void bad(ErrorCode code, const std::string& why) const {
     refuse(code, "restore from " + dir.string() + ": " + why);
+  }
+  [[noreturn]] void changed(const char* file) const {
+    bad(ErrorCode::permissionDenied,
+        std::string(file) +
+            " was not written by this job, or was changed since (its MAC does not match): refused");
   }
 };
 
@@ -61,7 +82,7 @@ struct LoadedJob {
 // The manifest's state, checked: format, tag, each partition's spec (the Register range
 // checks), version and Adam step count, and each tensor's presence, dtype and size.
 LoadedJob read_manifest(const storage::CheckpointReader& reader, const RestoreFrom& from,
-                        const std::string& tag) {
+                        const std::string& tag, const security::MacKey& key) {
   const auto& st = reader.state();
   LoadedJob out;
   try {
@@ -70,9 +91,15 @@ LoadedJob read_manifest(const storage::CheckpointReader& reader, const RestoreFr
       from.bad(ErrorCode::malformed, "not an offload-service checkpoint of format version " +
                                          std::to_string(kCheckpointFormatVersion));
     }
+    // Nothing of the state is believed before its MAC is.
+    const auto mac = st.find("mac");
+    if (mac == st.end() || !mac->is_object() ||
+        !security::tag_equals_hex(state_mac(key, st), mac->value("state", ""))) {
+      from.changed("manifest.json");
+    }
     if (st.at("tag").get<std::string>() != tag) {
-      from.bad(ErrorCode::malformed, "holds tag '" + st.at("tag").get<std::string>() +
-                                         "', restore asks for '" + tag + "'");
+      from.bad(ErrorCode::malformed,
+               "holds another tag than the one restore asks for ('" + tag + "')");
     }
     out.step = st.at("step").get<uint64_t>();
     std::set<uint64_t> seen;
@@ -157,8 +184,11 @@ JobState restored_job(const LoadedJob& loaded, const JobState* live, const Place
 // worker, in checkpoint order.
 PerWorker<RestoreWork> read_tensors(const storage::CheckpointReader& reader,
                                     const LoadedJob& loaded, const JobState& next,
-                                    const RestoreFrom& from, const std::string& job) {
+                                    const RestoreFrom& from, const std::string& job,
+                                    const security::MacKey& key) {
   PerWorker<RestoreWork> pw;
+  security::KeyedMac mac(key);
+  mac.field("tensors");
   try {
     for (const auto& l : loaded.parts) {
       const uint64_t pid = l.spec.partition_id, n = l.spec.element_count;
@@ -172,6 +202,9 @@ PerWorker<RestoreWork> read_tensors(const storage::CheckpointReader& reader,
       reader.read_tensor(tensor_name(pid, "master"), item.master->data(), n * 4, "F32");
       reader.read_tensor(tensor_name(pid, "m"), item.m->data(), n * 4, "F32");
       reader.read_tensor(tensor_name(pid, "v"), item.v->data(), n * 4, "F32");
+      add_to_mac(mac, pid, "master", item.master, n * 4);
+      add_to_mac(mac, pid, "m", item.m, n * 4);
+      add_to_mac(mac, pid, "v", item.v, n * 4);
       RestoreWork& w = pw.add(p.worker, pid);
       w.job = job;
       w.items.push_back(std::move(item));
@@ -182,15 +215,20 @@ PerWorker<RestoreWork> read_tensors(const storage::CheckpointReader& reader,
   } catch (const std::exception& e) {
     from.bad(ErrorCode::internal, e.what());
   }
+  if (!security::tag_equals_hex(mac.finish(), reader.state().at("mac").value("tensors", ""))) {
+    from.changed("tensors.bin");
+  }
   return pw;
 }
 
 }  // namespace
 
-msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers,
+msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers, StateDir& state,
                                     const msg::Header& h, const msg::Checkpoint& c) {
-  const fs::path dir = checkpoint_path(c.path, "checkpoint");
+  refuse_path(c.path, "checkpoint");
   const JobState& job = jobs.job(h);
+  const ResolvedCheckpoint dir = state.for_write(job.owner, h.job_id, c.name);
+  const security::MacKey key = state.mac_key(job.owner, h.job_id);
   const auto micro = workers.micro_steps(h.job_id, job);
   for (size_t i = 0; i < job.order.size(); ++i) {
     if (micro[i] > 0) {
@@ -199,7 +237,7 @@ msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers,
                  std::to_string(job.step + 1) + "; commit or skip before a checkpoint");
     }
   }
-  const auto state = workers.optimizer_state(h.job_id, job);
+  const auto opt = workers.optimizer_state(h.job_id, job);
   nlohmann::json js{{"format", kCheckpointFormat},
                     {"format_version", kCheckpointFormatVersion},
                     {"tag", c.tag},
@@ -207,46 +245,65 @@ msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers,
                     {"step", job.step},
                     {"partitions", nlohmann::json::array()}};
   uint64_t bytes = 0;
+  security::KeyedMac mac(key);
+  mac.field("tensors");
   try {
-    storage::CheckpointWriter w(dir);
+    storage::CheckpointWriter w(dir.path);
     for (size_t i = 0; i < job.order.size(); ++i) {
       const uint64_t pid = job.order[i];
       const PartitionEntry& p = job.parts.at(pid);
       const std::vector<int64_t> shape{static_cast<int64_t>(p.n())};
-      w.add_tensor(tensor_name(pid, "master"), "F32", shape, state[i][0]->as<float>(), p.n() * 4);
-      w.add_tensor(tensor_name(pid, "m"), "F32", shape, state[i][1]->as<float>(), p.n() * 4);
-      w.add_tensor(tensor_name(pid, "v"), "F32", shape, state[i][2]->as<float>(), p.n() * 4);
+      w.add_tensor(tensor_name(pid, "master"), "F32", shape, opt[i][0]->as<float>(), p.n() * 4);
+      w.add_tensor(tensor_name(pid, "m"), "F32", shape, opt[i][1]->as<float>(), p.n() * 4);
+      w.add_tensor(tensor_name(pid, "v"), "F32", shape, opt[i][2]->as<float>(), p.n() * 4);
+      add_to_mac(mac, pid, "master", opt[i][0], p.n() * 4);
+      add_to_mac(mac, pid, "m", opt[i][1], p.n() * 4);
+      add_to_mac(mac, pid, "v", opt[i][2], p.n() * 4);
       bytes += 3 * p.n() * 4;
       auto pj = detail::spec_json(p.spec, p.on_nvme, p.adam_steps);
       pj.erase("tier");  // placement is the restoring service's business
       pj["version"] = p.version;
       js["partitions"].push_back(std::move(pj));
     }
+    const std::string tensors_mac = security::to_hex(mac.finish());
+    js["mac"] = {{"state", security::to_hex(state_mac(key, js))}, {"tensors", tensors_mac}};
     w.set_state(js);
     w.commit();
   } catch (const Refusal&) {
     throw;
   } catch (const std::exception& e) {
-    refuse(ErrorCode::internal, "checkpoint to " + dir.string() + " failed: " + e.what());
+    refuse(ErrorCode::internal, "checkpoint to " + dir.shown.string() + " failed: " + e.what());
   }
   spdlog::info("offload: job '{}' step {} checkpointed to {} ('{}', {} bytes)", h.job_id, job.step,
-               dir.string(), c.tag, bytes);
-  return msg::CheckpointReply{c.tag, job.step, bytes};
+               dir.shown.string(), c.tag, bytes);
+  return msg::CheckpointReply{c.tag, job.step, bytes, dir.shown.string()};
 }
 
-msg::RestoreReply restore_job(JobTable& jobs, Placement& placement, TwoPhase& two_phase,
+msg::RestoreReply restore_job(JobTable& jobs, Placement& placement, const Quotas& quotas,
+                              TwoPhase& two_phase, StateDir& state, const std::string& peer,
                               const msg::Header& h, const msg::Restore& rq) {
-  const RestoreFrom from{checkpoint_path(rq.path, "restore")};
+  refuse_path(rq.path, "restore");
+  const JobState* live = jobs.find(h.job_id);
+  // The caller checked that a live job is the requester's.
+  const std::string owner = live ? live->owner : peer;
+  const ResolvedCheckpoint dir = state.for_read(owner, h.job_id, rq.name);
+  const RestoreFrom from{dir.shown};
+  const security::MacKey key = state.mac_key(owner, h.job_id);
   std::unique_ptr<storage::CheckpointReader> reader;
   try {
-    reader = std::make_unique<storage::CheckpointReader>(from.dir);
+    reader = std::make_unique<storage::CheckpointReader>(dir.path);
   } catch (const std::exception& e) {
-    from.bad(ErrorCode::malformed, e.what());
+    from.bad(ErrorCode::malformed, std::string("not a readable checkpoint: ") + e.what());
   }
-  const LoadedJob loaded = read_manifest(*reader, from, rq.tag);
-  const JobState* live = jobs.find(h.job_id);
+  const LoadedJob loaded = read_manifest(*reader, from, rq.tag, key);
+  if (!live) {
+    std::vector<const msg::PartitionSpec*> specs;
+    for (const auto& l : loaded.parts) specs.push_back(&l.spec);
+    quotas.check(jobs, owner, h.job_id, specs.size(), specs, "restore");
+  }
   JobState next = restored_job(loaded, live, placement, from, h.job_id);
-  const auto pw = read_tensors(*reader, loaded, next, from, h.job_id);
+  next.owner = owner;
+  const auto pw = read_tensors(*reader, loaded, next, from, h.job_id, key);
 
   std::vector<uint64_t> checkpoint_order;
   for (const auto& l : loaded.parts) checkpoint_order.push_back(l.spec.partition_id);

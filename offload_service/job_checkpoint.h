@@ -2,23 +2,30 @@
 
 // Checkpoint and Restore of one job, with storage/checkpoint.h's container: `tensors.bin`
 // holds `partition/<id>/{master,m,v}` (fp32, crc32c each) in the job's order, and the
-// manifest's state holds the format, tag, job, step and per partition its spec, Adam step
-// count and version. Placement is not recorded: a restoring service places a job it does
-// not have like a registration. Format and rules: README.md, "Checkpoints".
+// manifest's state holds the format, tag, job, step, per partition its spec, Adam step
+// count and version, and two MACs (state_dir.h): of the state and of the tensors. Placement
+// is not recorded: a restoring service places a job it does not have like a registration.
+// A checkpoint lives beneath the state directory, in its job's directory, under the name
+// the request gives (state_dir.h). Format and rules: README.md, "Checkpoints".
+
+#include <string>
 
 #include "messages/codec.h"
 #include "offload_service/job_table.h"
 #include "offload_service/placement.h"
+#include "offload_service/quotas.h"
+#include "offload_service/state_dir.h"
 #include "offload_service/two_phase.h"
 #include "offload_service/worker_group.h"
 
 namespace dsactor::offload {
 
 // Writes the request's job (no gradients may be pending) to a directory published
-// atomically at the request's path. Changes nothing in the store. NVMe partitions are read
+// atomically at the request's name. Changes nothing in the store. NVMe partitions are read
 // through their crc32c first, so a corrupt extent is refused, never copied.
 messages::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers,
-                                         const messages::Header& h, const messages::Checkpoint& c);
+                                         StateDir& state, const messages::Header& h,
+                                         const messages::Checkpoint& c);
 
 // Loads a checkpoint back into the request's job. Everything is read and verified (the
 // manifest, every tensor's size and crc32c) and staged on the workers (fresh buffers,
@@ -26,8 +33,11 @@ messages::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& work
 // checkpoint is refused with the live state untouched. Pending gradients of the job are
 // discarded. A registered job must have exactly the checkpoint's partitions (ids, element
 // counts, served dtypes); a job that is not registered is created, placed and charged like
-// a registration.
-messages::RestoreReply restore_job(JobTable& jobs, Placement& placement, TwoPhase& two_phase,
+// a registration, within the client's quotas, and owned by `peer`. A checkpoint whose MACs
+// do not match (changed by anyone but its job, or made for another job) is refused,
+// naming the file.
+messages::RestoreReply restore_job(JobTable& jobs, Placement& placement, const Quotas& quotas,
+                                   TwoPhase& two_phase, StateDir& state, const std::string& peer,
                                    const messages::Header& h, const messages::Restore& rq);
 
 }  // namespace dsactor::offload

@@ -25,7 +25,7 @@ JobState JobState::committed(uint64_t new_step) const {
 }
 
 nlohmann::json JobState::manifest() const {
-  nlohmann::json j{{"step", step}, {"partitions", nlohmann::json::array()}};
+  nlohmann::json j{{"step", step}, {"owner", owner}, {"partitions", nlohmann::json::array()}};
   for (uint64_t pid : order) {
     const PartitionEntry& p = parts.at(pid);
     j["partitions"].push_back(detail::spec_json(p.spec, p.on_nvme, p.adam_steps));
@@ -61,6 +61,13 @@ const JobState& JobTable::job_for_step(const msg::Header& h, uint64_t step,
                                         ", the next step is " + std::to_string(j.step + 1));
   }
   return j;
+}
+
+void JobTable::check_owner(const msg::Header& h, const std::string& peer) const {
+  const JobState* job = find(h.job_id);
+  if (job && job->owner != peer) {
+    refuse(ErrorCode::permissionDenied, "permission denied: the job belongs to another client key");
+  }
 }
 
 void JobTable::put(const std::string& job, JobState state) {

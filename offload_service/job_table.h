@@ -38,6 +38,9 @@ struct PartitionEntry {
 };
 
 struct JobState {
+  // The client key that registered the job (Z85; "" for --insecure clients): the only one
+  // whose requests on it are served.
+  std::string owner;
   std::vector<uint64_t> order;  // registration order = forward block order
   std::map<uint64_t, PartitionEntry> parts;
   uint64_t step = 0;  // last step committed or skipped
@@ -63,8 +66,14 @@ class JobTable {
   // The request's job when `step` is its next one; refuses versionOrder otherwise.
   const JobState& job_for_step(const messages::Header& h, uint64_t step, const char* what) const;
 
+  // Refuses permissionDenied when the request's job exists and belongs to another key.
+  // The refusal names nothing of the job (no partition ids, steps, tags).
+  void check_owner(const messages::Header& h, const std::string& peer) const;
+
   // Replaces (or creates) a job: the last act of an operation that succeeded.
   void put(const std::string& job, JobState state);
+  // Forgets a job (DropJob, once its partitions and records are gone).
+  void erase(const std::string& job) { jobs_.erase(job); }
   const std::map<std::string, JobState>& all() const { return jobs_; }
 
  private:

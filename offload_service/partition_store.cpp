@@ -1,5 +1,8 @@
 #include "offload_service/partition_store.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <future>
 #include <stdexcept>
 
@@ -39,13 +42,14 @@ PartitionStore::PartitionStore(StoreOptions options) : impl_(std::make_unique<Im
 }
 PartitionStore::~PartitionStore() = default;
 
-Reply PartitionStore::handle(const msg::Message& request) {
+Reply PartitionStore::handle(const msg::Message& request, const std::string& peer) {
   // The caller blocks until the reply, so the message (and its payload) outlives every
   // actor's use of it.
   std::promise<Reply> done;
   auto reply = done.get_future();
   auto in = std::make_shared<detail::Incoming>();
   in->message = &request;
+  in->peer = peer;
   in->respond = [&done](Reply r) { done.set_value(std::move(r)); };
   caf::anon_send(impl_->actors.coordinator, call_atom::value, detail::IncomingPtr(in));
   return reply.get();
@@ -82,6 +86,27 @@ const char* to_string(Tier tier) {
   return tier == Tier::kRam ? "ram" : "nvme";
 }
 
+uint64_t resolved_memory_limit(const StoreOptions& o) {
+  if (o.memory_limit) return o.memory_limit;
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  const uint64_t physical =
+      pages > 0 && size > 0 ? uint64_t(pages) * uint64_t(size) : uint64_t{8} << 30;
+  return physical / 2;
+}
+
+std::filesystem::path resolved_state_dir(const StoreOptions& o) {
+  if (o.state_dir) return *o.state_dir;
+  if (o.nvme_dir) return *o.nvme_dir;
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/')
+    return std::filesystem::path(x) / "dsactor";
+  const char* home = std::getenv("HOME");
+  if (!home || *home != '/')
+    throw std::invalid_argument(
+        "offload options: no --state-dir, no --nvme, and neither XDG_STATE_HOME nor HOME is "
+        "an absolute path: give --state-dir DIR");
+  return std::filesystem::path(home) / ".local" / "state" / "dsactor";
+}
+
 StagingOptions validate(const StoreOptions& o) {
   auto fail = [](const std::string& what) {
     throw std::invalid_argument("offload options: " + what);
@@ -114,6 +139,25 @@ StagingOptions validate(const StoreOptions& o) {
   if (o.workers > 256) {
     fail("workers " + std::to_string(o.workers) +
          " must be in [0, 256] (0 = one per two hardware threads)");
+  }
+  if (o.max_partition_bytes < 4) {
+    fail("max_partition_bytes " + std::to_string(o.max_partition_bytes) +
+         " must hold at least one fp32 element (4 bytes)");
+  }
+  if (o.max_partitions_per_register == 0 || o.max_partitions_per_job == 0 ||
+      o.max_jobs_per_client == 0 || o.max_partitions_per_client == 0) {
+    fail(
+        "the partition and job quotas must be >= 1 (max_partitions_per_register, "
+        "max_partitions_per_job, max_jobs_per_client, max_partitions_per_client)");
+  }
+  if (o.max_requests_in_flight == 0 || o.max_bytes_in_flight_per_client == 0 ||
+      o.max_bytes_in_flight == 0) {
+    fail(
+        "the in-flight limits must be >= 1 (max_requests_in_flight, "
+        "max_bytes_in_flight_per_client, max_bytes_in_flight)");
+  }
+  if (o.state_dir && !o.state_dir->is_absolute()) {
+    fail("state_dir '" + o.state_dir->string() + "' must be an absolute path");
   }
   StagingOptions s;
   s.chunk_elements = size / 12 / 1024 * 1024;

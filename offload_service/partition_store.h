@@ -33,9 +33,10 @@ namespace dsactor::offload {
 // in parentheses). validate() states the rules; PartitionStore's constructor applies it.
 struct StoreOptions {
   // Bytes of RAM partitions may take (master, m, v on the RAM tier; gradient and served
-  // copy on both tiers). 0 = the machine's physical memory. A registration beyond it
-  // spills to NVMe when there is an NVMe tier, and is refused with outOfMemory otherwise.
-  // The NVMe staging buffers (buffer_count x buffer_size) come off the top of it.
+  // copy on both tiers). 0 = half the machine's physical memory (resolved_memory_limit();
+  // the service prints it at start). A registration beyond it spills to NVMe when there is
+  // an NVMe tier, and is refused with outOfMemory otherwise. The NVMe staging buffers
+  // (buffer_count x buffer_size) come off the top of it.
   uint64_t memory_limit = 0;
 
   // NVMe tier directory (`--nvme DIR`). When set, master/m/v of every partition beyond
@@ -88,7 +89,49 @@ struct StoreOptions {
 
   // Name in RegisterReply.service_id.
   std::string service_id = "offload";
+
+  // ---- what one client may take (README.md, "Quotas and backpressure") ----
+  // A client is a key (CurveZMQ public key; every --insecure client is one and the same).
+  // "Bytes" of a partition are its RAM charge as if it were on the RAM tier, whichever
+  // tier it is on: 4 x align4k(4n) + align4k(2n) with a half served copy.
+
+  // Largest partition a Register may ask for, in fp32 bytes (4 x elements). Also what a
+  // frame may hold: ZMQ_MAXMSGSIZE and the decoder's payload limit are this (or the
+  // largest header). Default 1 GiB.
+  uint64_t max_partition_bytes = uint64_t{1} << 30;
+  // Partitions one Register may list. Default 4096.
+  uint64_t max_partitions_per_register = 4096;
+  // Per job: partitions and bytes. Defaults 16384 and 0 (no cap of its own).
+  uint64_t max_partitions_per_job = 16384;
+  uint64_t max_bytes_per_job = 0;
+  // Per client, over all its jobs: jobs, partitions and bytes. Defaults 64, 65536 and 0
+  // (no cap of its own: the memory limit, and the NVMe tier's room, bound it).
+  uint64_t max_jobs_per_client = 64;
+  uint64_t max_partitions_per_client = 65536;
+  uint64_t max_bytes_per_client = 0;
+  // Requests in flight (received, not yet answered and freed), checked by the gateway:
+  // per client, and their bytes per client and over all clients. Past them the answer is
+  // `busy` and the client retries after a pause. A client with nothing in flight is
+  // always admitted one request, whatever its size. Defaults 64, 1 GiB, 4 GiB.
+  uint64_t max_requests_in_flight = 64;
+  uint64_t max_bytes_in_flight_per_client = uint64_t{1} << 30;
+  uint64_t max_bytes_in_flight = uint64_t{4} << 30;
+
+  // ---- where the service keeps what it writes (README.md, "Checkpoints") ----
+  // Checkpoints (beneath `<state_dir>/checkpoints/`) and the secret their MACs are keyed
+  // with (`<state_dir>/checkpoint-mac.secret`, 0600), created 0700 at first use. Default:
+  // the NVMe directory, else $XDG_STATE_HOME/dsactor, else ~/.local/state/dsactor
+  // (resolved_state_dir()).
+  std::optional<std::filesystem::path> state_dir;
+  // Same-host arenas: user ids, besides the service's own, whose processes may hand over
+  // an arena's fd. Default: none.
+  std::vector<uint32_t> arena_uids;
 };
+
+// StoreOptions::memory_limit with 0 resolved: half the machine's physical memory.
+uint64_t resolved_memory_limit(const StoreOptions& options);
+// StoreOptions::state_dir with its default resolved (nothing is created).
+std::filesystem::path resolved_state_dir(const StoreOptions& options);
 
 // Checks the options against each other; throws std::invalid_argument naming the option,
 // its value and the rule. Returns the staging layout the NVMe tier will use.
@@ -149,8 +192,9 @@ class PartitionStore {
   PartitionStore& operator=(const PartitionStore&) = delete;
 
   // Answers one decoded request (payload kinds: request.payload holds the bytes, already
-  // length- and crc-checked by the codec). Never throws.
-  Reply handle(const messages::Message& request);
+  // length- and crc-checked by the codec) from the client whose key is `peer` ("" as for
+  // an --insecure client). Never throws.
+  Reply handle(const messages::Message& request, const std::string& peer = "");
 
   StoreStats stats() const;
   // Where a registered partition's optimizer state lives; nullopt when not registered.

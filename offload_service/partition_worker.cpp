@@ -550,6 +550,16 @@ partition_worker::behavior_type worker_behavior(
           if (key.first == job) p.micro_steps = 0;
         }
       },
+      [self](drop_atom, const std::string& job) {
+        uint64_t released = 0;
+        std::erase_if(self->state.parts, [&](auto& kv) {
+          if (kv.first.first != job) return false;
+          if (kv.second.loc) released += kv.second.loc->extent.bytes;
+          self->state.release(kv.second.loc);
+          return true;
+        });
+        return released;
+      },
   };
 }
 

@@ -115,6 +115,7 @@ using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using grads_atom = caf::atom_constant<caf::atom("grads")>;
 using state_atom = caf::atom_constant<caf::atom("state")>;
 using skip_atom = caf::atom_constant<caf::atom("skip")>;
+using drop_atom = caf::atom_constant<caf::atom("drop")>;
 
 using partition_worker = caf::typed_actor<
     // PushGradients / FetchParameters of a partition this worker owns (the coordinator
@@ -132,7 +133,10 @@ using partition_worker = caf::typed_actor<
     // master, m, v per partition (NVMe ones read and crc-checked), for a checkpoint.
     caf::replies_to<state_atom, PartitionQueryPtr>::with<WorkResult>,
     // SkipStep: drops the job's accumulated gradients.
-    caf::reacts_to<skip_atom, std::string>>;
+    caf::reacts_to<skip_atom, std::string>,
+    // DropJob: forgets the job's partitions (buffers go once no reply holds them; NVMe
+    // extents are released). Answers the NVMe bytes released.
+    caf::replies_to<drop_atom, std::string>::with<uint64_t>>;
 
 struct WorkerConfig {
   size_t index = 0;

@@ -1,5 +1,6 @@
 #include "offload_service/placement.h"
 
+#include <algorithm>
 #include <string>
 
 #include "offload_service/store_common.h"
@@ -42,6 +43,11 @@ std::vector<bool> Placement::tiers(const std::vector<const messages::PartitionSp
 void Placement::charge(const PartitionEntry& p) {
   ram_used_ += p.ram_bytes;
   if (!p.on_nvme) ram_opt_used_ += opt_bytes(p.spec);
+}
+
+void Placement::uncharge(const PartitionEntry& p) {
+  ram_used_ -= std::min(ram_used_, p.ram_bytes);
+  if (!p.on_nvme) ram_opt_used_ -= std::min(ram_opt_used_, opt_bytes(p.spec));
 }
 
 }  // namespace dsactor::offload

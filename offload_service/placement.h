@@ -32,6 +32,7 @@ class Placement {
   size_t worker_for(size_t index) const { return index % workers_; }
 
   void charge(const PartitionEntry& p);
+  void uncharge(const PartitionEntry& p);
   uint64_t ram_used() const { return ram_used_; }
   uint64_t memory_limit() const { return limit_; }
   bool has_nvme() const { return has_nvme_; }

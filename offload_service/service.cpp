@@ -2,9 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "actors/runtime/gateway.h"
 #include "actors/runtime/runtime.h"
 #include "offload_service/step_coordinator.h"
+#include "messages/shm_arena.h"
 #include "offload_service/store_actors.h"
 
 namespace dsactor::offload {
@@ -18,11 +21,19 @@ struct OffloadService::Impl {
 };
 
 OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<Impl>()) {
+  security::check_listen_security(options.listen, messages::is_local_endpoint(options.listen),
+                                  options.security, "offload service");
   options.store.verify_arena_checksum = options.limits.verify_checksum;
   impl_->store = spawn_store(impl_->runtime.system(), options.store);
+  const StoreOptions& st = options.store;
   actors::GatewayOptions g;
   g.listen = options.listen;
   g.limits = options.limits;
+  g.limits.max_payload_bytes = std::min(g.limits.max_payload_bytes, st.max_partition_bytes);
+  g.security = options.security;
+  g.name = "offload service";
+  g.inflight = {st.max_requests_in_flight, st.max_bytes_in_flight_per_client,
+                st.max_bytes_in_flight};
   try {
     // The gateway sees only the request_handler part of the coordinator's interface.
     impl_->gateway = std::make_unique<actors::Gateway>(

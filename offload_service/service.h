@@ -13,6 +13,7 @@
 #include "actors/runtime/gateway.h"
 #include "messages/codec.h"
 #include "offload_service/partition_store.h"
+#include "security/transport_security.h"
 
 namespace dsactor::offload {
 
@@ -20,8 +21,14 @@ struct ServiceOptions {
   StoreOptions store;
   // ROUTER endpoint; "tcp://127.0.0.1:*" binds a free port (see OffloadService::endpoint()).
   std::string listen = "tcp://127.0.0.1:5555";
-  // What the gateway's decoder accepts.
+  // What the gateway's decoder accepts. Its max_payload_bytes is lowered to
+  // StoreOptions::max_partition_bytes (a frame never needs more).
   messages::Limits limits;
+  // The gateway's keypair and the client keys it admits, or insecure (plain ZeroMQ; the
+  // constructor refuses that anywhere but on loopback: security::check_listen_security).
+  // Default: insecure, for in-process tests and tools; `dsactor start` requires keys or
+  // --insecure.
+  security::ServerSecurity security = {true, {}, {}};
 };
 
 class OffloadService {

@@ -9,6 +9,8 @@
 #include "offload_service/arena_table.h"
 #include "offload_service/job_checkpoint.h"
 #include "offload_service/placement.h"
+#include "offload_service/quotas.h"
+#include "offload_service/state_dir.h"
 #include "offload_service/two_phase.h"
 #include "offload_service/worker_group.h"
 
@@ -26,6 +28,8 @@ struct CoordinatorState {
   StoreOptions options;
   JobTable jobs;
   Placement placement;
+  Quotas quotas;
+  StateDir state;
   ArenaTable arenas;
   WorkerGroup workers;
   TwoPhase two_phase;
@@ -38,7 +42,9 @@ struct CoordinatorState {
         jobs(std::move(setup.jobs)),
         placement(setup.memory_limit, options.max_in_cpu, setup.nvme_io.has_value(),
                   setup.workers.size()),
-        arenas(options.max_arena_bytes),
+        quotas(options),
+        state(resolved_state_dir(options)),
+        arenas(options.max_arena_bytes, options.arena_uids),
         workers(system, std::move(setup.workers)),
         two_phase(workers, std::move(setup.metadata), std::move(setup.file_name)),
         pinning(setup.pinning) {
@@ -77,12 +83,15 @@ struct CoordinatorState {
     return fresh;
   }
 
-  msg::Body on_register(const msg::Header& h, const msg::Register& r) {
+  msg::Body on_register(const detail::IncomingPtr& in, const msg::Register& r) {
+    const auto& h = in->header();
     const auto fresh = fresh_specs(h, r);
+    quotas.check(jobs, in->peer, h.job_id, r.partitions.size(), fresh, "register");
     const auto tiers = placement.tiers(fresh, "register");
     if (!fresh.empty()) {
       const JobState* live = jobs.find(h.job_id);
       JobState next = live ? *live : JobState{};
+      next.owner = in->peer;  // a live job is the requester's (checked on arrival)
       PerWorker<RegisterWork> pw;
       for (size_t i = 0; i < fresh.size(); ++i) {
         PartitionEntry p;
@@ -178,6 +187,24 @@ struct CoordinatorState {
     return msg::CommitReply{sk.step, false, jobs.find(h.job_id)->versions()};
   }
 
+  // DropJob: the records first (durable), then the workers forget the partitions, then
+  // the charges, the arenas and the job table.
+  msg::Body on_drop(const detail::IncomingPtr& in) {
+    const auto& h = in->header();
+    const JobState job = jobs.job(h);
+    two_phase.erase_job(h.job_id, job);
+    uint64_t freed = workers.drop(h.job_id, job);
+    for (const auto& [pid, p] : job.parts) {
+      placement.uncharge(p);
+      freed += p.ram_bytes;
+    }
+    arenas.drop_job(job.owner, h.job_id);
+    jobs.erase(h.job_id);
+    spdlog::info("offload: job '{}' dropped ({} partitions, {} freed)", h.job_id, job.parts.size(),
+                 detail::fmt_bytes(freed));
+    return msg::DropJobReply{job.parts.size(), freed};
+  }
+
   StoreStats stats() {
     StoreStats st;
     st.bytes_in_ram = placement.ram_used();
@@ -213,7 +240,7 @@ struct CoordinatorState {
       detail::IncomingPtr fwd = in;
       if (const msg::ArenaSlice* slice = msg::arena_of(h.body)) {
         auto with_arena = std::make_shared<detail::Incoming>(*in);
-        with_arena->arena = arenas.resolve(h, *slice);
+        with_arena->arena = arenas.resolve(h, *slice, in->peer);
         fwd = std::move(with_arena);
       }
       if (fetch && fetch->min_version > p.version) {
@@ -234,7 +261,7 @@ struct CoordinatorState {
         [&](const auto& body) -> msg::Body {
           using T = std::decay_t<decltype(body)>;
           if constexpr (std::is_same_v<T, msg::Register>) {
-            return on_register(h, body);
+            return on_register(in, body);
           } else if constexpr (std::is_same_v<T, msg::SetParameters>) {
             return on_set(in, body);
           } else if constexpr (std::is_same_v<T, msg::CommitStep>) {
@@ -246,13 +273,15 @@ struct CoordinatorState {
           } else if constexpr (std::is_same_v<T, msg::Ping>) {
             return msg::Pong{body.nonce};
           } else if constexpr (std::is_same_v<T, msg::Checkpoint>) {
-            return checkpoint_job(jobs, workers, h, body);
+            return checkpoint_job(jobs, workers, state, h, body);
           } else if constexpr (std::is_same_v<T, msg::Restore>) {
-            return restore_job(jobs, placement, two_phase, h, body);
+            return restore_job(jobs, placement, quotas, two_phase, state, in->peer, h, body);
           } else if constexpr (std::is_same_v<T, msg::MapArena>) {
-            return arenas.map(h, body);
+            return arenas.map(h, body, in->peer);
           } else if constexpr (std::is_same_v<T, msg::UnmapArena>) {
-            return arenas.unmap(h, body);
+            return arenas.unmap(h, body, in->peer);
+          } else if constexpr (std::is_same_v<T, msg::DropJob>) {
+            return on_drop(in);
           } else {
             refuse(ErrorCode::malformed,
                    std::string(msg::kind_name(h.body)) + " is a reply, not a request");
@@ -263,6 +292,16 @@ struct CoordinatorState {
 
   void handle(const detail::IncomingPtr& in) {
     const auto& h = in->header();
+    // A job is served to the key that registered it only; the check comes before anything
+    // that could tell another key what the job holds.
+    if (!std::holds_alternative<msg::Stats>(h.body) && !std::holds_alternative<msg::Ping>(h.body)) {
+      try {
+        jobs.check_owner(h, in->peer);
+      } catch (const Refusal& r) {
+        in->error(r.code, r.what());
+        return;
+      }
+    }
     if (std::holds_alternative<msg::PushGradients>(h.body) ||
         std::holds_alternative<msg::FetchParameters>(h.body)) {
       forward(in);
@@ -297,6 +336,7 @@ step_coordinator::behavior_type coordinator_behavior(
       [self](actors::handle_atom, const actors::RequestPtr& req) {
         auto in = std::make_shared<detail::Incoming>();
         in->message = &req->message;
+        in->peer = req->peer;
         in->keep = req;
         in->respond = [req](Reply r) { req->reply(r.encode()); };
         self->state.c->handle(in);

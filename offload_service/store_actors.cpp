@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "offload_service/job_table.h"
+#include "offload_service/state_dir.h"
 #include "offload_service/store_common.h"
 
 namespace dsactor::offload {
@@ -16,11 +17,6 @@ namespace dsactor::offload {
 namespace {
 
 using detail::fmt_bytes;
-
-uint64_t physical_memory() {
-  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && size > 0 ? uint64_t(pages) * uint64_t(size) : uint64_t{1} << 40;
-}
 
 unsigned resolved_workers(const StoreOptions& options) {
   if (options.workers > 0) return options.workers;
@@ -58,6 +54,8 @@ void reload(storage::MetadataStore& meta, NvmeTier& tier, JobTable& jobs,
     if (drop_if_it_had_ram(meta, tag, name, j)) continue;
     JobState job;
     job.step = j.at("step").get<uint64_t>();
+    // Manifests written before jobs had owners are the --insecure clients'.
+    job.owner = j.value("owner", "");
     for (const auto& pj : j.at("partitions")) {
       PartitionEntry e;
       e.spec = detail::spec_from_json(pj);
@@ -98,9 +96,10 @@ void StoreActors::stop() const {
 
 StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) {
   const StagingOptions staging = validate(options);
+  check_resolve_beneath();
   CoordinatorSetup setup;
   setup.options = options;
-  setup.memory_limit = options.memory_limit ? options.memory_limit : physical_memory();
+  setup.memory_limit = resolved_memory_limit(options);
   const unsigned n_workers = resolved_workers(options);
   const HostMemoryOptions mem{options.lock_memory, options.pin_with_cuda};
   // Probed once here for the report; every actor that allocates has its own allocator
@@ -122,7 +121,10 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
                                   fmt_bytes(setup.memory_limit));
     }
     setup.memory_limit -= ring;
-    std::filesystem::create_directories(*options.nvme_dir);
+    // Only the service's user may read what it persists (files 0600 come from the
+    // process's umask, `dsactor start` sets 077).
+    if (std::filesystem::create_directories(*options.nvme_dir))
+      std::filesystem::permissions(*options.nvme_dir, std::filesystem::perms::owner_all);
     auto meta = std::make_unique<storage::MetadataStore>(*options.nvme_dir / "metadata");
     auto memory = std::make_unique<HostAllocator>(mem);
     auto tier =

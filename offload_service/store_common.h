@@ -67,6 +67,9 @@ uint64_t opt_bytes(const msg::PartitionSpec& s);
 // reply), and where the reply goes. Whoever answers calls respond exactly once.
 struct Incoming {
   const msg::Message* message = nullptr;
+  // The sender's key (Z85) as the gateway's ZAP handler admitted it; "" for an --insecure
+  // client or an in-process caller. A job belongs to the key that registered it.
+  std::string peer;
   std::shared_ptr<const void> keep;
   std::function<void(Reply)> respond;
   // The mapped arena the request's arena slice names (the coordinator resolved it and

@@ -43,6 +43,18 @@ void TwoPhase::write_or_abort(storage::MetadataBatch& batch, const std::string& 
   }
 }
 
+void TwoPhase::erase_job(const std::string& job, const JobState& state) {
+  if (!durable()) return;
+  storage::MetadataBatch batch;
+  for (uint64_t pid : state.order) batch.erase({job, pid});
+  batch.erase_manifest(kJobManifestPrefix + job);
+  try {
+    write_synced(workers_->system(), *metadata_, std::move(batch));
+  } catch (const std::exception& e) {
+    detail::refuse(messages::ErrorCode::internal, std::string("drop failed: ") + e.what());
+  }
+}
+
 void TwoPhase::write_manifest(const std::string& job, const JobState& next) {
   if (!durable()) return;
   storage::MetadataBatch batch;

@@ -79,6 +79,9 @@ class TwoPhase {
   // A job whose manifest alone changes (a skipped step), synced when durable(). Refuses
   // `internal` when the batch fails.
   void write_manifest(const std::string& job, const JobState& next);
+  // DropJob: the job's extent records and manifest erased in one synced batch (when
+  // durable), before its workers forget it. Refuses `internal` when the batch fails.
+  void erase_job(const std::string& job, const JobState& state);
 
  private:
   void put_record(storage::MetadataBatch& batch, const std::string& job, const PartitionEntry& p,

@@ -71,6 +71,19 @@ void WorkerGroup::skip(const std::string& job, const JobState& state) {
   for (size_t w : ws) caf::anon_send(workers_.at(w), skip_atom::value, job);
 }
 
+uint64_t WorkerGroup::drop(const std::string& job, const JobState& state) {
+  std::set<size_t> ws;
+  for (const auto& [pid, p] : state.parts) ws.insert(p.worker);
+  std::vector<partition_worker> to;
+  for (size_t w : ws) to.push_back(workers_.at(w));
+  if (to.empty()) return 0;
+  const auto released = detail::call_all<uint64_t>(
+      *system_, to, [&](size_t) { return std::make_tuple(drop_atom::value, job); });
+  uint64_t total = 0;
+  for (uint64_t r : released) total += r;
+  return total;
+}
+
 void WorkerGroup::serve(size_t worker, const detail::IncomingPtr& in, const ServeContext& ctx) {
   caf::anon_send(workers_.at(worker), serve_atom::value, in, ctx);
 }

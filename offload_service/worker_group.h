@@ -103,6 +103,9 @@ class WorkerGroup {
   // SkipStep: the job's accumulated gradients dropped on every worker holding its
   // partitions, queued behind any push already forwarded, ahead of any that follows.
   void skip(const std::string& job, const JobState& state);
+  // DropJob: every worker holding partitions of the job forgets them. Returns the NVMe
+  // extent bytes released.
+  uint64_t drop(const std::string& job, const JobState& state);
   // A push or fetch, to the worker that answers it.
   void serve(size_t worker, const detail::IncomingPtr& in, const ServeContext& ctx);
 

@@ -20,9 +20,10 @@ std::pair<std::string, std::string> nvme_request(const ZeroConfig& z) {
   return {};
 }
 
-messages::StatsReply stats_of(const std::string& endpoint, std::chrono::milliseconds timeout) {
+messages::StatsReply stats_of(const std::string& endpoint, const security::ClientSecurity& security,
+                              std::chrono::milliseconds timeout) {
   try {
-    actors::OffloadClient client(endpoint, timeout, "tier-check");
+    actors::OffloadClient client(endpoint, security, timeout, "tier-check");
     return client.stats();
   } catch (const std::exception& e) {
     throw std::runtime_error(
@@ -33,11 +34,13 @@ messages::StatsReply stats_of(const std::string& endpoint, std::chrono::millisec
 }  // namespace
 
 void check_service_tiers(const DsConfig& config, const std::vector<std::string>& endpoints,
+                         const std::vector<security::ClientSecurity>& security,
                          std::chrono::milliseconds timeout) {
   const auto [key, nvme_path] = nvme_request(config.zero_optimization);
   if (key.empty()) return;
-  for (const auto& endpoint : endpoints) {
-    const messages::StatsReply s = stats_of(endpoint, timeout);
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    const std::string& endpoint = endpoints[i];
+    const messages::StatsReply s = stats_of(endpoint, security.at(i), timeout);
     if (s.nvme_tier == messages::NvmeTier::kUnknown) {
       spdlog::warn(
           "{}: {} is \"nvme\", and offload service {} is too old to say whether it has "

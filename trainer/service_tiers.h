@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "security/transport_security.h"
 #include "trainer/config/ds_config.h"
 
 namespace dsactor::trainer {
@@ -13,8 +14,10 @@ namespace dsactor::trainer {
 // Asks every service in `endpoints` for its Stats and throws ConfigError naming the config
 // key, the endpoint and the fix when offload_optimizer or offload_param says "nvme" and a
 // service has no NVMe tier. A service too old to say (no tier in its Stats) is logged and
-// let through; one that does not answer throws std::runtime_error naming it.
+// let through; one that does not answer throws std::runtime_error naming it. `security[i]`
+// is how endpoints[i] is reached (ZeroOptions::service_security).
 void check_service_tiers(const DsConfig& config, const std::vector<std::string>& endpoints,
+                         const std::vector<security::ClientSecurity>& security,
                          std::chrono::milliseconds timeout);
 
 }  // namespace dsactor::trainer

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
+#include <thread>
 
 #include <zmq_addon.hpp>
 
 #include "checksum/crc32c.h"
+#include "messages/arena_handoff.h"
 #include "messages/shm_arena.h"
 
 namespace dsactor::actors {
@@ -20,8 +23,8 @@ using Clock = std::chrono::steady_clock;
 OffloadError::OffloadError(msg::ErrorCode code, const std::string& message)
     : std::runtime_error(std::string(msg::to_string(code)) + ": " + message), code_(code) {}
 
-OffloadClient::OffloadClient(std::string endpoint, std::chrono::milliseconds timeout,
-                             std::string job_id)
+OffloadClient::OffloadClient(std::string endpoint, const security::ClientSecurity& security,
+                             std::chrono::milliseconds timeout, std::string job_id)
     : endpoint_(std::move(endpoint)),
       timeout_(timeout),
       job_id_(std::move(job_id)),
@@ -29,8 +32,15 @@ OffloadClient::OffloadClient(std::string endpoint, std::chrono::milliseconds tim
       socket_(context_, zmq::socket_type::dealer) {
   // Nothing may wait in ~OffloadClient for an unreachable service.
   socket_.set(zmq::sockopt::linger, 0);
+  // Unbounded: what this client has outstanding is bounded by its caller (the trainer's
+  // buckets), and a DEALER at its mark would block the caller's send.
   socket_.set(zmq::sockopt::sndhwm, 0);
   socket_.set(zmq::sockopt::rcvhwm, 0);
+  // A DEALER holds a message only for a connection: when the handshake fails (this key is
+  // not admitted, or the service's key is not the one given) it has none, and a send would
+  // wait forever.
+  socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(timeout_.count()));
+  security::secure_client_socket(socket_, security);
   socket_.connect(endpoint_);
 }
 
@@ -89,14 +99,29 @@ ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots
   } catch (const std::exception& e) {
     return fallback(e.what());
   }
-  ServiceResult<Reply> reply = await(send(msg::MapArena{arena->path(), arena->size()}));
+  // Three steps: a ticket (authenticated, so the arena is bound to this key and job), the
+  // fd over the service's Unix socket with the ticket, then the mapping under the ticket.
+  ServiceResult<Reply> reply = await(send(msg::MapArena{{}, arena->size(), {}}));
   if (!reply.ok()) return std::move(reply.error());
-  const msg::Body& body = reply->header.body;
-  if (const auto* e = std::get_if<msg::ErrorReply>(&body))
+  const msg::Body* body = &reply->header.body;
+  if (const auto* e = std::get_if<msg::ErrorReply>(body))
     return fallback(std::string(msg::to_string(e->code)) + ": " + e->message);
-  const auto* ok = std::get_if<msg::MapArenaReply>(&body);
+  const auto* ticket = std::get_if<msg::MapArenaReply>(body);
+  if (!ticket || ticket->ticket.empty() || ticket->socket.empty())
+    return fallback("no ticket in the reply " + std::string(msg::kind_name(*body)));
+  try {
+    msg::hand_over_fd(ticket->socket, ticket->ticket, arena->fd(), timeout_);
+  } catch (const std::exception& e) {
+    return fallback(e.what());
+  }
+  reply = await(send(msg::MapArena{{}, arena->size(), ticket->ticket}));
+  if (!reply.ok()) return std::move(reply.error());
+  body = &reply->header.body;
+  if (const auto* e = std::get_if<msg::ErrorReply>(body))
+    return fallback(std::string(msg::to_string(e->code)) + ": " + e->message);
+  const auto* ok = std::get_if<msg::MapArenaReply>(body);
   if (!ok || ok->arena_id == 0 || ok->size != arena->size())
-    return fallback("unexpected reply " + std::string(msg::kind_name(body)));
+    return fallback("unexpected reply " + std::string(msg::kind_name(*body)));
   arena_ = std::move(arena);
   arena_id_ = ok->arena_id;
   slot_bytes_ = slot;
@@ -189,22 +214,47 @@ void OffloadClient::forget(uint64_t id) {
   }
 }
 
+bool OffloadClient::transmit(const Pending& p) {
+  std::vector<zmq::message_t> frames = msg::has_payload(p.header.body)
+                                           ? msg::encode(p.header, p.payload, p.owner)
+                                           : msg::encode(p.header);
+  return zmq::send_multipart(socket_, msg::with_envelope({}, std::move(frames))).has_value();
+}
+
 uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
                              std::shared_ptr<const void> owner) {
   const uint64_t id = next_id_++;
-  msg::Header header{id, job_id_, std::move(body)};
-  const std::string kind(msg::kind_name(header.body));
-  std::vector<zmq::message_t> frames;
-  if (!msg::has_payload(header.body)) {
-    frames = msg::encode(header);
-  } else if (owner) {
-    frames = msg::encode(header, payload, std::move(owner));
-  } else {
-    frames = msg::encode_copy(header, payload);
+  Pending p;
+  p.header = msg::Header{id, job_id_, std::move(body)};
+  p.kind = std::string(msg::kind_name(p.header.body));
+  if (msg::has_payload(p.header.body)) {
+    if (!owner) {
+      // Borrowed bytes: copied once into a buffer this request owns, which a send after
+      // `busy` reuses.
+      auto copy = std::make_shared<std::vector<std::byte>>(payload.begin(), payload.end());
+      payload = *copy;
+      owner = std::move(copy);
+    }
+    p.payload = payload;
+    p.owner = std::move(owner);
   }
-  zmq::send_multipart(socket_, msg::with_envelope({}, std::move(frames)));
-  outstanding_.emplace(id, kind);
+  p.sent = transmit(p);
+  outstanding_.emplace(id, std::move(p));
   return id;
+}
+
+bool OffloadClient::retry_busy(uint64_t id) {
+  Pending& p = outstanding_.at(id);
+  const auto now = Clock::now();
+  if (p.busy++ == 0) p.first_busy = now;
+  if (now - p.first_busy >= timeout_) return false;
+  // 1, 2, 4 ... 200 ms, each with up to half again at random, so clients that were turned
+  // away together do not come back together.
+  static thread_local std::minstd_rand jitter(std::random_device{}());
+  const auto base = std::chrono::milliseconds(std::min(200, 1 << std::min(p.busy - 1, 8)));
+  std::this_thread::sleep_for(base +
+                              std::chrono::microseconds(jitter() % (base.count() * 500 + 1)));
+  return transmit(p);
 }
 
 uint64_t OffloadClient::send_set_parameters(uint64_t partition_id, uint64_t version,
@@ -280,13 +330,23 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
   if (waiting == outstanding_.end())
     throw std::logic_error("offload client for " + endpoint_ + ": request " + std::to_string(id) +
                            " is not outstanding");
+  if (!waiting->second.sent) {
+    const std::string kind = waiting->second.kind;
+    forget(id);
+    return ServiceFailure{
+        ServiceFailure::Kind::timeout, msg::ErrorCode::internal,
+        "could not send " + kind + " to the offload service at " + endpoint_ + " within " +
+            std::to_string(timeout_.count()) +
+            " ms: no connection completed its handshake (is the service running, does it admit "
+            "this client's key, and is the service key given the service's own?)"};
+  }
   const auto deadline = Clock::now() + timeout_;
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
-      const std::string kind = waiting->second;
+      const std::string kind = waiting->second.kind;
       forget(id);  // a reply that still comes is discarded
       return ServiceFailure{ServiceFailure::Kind::timeout, msg::ErrorCode::internal,
                             "offload service at " + endpoint_ + " did not answer " + kind +
@@ -312,6 +372,10 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
       stale_.erase(rid);    // the service is done with its slot
       continue;
     }
+    if (const auto* e = std::get_if<msg::ErrorReply>(&decoded->header.body);
+        e && e->code == msg::ErrorCode::busy && rid != 0 && retry_busy(rid)) {
+      continue;  // sent again; its answer is still to come
+    }
     Reply r{std::move(decoded->header), {}, {}};
     if (msg::has_payload(r.header.body) && env->body.size() == 2) {
       // The decoded payload views the last frame; keep the frame itself.
@@ -330,7 +394,7 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
 template <class T>
 ServiceResult<T> OffloadClient::await_as(uint64_t id) {
   const auto sent = outstanding_.find(id);
-  const std::string kind = sent != outstanding_.end() ? sent->second : "a request";
+  const std::string kind = sent != outstanding_.end() ? sent->second.kind : "a request";
   ServiceResult<Reply> reply = await(id);
   if (!reply.ok()) return std::move(reply.error());
   msg::Body& body = reply->header.body;
@@ -347,6 +411,7 @@ template ServiceResult<msg::CommitReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::StatsReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::CheckpointReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t);
 
 ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   // The slot the request offered, before await() hands it over with the reply.
@@ -465,12 +530,16 @@ msg::StatsReply OffloadClient::stats() {
   return value_or_throw(await_as<msg::StatsReply>(send(msg::Stats{})));
 }
 
-msg::CheckpointReply OffloadClient::checkpoint(const std::string& tag, const std::string& path) {
-  return value_or_throw(await_as<msg::CheckpointReply>(send(msg::Checkpoint{tag, path})));
+msg::CheckpointReply OffloadClient::checkpoint(const std::string& tag, const std::string& name) {
+  return value_or_throw(await_as<msg::CheckpointReply>(send(msg::Checkpoint{tag, {}, name})));
 }
 
-msg::RestoreReply OffloadClient::restore(const std::string& tag, const std::string& path) {
-  return value_or_throw(await_as<msg::RestoreReply>(send(msg::Restore{tag, path})));
+msg::RestoreReply OffloadClient::restore(const std::string& tag, const std::string& name) {
+  return value_or_throw(await_as<msg::RestoreReply>(send(msg::Restore{tag, {}, name})));
+}
+
+msg::DropJobReply OffloadClient::drop_job() {
+  return value_or_throw(await_as<msg::DropJobReply>(send(msg::DropJob{})));
 }
 
 }  // namespace dsactor::actors

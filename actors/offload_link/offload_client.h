@@ -1,18 +1,22 @@
 #pragma once
 
-// Client of an offload service: one ZeroMQ DEALER socket, request ids matched against
-// replies. A request is sent (send_*) and its reply awaited by id (await*), so several
-// requests can be outstanding, each reply collected by its id; what comes back is a
-// ServiceResult, the failure built here where the reply (or the timeout) is seen. The
-// throwing one-round-trip calls at the end are for tools and tests. A late reply to a
-// request that timed out or was abandoned is discarded. Not thread-safe (one socket, one
-// owner): the trainer reaches it only through its ServiceClient actor.
+// Client of an offload service: one ZeroMQ DEALER socket (a CurveZMQ client of the
+// service's key, or plain with --insecure), request ids matched against replies. A request is sent
+// (send_*) and its reply awaited by id (await*), so several requests can be outstanding, each reply
+// collected by its id; what comes back is a ServiceResult, the failure built here where the reply
+// (or the timeout) is seen. The throwing one-round-trip calls at the end are for tools and tests. A
+// late reply to a request that timed out or was abandoned is discarded. A request the service
+// answers `busy` (too many of this client's requests in flight there) is sent again after a pause
+// that doubles each time (1 ms up to 200 ms), until the await's timeout; the request keeps
+// its payload for that until it is answered. Not thread-safe (one socket, one owner): the
+// trainer reaches it only through its ServiceClient actor.
 //
 // Same host (map_arena): payloads can travel through a shared-memory arena of fixed slots
-// instead of frames. A fetch asks the service to write into a free slot; a push sends a
-// slot the caller filled (arena_buffer). A slot stays taken until its reply is received;
-// one whose request timed out or was abandoned stays taken until the late reply shows the
-// service is done with it (or forever), so the service never writes into a slot that
+// instead of frames. The arena's fd goes to the service over its Unix socket with a ticket
+// from an authenticated MapArena (messages/arena_handoff.h). A fetch asks the service to write into
+// a free slot; a push sends a slot the caller filled (arena_buffer). A slot stays taken until its
+// reply is received; one whose request timed out or was abandoned stays taken until the late reply
+// shows the service is done with it (or forever), so the service never writes into a slot that
 // holds something else. Without a free slot, or without an arena, frames are used. Slot
 // bookkeeping (arena_buffer, an ArenaBuffer's release) is thread-safe: a slot may be
 // taken and filled on one thread and sent, then released, on the client's owner thread.
@@ -32,6 +36,7 @@
 
 #include "actors/offload_link/service_result.h"
 #include "messages/codec.h"
+#include "security/transport_security.h"
 
 namespace dsactor::messages {
 class SharedArena;
@@ -95,8 +100,10 @@ struct FetchedParameters {
 class OffloadClient {
  public:
   // Connects a DEALER to `endpoint` (connecting never blocks; the first call waits up to
-  // `timeout` for the service). job_id goes into every header.
-  OffloadClient(std::string endpoint, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+  // `timeout` for the service), secured as `security` says: this client's keypair and the
+  // service's public key, or insecure. job_id goes into every header.
+  OffloadClient(std::string endpoint, const security::ClientSecurity& security,
+                std::chrono::milliseconds timeout = std::chrono::seconds(30),
                 std::string job_id = "default");
   ~OffloadClient();
   OffloadClient(const OffloadClient&) = delete;
@@ -190,13 +197,17 @@ class OffloadClient {
   messages::CommitReply skip(uint64_t step);
   FetchedParameters fetch(uint64_t partition_id, uint64_t min_version, messages::DType dtype);
   messages::StatsReply stats();
-  // Writes the job's partitions (master, m, v, versions, hyper-parameters) to `path`, a
-  // directory on the service's host (absolute), published atomically; the state is
-  // unchanged. Refused while gradients of the next step are pending.
-  messages::CheckpointReply checkpoint(const std::string& tag, const std::string& path);
-  // Loads a checkpoint written by checkpoint(tag, path) back into the job; a checkpoint
-  // that fails any check (tag, sizes, crc32c) is refused and the state is untouched.
-  messages::RestoreReply restore(const std::string& tag, const std::string& path);
+  // Writes the job's partitions (master, m, v, versions, hyper-parameters) to the
+  // checkpoint `name` (a relative path the service keeps beneath its state directory, in
+  // this key's and job's directory), published atomically; the state is unchanged.
+  // Refused while gradients of the next step are pending. The reply's `location` says
+  // where it went on the service's host.
+  messages::CheckpointReply checkpoint(const std::string& tag, const std::string& name);
+  // Loads a checkpoint written by checkpoint(tag, name) back into the job; a checkpoint
+  // that fails any check (tag, MACs, sizes, crc32c) is refused and the state is untouched.
+  messages::RestoreReply restore(const std::string& tag, const std::string& name);
+  // Frees the job on the service (its partitions, NVMe extents, metadata, arenas).
+  messages::DropJobReply drop_job();
   // The reply of a push sent with send_push_gradients.
   messages::PushReply receive_push_reply(uint64_t request_id);
   // One round trip with any body; returns the reply (ErrorReply included, not thrown).
@@ -218,13 +229,28 @@ class OffloadClient {
   // late reply comes.
   void forget(uint64_t request_id);
   void unmap_arena();
+  // A request sent and not yet answered: what it takes to send it again after `busy`.
+  struct Pending {
+    std::string kind;  // for the timeout text
+    messages::Header header;
+    std::span<const std::byte> payload;
+    std::shared_ptr<const void> owner;  // keeps the payload until the answer
+    bool sent = false;                  // false: no connection took it within the timeout
+    int busy = 0;                       // `busy` answers so far
+    std::chrono::steady_clock::time_point first_busy;
+  };
+  // Sends `p`; false when no connection took it within the timeout.
+  bool transmit(const Pending& p);
+  // After a `busy` answer to request `id`: waits, sends it again and returns true; false
+  // once the request has been busy for longer than the timeout, or could not be sent.
+  bool retry_busy(uint64_t id);
 
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
   std::string job_id_;
   uint64_t next_id_ = 1;
-  std::map<uint64_t, std::string> outstanding_;  // request id -> kind, for the timeout text
-  std::map<uint64_t, Reply> arrived_;            // replies received while waiting for another
+  std::map<uint64_t, Pending> outstanding_;  // request id -> what was sent
+  std::map<uint64_t, Reply> arrived_;        // replies received while waiting for another
   zmq::context_t context_;
   zmq::socket_t socket_;
   // Arena (declared after the socket: unmap_arena() in the destructor still sends on it).

@@ -45,10 +45,11 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::actors::RequestPtr)
 namespace dsactor::actors {
 
 ServiceClient::ServiceClient(caf::actor_system& system, std::string endpoint,
+                             const security::ClientSecurity& security,
                              std::chrono::milliseconds timeout, std::string job_id)
     : endpoint_(std::move(endpoint)),
       timeout_(timeout),
-      client_(std::make_unique<OffloadClient>(endpoint_, timeout, std::move(job_id))),
+      client_(std::make_unique<OffloadClient>(endpoint_, security, timeout, std::move(job_id))),
       system_(system) {
   // Detached: a request blocks on the socket for up to the timeout. The client travels as
   // a spawn argument: CAF 0.17 dereferences a null argument tuple for argument-less
@@ -136,17 +137,22 @@ ServiceFuture<msg::CommitReply> ServiceClient::skip(uint64_t step) {
   });
 }
 
-ServiceFuture<msg::CheckpointReply> ServiceClient::checkpoint(std::string tag, std::string path) {
+ServiceFuture<msg::CheckpointReply> ServiceClient::checkpoint(std::string tag, std::string name) {
   return post<msg::CheckpointReply>(
-      [tag = std::move(tag), path = std::move(path)](OffloadClient& c) {
-        return c.await_as<msg::CheckpointReply>(c.send(msg::Checkpoint{tag, path}));
+      [tag = std::move(tag), name = std::move(name)](OffloadClient& c) {
+        return c.await_as<msg::CheckpointReply>(c.send(msg::Checkpoint{tag, {}, name}));
       });
 }
 
-ServiceFuture<msg::RestoreReply> ServiceClient::restore(std::string tag, std::string path) {
-  return post<msg::RestoreReply>([tag = std::move(tag), path = std::move(path)](OffloadClient& c) {
-    return c.await_as<msg::RestoreReply>(c.send(msg::Restore{tag, path}));
+ServiceFuture<msg::RestoreReply> ServiceClient::restore(std::string tag, std::string name) {
+  return post<msg::RestoreReply>([tag = std::move(tag), name = std::move(name)](OffloadClient& c) {
+    return c.await_as<msg::RestoreReply>(c.send(msg::Restore{tag, {}, name}));
   });
+}
+
+ServiceFuture<msg::DropJobReply> ServiceClient::drop_job() {
+  return post<msg::DropJobReply>(
+      [](OffloadClient& c) { return c.await_as<msg::DropJobReply>(c.send(msg::DropJob{})); });
 }
 
 ServiceFuture<msg::StatsReply> ServiceClient::stats() {

@@ -38,9 +38,10 @@ using ServiceFuture = std::future<ServiceResult<T>>;
 
 class ServiceClient {
  public:
-  // Connects (lazily, like OffloadClient) and spawns the actor in `system`, which must
-  // outlive this object.
-  ServiceClient(caf::actor_system& system, std::string endpoint, std::chrono::milliseconds timeout,
+  // Connects (lazily, like OffloadClient, secured as `security` says) and spawns the actor
+  // in `system`, which must outlive this object.
+  ServiceClient(caf::actor_system& system, std::string endpoint,
+                const security::ClientSecurity& security, std::chrono::milliseconds timeout,
                 std::string job_id);
   // Stops the actor (requests still queued are dropped: their futures break) and closes
   // the client from this thread once the actor is gone.
@@ -75,8 +76,12 @@ class ServiceClient {
                                          messages::DType dtype);
   ServiceFuture<messages::CommitReply> commit(const messages::CommitStep& commit);
   ServiceFuture<messages::CommitReply> skip(uint64_t step);
-  ServiceFuture<messages::CheckpointReply> checkpoint(std::string tag, std::string path);
-  ServiceFuture<messages::RestoreReply> restore(std::string tag, std::string path);
+  // `name`: where the checkpoint lives beneath the service's state directory (a relative
+  // path, in this key's and job's directory; OffloadClient::checkpoint).
+  ServiceFuture<messages::CheckpointReply> checkpoint(std::string tag, std::string name);
+  ServiceFuture<messages::RestoreReply> restore(std::string tag, std::string name);
+  // Frees the job on the service: its partitions, NVMe extents, metadata and arenas.
+  ServiceFuture<messages::DropJobReply> drop_job();
   ServiceFuture<messages::StatsReply> stats();
   // OffloadClient::try_map_arena: true with an arena, false with frames.
   ServiceFuture<bool> map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes);

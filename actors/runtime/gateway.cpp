@@ -10,9 +10,14 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "security/zap_handler.h"
+
 namespace dsactor::actors {
 
 namespace msg = dsactor::messages;
+
+// Received messages ZeroMQ keeps per connection before it stops reading that connection.
+constexpr int kReceiveQueue = 8;
 
 ReplySink::ReplySink() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
@@ -43,14 +48,50 @@ std::deque<std::vector<zmq::message_t>> ReplySink::drain() {
   return std::exchange(queue_, {});
 }
 
+Request::~Request() {
+  if (ledger) ledger->release(peer, bytes);
+}
+
+bool InflightLedger::admit(const std::string& peer, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  Count& c = per_peer_[peer];
+  const bool over = c.requests >= limits_.requests_per_client ||
+                    (c.bytes > 0 && c.bytes + bytes > limits_.bytes_per_client) ||
+                    (bytes_ > 0 && bytes_ + bytes > limits_.bytes);
+  if (over) {
+    if (c.requests == 0) per_peer_.erase(peer);
+    return false;
+  }
+  c.requests++;
+  c.bytes += bytes;
+  bytes_ += bytes;
+  return true;
+}
+
+void InflightLedger::release(const std::string& peer, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto c = per_peer_.find(peer);
+  if (c == per_peer_.end()) return;
+  c->second.bytes -= std::min(c->second.bytes, bytes);
+  bytes_ -= std::min(bytes_, bytes);
+  if (--c->second.requests == 0) per_peer_.erase(c);
+}
+
+uint64_t InflightLedger::bytes() const {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
 void Request::reply(std::vector<zmq::message_t> body) const {
   std::span<const zmq::message_t> routing(frames.data(), routing_frames);
   sink->push(msg::with_envelope(routing, std::move(body)));
 }
 
 struct Gateway::Shared {
+  std::unique_ptr<security::ZapHandler> zap;  // with keys; outlives the router
   zmq::socket_t router;
   std::shared_ptr<ReplySink> sink = std::make_shared<ReplySink>();
+  std::shared_ptr<InflightLedger> ledger;
   std::atomic<bool> stop{false};
   GatewayOptions options;
   request_handler handler;
@@ -114,6 +155,25 @@ struct Gateway::Shared {
       return;
     }
     req->message = std::move(decoded.value());
+    // The key ZAP admitted the sender under, from any of its frames.
+    req->peer = security::peer_key(req->frames.back());
+    uint64_t bytes = 0;
+    for (const auto& f : req->frames) bytes += f.size();
+    if (!ledger->admit(req->peer, bytes)) {
+      counters->busy++;
+      counters->refused++;
+      const auto& h = req->message.header;
+      auto reply = msg::with_envelope(
+          env->routing,
+          msg::encode(msg::Header{h.request_id, h.job_id,
+                                  msg::ErrorReply{msg::ErrorCode::busy,
+                                                  "too many requests in flight from this "
+                                                  "client; retry after a pause"}}));
+      send(reply);
+      return;
+    }
+    req->ledger = ledger;
+    req->bytes = bytes;
     counters->requests++;
     counters->traffic.count(req->message);
     caf::anon_send(handler, handle_atom::value, RequestPtr(std::move(req)));
@@ -133,6 +193,7 @@ struct Gateway::Shared {
     }
     flush_replies();
     router.close();
+    zap.reset();
   }
 };
 
@@ -143,15 +204,27 @@ Gateway::Gateway(caf::actor_system& system, zmq::context_t& context, GatewayOpti
   s.options = std::move(options);
   s.handler = std::move(handler);
   s.counters = counters_;
+  s.ledger = std::make_shared<InflightLedger>(s.options.inflight);
+  // Before the socket exists: ZeroMQ asks the handler at each handshake from then on.
+  if (!s.options.security.insecure)
+    s.zap = std::make_unique<security::ZapHandler>(context, s.options.security.authorized,
+                                                   s.options.name);
   s.router = zmq::socket_t(context, zmq::socket_type::router);
   const auto& lim = s.options.limits;
   s.router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(std::max<uint64_t>(
                                              lim.max_payload_bytes, lim.max_header_bytes)));
   s.router.set(zmq::sockopt::linger, 1000);
-  // Unbounded queues: a trainer's pushes are bounded by its own buckets, and a ROUTER at
-  // its high-water mark would silently drop replies.
-  s.router.set(zmq::sockopt::sndhwm, 0);
-  s.router.set(zmq::sockopt::rcvhwm, 0);
+  // Finite queues. Inbound, a full pipe stops reading that connection (nothing is lost)
+  // and the gateway drains pipes as fast as it decodes, so a few messages per connection
+  // are enough: ZeroMQ then holds at most kReceiveQueue messages of each connection.
+  // Outbound, a ROUTER at its mark drops, so the mark sits well above what a client may
+  // have in flight: only a client that floods past `busy` and never reads its answers
+  // loses some.
+  const auto per_client =
+      static_cast<int>(std::min<uint64_t>(s.options.inflight.requests_per_client, 1 << 20));
+  s.router.set(zmq::sockopt::rcvhwm, kReceiveQueue);
+  s.router.set(zmq::sockopt::sndhwm, 4 * per_client + 64);
+  security::secure_server_socket(s.router, s.options.security);
   try {
     s.router.bind(s.options.listen);
   } catch (const zmq::error_t& e) {

@@ -9,11 +9,19 @@
 //
 // Payloads never travel by copy: a Request owns the received zmq frames and is passed as a
 // shared_ptr; a reply's payload frame is built zero-copy by the handler.
+//
+// Who may send: with keys (GatewayOptions::security), the ROUTER is a CurveZMQ server and
+// the gateway runs the ZAP handler of its context, which admits only authorized client
+// keys; each Request carries its sender's key (`peer`). How much a client may have in
+// flight: requests received and not yet released (answered, and their frames freed) are
+// counted per client key; past InflightLimits the gateway answers `busy` itself, so a flood
+// costs the service at most those bytes.
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,8 +32,11 @@
 
 #include "actors/runtime/job_traffic.h"
 #include "messages/codec.h"
+#include "security/transport_security.h"
 
 namespace dsactor::actors {
+
+class InflightLedger;
 
 // Thread-safe queue of outgoing multipart messages, with an eventfd the gateway's
 // zmq_poll watches.
@@ -49,11 +60,21 @@ class ReplySink {
 };
 
 // One decoded request. `message.payload` views `frames`, which are never moved again.
+// Counted in flight for its sender until destroyed (answered, and no actor holds it).
 struct Request {
   std::vector<zmq::message_t> frames;  // routing..., empty delimiter, header, payload?
   size_t routing_frames = 0;
   messages::Message message;
   std::shared_ptr<ReplySink> sink;
+  // The sender's CurveZMQ public key (Z85) as the ZAP handler admitted it; "" without keys.
+  std::string peer;
+  std::shared_ptr<InflightLedger> ledger;
+  uint64_t bytes = 0;  // of frames, as counted in flight
+
+  Request() = default;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
 
   // Sends `body` (a reply without envelope) back to the requester.
   void reply(std::vector<zmq::message_t> body) const;
@@ -71,12 +92,47 @@ using handle_atom = caf::atom_constant<caf::atom("handle")>;
 // Request::reply (possibly later, possibly several handlers deep).
 using request_handler = caf::typed_actor<caf::reacts_to<handle_atom, RequestPtr>>;
 
+// What one client key (and all clients together) may have in flight; past it a request is
+// answered `busy` (retry after a pause). A request is admitted when its client has nothing
+// else in flight whatever its size, so one message of any accepted size always gets through.
+struct InflightLimits {
+  uint64_t requests_per_client = 64;
+  uint64_t bytes_per_client = uint64_t{1} << 30;
+  uint64_t bytes = uint64_t{4} << 30;  // all clients
+};
+
+// Requests in flight per client key, shared by the gateway (which admits) and the Requests
+// (which release on destruction, on whatever thread drops them last). Thread-safe.
+class InflightLedger {
+ public:
+  explicit InflightLedger(InflightLimits limits) : limits_(limits) {}
+  // Counts a request of `bytes` for `peer`, or returns false (busy) past the limits.
+  bool admit(const std::string& peer, uint64_t bytes);
+  void release(const std::string& peer, uint64_t bytes);
+  uint64_t bytes() const;
+
+ private:
+  struct Count {
+    uint64_t requests = 0, bytes = 0;
+  };
+  InflightLimits limits_;
+  mutable std::mutex mutex_;
+  std::map<std::string, Count> per_peer_;
+  uint64_t bytes_ = 0;
+};
+
 struct GatewayOptions {
   // Where the ROUTER binds. "tcp://127.0.0.1:*" picks a free port (see endpoint()).
   std::string listen = "tcp://127.0.0.1:5555";
   // What decode() accepts; frames above max(max_payload_bytes, max_header_bytes) are
   // refused by ZeroMQ itself (ZMQ_MAXMSGSIZE), which drops the connection.
   messages::Limits limits;
+  // CurveZMQ keys and the client keys admitted, or insecure (plain; the caller checked
+  // that the endpoint allows it: security::check_listen_security).
+  security::ServerSecurity security;
+  // The service's name in the ZAP handler's log lines.
+  std::string name = "gateway";
+  InflightLimits inflight;
   // Frames kept per message; extra frames are received and discarded (the message is
   // then answered as wrongFrameCount). Default: 8 (identity, delimiter, header, payload).
   size_t max_frames = 8;
@@ -85,6 +141,7 @@ struct GatewayOptions {
 struct GatewayCounters {
   std::atomic<uint64_t> requests{0};  // decoded and handed to the handler
   std::atomic<uint64_t> refused{0};   // answered with an ErrorReply by the gateway
+  std::atomic<uint64_t> busy{0};      // of those, `busy` (past the in-flight limits)
   std::atomic<uint64_t> dropped{0};   // could not be answered
   std::atomic<uint64_t> replies{0};   // sent back
   JobTraffic traffic;                 // per job, from the decoded requests

@@ -165,10 +165,16 @@ class CrashDuringSave : public ::testing::TestWithParam<EngineKind> {
     std::unique_ptr<deploy::ServiceProcess> service;
     std::vector<std::string> args;
     if (k.service) {
-      service = std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY,
-                                                         std::vector<std::string>{"--no-mlock"},
-                                                         dir_.path() / (out + "_service.log"));
+      // Every run's service shares one keys directory, where a service without --state-dir
+      // keeps its state: the checkpoint parts a later run resumes from live there.
+      deploy::ServiceProcessOptions so;
+      so.args = {"--no-mlock"};
+      so.log_file = dir_.path() / (out + "_service.log");
+      so.keys_dir = dir_.path() / "service_keys";
+      service = std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY, so);
       args = {"start", "--role", "trainer", "--offload", service->endpoint()};
+      const auto keys = service->trainer_flags();
+      args.insert(args.end(), keys.begin(), keys.end());
     } else {
       args = {"train", "--sample", "0"};
     }

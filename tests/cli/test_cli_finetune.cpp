@@ -55,7 +55,8 @@ TEST(CliFinetune, InitWeightsTrainTheSameInStageZeroAndThroughAnOffloadService) 
   r = run_dsactor(trainer + " --config s0.json --init base.safetensors --out s0", dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   deploy::ServiceProcess service(DSACTOR_BINARY, {"--no-mlock"}, dir.path() / "service.log");
-  const std::string zero = trainer + " --config z3.json --offload " + service.endpoint();
+  std::string zero = trainer + " --config z3.json --offload " + service.endpoint();
+  for (const auto& flag : service.trainer_flags()) zero += " " + flag;
   r = run_dsactor(zero + " --init base.safetensors --job init --out z3", dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_dsactor(zero + " --job scratch --out scratch", dir.path());

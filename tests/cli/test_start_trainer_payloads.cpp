@@ -26,10 +26,11 @@ TEST(StartTrainerPayloads, ArenaAndFramesTrainTheSameWeights) {
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                           "offload_param": {"device": "cpu"}}})");
   deploy::ServiceProcess service(DSACTOR_BINARY, {"--no-mlock"}, dir.path() / "service.log");
-  const std::string common =
+  std::string common =
       "start --role trainer --config z3.json --model tiny --data corpus.txt "
       "--steps 4 --offload " +
       service.endpoint();
+  for (const auto& flag : service.trainer_flags()) common += " " + flag;
   const auto arena = run_dsactor(common + " --job arena --out arena", dir.path());
   ASSERT_EQ(arena.exit_code, 0) << arena.err;
   EXPECT_NE(arena.err.find("shared-memory arena"), std::string::npos) << arena.err;

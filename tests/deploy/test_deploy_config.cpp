@@ -371,13 +371,14 @@ roles:
   - {role: coordinator, name: c, listen: "tcp://127.0.0.1:7002"}
   - {role: trainer, name: t, config: ds.json, offload: [b, a], model: tiny, data: d.txt, tokenizer: gpt2, steps: 3, out: o}
 )");
-  EXPECT_THAT(to_command_line(cfg, cfg.roles[0]),
-              ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555",
-                          "--nvme", (dir / "ssd").string(), "--memory-limit", "1073741824",
-                          "--aio-block-size", "8192", "--aio-queue-depth", "4", "--no-mlock"));
+  EXPECT_THAT(
+      to_command_line(cfg, cfg.roles[0]),
+      ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555", "--nvme",
+                  (dir / "ssd").string(), "--memory-limit", "1073741824", "--aio-block-size",
+                  "8192", "--aio-queue-depth", "4", "--no-mlock", "--insecure"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[1]),
               ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:7001",
-                          "--max-arena", "0"));
+                          "--max-arena", "0", "--insecure"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[2]),
               ElementsAre("start", "--role", "coordinator", "--name", "c", "--deploy", file(),
                           "--listen", "tcp://127.0.0.1:7002"));
@@ -476,10 +477,10 @@ roles:
   EXPECT_TRUE(cfg.rendezvous_in_rank0);
   EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[3])),
               ElementsAre("--offload", "tcp://127.0.0.1:5556", "--coordinator",
-                          "tcp://127.0.0.1:5557", "--serve-coordinator"));
-  EXPECT_THAT(
-      tail_after_config(to_command_line(cfg, cfg.roles[2])),
-      ElementsAre("--offload", "tcp://127.0.0.1:5555", "--coordinator", "tcp://127.0.0.1:5557"));
+                          "tcp://127.0.0.1:5557", "--serve-coordinator", "--insecure"));
+  EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[2])),
+              ElementsAre("--offload", "tcp://127.0.0.1:5555", "--coordinator",
+                          "tcp://127.0.0.1:5557", "--insecure"));
 }
 
 TEST_F(RendezvousTest, ImplicitEndpointSkipsEveryRoleEndpoint) {
@@ -500,7 +501,7 @@ TEST_F(RendezvousTest, OneTrainerWithoutCoordinatorGetsNeitherFlag) {
   EXPECT_EQ(cfg.rendezvous, "");
   EXPECT_FALSE(cfg.rendezvous_in_rank0);
   EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[1])),
-              ElementsAre("--offload", "tcp://127.0.0.1:5555"));
+              ElementsAre("--offload", "tcp://127.0.0.1:5555", "--insecure"));
 }
 
 TEST_F(RendezvousTest, CoordinatorRoleIsTheRendezvousAndNoTrainerServes) {
@@ -514,11 +515,11 @@ roles:
   EXPECT_FALSE(cfg.rendezvous_in_rank0);
   for (size_t i : {0u, 2u})
     EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[i])),
-                ElementsAre("--coordinator", "tcp://127.0.0.1:7002"));
+                ElementsAre("--coordinator", "tcp://127.0.0.1:7002", "--insecure"));
   // Even one trainer talks to a coordinator the file runs.
   const auto one = load("roles: [{role: coordinator}, {role: trainer, config: ds.json}]");
   EXPECT_THAT(tail_after_config(to_command_line(one, one.roles[1])),
-              ElementsAre("--coordinator", "tcp://127.0.0.1:5555"));
+              ElementsAre("--coordinator", "tcp://127.0.0.1:5555", "--insecure"));
 }
 
 TEST_F(RendezvousTest, ExplicitKeyForTrainersOnSeveralMachines) {
@@ -545,8 +546,9 @@ roles:
                                      HasSubstr("allow_remote: true")));
   const auto served = load("allow_remote: true\n" + rank0);
   EXPECT_TRUE(served.rendezvous_in_rank0);
-  EXPECT_THAT(tail_after_config(to_command_line(served, served.roles[0])),
-              ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--serve-coordinator"));
+  EXPECT_THAT(
+      tail_after_config(to_command_line(served, served.roles[0])),
+      ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--serve-coordinator", "--insecure"));
 }
 
 TEST_F(RendezvousTest, Refusals) {

@@ -96,12 +96,14 @@ TEST_F(UpDsConfig, AioValuesTheTierCannotTakeNameTheDsConfigKey) {
 
 TEST_F(UpDsConfig, ATrainerRefusesAServiceWithoutAnNvmeTier) {
   ServiceProcess ram_only(DSACTOR_BINARY, {"--no-mlock"}, dir / "service.log");
-  auto client = actors::OffloadClient(ram_only.endpoint());
+  auto client = actors::OffloadClient(ram_only.endpoint(), ram_only.client_security());
   EXPECT_EQ(client.stats().nvme_tier, messages::NvmeTier::kAbsent);
+  std::string keys;
+  for (const auto& flag : ram_only.trainer_flags()) keys += " " + flag;
   const auto run = run_dsactor(
       "start --role trainer --config nvme.json --model tiny --data "
       "corpus.txt --steps 1 --offload " +
-          ram_only.endpoint(),
+          ram_only.endpoint() + keys,
       dir.path());
   EXPECT_EQ(run.exit_code, 2) << run.err;
   EXPECT_THAT(run.err, AllOf(HasSubstr("zero_optimization.offload_optimizer.device"),

@@ -68,17 +68,21 @@ std::vector<Header> every_kind() {
   add(StatsReply{1ull << 33, 1ull << 36, 48, 1000, "mlock", 40, 8, NvmeTier::kPresent,
                  "/mnt/nvme"});
   add(StatsReply{1, 0, 1, 2, "none", 1, 0, NvmeTier::kAbsent, ""});
-  add(Checkpoint{"step1000", "/ckpt/run"});
-  add(CheckpointReply{"step1000", 1000, 123456789});
-  add(Restore{"step1000", "/ckpt/run"});
+  add(Checkpoint{"step1000", "", "run/service-0"});
+  add(CheckpointReply{"step1000", 1000, 123456789, "/state/checkpoints/key-ab/job/run"});
+  add(Restore{"step1000", "", "run/service-0"});
   add(RestoreReply{"step1000", 1000, versions});
   add(Ping{0xdeadbeef});
   add(Pong{0xdeadbeef});
   add(ErrorReply{ErrorCode::versionOrder, "step 4 < committed 5"});
-  add(MapArena{"/proc/1234/fd/7", 1ull << 30});
-  add(MapArenaReply{3, 1ull << 30});
+  add(MapArena{"", 1ull << 30, "0123abcd"});
+  add(MapArenaReply{3, 1ull << 30, "0123abcd", "@dsactor-offload-1-ab"});
   add(UnmapArena{3});
   add(UnmapArenaReply{3});
+  add(DropJob{});
+  add(DropJobReply{12, 1ull << 33});
+  add(ErrorReply{ErrorCode::permissionDenied, "the job belongs to another client key"});
+  add(ErrorReply{ErrorCode::busy, "retry"});
   // The payload kinds with their bytes in a shared-memory arena instead of frame 1.
   add(PushGradients{11, 5, 2, DType::bf16, 512, ArenaSlice{3, 4096, 1024, 0xabcdef01}});
   add(FetchParameters{11, 4, DType::fp16, ArenaSlice{3, 8192, 1 << 20, 0}});
@@ -488,6 +492,27 @@ TEST(CodecMalformed, UnknownErrorCodeStaysReadable) {
   EXPECT_EQ(e.code, ErrorCode::internal);
   EXPECT_NE(e.message.find("77"), std::string::npos);
   EXPECT_NE(e.message.find("from the future"), std::string::npos);
+}
+
+// A peer built before Checkpoint.name, MapArena.ticket and friends existed sends headers
+// without them; they decode, the new fields empty (the service then refuses the path).
+TEST(Codec, HeadersOfOlderPeersStillDecode) {
+  auto checkpoint = one(forged([](wire::Header::Builder h) {
+    auto c = h.getKind().initCheckpoint();
+    c.setTag("t");
+    c.setPath("/abs/path");
+  }));
+  auto msg = decode(checkpoint);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_EQ(std::get<Checkpoint>(msg->header.body), (Checkpoint{"t", "/abs/path", ""}));
+  auto map = one(forged([](wire::Header::Builder h) {
+    auto m = h.getKind().initMapArena();
+    m.setPath("/proc/1/fd/3");
+    m.setSize(4096);
+  }));
+  msg = decode(map);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_EQ(std::get<MapArena>(msg->header.body), (MapArena{"/proc/1/fd/3", 4096, ""}));
 }
 
 TEST(Codec, UnalignedHeaderFrame) {

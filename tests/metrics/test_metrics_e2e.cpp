@@ -98,16 +98,16 @@ TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
                                   (dir / "monitor").string() + R"(", "job_name": "e2e"}})");
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
   Child service(dir.path(),
-                {"start", "--role", "offload", "--listen", endpoint, "--no-mlock",
-                 "--metrics-listen", "127.0.0.1:0"},
+                {"start", "--role", "offload", "--listen", endpoint, "--no-mlock", "--insecure",
+                 "--state-dir", (dir / "state").string(), "--metrics-listen", "127.0.0.1:0"},
                 dir / "service.log");
   const int service_port = logged_metrics_port(service);
   ASSERT_GT(service_port, 0) << service.log();
   ASSERT_TRUE(service.wait_for_err("listening on", 60s)) << service.log();
-  Child trainer(dir.path(),
-                {"start", "--role", "trainer", "--config", "ds.json", "--model", "tiny", "--data",
-                 "corpus.txt", "--seq", "16", "--steps", "100000", "--offload", endpoint, "--job",
-                 "e2e-job", "--metrics-listen", "127.0.0.1:0"},
+  Child trainer(dir.path(), {"start",   "--role",  "trainer",    "--config",         "ds.json",
+                             "--model", "tiny",    "--data",     "corpus.txt",       "--seq",
+                             "16",      "--steps", "100000",     "--offload",        endpoint,
+                             "--job",   "e2e-job", "--insecure", "--metrics-listen", "127.0.0.1:0"},
                 dir / "trainer.log");
   const int trainer_port = logged_metrics_port(trainer);
   ASSERT_GT(trainer_port, 0) << trainer.log();
@@ -178,8 +178,8 @@ TEST(MetricsEndToEnd, OffLoopbackWithoutTokenIsRefusedAtStart) {
   TempDir dir;
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
   Child service(dir.path(),
-                {"start", "--role", "offload", "--listen", endpoint, "--no-mlock",
-                 "--metrics-listen", "0.0.0.0:0"},
+                {"start", "--role", "offload", "--listen", endpoint, "--no-mlock", "--insecure",
+                 "--state-dir", (dir / "state").string(), "--metrics-listen", "0.0.0.0:0"},
                 dir / "service.log");
   EXPECT_NE(service.wait(60s), 0);
   EXPECT_NE(service.log().find("--metrics-listen 0.0.0.0:0: off loopback the metrics need a token"),

@@ -14,6 +14,7 @@
 #include <zmq_addon.hpp>
 
 #include "messages/codec.h"
+#include "security/transport_security.h"
 
 namespace dsactor::offload::test {
 
@@ -30,6 +31,8 @@ class FakeService {
     endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
   }
   const std::string& endpoint() const { return endpoint_; }
+  // Plain: the stand-in speaks no CurveZMQ (what is tested here is the client's logic).
+  security::ClientSecurity client_security() const { return {true, {}, {}}; }
 
   // The next request a client sent. `guard` only keeps a broken test from hanging.
   Request next(std::chrono::milliseconds guard = std::chrono::seconds(60)) {

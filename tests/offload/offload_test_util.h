@@ -28,12 +28,25 @@
 #include "kernels/cpu/cast.h"
 #include "messages/codec.h"
 #include "offload_service/partition_store.h"
+#include "offload_service/state_dir.h"
+#include "security/transport_security.h"
 
 extern char** environ;
 
 namespace dsactor::offload::test {
 
 namespace fs = std::filesystem;
+
+// For a client of no service, or of one started --insecure.
+inline const security::ClientSecurity kInsecure{true, {}, {}};
+
+// Where a service with state directory `state` keeps checkpoint `name` of `job` of the
+// client whose key is `owner` ("" for --insecure and in-process clients).
+inline std::filesystem::path checkpoint_location(const std::filesystem::path& state,
+                                                 const std::string& owner, const std::string& job,
+                                                 const std::string& name) {
+  return state / "checkpoints" / owner_dir_name(owner) / job_dir_name(job) / name;
+}
 
 // A fresh directory under the system temp dir, removed on destruction.
 struct TempDir {
@@ -51,12 +64,17 @@ struct TempDir {
 
 // The real `dsactor start --role offload --listen tcp://127.0.0.1:* <args>`, its log in a
 // numbered file under `log_dir`.
+// Authenticated (deploy/service_process.h) unless `args` say --insecure; `keys_dir`, when
+// given, holds keys that services started one after the other share.
 class ServiceProcess : public deploy::ServiceProcess {
  public:
-  ServiceProcess(const std::vector<std::string>& args, const fs::path& log_dir)
-      : deploy::ServiceProcess(DSACTOR_BINARY, args,
-                               log_dir / ("service-" + std::to_string(counter()++) + ".log"),
-                               std::chrono::seconds(20)) {}
+  ServiceProcess(const std::vector<std::string>& args, const fs::path& log_dir,
+                 const fs::path& keys_dir = {}, std::vector<std::string> extra_client_keys = {})
+      : deploy::ServiceProcess(
+            DSACTOR_BINARY,
+            deploy::ServiceProcessOptions{
+                args, log_dir / ("service-" + std::to_string(counter()++) + ".log"),
+                std::chrono::seconds(20), keys_dir, std::move(extra_client_keys)}) {}
 
  private:
   static int& counter() {

@@ -1,12 +1,14 @@
 // The same-host shared-memory arena against real `dsactor start --role offload`
 // processes: pushes and fetches through the arena give the bytes and results of frames,
-// hostile arena requests (unmapped, out of bounds, wrong crc, files that are not sealed
-// memfds) are refused with the field named while the service keeps serving, and a client
-// that cannot map falls back to frames.
+// hostile arena requests (unmapped, out of bounds, wrong crc, a path instead of a handed-over
+// fd, fds that are not sealed memfds, tickets of others) are refused with the field named
+// while the service keeps serving, and a client that cannot map falls back to frames.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -14,6 +16,7 @@
 
 #include "actors/offload_link/offload_client.h"
 #include "checksum/crc32c.h"
+#include "messages/arena_handoff.h"
 #include "messages/shm_arena.h"
 #include "tests/offload/fake_service.h"
 #include "tests/offload/offload_test_util.h"
@@ -53,8 +56,8 @@ using OffloadArena = SharedServiceTest;
 // Two jobs with the same partitions and gradients, one through the arena, one through
 // frames: every push reply, and fp32 and bf16 fetches after each step, are bit-identical.
 TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
-  OffloadClient arena(svc_->endpoint(), 10s, "arena");
-  OffloadClient frames(svc_->endpoint(), 10s, "frames");
+  OffloadClient arena(svc_->endpoint(), svc_->client_security(), 10s, "arena");
+  OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, "frames");
   const std::vector<msg::PartitionSpec> specs{spec(1, 300000), spec(2, 4097)};
   ASSERT_TRUE(arena.map_arena(300000 * 4, 3));
   EXPECT_FALSE(frames.has_arena());
@@ -100,7 +103,7 @@ TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
 
 // A fetch larger than the slot it offered is answered with a frame, same bytes.
 TEST_F(OffloadArena, FetchLargerThanTheSlotComesAsAFrame) {
-  OffloadClient c(svc_->endpoint(), 10s, "small-slot");
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "small-slot");
   ASSERT_TRUE(c.map_arena(4096, 1));
   c.register_partitions(0, 1, {spec(1, 5000)});
   const auto values = random_floats(5000, 3);
@@ -111,8 +114,8 @@ TEST_F(OffloadArena, FetchLargerThanTheSlotComesAsAFrame) {
 }
 
 TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
-  OffloadClient c(svc_->endpoint(), 10s, "hostile");
-  OffloadClient other(svc_->endpoint(), 10s, "other-job");
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "hostile");
+  OffloadClient other(svc_->endpoint(), svc_->client_security(), 10s, "other-job");
   ASSERT_TRUE(c.map_arena(65536, 2));
   const uint64_t size = c.arena_bytes();
   c.register_partitions(0, 1, {spec(1, 1024)});
@@ -153,7 +156,7 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
   const uint32_t crc = checksum::crc32c(slot.bytes().data(), 4096);
   expect_refused(c.call(push({id, slot.offset(), 4096, crc ^ 1})), ErrorCode::checksumMismatch,
                  "pushGradients.arena", "crc32c");
-  // MapArena of things that are not a sealed memfd of the right size.
+  // MapArena by path is refused, whatever the path names (a memfd of ours included).
   const std::string self_fd = "/proc/" + std::to_string(getpid()) + "/fd/";
   const int plain = memfd_create("unsealed", MFD_CLOEXEC);
   ASSERT_GE(plain, 0);
@@ -162,26 +165,57 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
   ASSERT_GE(sealed, 0);
   ASSERT_EQ(ftruncate(sealed, 4096), 0);
   ASSERT_EQ(fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  for (const std::string& path : {std::string("/etc/passwd"), self_fd + std::to_string(sealed)}) {
+    SCOPED_TRACE(path);
+    expect_refused(c.call(msg::MapArena{path, 4096, ""}), ErrorCode::malformed, "mapArena.path",
+                   "never opened by path");
+  }
+  expect_refused(c.call(msg::MapArena{"", uint64_t{1} << 50, ""}), ErrorCode::tooLarge,
+                 "mapArena.size", "arena limit");
+  // Fds that are not a sealed memfd of the size asked are refused at the hand-over, and
+  // the ticket then maps nothing.
   const TempDir dir;
   const std::string file = (dir.path / "f").string();
   { std::ofstream(file) << std::string(65536, 'x'); }
   const int regular = ::open(file.c_str(), O_RDWR);
   ASSERT_GE(regular, 0);
-  for (const auto& [path, bytes, why] : std::vector<std::tuple<std::string, uint64_t, std::string>>{
-           {"/etc/passwd", 4096, "not of the form"},
-           {file, 4096, "not of the form"},
+  auto ticket = [&](OffloadClient& client, uint64_t bytes) {
+    const msg::Header h = client.call(msg::MapArena{"", bytes, ""});
+    const auto* t = std::get_if<msg::MapArenaReply>(&h.body);
+    EXPECT_NE(t, nullptr) << msg::kind_name(h.body);
+    return t ? *t : msg::MapArenaReply{};
+  };
+  for (const auto& [fd, bytes, why] : std::vector<std::tuple<int, uint64_t, std::string>>{
            // "not a sealable memfd" or, on tmpfs, "not sealed against shrinking".
-           {self_fd + std::to_string(regular), 4096, "seal"},
-           {self_fd + std::to_string(plain), 4096, "not sealed against shrinking"},
-           {self_fd + std::to_string(sealed), 8192, "asked to map"},
-           {self_fd + "999999", 4096, "stat"},
-           {self_fd + std::to_string(sealed), uint64_t{1} << 50, "arena limit"},
+           {regular, 4096, "seal"},
+           {plain, 4096, "not sealed against shrinking"},
+           {sealed, 8192, "asked to map"},
        }) {
-    SCOPED_TRACE(path);
-    expect_refused(c.call(msg::MapArena{path, bytes}),
-                   bytes > (uint64_t{1} << 40) ? ErrorCode::tooLarge : ErrorCode::malformed,
-                   "mapArena", why);
+    SCOPED_TRACE(why);
+    const auto t = ticket(c, bytes);
+    ASSERT_FALSE(t.ticket.empty());
+    EXPECT_EQ(t.arena_id, 0u);
+    try {
+      msg::hand_over_fd(t.socket, t.ticket, fd, 5s);
+      ADD_FAILURE() << "the hand-over was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    expect_refused(c.call(msg::MapArena{"", bytes, t.ticket}), ErrorCode::malformed,
+                   "mapArena.ticket", "no arena was handed over");
   }
+  // A ticket is its job's, and spent once used.
+  const auto t = ticket(c, 4096);
+  msg::hand_over_fd(t.socket, t.ticket, sealed, 5s);
+  expect_refused(other.call(msg::MapArena{"", 4096, t.ticket}), ErrorCode::malformed,
+                 "mapArena.ticket", "unknown");
+  expect_refused(c.call(msg::MapArena{"", 4096, "00" + t.ticket.substr(2)}), ErrorCode::malformed,
+                 "mapArena.ticket", "unknown");
+  const msg::Header mapped = c.call(msg::MapArena{"", 4096, t.ticket});
+  ASSERT_TRUE(std::holds_alternative<msg::MapArenaReply>(mapped.body)) << error(mapped).message;
+  EXPECT_NE(std::get<msg::MapArenaReply>(mapped.body).arena_id, 0u);
+  expect_refused(c.call(msg::MapArena{"", 4096, t.ticket}), ErrorCode::malformed, "mapArena.ticket",
+                 "unknown");
   ::close(regular);
   ::close(plain);
   ::close(sealed);
@@ -198,7 +232,7 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
 // of them back at release, and trim_free_slots() gives back what free slots kept, never a
 // taken slot's.
 TEST_F(OffloadArena, SlotsKeepSmallUsesAndTrimGivesThemBack) {
-  OffloadClient c(svc_->endpoint(), 10s, "keep");
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "keep");
   ASSERT_TRUE(c.map_arena(16 * 4096, 2, 4 * 4096));
   {
     actors::ArenaBuffer small = c.arena_buffer(3 * 4096);
@@ -224,17 +258,36 @@ TEST_F(OffloadArena, SlotsKeepSmallUsesAndTrimGivesThemBack) {
 
 // A client that goes sends UnmapArena for its arena on the way out, without waiting for
 // the answer (a service that is gone must not hold it up): a fake service sees it arrive.
+// The fake takes the arena the way a service does: a ticket, the fd on its Unix socket
+// with that ticket, then the MapArena that carries the ticket.
 TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
   FakeService fake;
+  const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
   std::future<void> mapped_and_gone = std::async(std::launch::async, [&] {
-    OffloadClient c(fake.endpoint(), 60s, "short-lived");
+    OffloadClient c(fake.endpoint(), fake.client_security(), 60s, "short-lived");
     EXPECT_TRUE(c.map_arena(4096, 1));
     EXPECT_EQ(c.arena_id(), 42u);
   });
+  const FakeService::Request ask = fake.next();
+  const auto* m = std::get_if<msg::MapArena>(&ask.header.body);
+  ASSERT_NE(m, nullptr) << msg::kind_name(ask.header.body);
+  EXPECT_TRUE(m->path.empty());
+  EXPECT_TRUE(m->ticket.empty());
+  fake.answer(ask, msg::MapArenaReply{0, m->size, "ticket-1", door.address()});
+  pollfd p{door.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 60000), 1);
+  const msg::UniqueFd conn(::accept(door.fd(), nullptr, nullptr));
+  std::string why;
+  auto handed = msg::receive_fd(conn.get(), 60s, why);
+  ASSERT_TRUE(handed) << why;
+  EXPECT_EQ(handed->ticket, "ticket-1");
+  EXPECT_EQ(handed->uid, ::geteuid());
+  msg::answer_hand_over(conn.get(), "ok");
   const FakeService::Request map = fake.next();
-  const auto* m = std::get_if<msg::MapArena>(&map.header.body);
+  m = std::get_if<msg::MapArena>(&map.header.body);
   ASSERT_NE(m, nullptr) << msg::kind_name(map.header.body);
-  fake.answer(map, msg::MapArenaReply{42, m->size});
+  EXPECT_EQ(m->ticket, "ticket-1");
+  fake.answer(map, msg::MapArenaReply{42, m->size, "", ""});
   mapped_and_gone.get();
   const FakeService::Request unmap = fake.next();
   const auto* u = std::get_if<msg::UnmapArena>(&unmap.header.body);
@@ -245,11 +298,12 @@ TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
 
 // UnmapArena, answered: the id names nothing afterwards.
 TEST_F(OffloadArena, UnmappedArenaNamesNothing) {
-  OffloadClient c(svc_->endpoint(), 10s, "unmapped");
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "unmapped");
   ASSERT_TRUE(c.map_arena(4096, 1));
   const uint64_t id = c.arena_id();
   c.register_partitions(0, 1, {spec(1, 64)});
-  OffloadClient other(svc_->endpoint(), 10s, "unmapped");  // same job, another connection
+  OffloadClient other(svc_->endpoint(), svc_->client_security(), 10s,
+                      "unmapped");  // same job, another connection
   const auto unmapped = other.call(msg::UnmapArena{id});
   ASSERT_TRUE(std::holds_alternative<msg::UnmapArenaReply>(unmapped.body))
       << msg::kind_name(unmapped.body);
@@ -263,11 +317,11 @@ TEST_F(OffloadArena, UnmappedArenaNamesNothing) {
 // No arena where none can be had: a remote-looking endpoint (no request at all) or a
 // service that maps none (--max-arena 0); everything still works through frames.
 TEST(OffloadArenaFallback, FramesWhenTheServiceCannotMap) {
-  OffloadClient remote("tcp://192.0.2.1:5555", 100ms);
+  OffloadClient remote("tcp://192.0.2.1:5555", kInsecure, 100ms);
   EXPECT_FALSE(remote.map_arena(4096, 2));
   TempDir tmp;
   ServiceProcess svc({"--max-arena", "0"}, tmp.path);
-  OffloadClient c(svc.endpoint(), 10s);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
   EXPECT_FALSE(c.map_arena(4096, 2));
   EXPECT_FALSE(c.has_arena());
   EXPECT_FALSE(c.arena_buffer(16));

@@ -2,8 +2,8 @@
 // offload` process: a round trip on a service with partitions on both tiers (restored
 // state equals step 2 bit for bit; training on repeats the first continuation exactly),
 // a corrupted checkpoint refused with the live state untouched, a checkpoint restored
-// into a second service, spill placement seen through Stats, and bad options refused at
-// startup with the rule named.
+// into a second service on the same state directory, spill placement seen through Stats, and bad
+// options refused at startup with the rule named.
 
 #include <gtest/gtest.h>
 
@@ -65,13 +65,13 @@ uint64_t opt_bytes(uint64_t n) {
 
 TEST(OffloadCheckpoint, RoundTripThroughTheServiceOnBothTiers) {
   TempDir tmp;
-  const auto ck = (tmp.path / "ck-step2").string();
+  const std::string ck = "ck-step2";
   // Partition 1 in RAM (max_in_cpu holds exactly it), partition 2 spills to NVMe.
   ServiceProcess svc({"--nvme", (tmp.path / "nvme").string(), "--aio-block-size", "64K",
                       "--buffer-count", "5", "--max-in-cpu", std::to_string(opt_bytes(100000))},
                      tmp.path);
   EXPECT_NE(svc.log().find("pinning: "), std::string::npos) << svc.log();
-  OffloadClient c(svc.endpoint(), 20s);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 20s);
   auto ref = setup(c, {spec(1, 100000), spec(2, 20000)});
 
   // Placement, as Stats sees it: RAM charges master, m, v, gradient and the bf16 copy of
@@ -94,6 +94,11 @@ TEST(OffloadCheckpoint, RoundTripThroughTheServiceOnBothTiers) {
   auto cr = c.checkpoint("step2", ck);
   EXPECT_EQ(cr.step, 2u);
   EXPECT_EQ(cr.bytes_written, 12u * 120000);
+  // Beneath the state directory (the NVMe directory by default), in this key's and job's
+  // directory.
+  EXPECT_EQ(cr.location, checkpoint_location(tmp.path / "nvme",
+                                             svc.client_security().keys.public_key, "default", ck)
+                             .string());
   train(c, ref, 3);
   train(c, ref, 4);
   const auto at4 = ref;
@@ -109,7 +114,7 @@ TEST(OffloadCheckpoint, RoundTripThroughTheServiceOnBothTiers) {
   EXPECT_EQ(c.stats().steps, 6u);
 
   // A corrupted checkpoint is refused; the live state (step 4) stays and trains on.
-  const auto bin = std::filesystem::path(ck) / "tensors.bin";
+  const auto bin = std::filesystem::path(cr.location) / "tensors.bin";
   {
     std::fstream f(bin, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(4096 + 17);
@@ -133,18 +138,21 @@ TEST(OffloadCheckpoint, RoundTripThroughTheServiceOnBothTiers) {
 
 TEST(OffloadCheckpoint, RestoreIntoAnotherServiceProcess) {
   TempDir tmp;
-  const auto ck = (tmp.path / "ck").string();
+  const std::string ck = "ck";
+  const std::string state = (tmp.path / "state").string();
   std::vector<RefPartition> ref;
   {
-    ServiceProcess svc({}, tmp.path);
-    OffloadClient c(svc.endpoint(), 20s);
+    ServiceProcess svc({"--state-dir", state}, tmp.path, tmp.path / "keys");
+    OffloadClient c(svc.endpoint(), svc.client_security(), 20s);
     ref = setup(c, {spec(5, 30000), spec(6, 777)});
     train(c, ref, 1);
     c.checkpoint("one", ck);
     EXPECT_EQ(svc.stop(), 0);
   }
-  ServiceProcess svc({"--nvme", (tmp.path / "nvme").string(), "--aio-block-size", "64K"}, tmp.path);
-  OffloadClient c(svc.endpoint(), 20s);
+  ServiceProcess svc(
+      {"--nvme", (tmp.path / "nvme").string(), "--aio-block-size", "64K", "--state-dir", state},
+      tmp.path, tmp.path / "keys");
+  OffloadClient c(svc.endpoint(), svc.client_security(), 20s);
   try {
     c.restore("two", ck);
     ADD_FAILURE() << "restored under the wrong tag";

@@ -65,7 +65,7 @@ void check(OffloadClient& c, const std::vector<RefPartition>& ref, uint64_t vers
 TEST(OffloadService, TrainsLikeTheReferenceSkipsOnOverflowAndStopsCleanly) {
   TempDir tmp;
   ServiceProcess svc({}, tmp.path);
-  OffloadClient c(svc.endpoint(), 10s);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
   auto ref = setup(c, {spec(10, 300000), spec(11, 4097)});
   train(c, ref, 1, 3, 1);
   check(c, ref, 1);
@@ -90,18 +90,19 @@ TEST(OffloadService, TrainsLikeTheReferenceSkipsOnOverflowAndStopsCleanly) {
 TEST(OffloadService, NvmeRestartServesSameStateAndCorruptionIsRefused) {
   TempDir tmp;
   const auto dir = tmp.path / "nvme";
+  const auto keys = tmp.path / "keys";  // the job is the client key's across restarts
   std::vector<RefPartition> ref;
   {
-    ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path);
-    OffloadClient c(svc.endpoint(), 10s);
+    ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path, keys);
+    OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
     ref = setup(c, {spec(1, 100000), spec(2, 20000)});
     train(c, ref, 1, 2, 5);
     check(c, ref, 1);
     EXPECT_EQ(svc.stop(), 0);
   }
   {
-    ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path);
-    OffloadClient c(svc.endpoint(), 10s);
+    ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path, keys);
+    OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
     check(c, ref, 1);
     EXPECT_EQ(c.stats().partitions, 2u);
     train(c, ref, 2, 1, 8);
@@ -118,8 +119,8 @@ TEST(OffloadService, NvmeRestartServesSameStateAndCorruptionIsRefused) {
     f.seekp(offset + 123);
     f.put('\x5a');
   }
-  ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path);
-  OffloadClient c(svc.endpoint(), 10s);
+  ServiceProcess svc({"--nvme", dir.string(), "--aio-block-size", "65536"}, tmp.path, keys);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
   try {
     c.fetch(1, 0, DType::bf16);
     ADD_FAILURE() << "a corrupt extent was served";
@@ -140,7 +141,7 @@ TEST(OffloadService, TwoWorkersTrainBitIdenticalToOneWorkerAndTheReference) {
     ServiceProcess svc({"--workers", workers}, tmp.path);
     EXPECT_NE(svc.log().find("partition workers: " + workers + ";"), std::string::npos)
         << svc.log();
-    OffloadClient c(svc.endpoint(), 10s);
+    OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
     auto ref = setup(c, {spec(10, 70000), spec(11, 4097), spec(12, 30000), spec(13, 1000)});
     train(c, ref, 1, 3, 1);
     check(c, ref, 1);
@@ -175,8 +176,8 @@ TEST(OffloadService, CorruptExtentOnWorkerOneLeavesBothWorkersAtTheOldVersion) {
                                       "65536",  "--workers",  "2"};
   std::vector<RefPartition> ref;
   {
-    ServiceProcess svc(args, tmp.path);
-    OffloadClient c(svc.endpoint(), 10s);
+    ServiceProcess svc(args, tmp.path, tmp.path / "keys");
+    OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
     ref = setup(c, {spec(1, 70000), spec(2, 20000), spec(3, 50000), spec(4, 9000)});
     train(c, ref, 1, 2, 5);
     check(c, ref, 1);
@@ -206,8 +207,8 @@ TEST(OffloadService, CorruptExtentOnWorkerOneLeavesBothWorkersAtTheOldVersion) {
     }
   };
   {
-    ServiceProcess svc(args, tmp.path);
-    OffloadClient c(svc.endpoint(), 10s);
+    ServiceProcess svc(args, tmp.path, tmp.path / "keys");
+    OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
     for (auto& p : ref) {
       std::vector<float> g(p.master.size(), 1.0f);
       c.push_gradients(p.spec.partition_id, 2, 0, DType::fp32, bytes_of(g));
@@ -238,8 +239,8 @@ TEST(OffloadService, CorruptExtentOnWorkerOneLeavesBothWorkersAtTheOldVersion) {
     EXPECT_EQ(svc.stop(), 0);
   }
   // Nothing of the refused step reached the disk either.
-  ServiceProcess svc(args, tmp.path);
-  OffloadClient c(svc.endpoint(), 10s);
+  ServiceProcess svc(args, tmp.path, tmp.path / "keys");
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
   intact(c);
   EXPECT_EQ(svc.stop(), 0);
 }
@@ -285,12 +286,13 @@ ErrorCode error_code(const std::optional<msg::Header>& h) {
 TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
   TempDir tmp;
   ServiceProcess svc({}, tmp.path);
-  OffloadClient c(svc.endpoint(), 10s);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
   auto ref = setup(c, {spec(1, 5000)});
 
   zmq::context_t ctx;
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
+  security::secure_client_socket(s, svc.client_security());
   s.connect(svc.endpoint());
 
   // Garbage header.
@@ -382,7 +384,7 @@ TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
 TEST(OffloadService, MemoryLimitRefusalNamesAskedAndFree) {
   TempDir tmp;
   ServiceProcess svc({"--memory-limit", "1M"}, tmp.path);
-  OffloadClient c(svc.endpoint(), 10s);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
   auto ref = setup(c, {spec(1, 20000)});
   try {
     c.register_partitions(0, 1, {spec(2, 1 << 20)});
@@ -404,7 +406,7 @@ TEST(OffloadService, MemoryLimitRefusalNamesAskedAndFree) {
 TEST(OffloadClient, PipelinedPushesAreCollectedByRequestId) {
   TempDir tmp;
   ServiceProcess svc({"--workers", "2"}, tmp.path);  // two workers may answer out of order
-  OffloadClient c(svc.endpoint(), 10s);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s);
   auto ref = setup(c, {spec(20, 70000), spec(21, 5000), spec(22, 33000)});
   std::vector<uint64_t> ids;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -436,7 +438,7 @@ TEST(OffloadClient, PipelinedPushesAreCollectedByRequestId) {
 }
 
 TEST(OffloadClient, PipelinedReceiveTimeoutNamesTheEndpointAndRequest) {
-  OffloadClient c("tcp://127.0.0.1:1", 200ms);
+  OffloadClient c("tcp://127.0.0.1:1", kInsecure, 200ms);
   std::vector<float> g(16, 1.0f);
   const uint64_t id = c.send_push_gradients(1, 1, 0, DType::fp32, bytes_of(g));
   try {
@@ -451,7 +453,7 @@ TEST(OffloadClient, PipelinedReceiveTimeoutNamesTheEndpointAndRequest) {
 }
 
 TEST(OffloadClient, TimeoutNamesTheEndpoint) {
-  OffloadClient c("tcp://127.0.0.1:1", 200ms);
+  OffloadClient c("tcp://127.0.0.1:1", kInsecure, 200ms);
   try {
     c.stats();
     ADD_FAILURE() << "no timeout";

@@ -172,8 +172,9 @@ TEST(OffloadStore, SkipAndRefusalsLeaveStateUntouched) {
   EXPECT_EQ(h.err(msg::CommitStep{5, 1, 1, 1e-3}).code, ErrorCode::versionOrder);
   EXPECT_EQ(h.err(msg::CommitStep{3, 1, 0, 1e-3}).code, ErrorCode::malformed);
   EXPECT_EQ(h.err(msg::FetchParameters{1, 2, DType::bf16, {}}).code, ErrorCode::versionOrder);
-  EXPECT_EQ(h.err(msg::Checkpoint{"t", "relative/dir"}).code, ErrorCode::malformed);
-  EXPECT_EQ(h.err(msg::Restore{"t", "/nonexistent/dsactor-checkpoint"}).code, ErrorCode::malformed);
+  EXPECT_EQ(h.err(msg::Checkpoint{"t", "", "../out"}).code, ErrorCode::malformed);
+  EXPECT_EQ(h.err(msg::Restore{"t", "", "/nonexistent/dsactor-checkpoint"}).code,
+            ErrorCode::malformed);
   EXPECT_EQ(h.err(msg::PushReply{}).code, ErrorCode::malformed);
   EXPECT_EQ(h.err(msg::Register{0, 1, {spec(1, 5)}}).code, ErrorCode::malformed);
   EXPECT_EQ(h.fetch(1, DType::fp32), before);

@@ -289,9 +289,9 @@ TEST(OffloadTiers, PinningIsReported) {
 // Checkpoint after step 2, train on, restore: the state of step 2 comes back bit for bit
 // on both tiers, and training again from there repeats the first continuation exactly.
 TEST(OffloadTiers, CheckpointRestoreRoundTripOnBothTiers) {
-  TempDir dir, ck;
+  TempDir dir;
   StoreOptions o;
-  o.nvme_dir = dir.path;
+  o.nvme_dir = dir.path;  // also the state directory: the checkpoints go beneath it
   o.nvme.block_size = 4096;
   o.max_in_cpu = opt_bytes(3000);
   PartitionStore store(o);
@@ -301,15 +301,16 @@ TEST(OffloadTiers, CheckpointRestoreRoundTripOnBothTiers) {
   step(h, ref, 1, 1);
   step(h, ref, 2, 2);
   const auto at2 = ref;
-  const auto path = (ck.path / "ck").string();
-  auto cr = h.ok<msg::CheckpointReply>(msg::Checkpoint{"t2", path});
+  auto cr = h.ok<msg::CheckpointReply>(msg::Checkpoint{"t2", "", "runs/ck"});
   EXPECT_EQ(cr.step, 2u);
   EXPECT_EQ(cr.bytes_written, 12u * 5500);
+  EXPECT_EQ(cr.location, checkpoint_location(dir.path, "", "job", "runs/ck").string());
+  EXPECT_TRUE(std::filesystem::exists(cr.location + "/manifest.json"));
   step(h, ref, 3, 3);
   step(h, ref, 4, 4);
   const auto at4 = ref;
 
-  auto rr = h.ok<msg::RestoreReply>(msg::Restore{"t2", path});
+  auto rr = h.ok<msg::RestoreReply>(msg::Restore{"t2", "", "runs/ck"});
   EXPECT_EQ(rr.step, 2u);
   ASSERT_EQ(rr.partitions.size(), 2u);
   EXPECT_EQ(rr.partitions[0].version, 2u);
@@ -322,16 +323,18 @@ TEST(OffloadTiers, CheckpointRestoreRoundTripOnBothTiers) {
   }
   check(h, at4, "continued after restore");
 
-  // A fresh RAM-only store takes the checkpoint as a new job.
-  PartitionStore fresh(StoreOptions{});
+  // A fresh RAM-only store on the same state directory takes the checkpoint as a new job.
+  StoreOptions ram;
+  ram.state_dir = dir.path;
+  PartitionStore fresh(ram);
   Harness f{fresh};
-  f.ok<msg::RestoreReply>(msg::Restore{"t2", path});
+  f.ok<msg::RestoreReply>(msg::Restore{"t2", "", "runs/ck"});
   check(f, at2, "restored into a new store");
   EXPECT_EQ(fresh.stats().partitions_in_ram, 2u);
 }
 
 TEST(OffloadTiers, BadCheckpointsAreRefusedAndTheLiveStateIsUntouched) {
-  TempDir dir, ck;
+  TempDir dir;
   StoreOptions o;
   o.nvme_dir = dir.path;
   o.nvme.block_size = 4096;
@@ -340,16 +343,20 @@ TEST(OffloadTiers, BadCheckpointsAreRefusedAndTheLiveStateIsUntouched) {
   Harness h{store};
   auto ref = setup(h, {spec(1, 2000), spec(2, 3000)});
   step(h, ref, 1, 1);
-  const auto path = ck.path / "ck";
-  h.ok<msg::CheckpointReply>(msg::Checkpoint{"a", path.string()});
+  h.ok<msg::CheckpointReply>(msg::Checkpoint{"a", "", "ck"});
   step(h, ref, 2, 2);
+  const auto path = checkpoint_location(dir.path, "", "job", "ck");
 
-  // Relative path, wrong tag, missing directory.
-  EXPECT_EQ(h.err(msg::Restore{"a", "relative/ck"}).code, ErrorCode::malformed);
-  auto e = h.err(msg::Restore{"b", path.string()});
+  // A path instead of a name, an absolute or escaping name, a wrong tag, a missing one.
+  EXPECT_EQ(h.err(msg::Restore{"a", path.string(), ""}).code, ErrorCode::malformed);
+  EXPECT_EQ(h.err(msg::Restore{"a", "", path.string()}).code, ErrorCode::malformed);
+  EXPECT_EQ(h.err(msg::Restore{"a", "", "../job/ck"}).code, ErrorCode::malformed);
+  auto e = h.err(msg::Restore{"b", "", "ck"});
   EXPECT_EQ(e.code, ErrorCode::malformed);
-  EXPECT_NE(e.message.find("holds tag 'a'"), std::string::npos) << e.message;
-  EXPECT_EQ(h.err(msg::Restore{"a", (ck.path / "nothing").string()}).code, ErrorCode::malformed);
+  EXPECT_NE(e.message.find("another tag"), std::string::npos) << e.message;
+  EXPECT_EQ(e.message.find("'a'"), std::string::npos)
+      << "the stored tag is not told: " << e.message;
+  EXPECT_EQ(h.err(msg::Restore{"a", "", "nothing"}).code, ErrorCode::malformed);
 
   // A flipped byte in the last tensor (partition 2's v: staged after everything else).
   const auto bin = path / "tensors.bin";
@@ -362,7 +369,7 @@ TEST(OffloadTiers, BadCheckpointsAreRefusedAndTheLiveStateIsUntouched) {
     f.seekp(size - 100);
     f.put(static_cast<char>(c ^ 0x01));
   }
-  e = h.err(msg::Restore{"a", path.string()});
+  e = h.err(msg::Restore{"a", "", "ck"});
   EXPECT_EQ(e.code, ErrorCode::checksumMismatch) << e.message;
   EXPECT_NE(e.message.find("partition/2/v"), std::string::npos) << e.message;
   const auto before = store.stats();
@@ -373,20 +380,34 @@ TEST(OffloadTiers, BadCheckpointsAreRefusedAndTheLiveStateIsUntouched) {
 
   // Truncated tensors.bin.
   std::filesystem::resize_file(bin, size / 2);
-  EXPECT_EQ(h.err(msg::Restore{"a", path.string()}).code, ErrorCode::malformed);
-  // A checkpoint of other partitions does not fit this job.
+  EXPECT_EQ(h.err(msg::Restore{"a", "", "ck"}).code, ErrorCode::malformed);
+  // Another job's checkpoint: out of reach by name, and refused by its MAC when copied in.
   Harness other{store, "other"};
   setup(other, {spec(7, 100)});
-  other.ok<msg::CheckpointReply>(msg::Checkpoint{"o", (ck.path / "o").string()});
-  e = h.err(msg::Restore{"o", (ck.path / "o").string()});
-  EXPECT_EQ(e.code, ErrorCode::malformed) << e.message;
-  check(h, ref, "after mismatched restore");
+  other.ok<msg::CheckpointReply>(msg::Checkpoint{"o", "", "o"});
+  EXPECT_EQ(h.err(msg::Restore{"o", "", "../other/o"}).code, ErrorCode::malformed);
+  EXPECT_EQ(h.err(msg::Restore{"o", "", "o"}).code, ErrorCode::malformed);
+  std::filesystem::copy(checkpoint_location(dir.path, "", "other", "o"),
+                        checkpoint_location(dir.path, "", "job", "o"));
+  e = h.err(msg::Restore{"o", "", "o"});
+  EXPECT_EQ(e.code, ErrorCode::permissionDenied) << e.message;
+  EXPECT_NE(e.message.find("manifest.json"), std::string::npos) << e.message;
+  check(h, ref, "after another job's checkpoint");
 
   // Checkpoints are refused while gradients are pending.
   std::vector<float> g(2000, 1.0f);
   h.ok<msg::PushReply>(msg::PushGradients{1, 4, 0, DType::fp32, 2000, {}}, bytes_of(g));
-  EXPECT_EQ(h.err(msg::Checkpoint{"p", (ck.path / "p").string()}).code, ErrorCode::versionOrder);
-  EXPECT_FALSE(std::filesystem::exists(ck.path / "p"));
+  EXPECT_EQ(h.err(msg::Checkpoint{"p", "", "p"}).code, ErrorCode::versionOrder);
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_location(dir.path, "", "job", "p")));
+  h.ok<msg::CommitReply>(msg::SkipStep{4});
+
+  // A checkpoint of this job taken before it registered another partition does not fit.
+  h.ok<msg::CheckpointReply>(msg::Checkpoint{"q", "", "q"});
+  h.ok<msg::RegisterReply>(msg::Register{0, 1, {spec(3, 10)}});
+  e = h.err(msg::Restore{"q", "", "q"});
+  EXPECT_EQ(e.code, ErrorCode::malformed) << e.message;
+  EXPECT_NE(e.message.find("holds 2 partitions"), std::string::npos) << e.message;
+  check(h, ref, "after a checkpoint that does not fit");
 }
 
 }  // namespace

@@ -41,7 +41,8 @@ class ServiceClientTest : public SharedServiceTest {
 // pushes succeed only if the client sent them in posting order. The fetched parameters
 // equal the reference Adam step on the summed gradient.
 TEST_F(ServiceClientTest, PostedRequestsRunInPostingOrder) {
-  ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "ordered");
+  ServiceClient client(runtime_.system(), svc_->endpoint(), svc_->client_security(), 10s,
+                       "ordered");
   const auto s = spec(1, 5000);
   const auto init = held(random_floats(s.element_count, 3));
   auto registered = client.register_partitions(0, 1, {s});
@@ -79,7 +80,8 @@ TEST_F(ServiceClientTest, PostedRequestsRunInPostingOrder) {
 // A refusal is a `refused` failure with the service's code and words; the client goes on
 // serving the requests after it.
 TEST_F(ServiceClientTest, ARefusalIsARefusedFailure) {
-  ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "refused");
+  ServiceClient client(runtime_.system(), svc_->endpoint(), svc_->client_security(), 10s,
+                       "refused");
   auto refused = client.fetch(77, 0, DType::fp32);
   auto after = client.register_partitions(0, 1, {spec(2, 100)});
   auto r = refused.get();
@@ -99,7 +101,7 @@ TEST_F(ServiceClientTest, ARefusalIsARefusedFailure) {
 TEST(ServiceClientTiming, AnAnswerComesWhenTheServiceAnswers) {
   actors::Runtime runtime;
   FakeService fake;
-  ServiceClient client(runtime.system(), fake.endpoint(), 600s, "timing");
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 600s, "timing");
   auto stats = client.stats();
   const FakeService::Request request = fake.next();
   ASSERT_TRUE(std::holds_alternative<msg::Stats>(request.header.body));
@@ -119,7 +121,7 @@ TEST(ServiceClientTiming, AnAnswerComesWhenTheServiceAnswers) {
 TEST(ServiceClientTiming, ATimeoutIsATimeoutFailureAndItsLateAnswerIsSkipped) {
   actors::Runtime runtime;
   FakeService fake;
-  ServiceClient client(runtime.system(), fake.endpoint(), 200ms, "late");
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 200ms, "late");
   auto first = client.stats();
   const FakeService::Request unanswered = fake.next();
   auto r = first.get();  // the service never answers in time
@@ -148,7 +150,7 @@ TEST(ServiceClientTiming, ATimeoutIsATimeoutFailureAndItsLateAnswerIsSkipped) {
 TEST(ServiceClientTiming, UnusableAnswersAreFailures) {
   actors::Runtime runtime;
   FakeService fake;
-  ServiceClient client(runtime.system(), fake.endpoint(), 600s, "odd");
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 600s, "odd");
   auto commit = client.commit(msg::CommitStep{1, 1.0, 1.0, 1e-3});
   fake.answer(fake.next(), msg::StatsReply{});
   auto r = commit.get();
@@ -168,7 +170,7 @@ TEST(ServiceClientTiming, UnusableAnswersAreFailures) {
 // A slot taken and filled on this thread goes with a posted push and is free again once
 // the answer is in, so the one slot serves every push.
 TEST_F(ServiceClientTest, ArenaSlotsTravelWithPushes) {
-  ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "arena");
+  ServiceClient client(runtime_.system(), svc_->endpoint(), svc_->client_security(), 10s, "arena");
   const auto s = spec(3, 4096);
   const auto init = held(random_floats(s.element_count, 5));
   ASSERT_TRUE(client.register_partitions(0, 1, {s}).get().ok());
@@ -196,7 +198,8 @@ TEST_F(ServiceClientTest, ArenaSlotsTravelWithPushes) {
 // can take it) until the result goes; a fetch while it is held comes as a frame, with the
 // same bytes.
 TEST_F(ServiceClientTest, AFetchedSlotIsHeldByItsResult) {
-  ServiceClient client(runtime_.system(), svc_->endpoint(), 10s, "fetch-arena");
+  ServiceClient client(runtime_.system(), svc_->endpoint(), svc_->client_security(), 10s,
+                       "fetch-arena");
   const auto s = spec(4, 2048);
   const auto init = held(random_floats(s.element_count, 6));
   ASSERT_TRUE(client.register_partitions(0, 1, {s}).get().ok());

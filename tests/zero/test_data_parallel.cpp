@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "deploy/service_process.h"
+#include "security/curve_keys.h"
 #include "storage/safetensors.h"
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
@@ -102,11 +103,17 @@ TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
   write_file(dir / (tag + ".json"), config(2, tag + "_monitor", zero));
   const bool offload = std::string(zero).find("offload") != std::string::npos;
   std::vector<std::unique_ptr<deploy::ServiceProcess>> services;
+  const std::vector<std::string> trainer_keys = dsactor::testing::shared_trainer_keys(dir);
   if (offload)
-    for (int r = 0; r < 2; ++r)
-      services.push_back(std::make_unique<deploy::ServiceProcess>(
-          DSACTOR_BINARY, std::vector<std::string>{"--no-mlock"},
-          dir / (tag + "_service" + std::to_string(r) + ".log")));
+    for (int r = 0; r < 2; ++r) {
+      // The ranks' shared key (they meet the rendezvous with it too) is the client key the
+      // services admit.
+      deploy::ServiceProcessOptions so;
+      so.args = {"--no-mlock"};
+      so.log_file = dir / (tag + "_service" + std::to_string(r) + ".log");
+      so.extra_client_keys = {security::read_public_key_file(dir / "keys" / "job.key")};
+      services.push_back(std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY, so));
+    }
   const std::string coordinator = "tcp://127.0.0.1:" + std::to_string(free_port());
   std::vector<std::unique_ptr<Child>> ranks;
   for (int r = 0; r < 2; ++r) {
@@ -136,8 +143,15 @@ TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
                                      "--out",
                                      tag + "_out"};
     if (r == 0) args.push_back("--serve-coordinator");
-    for (const auto& k : dsactor::testing::shared_trainer_keys(dir)) args.push_back(k);
-    if (offload) args.insert(args.end(), {"--offload", services[r]->endpoint()});
+    args.insert(args.end(), trainer_keys.begin(), trainer_keys.end());
+    if (offload) {
+      args.insert(args.end(), {"--offload", services[r]->endpoint()});
+      // The service's keys: the rank's own --secret-key above stays (it also meets the
+      // rendezvous with it), so only the service's public key is added here.
+      const auto keys = services[r]->trainer_flags();
+      for (size_t i = 0; i + 1 < keys.size(); i += 2)
+        if (keys[i] == "--offload-key") args.insert(args.end(), {keys[i], keys[i + 1]});
+    }
     ranks.push_back(
         std::make_unique<Child>(dir, args, dir / (tag + "_rank" + std::to_string(r) + ".log")));
   }

@@ -1,8 +1,9 @@
 // ZeroEngine checkpoints with real offload service processes: save at step 4, continue to
-// step 8; a fresh engine on freshly started services loads the checkpoint and trains the
-// same 4 steps: losses and final weights equal BIT FOR BIT (the services restore master, m,
-// v and versions exactly, the trainer its counters, loss scaler and data cursor). A
-// corrupted or mismatched checkpoint is refused and nothing changes.
+// step 8; a fresh engine on freshly started services (the same state directories and keys:
+// a checkpoint's parts live with the services, and belong to the trainer's key and job)
+// loads the checkpoint and trains the same 4 steps: losses and final weights equal BIT FOR BIT (the
+// services restore master, m, v and versions exactly, the trainer its counters, loss scaler and
+// data cursor). A corrupted or mismatched checkpoint is refused and nothing changes.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -74,39 +75,48 @@ void flip_byte(const std::filesystem::path& file, std::streamoff at) {
   f.write(&c, 1);
 }
 
-// Service s's directory of the checkpoint's one save (`service-<s>-<save>`).
-std::filesystem::path service_dir(const std::filesystem::path& ckpt, size_t s) {
-  const std::string prefix = "service-" + std::to_string(s) + "-";
-  std::vector<std::filesystem::path> found;
-  for (const auto& e : std::filesystem::directory_iterator(ckpt))
-    if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path());
-  EXPECT_EQ(found.size(), 1u) << ckpt;
-  return found.empty() ? ckpt / prefix : found.front();
-}
-
 // One deployment of services: two RAM services (blocks round-robin, so a restore spans
-// services and a refusal by the second must roll back the first) or one --nvme service.
+// services and a refusal by the second must roll back the first) or one --nvme service
+// (a fresh NVMe directory each time). Service i keeps its state in `state`/s<i> and shares
+// the keys in `state`/keys, so a later deployment on the same `state` finds the parts.
 struct Services {
   std::unique_ptr<TempDir> nvme;
   std::vector<std::unique_ptr<ServiceProcess>> procs;
-  Services(const std::string& device, const std::filesystem::path& logs) {
+  Services(const std::string& device, const std::filesystem::path& logs,
+           const std::filesystem::path& state) {
+    auto args = [&](size_t i) {
+      return std::vector<std::string>{"--state-dir", (state / ("s" + std::to_string(i))).string()};
+    };
     if (device == "nvme") {
       nvme = std::make_unique<TempDir>();
-      procs.push_back(std::make_unique<ServiceProcess>(
-          std::vector<std::string>{"--nvme", nvme->path.string()}, logs));
+      auto a = args(0);
+      a.insert(a.end(), {"--nvme", nvme->path.string()});
+      procs.push_back(std::make_unique<ServiceProcess>(a, logs, state / "keys"));
     } else {
-      for (int i = 0; i < 2; ++i)
-        procs.push_back(std::make_unique<ServiceProcess>(std::vector<std::string>{}, logs));
+      for (size_t i = 0; i < 2; ++i)
+        procs.push_back(std::make_unique<ServiceProcess>(args(i), logs, state / "keys"));
     }
   }
   ZeroOptions options() const {
     ZeroOptions o;
-    for (const auto& p : procs) o.services.push_back(p->endpoint());
+    for (const auto& p : procs) {
+      o.services.push_back(p->endpoint());
+      o.service_security.push_back(p->client_security());
+    }
     o.job_id = "ckpt";
     o.timeout = std::chrono::seconds(20);
     return o;
   }
 };
+
+// Where the manifest at `ckpt` says service `s`'s part of the checkpoint went.
+std::filesystem::path service_part(const std::filesystem::path& ckpt, size_t s) {
+  std::ifstream in(ckpt / "trainer" / "manifest.json");
+  const auto manifest = nlohmann::json::parse(in);
+  for (const auto& e : manifest.at("state").at("services"))
+    if (e.at("index").get<size_t>() == s) return e.at("location").get<std::string>();
+  return {};
+}
 
 class ZeroCheckpointTest : public ::testing::Test {
  protected:
@@ -118,7 +128,7 @@ class ZeroCheckpointTest : public ::testing::Test {
   }
 
   void check(const std::string& mode, int stage, const std::string& device) {
-    TempDir logs, out;
+    TempDir logs, out, state;
     const auto ckpt = out.path / "ckpt";
     const auto tokens = corpus(4000, 7);
     // nvme_path is the service's --nvme directory; the trainer only records it.
@@ -128,7 +138,7 @@ class ZeroCheckpointTest : public ::testing::Test {
     std::vector<StepResult> want;
     BlockSet want_params;
     {
-      Services svc(device, logs.path);
+      Services svc(device, logs.path, state.path);
       ZeroEngine e(kTiny, c, 5, svc.options());
       BatchLoader loader(&tokens, 4, 16, true, 9);
       for (int i = 0; i < 4; ++i) e.train_step(loader);
@@ -139,7 +149,7 @@ class ZeroCheckpointTest : public ::testing::Test {
     }
 
     // Run 2: fresh services, fresh engine, load, the same 4 steps.
-    Services svc(device, logs.path);
+    Services svc(device, logs.path, state.path);
     ZeroEngine e(kTiny, c, 5, svc.options());
     const nlohmann::json extra = e.load_checkpoint(ckpt);
     EXPECT_EQ(e.global_step(), 4);
@@ -173,7 +183,8 @@ class ZeroCheckpointTest : public ::testing::Test {
     };
     // The last service's tensors: with two services, the first is restored and must be
     // rolled back.
-    const auto last = service_dir(ckpt, svc.procs.size() - 1) / "tensors.bin";
+    const auto last = service_part(ckpt, svc.procs.size() - 1) / "tensors.bin";
+    ASSERT_TRUE(std::filesystem::exists(last)) << last;
     flip_byte(last, 100);
     expect_refused(svc.procs.back()->endpoint());
     flip_byte(last, 100);  // repaired: loads again
@@ -181,7 +192,8 @@ class ZeroCheckpointTest : public ::testing::Test {
     EXPECT_EQ(e.global_step(), 4);
 
     // A different model shape is refused before any service is touched.
-    Services other(device, logs.path);
+    TempDir other_state;
+    Services other(device, logs.path, other_state.path);
     const GptConfig wider{2, 2, 64, 64, 16};
     ZeroEngine w(wider, c, 5, other.options());
     const BlockSet before = w.gather_params();
@@ -211,7 +223,8 @@ TEST_F(ZeroCheckpointTest, Fp32Stage2NvmeResumesBitForBit) {
 }
 
 // `dsactor start --role trainer`: --steps 4 straight equals --steps 2 --out A, then
-// --resume A/checkpoint --steps 4, in the exported weights byte for byte.
+// --resume A/checkpoint --steps 4, in the exported weights byte for byte. The resumed run
+// is the same job (its checkpoint's parts on the service are that job's).
 TEST_F(ZeroCheckpointTest, CliResumeEqualsStraightRun) {
   TempDir logs, work;
   ServiceProcess svc({}, logs.path);
@@ -229,13 +242,14 @@ TEST_F(ZeroCheckpointTest, CliResumeEqualsStraightRun) {
                       (work.path / "data.txt").string() + " --model tiny --seq 32 --offload " +
                       svc.endpoint() + " --job " + job + " --steps " + std::to_string(steps) +
                       " --out " + (work.path / out).string();
+    for (const auto& flag : svc.trainer_flags()) cmd += " " + flag;
     if (!resume.empty()) cmd += " --resume " + (work.path / resume).string();
-    cmd += " > " + (logs.path / (job + ".log")).string() + " 2>&1";
+    cmd += " > " + (logs.path / (out + ".log")).string() + " 2>&1";
     return std::system(cmd.c_str());
   };
   ASSERT_EQ(run("straight", 4, "straight", ""), 0);
   ASSERT_EQ(run("half", 2, "half", ""), 0);
-  ASSERT_EQ(run("resumed", 4, "resumed", "half/checkpoint"), 0);
+  ASSERT_EQ(run("half", 4, "resumed", "half/checkpoint"), 0);
   auto bytes = [&](const std::string& out) {
     std::ifstream in(work.path / out / "model.safetensors", std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});

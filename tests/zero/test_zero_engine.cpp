@@ -88,10 +88,13 @@ class ZeroEngineTest : public ::testing::Test {
   // device cpu: two RAM services (blocks placed round-robin); nvme: one --nvme service.
   ZeroOptions options(const std::string& device, const std::string& job) {
     ZeroOptions o;
-    if (device == "cpu")
+    if (device == "cpu") {
       o.services = {ram_a_->endpoint(), ram_b_->endpoint()};
-    else
+      o.service_security = {ram_a_->client_security(), ram_b_->client_security()};
+    } else {
       o.services = {nvme_svc_->endpoint()};
+      o.service_security = {nvme_svc_->client_security()};
+    }
     o.job_id = job;
     o.timeout = std::chrono::seconds(20);
     return o;
@@ -269,6 +272,7 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
 TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithWhatTheTrainerWasDoing) {
   ZeroOptions o;
   o.services = {"tcp://127.0.0.1:9"};  // discard port: nothing answers
+  o.service_security = {offload::test::kInsecure};
   o.timeout = std::chrono::milliseconds(500);
   try {
     ZeroEngine e(kTiny, config("fp32", 2, "cpu", ""), 5, o);
@@ -291,6 +295,7 @@ TEST_F(ZeroEngineTest, DeadServiceStopsWithItsNameAndTheLastCommittedStep) {
     const std::string dead = b->endpoint();
     ZeroOptions o;
     o.services = {a.endpoint(), dead};
+    o.service_security = {a.client_security(), b->client_security()};
     o.timeout = std::chrono::milliseconds(1000);
     o.job_id = "dead-" + std::to_string(stage) + "-" + std::to_string(gas);
     ZeroEngine e(kTiny, config("fp32", stage, "cpu", "", {{"gradient_accumulation_steps", gas}}), 5,
@@ -314,7 +319,7 @@ TEST_F(ZeroEngineTest, DeadServiceStopsWithItsNameAndTheLastCommittedStep) {
     }
     EXPECT_EQ(e.committed_step(), 3u);
     // No half-applied step: the surviving service never got a commit for step 4.
-    actors::OffloadClient c(a.endpoint(), std::chrono::seconds(5), o.job_id);
+    actors::OffloadClient c(a.endpoint(), a.client_security(), std::chrono::seconds(5), o.job_id);
     EXPECT_EQ(c.stats().steps, 3u);
   }
 }

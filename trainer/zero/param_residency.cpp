@@ -78,9 +78,10 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
   // allgathered blocks with more than one rank (each rank keeps only its partition), and
   // of this rank's own partitions without services (gathered, at one rank copied, before use).
   if (zo.stage == 3 && (zo.offload_param.enabled() || z_.options.world_size > 1 || z_.local)) {
-    for (const auto& ep : z_.options.services)
+    for (size_t s = 0; s < z_.options.services.size(); ++s)
       fetch_clients_.push_back(std::make_unique<actors::ServiceClient>(
-          system, ep, z_.options.timeout, z_.options.job_id));
+          system, z_.options.services[s], z_.options.service_security[s], z_.options.timeout,
+          z_.options.job_id));
     model.set_transient_logits(true);  // not held through the backward's peak
     scheduler_ = std::make_unique<ParamScheduler>(
         system, block_numels(z_.layouts), params_, SchedulerOptions::from(zo),

@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <chrono>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "checksum/crc32c.h"
 #include "storage/checkpoint.h"
 #include "trainer/zero/local_partitions.h"
 #include "trainer/zero/service_error.h"
@@ -20,7 +22,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kZeroCheckpointFormat = "dsactor-zero-checkpoint";
-constexpr int kZeroCheckpointVersion = 1;
+// 2: the services' parts are named beneath their state directories (version 1 recorded
+// directories beside the manifest, at absolute paths the services wrote to).
+constexpr int kZeroCheckpointVersion = 2;
 
 nlohmann::json model_json(const GptConfig& g) {
   return {{"n_layer", g.n_layer},
@@ -58,31 +62,29 @@ std::vector<size_t> services_in_use(const PartitionPlan& plan, uint32_t rank) {
   return s;
 }
 
-// With several trainers each rank saves its own partitions and manifest under
-// <dir>/rank-<r>; at world size 1, <dir> itself. Absolute: services write on their own
-// hosts.
+// With several trainers each rank saves its manifest under <dir>/rank-<r>; at world size
+// 1, <dir> itself.
 fs::path rank_directory(const fs::path& dir, const PartitionPlan& plan, uint32_t rank) {
   const fs::path abs = fs::absolute(dir).lexically_normal();
   return plan.world_size() == 1 ? abs : abs / fmt::format("rank-{}", rank);
 }
 
-std::string service_dir_name(size_t s) {
-  return fmt::format("service-{}", s);
+// What a service's part of the checkpoint at `abs` is called beneath the service's state
+// directory (in the directory of this trainer's key and job): the checkpoint directory's
+// name and a hash of its whole path; each save adds its own nonce (service_part_name), so
+// a save never writes over the parts the committed manifest names. The manifest records
+// the name, so a moved checkpoint directory still finds its parts.
+std::string checkpoint_base(const fs::path& abs) {
+  std::string name = abs.filename().string().substr(0, 64);
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  if (name.empty() || name[0] == '.') name = "checkpoint" + name;
+  const std::string path = abs.string();
+  return fmt::format("{}-{:08x}", name, checksum::crc32c(path.data(), path.size()));
 }
 
-// After a save: the service directories of earlier saves here, which the committed manifest
-// no longer names. Only what this host sees: a service on another host keeps its old
-// directories (the wire has no request to delete a checkpoint).
-void remove_unnamed_service_dirs(const fs::path& abs, const std::set<std::string>& named) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(abs, ec)) {
-    const std::string n = e.path().filename().string();
-    if (!n.starts_with("service-") || named.count(n) || !e.is_directory()) continue;
-    fs::remove_all(e.path(), ec);
-    if (ec)
-      spdlog::warn("checkpoint {}: could not remove {}: {}", abs.string(), e.path().string(),
-                   ec.message());
-  }
+std::string service_part_name(const std::string& base, size_t s, uint64_t nonce) {
+  return fmt::format("{}/service-{}-{:x}", base, s, nonce);
 }
 
 // Who holds the partitions, as the manifest records it.
@@ -148,23 +150,22 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   const std::string tag = fmt::format("{}-step-{}-{:x}", z_.options.job_id, c.global_step, nonce);
   nlohmann::json services = nlohmann::json::array();
-  std::set<std::string> written;
+  const std::string base = checkpoint_base(abs);
   for (size_t s : services_in_use(z_.plan, rank)) {
     actors::ServiceClient& service = *z_.services[s];
-    const std::string name = fmt::format("{}-{:x}", service_dir_name(s), nonce);
-    const fs::path sdir = abs / name;
-    const auto reply = await_or_throw(service, "checkpoint", c.committed_step,
-                                      service.checkpoint(tag, sdir.string()));
+    const std::string name = service_part_name(base, s, nonce);
+    const auto reply =
+        await_or_throw(service, "checkpoint", c.committed_step, service.checkpoint(tag, name));
     // The service's job step counts skipped steps too: it is the trainer's global step.
     if (reply.step != static_cast<uint64_t>(c.global_step))
       throw ZeroServiceError(fmt::format(
           "offload service {} checkpointed step {} into {}, but the trainer is at step {}: "
           "another trainer is committing to job {}?",
-          service.endpoint(), reply.step, sdir.string(), c.global_step, z_.options.job_id));
-    written.insert(name);
+          service.endpoint(), reply.step, reply.location, c.global_step, z_.options.job_id));
     services.push_back({{"index", s},
                         {"endpoint", service.endpoint()},
-                        {"dir", name},
+                        {"name", name},
+                        {"location", reply.location},
                         {"tag", tag},
                         {"step", reply.step},
                         {"bytes", reply.bytes_written}});
@@ -172,7 +173,6 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
   storage::CheckpointWriter w(abs / "trainer");
   w.set_state(manifest_state(extra, scaler, std::move(services)));
   w.commit();  // the checkpoint exists from here on
-  remove_unnamed_service_dirs(abs, written);
 }
 
 struct ZeroCheckpoint::Manifest {
@@ -236,12 +236,13 @@ ZeroCheckpoint::Manifest ZeroCheckpoint::read_manifest(const storage::Checkpoint
 
 void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) const {
   const uint64_t committed = z_.counters.committed_step;
-  const fs::path rollback = abs.parent_path() / (abs.filename().string() + ".rollback");
+  // Snapshots stay on the services (beside the parts), replaced by the next load's.
+  const std::string rollback = checkpoint_base(abs) + ".rollback";
   std::vector<std::pair<size_t, std::string>> snapshots;  // (service, tag)
   auto roll_back = [&]() {
     for (const auto& [s, tag] : snapshots) {
       actors::ServiceClient& service = *z_.services[s];
-      const std::string from = (rollback / service_dir_name(s)).string();
+      const std::string from = service_part_name(rollback, s, 0);
       try {
         await_or_throw(service, "restore (rollback)", committed, service.restore(tag, from));
       } catch (const std::exception& e) {
@@ -253,14 +254,14 @@ void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) co
   for (size_t i = 0; i < m.services.size(); ++i) {
     const auto& [s, saved] = m.services[i];
     actors::ServiceClient& service = *z_.services[s];
-    const std::string sdir = (abs / saved.at("dir").get<std::string>()).string();
+    const std::string sdir = saved.at("name").get<std::string>();
     try {
       if (i + 1 < m.services.size()) {
         // Only needed if a later service may still refuse. A service that cannot snapshot
         // (gradients of a failed step pending) is restored anyway: it is already
         // inconsistent with the trainer, and the checkpoint is what recovers it.
         const std::string snap_tag = fmt::format("rollback-{}", committed);
-        const std::string snap_dir = (rollback / service_dir_name(s)).string();
+        const std::string snap_dir = service_part_name(rollback, s, 0);
         try {
           await_or_throw(service, "checkpoint (rollback snapshot)", committed,
                          service.checkpoint(snap_tag, snap_dir));
@@ -278,15 +279,11 @@ void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) co
             service.endpoint(), reply.step, sdir, global));
     } catch (const std::exception& e) {
       roll_back();
-      std::error_code ec;
-      fs::remove_all(rollback, ec);
       throw ZeroServiceError(
           fmt::format("{}: checkpoint refused, the trainer and the services keep their state: {}",
                       abs.string(), e.what()));
     }
   }
-  std::error_code ec;
-  fs::remove_all(rollback, ec);  // on this host only; a remote service's snapshot stays
 }
 
 ZeroCheckpoint::Loaded ZeroCheckpoint::load(const fs::path& dir, const LossScaler& scaler) const {

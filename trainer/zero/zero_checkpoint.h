@@ -1,13 +1,15 @@
 #pragma once
 // ZeroEngine's checkpoints (trainer/README.md, "ZeRO with offload services": Checkpoints):
-// every service holding partitions of this rank writes them on its own host
-// (`service-<s>-<save>/`, new directories each save), then the trainer's manifest
-// (`trainer/`: counters, loss scaler, plan, the services' tags and directories, `extra`)
-// replaces the old one atomically, last; only then are the old service directories removed. A load
-// checks the manifest against this run before any service is touched, then restores the services
-// one by one, rolling the earlier ones back from a snapshot if a later one refuses. Partitions held
-// by the rank itself (LocalPartitions) are saved beside the same manifest in one checkpoint
-// directory.
+// every service holding partitions of this rank writes them on its own host, beneath its
+// state directory, under a name derived from the checkpoint directory and unique to the save
+// (`<name>-<hash>/service-<s>-<nonce>`, in the directory of this trainer's key and job), then
+// the trainer's manifest (`trainer/`: counters, loss scaler, plan, the services' names, tags
+// and locations, `extra`) replaces the old one atomically, last, so a crash leaves the old
+// checkpoint or the new one. The parts of earlier saves stay on the services (the wire has
+// no request to delete a checkpoint). A load checks the manifest against this run before
+// any service is touched, then restores the services one by one, rolling the earlier ones
+// back from a snapshot if a later one refuses. Partitions held by the rank itself
+// (LocalPartitions) are saved beside the same manifest in one checkpoint directory.
 
 #include <filesystem>
 

@@ -1,6 +1,7 @@
 #include "trainer/zero/zero_engine.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <cstring>
@@ -58,6 +59,11 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
         c.source));
   if (o.max_pushes_in_flight < 1)
     throw ConfigError("ZeroOptions::max_pushes_in_flight must be at least 1");
+  if (o.service_security.size() != o.services.size())
+    throw ConfigError(fmt::format(
+        "ZeroOptions::service_security has {} entries for {} services: one per service (its "
+        "public key and this trainer's keypair, or insecure)",
+        o.service_security.size(), o.services.size()));
   if (o.world_size < 1 || o.rank >= o.world_size)
     throw ConfigError(fmt::format("rank {} is outside world_size {}", o.rank, o.world_size));
   if (c.world_size != static_cast<int>(o.world_size))
@@ -140,9 +146,10 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
     own_runtime_ = std::make_unique<actors::Runtime>();
     system = &own_runtime_->system();
   }
-  for (const auto& ep : options_.services)
-    services_.push_back(
-        std::make_unique<actors::ServiceClient>(*system, ep, options_.timeout, options_.job_id));
+  for (size_t s = 0; s < options_.services.size(); ++s)
+    services_.push_back(std::make_unique<actors::ServiceClient>(*system, options_.services[s],
+                                                                options_.service_security[s],
+                                                                options_.timeout, options_.job_id));
   reuse_block_mappings();
   register_partitions();
   initialise_parameters(seed);
@@ -152,6 +159,20 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
   if (options_.shared_memory) {
     gradients_->map_arenas();
     residency_->map_arenas();
+  }
+}
+
+void ZeroEngine::drop_jobs() {
+  // Arenas and slots first: the drop unmaps the service's side of them.
+  gradients_.reset();
+  residency_.reset();
+  std::vector<std::pair<size_t, actors::ServiceFuture<msg::DropJobReply>>> sent;
+  for (size_t s = 0; s < services_.size(); ++s) sent.emplace_back(s, services_[s]->drop_job());
+  for (auto& [s, f] : sent) {
+    const auto r = f.get();
+    if (!r.ok())
+      spdlog::warn("offload service {}: job {} not dropped: {}", services_[s]->endpoint(),
+                   options_.job_id, actors::describe(r.error()));
   }
 }
 

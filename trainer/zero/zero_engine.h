@@ -64,14 +64,16 @@ class ZeroEngine {
 
   StepResult train_step(BatchLoader& loader);
   float evaluate(BatchLoader& loader, int batches);
-  // A checkpoint directory: `service-<s>/` per service holding partitions (written by that
-  // service with Checkpoint, on its host, at the absolute path of `dir`) and `trainer/`
-  // (the manifest: counters, loss scaler, plan, service tags, `extra`), committed last, so
-  // a directory without `trainer/` is never loaded. Without services (LocalPartitions)
-  // it is one checkpoint directory holding the manifest and this rank's partitions (at
-  // world size 1 readable as a stage-0 checkpoint: the same tensor names and sizes).
-  // Between steps only. With several trainers each rank saves (and loads) `dir/rank-<r>/`
-  // in that layout.
+  // A checkpoint: each service holding partitions writes its part on its own host, beneath
+  // its state directory, under a name the trainer derives from `dir`
+  // (`<dir's name>-<hash>/service-<s>`, in the directory of this trainer's key and job);
+  // `dir/trainer/` holds the manifest (counters, loss scaler, plan, each service's name,
+  // tag and location, `extra`), committed last, so a directory without `trainer/` is never
+  // loaded. Without services (LocalPartitions) it is one checkpoint directory holding the
+  // manifest and this rank's partitions (at world size 1 readable as a stage-0 checkpoint:
+  // the same tensor names and sizes). Between steps only. With several trainers each rank
+  // saves (and loads) `dir/rank-<r>/` in that layout. A checkpoint is loaded by the job (and
+  // key) that saved it, from the services that hold its parts.
   void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const;
   // Checks the manifest against this engine (model, precision, plan, services) before any
   // service is touched, restores every service, then the trainer's state; returns `extra`.
@@ -79,6 +81,10 @@ class ZeroEngine {
   // service as they were (services restored before the failing one are rolled back from a
   // snapshot at `<dir>.rollback/`).
   nlohmann::json load_checkpoint(const std::filesystem::path& dir);
+  // Frees this rank's job on every service (DropJob: partitions, NVMe extents, metadata,
+  // arenas; checkpoints stay). The end of the engine's use: only destruction may follow.
+  // A service that refuses or does not answer is logged, not thrown.
+  void drop_jobs();
 
   const DsConfig& config() const { return config_; }
   GptModel& model() { return model_; }

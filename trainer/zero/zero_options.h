@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "security/transport_security.h"
 #include "trainer/zero/param_scheduler.h"
 
 namespace caf {
@@ -23,6 +24,10 @@ namespace dsactor::trainer {
 
 struct ZeroOptions {
   std::vector<std::string> services;  // offload service endpoints (tcp://host:port)
+  // How the connections to services[i] are secured: this trainer's keypair and service i's
+  // public key (CurveZMQ), or insecure (plain). One entry per service, in the same order;
+  // the engine refuses any other count.
+  std::vector<security::ClientSecurity> service_security;
   uint32_t rank = 0;
   uint32_t world_size = 1;
   std::chrono::milliseconds timeout = std::chrono::seconds(30);  // per request

@@ -1,0 +1,165 @@
+#include "messages/arena_handoff.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace dsactor::messages {
+
+namespace {
+
+constexpr size_t kMaxTicket = 256;
+
+// sockaddr_un of "@name" (abstract: leading NUL, no terminator) or a path.
+std::pair<sockaddr_un, socklen_t> address_of(const std::string& socket) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const bool abstract = !socket.empty() && socket[0] == '@';
+  const std::string name = abstract ? socket.substr(1) : socket;
+  if (name.empty() || name.size() + 1 > sizeof(addr.sun_path))
+    throw std::runtime_error("unix socket '" + socket + "': empty or too long a name");
+  std::memcpy(addr.sun_path + (abstract ? 1 : 0), name.data(), name.size());
+  // An abstract name is the leading NUL and the bytes after it; a path ends with its NUL.
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size() + 1);
+  return {addr, len};
+}
+
+bool wait_for(int fd, short events, std::chrono::milliseconds timeout) {
+  pollfd p{fd, events, 0};
+  int r;
+  do {
+    r = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  } while (r < 0 && errno == EINTR);
+  return r > 0;
+}
+
+std::runtime_error sys_error(const std::string& what) {
+  return std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void hand_over_fd(const std::string& socket, const std::string& ticket, int fd,
+                  std::chrono::milliseconds timeout) {
+  const std::string what = "arena hand-over to " + socket;
+  if (ticket.empty() || ticket.size() > kMaxTicket)
+    throw std::runtime_error(what + ": ticket of " + std::to_string(ticket.size()) + " bytes");
+  const auto [addr, len] = address_of(socket);
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s) throw sys_error(what + ": socket");
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
+    throw sys_error(what + ": connect");
+  iovec iov{const_cast<char*>(ticket.data()), ticket.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  if (::sendmsg(s.get(), &m, MSG_NOSIGNAL) != static_cast<ssize_t>(ticket.size()))
+    throw sys_error(what + ": sendmsg");
+  ::shutdown(s.get(), SHUT_WR);
+  std::string line;
+  char buf[512];
+  while (line.size() < 4096 && line.find('\n') == std::string::npos) {
+    if (!wait_for(s.get(), POLLIN, timeout))
+      throw std::runtime_error(what + ": no answer within " + std::to_string(timeout.count()) +
+                               " ms");
+    const ssize_t n = ::read(s.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    line.append(buf, static_cast<size_t>(n));
+  }
+  line = line.substr(0, line.find('\n'));
+  if (line != "ok")
+    throw std::runtime_error(what + ": refused: " + (line.empty() ? "closed" : line));
+}
+
+FdDoor::FdDoor(const std::string& name) : address_("@" + name) {
+  const auto [addr, len] = address_of(address_);
+  listen_ = UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listen_) throw sys_error("unix socket " + address_);
+  if (::bind(listen_.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0 ||
+      ::listen(listen_.get(), 16) != 0)
+    throw sys_error("unix socket " + address_ + ": bind/listen");
+}
+
+std::optional<HandedFd> receive_fd(int connection, std::chrono::milliseconds timeout,
+                                   std::string& why) {
+  HandedFd out;
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+    why = std::string("SO_PEERCRED: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  out.uid = cred.uid;
+  out.pid = cred.pid;
+  if (!wait_for(connection, POLLIN, timeout)) {
+    why = "nothing sent within " + std::to_string(timeout.count()) + " ms";
+    return std::nullopt;
+  }
+  char ticket[kMaxTicket + 1];
+  iovec iov{ticket, sizeof(ticket)};
+  // Room for a few fds, so a sender of several is read (and its fds closed) in one go.
+  alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(connection, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  std::vector<UniqueFd> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  if (n <= 0 || static_cast<size_t>(n) > kMaxTicket || (m.msg_flags & MSG_CTRUNC)) {
+    why = "expected a ticket of 1.." + std::to_string(kMaxTicket) + " bytes and one fd";
+    return std::nullopt;
+  }
+  if (fds.size() != 1) {
+    why = "expected exactly one fd, got " + std::to_string(fds.size());
+    return std::nullopt;
+  }
+  out.ticket.assign(ticket, static_cast<size_t>(n));
+  out.fd = std::move(fds[0]);
+  return out;
+}
+
+void answer_hand_over(int connection, std::string_view line) {
+  std::string text(line);
+  text += '\n';
+  [[maybe_unused]] auto n = ::send(connection, text.data(), text.size(), MSG_NOSIGNAL);
+}
+
+}  // namespace dsactor::messages

@@ -1,0 +1,125 @@
+#include "offload_service/arena_door.h"
+
+#include <poll.h>
+#include <sodium.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "security/keyed_mac.h"
+
+namespace dsactor::offload {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string random_hex(size_t bytes) {
+  if (sodium_init() < 0) throw std::runtime_error("libsodium failed to initialize");
+  std::vector<uint8_t> b(bytes);
+  randombytes_buf(b.data(), b.size());
+  return security::to_hex(b);
+}
+
+}  // namespace
+
+ArenaDoor::ArenaDoor(std::vector<uid_t> uids)
+    : door_("dsactor-offload-" + std::to_string(::getpid()) + "-" + random_hex(8)),
+      uids_(std::move(uids)),
+      stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  if (!stop_) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+  uids_.push_back(::geteuid());
+  thread_ = std::thread([this] { serve(); });
+}
+
+ArenaDoor::~ArenaDoor() {
+  const uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(stop_.get(), &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+}
+
+void ArenaDoor::serve() {
+  std::array<pollfd, 2> fds{{{door_.fd(), POLLIN, 0}, {stop_.get(), POLLIN, 0}}};
+  for (;;) {
+    if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
+    if (fds[1].revents) return;
+    if (!(fds[0].revents & POLLIN)) continue;
+    messages::UniqueFd c(::accept4(door_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c) continue;
+    // One at a time: a hand-over is a few syscalls and an mmap; a peer that connects and
+    // stays silent holds the door for the receive timeout only.
+    messages::answer_hand_over(c.get(), admit(c.get()));
+  }
+}
+
+std::string ArenaDoor::admit(int connection) {
+  std::string why;
+  auto handed = messages::receive_fd(connection, std::chrono::seconds(2), why);
+  if (!handed) return why;
+  if (std::find(uids_.begin(), uids_.end(), handed->uid) == uids_.end()) {
+    spdlog::warn("offload: refused an arena fd from pid {} of uid {} (not an allowed user)",
+                 handed->pid, handed->uid);
+    return "uid " + std::to_string(handed->uid) + " may not hand arenas to this service";
+  }
+  uint64_t size = 0;
+  {
+    std::lock_guard lock(mutex_);
+    expire_locked();
+    auto t = tickets_.find(handed->ticket);
+    if (t == tickets_.end() || t->second.mapping) return "unknown or spent ticket";
+    size = t->second.size;
+  }
+  std::shared_ptr<messages::ArenaMapping> mapping;
+  try {
+    mapping = messages::ArenaMapping::adopt(handed->fd.release(), size);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  std::lock_guard lock(mutex_);
+  auto t = tickets_.find(handed->ticket);
+  if (t == tickets_.end() || t->second.mapping) return "unknown or spent ticket";
+  t->second.mapping = std::move(mapping);
+  return "ok";
+}
+
+void ArenaDoor::expire_locked() {
+  const auto now = Clock::now();
+  std::erase_if(tickets_, [&](const auto& t) { return t.second.expires <= now; });
+}
+
+std::string ArenaDoor::issue(const std::string& owner, const std::string& job, uint64_t size) {
+  std::lock_guard lock(mutex_);
+  expire_locked();
+  const auto pending = std::count_if(tickets_.begin(), tickets_.end(),
+                                     [&](const auto& t) { return t.second.owner == owner; });
+  if (static_cast<size_t>(pending) >= kMaxPendingPerClient)
+    throw std::runtime_error("this client holds " + std::to_string(pending) +
+                             " arena tickets not yet used; wait for them to expire");
+  std::string ticket = random_hex(32);
+  tickets_[ticket] = Ticket{owner, job, size, Clock::now() + kTicketLifetime, nullptr};
+  return ticket;
+}
+
+std::shared_ptr<messages::ArenaMapping> ArenaDoor::take(const std::string& ticket,
+                                                        const std::string& owner,
+                                                        const std::string& job) {
+  std::lock_guard lock(mutex_);
+  expire_locked();
+  auto t = tickets_.find(ticket);
+  if (t == tickets_.end() || t->second.owner != owner || t->second.job != job)
+    throw std::runtime_error("unknown, spent or expired ticket");
+  Ticket got = std::move(t->second);
+  tickets_.erase(t);
+  if (!got.mapping) throw std::runtime_error("no arena was handed over with the ticket");
+  return got.mapping;
+}
+
+}  // namespace dsactor::offload
