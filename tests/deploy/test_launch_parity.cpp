@@ -34,7 +34,10 @@ std::string layout(const std::vector<SelectedHost>& hosts) {
   for (const auto& h : hosts) {
     if (!s.empty()) s += " ";
     s += h.host + ":";
-    for (size_t i = 0; i < h.slots.size(); ++i) s += (i ? "," : "") + std::to_string(h.slots[i]);
+    for (size_t i = 0; i < h.slots.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(h.slots[i]);
+    }
   }
   return s;
 }
