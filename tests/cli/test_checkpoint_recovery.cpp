@@ -21,6 +21,7 @@
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
+#include "tests/trainer/block_set_test_util.h"
 #include "trainer/inference.h"
 
 namespace dsactor {
@@ -57,15 +58,6 @@ std::set<std::string> tags_in(const fs::path& dir) {
     if (e.is_directory() && e.path().filename().string().starts_with("global_step"))
       tags.insert(e.path().filename().string());
   return tags;
-}
-
-bool same_bits(const trainer::BlockSet& a, const trainer::BlockSet& b) {
-  if (a.blocks.size() != b.blocks.size()) return false;
-  for (size_t i = 0; i < a.blocks.size(); ++i)
-    if (a.blocks[i].bytes() != b.blocks[i].bytes() ||
-        std::memcmp(a.blocks[i].data(), b.blocks[i].data(), a.blocks[i].bytes()) != 0)
-      return false;
-  return true;
 }
 
 bool same_safetensors(const fs::path& x, const fs::path& y) {

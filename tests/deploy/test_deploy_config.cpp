@@ -371,14 +371,13 @@ roles:
   - {role: coordinator, name: c, listen: "tcp://127.0.0.1:7002"}
   - {role: trainer, name: t, config: ds.json, offload: [b, a], model: tiny, data: d.txt, tokenizer: gpt2, steps: 3, out: o}
 )");
-  EXPECT_THAT(
-      to_command_line(cfg, cfg.roles[0]),
-      ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555", "--nvme",
-                  (dir / "ssd").string(), "--memory-limit", "1073741824", "--aio-block-size",
-                  "8192", "--aio-queue-depth", "4", "--no-mlock", "--insecure"));
+  EXPECT_THAT(to_command_line(cfg, cfg.roles[0]),
+              ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:5555",
+                          "--nvme", (dir / "ssd").string(), "--memory-limit", "1073741824",
+                          "--aio-block-size", "8192", "--aio-queue-depth", "4", "--no-mlock"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[1]),
               ElementsAre("start", "--role", "offload", "--listen", "tcp://127.0.0.1:7001",
-                          "--max-arena", "0", "--insecure"));
+                          "--max-arena", "0"));
   EXPECT_THAT(to_command_line(cfg, cfg.roles[2]),
               ElementsAre("start", "--role", "coordinator", "--name", "c", "--deploy", file(),
                           "--listen", "tcp://127.0.0.1:7002"));
@@ -457,8 +456,8 @@ roles:
 class RendezvousTest : public DeployConfigTest {
  protected:
   static std::vector<std::string> tail_after_config(std::vector<std::string> argv) {
-    // Everything after "--world-size W": offload endpoints and the rendezvous flags.
-    const auto it = std::find(argv.begin(), argv.end(), "--world-size");
+    // Everything after "--world-size W --job J": offload endpoints and the rendezvous flags.
+    const auto it = std::find(argv.begin(), argv.end(), "--job");
     return {it + 2, argv.end()};
   }
 };
@@ -477,10 +476,10 @@ roles:
   EXPECT_TRUE(cfg.rendezvous_in_rank0);
   EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[3])),
               ElementsAre("--offload", "tcp://127.0.0.1:5556", "--coordinator",
-                          "tcp://127.0.0.1:5557", "--serve-coordinator", "--insecure"));
-  EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[2])),
-              ElementsAre("--offload", "tcp://127.0.0.1:5555", "--coordinator",
-                          "tcp://127.0.0.1:5557", "--insecure"));
+                          "tcp://127.0.0.1:5557", "--serve-coordinator"));
+  EXPECT_THAT(
+      tail_after_config(to_command_line(cfg, cfg.roles[2])),
+      ElementsAre("--offload", "tcp://127.0.0.1:5555", "--coordinator", "tcp://127.0.0.1:5557"));
 }
 
 TEST_F(RendezvousTest, ImplicitEndpointSkipsEveryRoleEndpoint) {
@@ -501,7 +500,7 @@ TEST_F(RendezvousTest, OneTrainerWithoutCoordinatorGetsNeitherFlag) {
   EXPECT_EQ(cfg.rendezvous, "");
   EXPECT_FALSE(cfg.rendezvous_in_rank0);
   EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[1])),
-              ElementsAre("--offload", "tcp://127.0.0.1:5555", "--insecure"));
+              ElementsAre("--offload", "tcp://127.0.0.1:5555"));
 }
 
 TEST_F(RendezvousTest, CoordinatorRoleIsTheRendezvousAndNoTrainerServes) {
@@ -515,11 +514,11 @@ roles:
   EXPECT_FALSE(cfg.rendezvous_in_rank0);
   for (size_t i : {0u, 2u})
     EXPECT_THAT(tail_after_config(to_command_line(cfg, cfg.roles[i])),
-                ElementsAre("--coordinator", "tcp://127.0.0.1:7002", "--insecure"));
+                ElementsAre("--coordinator", "tcp://127.0.0.1:7002"));
   // Even one trainer talks to a coordinator the file runs.
   const auto one = load("roles: [{role: coordinator}, {role: trainer, config: ds.json}]");
   EXPECT_THAT(tail_after_config(to_command_line(one, one.roles[1])),
-              ElementsAre("--coordinator", "tcp://127.0.0.1:5555", "--insecure"));
+              ElementsAre("--coordinator", "tcp://127.0.0.1:5555"));
 }
 
 TEST_F(RendezvousTest, ExplicitKeyForTrainersOnSeveralMachines) {
@@ -546,9 +545,8 @@ roles:
                                      HasSubstr("allow_remote: true")));
   const auto served = load("allow_remote: true\n" + rank0);
   EXPECT_TRUE(served.rendezvous_in_rank0);
-  EXPECT_THAT(
-      tail_after_config(to_command_line(served, served.roles[0])),
-      ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--serve-coordinator", "--insecure"));
+  EXPECT_THAT(tail_after_config(to_command_line(served, served.roles[0])),
+              ElementsAre("--coordinator", "tcp://10.0.0.1:29400", "--serve-coordinator"));
 }
 
 TEST_F(RendezvousTest, Refusals) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "kernels/cpu/cast.h"
+#include "tests/trainer/block_set_test_util.h"
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
@@ -31,17 +32,12 @@ std::vector<int32_t> corpus(size_t n, uint64_t seed) {
 }
 
 DsConfig config(nlohmann::json extra = nlohmann::json::object()) {
-  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 4},
-                      {"gradient_accumulation_steps", 1},
-                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}}};
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", 4},
+      {"gradient_accumulation_steps", 1},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}}};
   j.merge_patch(extra);
   return parse_ds_config(j, "test");
-}
-
-bool same_bits(const BlockSet& a, const BlockSet& b) {
-  for (size_t i = 0; i < a.blocks.size(); ++i)
-    if (std::memcmp(a.blocks[i].data(), b.blocks[i].data(), a.blocks[i].bytes()) != 0) return false;
-  return true;
 }
 
 struct Run {
@@ -53,8 +49,9 @@ class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     omp_set_num_threads(2);
-    dir_ = fs::temp_directory_path() / ("dsactor_engine_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("dsactor_engine_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -67,7 +64,8 @@ TEST_F(EngineTest, ResumeIsBitIdenticalToAStraightRun) {
     SCOPED_TRACE(mode);
     nlohmann::json extra = nlohmann::json::object();
     if (std::string(mode) == "fp16")
-      extra = {{"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"loss_scale_window", 2}}}};
+      extra = {
+          {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"loss_scale_window", 2}}}};
     if (std::string(mode) == "bf16") extra = {{"bf16", {{"enabled", true}}}};
     extra["scheduler"] = {{"type", "WarmupCosineLR"},
                           {"params", {{"total_num_steps", 8}, {"warmup_num_steps", 3}}}};
@@ -94,7 +92,8 @@ TEST_F(EngineTest, ResumeIsBitIdenticalToAStraightRun) {
 
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(float)), 0) << "step " << i << ": " << a[i] << " vs " << b[i];
+      EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(float)), 0)
+          << "step " << i << ": " << a[i] << " vs " << b[i];
     EXPECT_TRUE(same_bits(straight.master_params(), second.master_params()));
     EXPECT_EQ(straight.loss_scaler().scale(), second.loss_scaler().scale());
   }
@@ -102,7 +101,8 @@ TEST_F(EngineTest, ResumeIsBitIdenticalToAStraightRun) {
 
 TEST_F(EngineTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   // 2^40 times a unit-scale gradient cannot be held in fp16 (max 65504): overflow is certain.
-  const DsConfig c = config({{"fp16", {{"enabled", true}, {"initial_scale_power", 40}, {"hysteresis", 1}}}});
+  const DsConfig c =
+      config({{"fp16", {{"enabled", true}, {"initial_scale_power", 40}, {"hysteresis", 1}}}});
   const auto tokens = corpus(4000, 2);
   Engine e(kTiny, c, 3);
   BatchLoader loader(&tokens, 4, 16, false, 0);
@@ -154,8 +154,12 @@ TEST_F(EngineTest, Bf16WorkingWeightsAreBf16Representable) {
 
 TEST_F(EngineTest, GradientAccumulationMatchesOneBigMicroBatch) {
   const auto tokens = corpus(4000, 4);
-  Engine big(kTiny, config({{"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 1}}), 1);
-  Engine acc(kTiny, config({{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 2}}), 1);
+  Engine big(kTiny,
+             config({{"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 1}}),
+             1);
+  Engine acc(kTiny,
+             config({{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 2}}),
+             1);
   // Same token order: 1 batch of 4 rows == 2 consecutive batches of 2 rows (llm.c order).
   BatchLoader lb(&tokens, 4, 16, false, 0), la(&tokens, 2, 16, false, 0);
   for (int i = 0; i < 5; ++i) {
@@ -166,9 +170,13 @@ TEST_F(EngineTest, GradientAccumulationMatchesOneBigMicroBatch) {
 }
 
 TEST_F(EngineTest, ScheduledLearningRateIsUsedEachStep) {
-  const DsConfig c = config({{"scheduler", {{"type", "WarmupLR"},
-                                            {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 0.01},
-                                                        {"warmup_num_steps", 4}, {"warmup_type", "linear"}}}}}});
+  const DsConfig c = config({{"scheduler",
+                              {{"type", "WarmupLR"},
+                               {"params",
+                                {{"warmup_min_lr", 0.0},
+                                 {"warmup_max_lr", 0.01},
+                                 {"warmup_num_steps", 4},
+                                 {"warmup_type", "linear"}}}}}});
   const auto tokens = corpus(4000, 5);
   Engine e(kTiny, c, 1);
   BatchLoader loader(&tokens, 4, 16, false, 0);
@@ -191,13 +199,15 @@ TEST_F(EngineTest, LossFallsOnALearnableStream) {
 TEST_F(EngineTest, RefusesWhatTheStageZeroEngineDoesNotRun) {
   EXPECT_THROW(Engine(kTiny, config({{"zero_optimization", {{"stage", 3}}}}), 1), ConfigError);
   EXPECT_THROW(Engine(kTiny,
-                      config({{"zero_optimization", {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}),
+                      config({{"zero_optimization",
+                               {{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}}}),
                       1),
                ConfigError);
   try {
     Engine(kTiny, config({{"zero_optimization", {{"stage", 2}}}}), 1);
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage = 2 runs in the ZeRO engine"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage = 2 runs in the ZeRO engine"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -7,12 +7,13 @@
 #include <cstring>
 
 #include "kernels/cpu/lamb.h"
+#include "tests/trainer/block_set_test_util.h"
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/optimizer_step.h"
-#include "trainer/run_plan.h"
 #include "trainer/rng.h"
+#include "trainer/run_plan.h"
 
 namespace dsactor::trainer {
 namespace {
@@ -36,12 +37,6 @@ BlockSet random_set(const std::vector<BlockLayout>& layouts, uint64_t seed, floa
     for (size_t i = 0; i < b.size(); ++i)
       b.data()[i] = scale * (static_cast<float>(rng.next_u64() % 2001) / 1000.0f - 1.0f);
   return s;
-}
-
-bool same_bits(const BlockSet& a, const BlockSet& b) {
-  for (size_t i = 0; i < a.blocks.size(); ++i)
-    if (std::memcmp(a.blocks[i].data(), b.blocks[i].data(), a.blocks[i].bytes()) != 0) return false;
-  return true;
 }
 
 TEST(OptimizerStep, LambStepsEachParameterTensorWithItsOwnTrustRatio) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/offload/offload_test_util.h"
+#include "tests/trainer/block_set_test_util.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/rng.h"
 #include "trainer/zero/zero_engine.h"
@@ -53,15 +54,6 @@ DsConfig config(const std::string& mode, int stage, const std::string& device,
   j["zero_optimization"] = {{"stage", stage}, {"offload_optimizer", off}};
   if (stage == 3) j["zero_optimization"]["offload_param"] = off;
   return parse_ds_config(j, "test");
-}
-
-bool same_params(const BlockSet& a, const BlockSet& b) {
-  if (a.blocks.size() != b.blocks.size()) return false;
-  for (size_t i = 0; i < a.blocks.size(); ++i)
-    if (a.blocks[i].bytes() != b.blocks[i].bytes() ||
-        std::memcmp(a.blocks[i].data(), b.blocks[i].data(), a.blocks[i].bytes()) != 0)
-      return false;
-  return true;
 }
 
 void flip_byte(const std::filesystem::path& file, std::streamoff at) {
@@ -165,7 +157,7 @@ class ZeroCheckpointTest : public ::testing::Test {
       EXPECT_EQ(got.lr, want[i].lr);
     }
     const BlockSet got_params = e.gather_params();
-    EXPECT_TRUE(same_params(want_params, got_params)) << "final weights differ";
+    EXPECT_TRUE(same_bits(want_params, got_params)) << "final weights differ";
 
     // Refusals leave the engine (at step 8) and every service as they were.
     const uint64_t committed = e.committed_step();
@@ -179,7 +171,7 @@ class ZeroCheckpointTest : public ::testing::Test {
       EXPECT_EQ(e.global_step(), 8);
       EXPECT_EQ(e.committed_step(), committed);
       // Fetches at the committed version: a service left at step 4 would fail here.
-      EXPECT_TRUE(same_params(got_params, e.gather_params()));
+      EXPECT_TRUE(same_bits(got_params, e.gather_params()));
     };
     // The last service's tensors: with two services, the first is restored and must be
     // rolled back.
@@ -204,7 +196,7 @@ class ZeroCheckpointTest : public ::testing::Test {
       EXPECT_NE(std::string(err.what()).find("n_embd"), std::string::npos) << err.what();
     }
     EXPECT_EQ(w.global_step(), 0);
-    EXPECT_TRUE(same_params(before, w.gather_params()));
+    EXPECT_TRUE(same_bits(before, w.gather_params()));
 
     // A directory without the trainer manifest (an unfinished save) is not a checkpoint.
     std::filesystem::remove_all(ckpt / "trainer");
