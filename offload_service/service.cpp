@@ -6,8 +6,8 @@
 
 #include "actors/runtime/gateway.h"
 #include "actors/runtime/runtime.h"
-#include "offload_service/step_coordinator.h"
 #include "messages/shm_arena.h"
+#include "offload_service/step_coordinator.h"
 #include "offload_service/store_actors.h"
 
 namespace dsactor::offload {

@@ -22,24 +22,28 @@ using dsactor::testing::run_dsactor;
 class CliTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dsactor_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("dsactor_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::ofstream text(dir_ / "corpus.txt");
-    for (int i = 0; i < 300; ++i) text << "the quick brown fox " << i % 7 << " jumps over the lazy dog.\n";
+    for (int i = 0; i < 300; ++i)
+      text << "the quick brown fox " << i % 7 << " jumps over the lazy dog.\n";
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string train_args(const std::string& out, int steps) const {
-    return "train --config " + repo_path("configs/ds_tiny_fp32.json") + " --model tiny --data corpus.txt --seq 32 --steps " +
-           std::to_string(steps) + " --out " + out + " --sample 0";
+    return "train --config " + repo_path("configs/ds_tiny_fp32.json") +
+           " --model tiny --data corpus.txt --seq 32 --steps " + std::to_string(steps) + " --out " +
+           out + " --sample 0";
   }
   fs::path dir_;
 };
 
 bool same_params(const LoadedWeights& a, const LoadedWeights& b) {
   for (size_t i = 0; i < a.params.blocks.size(); ++i)
-    if (std::memcmp(a.params.blocks[i].data(), b.params.blocks[i].data(), a.params.blocks[i].bytes()) != 0)
+    if (std::memcmp(a.params.blocks[i].data(), b.params.blocks[i].data(),
+                    a.params.blocks[i].bytes()) != 0)
       return false;
   return true;
 }
@@ -47,7 +51,8 @@ bool same_params(const LoadedWeights& a, const LoadedWeights& b) {
 TEST_F(CliTrain, ResumedRunEndsWithTheSameWeightsAsAStraightRun) {
   auto straight = run_dsactor(train_args("straight", 8), dir_);
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
-  EXPECT_NE(straight.out.find("checkpoint: straight/checkpoint"), std::string::npos) << straight.out;
+  EXPECT_NE(straight.out.find("checkpoint: straight/checkpoint"), std::string::npos)
+      << straight.out;
   auto half = run_dsactor(train_args("resumed", 4), dir_);
   ASSERT_EQ(half.exit_code, 0) << half.err;
   auto rest = run_dsactor(train_args("resumed", 8) + " --resume resumed", dir_);
@@ -77,7 +82,8 @@ TEST_F(CliTrain, ZeroStagesWithoutOffloadTrainAsStageZeroDoesAndResume) {
               "zero_optimization": {"stage": )"
         << stage << "}}";
     cfg.close();
-    const std::string args = "train --config " + z + ".json --model tiny --data corpus.txt --seq 32 --out " + z;
+    const std::string args =
+        "train --config " + z + ".json --model tiny --data corpus.txt --seq 32 --out " + z;
     auto r = run_dsactor(args + " --steps 6 --sample 5", dir_);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("ZeRO stage " + stage), std::string::npos) << r.err;
@@ -99,7 +105,8 @@ TEST_F(CliTrain, EvalFollowsLlmcBatchOrderOnATokenFile) {
   std::vector<int32_t> tokens(200);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % 256);
   write_token_file(dir_ / "fixed.bin", tokens);
-  auto e = run_dsactor("eval --checkpoint run --data fixed.bin --micro-batch 2 --seq 8 --batches 3 --json", dir_);
+  auto e = run_dsactor(
+      "eval --checkpoint run --data fixed.bin --micro-batch 2 --seq 8 --batches 3 --json", dir_);
   ASSERT_EQ(e.exit_code, 0) << e.err;
   const auto j = nlohmann::json::parse(e.out);
   // Batch k is tokens [k*B*T, (k+1)*B*T + 1): compute it here by slicing, independently of
@@ -117,11 +124,14 @@ TEST_F(CliTrain, EvalFollowsLlmcBatchOrderOnATokenFile) {
   // The exported weights evaluate to the same loss.
   auto x = run_dsactor("export --checkpoint run --to run.safetensors", dir_);
   ASSERT_EQ(x.exit_code, 0) << x.err;
-  auto e2 = run_dsactor("eval --weights run.safetensors --data fixed.bin --micro-batch 2 --seq 8 --batches 3 --json", dir_);
+  auto e2 = run_dsactor(
+      "eval --weights run.safetensors --data fixed.bin --micro-batch 2 --seq 8 --batches 3 --json",
+      dir_);
   ASSERT_EQ(e2.exit_code, 0) << e2.err;
   EXPECT_EQ(nlohmann::json::parse(e2.out).at("loss"), j.at("loss"));
   // Asking for more batches than the file holds is refused with the numbers.
-  auto too_many = run_dsactor("eval --checkpoint run --data fixed.bin --micro-batch 2 --seq 8 --batches 50", dir_);
+  auto too_many = run_dsactor(
+      "eval --checkpoint run --data fixed.bin --micro-batch 2 --seq 8 --batches 50", dir_);
   EXPECT_NE(too_many.exit_code, 0);
   EXPECT_NE(too_many.err.find("fixed.bin has 200"), std::string::npos) << too_many.err;
 }
@@ -137,7 +147,8 @@ TEST_F(CliTrain, GenerateIsDeterministicForASeedAndContinuesThePrompt) {
   EXPECT_EQ(g1.out.size(), std::string("the quick").size() + 20 + 1);  // bytes + newline
   // The same weights as safetensors (what a ZeRO trainer's --out writes) sample the same.
   ASSERT_EQ(run_dsactor("export --checkpoint run --to w.safetensors", dir_).exit_code, 0);
-  auto g3 = run_dsactor("generate --weights w.safetensors --prompt 'the quick' --tokens 20 --seed 5", dir_);
+  auto g3 = run_dsactor(
+      "generate --weights w.safetensors --prompt 'the quick' --tokens 20 --seed 5", dir_);
   ASSERT_EQ(g3.exit_code, 0) << g3.err;
   EXPECT_EQ(g3.out, g1.out);
   auto both = run_dsactor("generate --weights w.safetensors --checkpoint run --prompt x", dir_);
@@ -149,7 +160,10 @@ TEST_F(CliTrain, CsvMonitorWritesDeepSpeedStyleFiles) {
   std::ofstream cfg(dir_ / "csv.json");
   cfg << R"({"train_micro_batch_size_per_gpu": 2, "csv_monitor": {"enabled": true, "output_path": "mon", "job_name": "job"}})";
   cfg.close();
-  auto r = run_dsactor("train --config csv.json --model tiny --data corpus.txt --seq 16 --steps 3 --out o --sample 0", dir_);
+  auto r = run_dsactor(
+      "train --config csv.json --model tiny --data corpus.txt --seq 16 --steps 3 --out o --sample "
+      "0",
+      dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream f(dir_ / "mon" / "job" / "Train_Samples_train_loss.csv");
   ASSERT_TRUE(f.good());
@@ -168,7 +182,8 @@ TEST_F(CliTrain, ConfigMistakesExitWithTheKeyAndNoCheckpoint) {
   std::ofstream bad(dir_ / "typo.json");
   bad << R"({"train_micro_batch_size_per_gpu": 2, "gradient_clippin": 1.0})";
   bad.close();
-  auto r = run_dsactor("train --config typo.json --model tiny --data corpus.txt --steps 2 --out o", dir_);
+  auto r = run_dsactor("train --config typo.json --model tiny --data corpus.txt --steps 2 --out o",
+                       dir_);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("typo.json"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("gradient_clipping"), std::string::npos) << r.err;  // did you mean
@@ -179,16 +194,20 @@ TEST_F(CliTrain, ConfigMistakesExitWithTheKeyAndNoCheckpoint) {
   z3 << R"({"train_micro_batch_size_per_gpu": 2,
             "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})";
   z3.close();
-  auto s = run_dsactor("train --config z3.json --model tiny --data corpus.txt --steps 2 --out o", dir_);
+  auto s =
+      run_dsactor("train --config z3.json --model tiny --data corpus.txt --steps 2 --out o", dir_);
   EXPECT_EQ(s.exit_code, 2);
-  EXPECT_NE(s.err.find("offload_optimizer keeps partitions in offload services"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find("offload_optimizer keeps partitions in offload services"), std::string::npos)
+      << s.err;
   EXPECT_NE(s.err.find("--offload"), std::string::npos) << s.err;
   EXPECT_NE(s.err.find("dsactor up"), std::string::npos) << s.err;
   EXPECT_FALSE(fs::exists(dir_ / "o" / "checkpoint"));
   // The same for a trainer started without --offload endpoints.
-  auto t = run_dsactor("start --role trainer --config z3.json --model tiny --data corpus.txt --steps 2", dir_);
+  auto t = run_dsactor(
+      "start --role trainer --config z3.json --model tiny --data corpus.txt --steps 2", dir_);
   EXPECT_EQ(t.exit_code, 2);
-  EXPECT_NE(t.err.find("offload_optimizer keeps partitions in offload services"), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("offload_optimizer keeps partitions in offload services"), std::string::npos)
+      << t.err;
 
   auto seq = run_dsactor("train --config " + repo_path("configs/ds_tiny_fp32.json") +
                              " --model tiny --data corpus.txt --seq 65 --steps 2 --out o",
