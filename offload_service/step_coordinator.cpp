@@ -110,6 +110,9 @@ struct CoordinatorState {
       if (prepared.failure) refuse(prepared.failure->code, prepared.failure->message);
       two_phase.commit(h.job_id, next, pw, prepared, "register failed: ");
       for (const auto* sp : fresh) placement.charge(next.parts.at(sp->partition_id));
+      const size_t on_nvme = static_cast<size_t>(std::count(tiers.begin(), tiers.end(), true));
+      spdlog::info("offload: job '{}' registered {} partition(s) ({} on NVMe), {} in all", h.job_id,
+                   fresh.size(), on_nvme, next.order.size());
       jobs.put(h.job_id, std::move(next));
     }
     const JobState& job = *jobs.find(h.job_id);
