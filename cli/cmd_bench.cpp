@@ -24,17 +24,10 @@ void print_result(const nlohmann::json& j, bool json) {
   for (const auto& [k, v] : j.items()) fmt::print("{:28} {}\n", k, v.dump());
 }
 
-}  // namespace
-
-void add_bench_command(CLI::App& app) {
-  auto* bench = app.add_subcommand(
-      "bench", "benchmarks; figures are printed beside a reference measured in the same run");
-  bench->require_subcommand(1);
-
+void add_train_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* train =
       bench->add_subcommand("train", "stage-0 training step speed against the sgemm rate");
   auto o = std::make_shared<bench::TrainBenchOptions>();
-  auto json = std::make_shared<bool>(false);
   train->add_option("--model", o->model, "model preset or YAML")->capture_default_str();
   train->add_option("--micro-batch", o->micro_batch, "B")
       ->check(CLI::PositiveNumber)
@@ -46,7 +39,9 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--warmup", o->warmup_steps, "unmeasured steps first")->capture_default_str();
   train->add_flag("--json", *json, "print one JSON object");
   train->callback([o, json] { print_result(bench::run_train_bench(*o), *json); });
+}
 
+void add_checkpoint_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* ckpt = bench->add_subcommand("checkpoint",
                                      "periodic checkpoints' cost as a fraction of stage-0 step "
                                      "time, against the same run without checkpoints");
@@ -70,7 +65,9 @@ void add_bench_command(CLI::App& app) {
                    "where the checkpoints go (default: a temporary directory, removed)");
   ckpt->add_flag("--json", *json, "print one JSON object");
   ckpt->callback([co, json] { print_result(bench::run_checkpoint_bench(*co), *json); });
+}
 
+void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* zero = bench->add_subcommand("zero",
                                      "stage 3 with offload_optimizer+offload_param (cpu, a real "
                                      "offload service) against stage 0, same run");
@@ -101,7 +98,9 @@ void add_bench_command(CLI::App& app) {
       "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] { print_result(bench::run_zero_bench(*zo), *json); });
+}
 
+void add_adam_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* adam = bench->add_subcommand(
       "adam", "fused Adam params/s against a memory-bandwidth probe streaming the same arrays");
   auto adam_params = std::make_shared<size_t>(size_t{1} << 24);
@@ -114,7 +113,9 @@ void add_bench_command(CLI::App& app) {
   adam->callback([adam_params, adam_iters, json] {
     print_result(bench::run_adam_bench(*adam_params, *adam_iters), *json);
   });
+}
 
+void add_nvme_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* nvme = bench->add_subcommand(
       "nvme", "the offload service's io_uring read/write GB/s against fio in the same run");
   auto nvme_dir = std::make_shared<std::filesystem::path>();
@@ -133,7 +134,9 @@ void add_bench_command(CLI::App& app) {
   nvme->callback([nvme_dir, nvme_bytes, nvme_opts, json] {
     print_result(bench::run_nvme_bench(*nvme_dir, *nvme_bytes, *nvme_opts), *json);
   });
+}
 
+void add_transport_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* transport = bench->add_subcommand(
       "transport",
       "push/fetch GB/s through an offload service (frames, and the same-host shared-memory "
@@ -149,7 +152,9 @@ void add_bench_command(CLI::App& app) {
   transport->callback([part_bytes, transport_iters, json] {
     print_result(bench::run_transport_bench(*part_bytes, *transport_iters), *json);
   });
+}
 
+void add_tokenize_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* tok = bench->add_subcommand("tokenize",
                                     "GPT-2 BPE encoding MB/s on one thread against the npm "
                                     "gpt-3-encoder reference (node), same text, same run");
@@ -168,7 +173,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   tok->add_flag("--json", *json, "print one JSON object");
   tok->callback([to, json] { print_result(bench::run_tokenize_bench(*to), *json); });
+}
 
+void add_dp_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* dp = bench->add_subcommand(
       "dp",
       "our allreduce / reduce-scatter / allgather beside Gloo's raw calls on the same buffers; "
@@ -223,6 +230,23 @@ void add_bench_command(CLI::App& app) {
     print_result(r, false);
     fmt::print("\n{}", bench::zero_memory_table(memory));
   });
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto* bench = app.add_subcommand(
+      "bench", "benchmarks; figures are printed beside a reference measured in the same run");
+  bench->require_subcommand(1);
+  auto json = std::make_shared<bool>(false);
+  add_train_bench(bench, json);
+  add_checkpoint_bench(bench, json);
+  add_zero_bench(bench, json);
+  add_adam_bench(bench, json);
+  add_nvme_bench(bench, json);
+  add_transport_bench(bench, json);
+  add_tokenize_bench(bench, json);
+  add_dp_bench(bench, json);
 }
 
 }  // namespace dsactor::cli
