@@ -365,6 +365,10 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
   cmd.add_option("--resume", a.resume,
                  "trainer: load this checkpoint first: a tag dir, a dir holding `latest` (an "
                  "earlier run's <out>/checkpoint) or that run's --out; --steps stays the total");
+  cmd.add_flag("--overwrite", a.overwrite,
+               "trainer: a fresh run against offload services that still hold this job's "
+               "committed steps (a run that did not end cleanly) drops the job there and "
+               "starts over; without it (and without --resume) such a run is refused");
   cmd.add_option("--checkpoint-dir", a.checkpoint_dir,
                  "trainer: where checkpoints go: <dir>/global_step<N>/ and <dir>/latest "
                  "(default <out>/checkpoint)");
@@ -539,6 +543,9 @@ ZeroOptions zero_options(const RankRun& run) {
   // default gives every trainer every offload role), and a job's step commits come from one
   // trainer. The rendezvous keeps the shared job name.
   o.job_id = run.place.world_size == 1 ? a.job : fmt::format("{}-rank{}", a.job, run.place.rank);
+  o.existing_job = !a.resume.empty() ? ExistingJob::kContinue
+                   : a.overwrite     ? ExistingJob::kOverwrite
+                                     : ExistingJob::kRefuse;
   o.rank = static_cast<uint32_t>(run.place.rank);
   o.world_size = static_cast<uint32_t>(run.place.world_size);
   o.grad_comm = run.comms.grad.get();

@@ -68,6 +68,9 @@ struct StartTrainerArgs {
   // stays the total, so `--steps N/2` then `--resume ... --steps N` ends with the weights of
   // `--steps N` straight, bit for bit.
   std::string resume;
+  // A fresh run (no --resume) against services that still hold its job's committed steps:
+  // refused, unless --overwrite drops the job there first.
+  bool overwrite = false;
   // Checkpoints (trainer/checkpoint_series.h): <checkpoint_dir>/global_step<N>/ and `latest`,
   // default <out>/checkpoint; a save every `checkpoint_every` steps besides the end (0: the
   // end only); the newest `keep_last` tags stay (0: all).

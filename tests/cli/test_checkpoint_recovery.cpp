@@ -296,5 +296,64 @@ TEST(KilledTrainer, ResumesFromLatestAndEndsWithTheUndisturbedRunsWeights) {
             (std::set<std::string>{"global_step190", "global_step200"}));
 }
 
+// A trainer killed mid-run leaves its job on a live service. A fresh run of that job is
+// refused (its first SetParameters used to overwrite the weights, and its first commit then
+// failed); with --overwrite it drops the job there and trains exactly as on a fresh service.
+TEST(ExistingJob, AFreshRunIsRefusedUnlessItOverwrites) {
+  TempDir dir;
+  write_inputs(dir.path());
+  const auto start_service = [&](const std::string& name) {
+    deploy::ServiceProcessOptions so;
+    so.args = {"--no-mlock"};
+    so.log_file = dir.path() / (name + ".log");
+    so.keys_dir = dir.path() / (name + "_keys");
+    return std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY, so);
+  };
+  const auto args = [&](const deploy::ServiceProcess& service, const std::string& out, int steps) {
+    std::vector<std::string> a = {"start",
+                                  "--role",
+                                  "trainer",
+                                  "--config",
+                                  "z3offload.json",
+                                  "--model",
+                                  "tiny",
+                                  "--data",
+                                  "corpus.txt",
+                                  "--seq",
+                                  "16",
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--out",
+                                  out,
+                                  "--job",
+                                  "kept",
+                                  "--offload",
+                                  service.endpoint()};
+    const auto keys = service.trainer_flags();
+    a.insert(a.end(), keys.begin(), keys.end());
+    return a;
+  };
+  const auto service = start_service("service");
+  Child cut(dir.path(), args(*service, "cut", 100000), dir.path() / "cut.log");
+  ASSERT_TRUE(cut.wait_for_out("step 3/", kWait)) << cut.log();
+  cut.signal(SIGKILL);
+  EXPECT_EQ(cut.wait(kWait), 128 + SIGKILL) << cut.log();
+
+  Child fresh(dir.path(), args(*service, "fresh", 6), dir.path() / "fresh.log");
+  EXPECT_NE(fresh.wait(kWait), 0) << fresh.log();
+  EXPECT_NE(fresh.log().find("already holds job 'kept' at step"), std::string::npos) << fresh.log();
+  EXPECT_NE(fresh.log().find("--overwrite"), std::string::npos) << fresh.log();
+
+  auto overwrite = args(*service, "overwrite", 6);
+  overwrite.push_back("--overwrite");
+  Child over(dir.path(), overwrite, dir.path() / "overwrite.log");
+  ASSERT_EQ(over.wait(kWait), 0) << over.log();
+  const auto clean_service = start_service("clean");
+  Child clean(dir.path(), args(*clean_service, "clean", 6), dir.path() / "clean.log");
+  ASSERT_EQ(clean.wait(kWait), 0) << clean.log();
+  EXPECT_TRUE(same_safetensors(dir.path() / "overwrite/model.safetensors",
+                               dir.path() / "clean/model.safetensors"));
+}
+
 }  // namespace
 }  // namespace dsactor

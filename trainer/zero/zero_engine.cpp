@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -218,6 +219,21 @@ void ZeroEngine::register_partitions() {
         specs.push_back(
             msg::PartitionSpec{p.id, p.count, msg::DType::fp32, context_.wire_dtype(), opt});
     if (specs.empty()) continue;
+    auto reply = await_or_throw(
+        *services_[s], "register", 0,
+        services_[s]->register_partitions(options_.rank, options_.world_size, specs));
+    uint64_t held = 0;  // the job's committed step there, if it lived before this run
+    for (const auto& p : reply.partitions) held = std::max(held, p.version);
+    if (held == 0 || options_.existing_job == ExistingJob::kContinue) continue;
+    if (options_.existing_job == ExistingJob::kRefuse)
+      throw ZeroServiceError(fmt::format(
+          "offload service {} already holds job '{}' at step {} (a run that did not end "
+          "cleanly): give --resume CHECKPOINT to continue it from a checkpoint, or --overwrite "
+          "to drop it and start over",
+          services_[s]->endpoint(), options_.job_id, held));
+    spdlog::warn("offload service {}: job '{}' held step {}; dropped for a fresh run (--overwrite)",
+                 services_[s]->endpoint(), options_.job_id, held);
+    await_or_throw(*services_[s], "drop_job", 0, services_[s]->drop_job());
     await_or_throw(*services_[s], "register", 0,
                    services_[s]->register_partitions(options_.rank, options_.world_size, specs));
   }

@@ -22,6 +22,14 @@ class Collectives;
 
 namespace dsactor::trainer {
 
+// What the engine does when a service already holds committed steps of its job (a run
+// that did not end cleanly: a clean end drops the job).
+enum class ExistingJob {
+  kContinue,   // register into it: the caller restores a checkpoint next (`--resume`)
+  kRefuse,     // a fresh run: refuse, naming the service, the job and its step
+  kOverwrite,  // drop the job on that service and register it afresh (`--overwrite`)
+};
+
 struct ZeroOptions {
   std::vector<std::string> services;  // offload service endpoints (tcp://host:port)
   // How the connections to services[i] are secured: this trainer's keypair and service i's
@@ -32,6 +40,7 @@ struct ZeroOptions {
   uint32_t world_size = 1;
   std::chrono::milliseconds timeout = std::chrono::seconds(30);  // per request
   std::string job_id = "dsactor";
+  ExistingJob existing_job = ExistingJob::kContinue;
   // World size > 1: the collectives among the trainers (not owned; they must outlive the
   // engine). grad_comm carries the gradients' reduce-scatter, the step verdict and (stages
   // 1/2) the parameters' allgather, all from the engine's thread; param_comm carries stage
