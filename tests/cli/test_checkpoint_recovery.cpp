@@ -51,6 +51,26 @@ void write_inputs(const fs::path& dir) {
                     "offload_param": {"device": "cpu"}}})");
 }
 
+// `start --role trainer` of the tiny model on write_inputs' corpus, to `steps` into `out`.
+std::vector<std::string> trainer_argv(const std::string& config, const std::string& out,
+                                      int steps) {
+  return {"start",
+          "--role",
+          "trainer",
+          "--config",
+          config,
+          "--model",
+          "tiny",
+          "--data",
+          "corpus.txt",
+          "--seq",
+          "16",
+          "--steps",
+          std::to_string(steps),
+          "--out",
+          out};
+}
+
 // The tags (global_step<N>) in a checkpoint directory.
 std::set<std::string> tags_in(const fs::path& dir) {
   std::set<std::string> tags;
@@ -253,25 +273,9 @@ TEST(KilledTrainer, ResumesFromLatestAndEndsWithTheUndisturbedRunsWeights) {
   write_inputs(dir.path());
   constexpr int kSteps = 200;
   const auto args = [&](const std::string& out) {
-    return std::vector<std::string>{"start",
-                                    "--role",
-                                    "trainer",
-                                    "--config",
-                                    "z3.json",
-                                    "--model",
-                                    "tiny",
-                                    "--data",
-                                    "corpus.txt",
-                                    "--seq",
-                                    "16",
-                                    "--steps",
-                                    std::to_string(kSteps),
-                                    "--out",
-                                    out,
-                                    "--checkpoint-every",
-                                    "10",
-                                    "--keep-last",
-                                    "2"};
+    auto a = trainer_argv("z3.json", out, kSteps);
+    a.insert(a.end(), {"--checkpoint-every", "10", "--keep-last", "2"});
+    return a;
   };
   Child straight(dir.path(), args("straight"), dir.path() / "straight.log");
   ASSERT_EQ(straight.wait(kWait), 0) << straight.log();
@@ -310,25 +314,8 @@ TEST(ExistingJob, AFreshRunIsRefusedUnlessItOverwrites) {
     return std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY, so);
   };
   const auto args = [&](const deploy::ServiceProcess& service, const std::string& out, int steps) {
-    std::vector<std::string> a = {"start",
-                                  "--role",
-                                  "trainer",
-                                  "--config",
-                                  "z3offload.json",
-                                  "--model",
-                                  "tiny",
-                                  "--data",
-                                  "corpus.txt",
-                                  "--seq",
-                                  "16",
-                                  "--steps",
-                                  std::to_string(steps),
-                                  "--out",
-                                  out,
-                                  "--job",
-                                  "kept",
-                                  "--offload",
-                                  service.endpoint()};
+    std::vector<std::string> a = trainer_argv("z3offload.json", out, steps);
+    a.insert(a.end(), {"--job", "kept", "--offload", service.endpoint()});
     const auto keys = service.trainer_flags();
     a.insert(a.end(), keys.begin(), keys.end());
     return a;
