@@ -494,6 +494,9 @@ std::optional<CheckpointPolicy> checkpoint_policy(const StartTrainerArgs& a) {
 }  // namespace
 
 int run_start_trainer(const StartTrainerArgs& a) {
+  if (a.deepspeed_flag)
+    spdlog::info("{}: --deepspeed changes nothing: dsactor always runs its DeepSpeed engine",
+                 a.name);
   StopSignals signals;  // first: before any thread (collectives, actors) exists
   if (a.config.empty() || a.data.empty())
     throw std::invalid_argument(

@@ -20,10 +20,11 @@ void add_train_command(CLI::App& app) {
   auto o = std::make_shared<trainer::TrainOptions>();
   auto sample = std::make_shared<int>(200);
   auto metrics_args = std::make_shared<MetricsArgs>();
-  cmd->add_flag("--deepspeed")
-      ->description(
-          "accepted as DeepSpeed's scripts pass it; dsactor always runs its DeepSpeed engine, so "
-          "it changes nothing");
+  auto deepspeed = std::make_shared<bool>(false);
+  cmd->add_flag(
+      "--deepspeed", *deepspeed,
+      "accepted as DeepSpeed's scripts pass it; dsactor always runs its DeepSpeed engine, so "
+      "it changes nothing");
   cmd->add_option("--config,--deepspeed_config", o->config, "DeepSpeed config (.json or .yaml)")
       ->required()
       ->check(CLI::ExistingFile);
@@ -71,7 +72,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--sample", *sample, "tokens to generate after training (0: none)")
       ->capture_default_str();
   add_metrics_options(*cmd, *metrics_args);
-  cmd->callback([o, sample, metrics_args] {
+  cmd->callback([o, sample, metrics_args, deepspeed] {
+    if (*deepspeed)
+      spdlog::info("--deepspeed changes nothing: dsactor always runs its DeepSpeed engine");
     metrics::Registry registry(
         metrics::Labels{{"job", "train"}, {"role", "trainer"}, {"rank", "0"}, {"name", "train"}});
     const auto server = serve_metrics(*metrics_args, registry, "train", [&o] {

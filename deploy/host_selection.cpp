@@ -98,14 +98,9 @@ std::vector<SelectedHost> select_hosts(const std::vector<HostSlots>& hosts, cons
     }
   if (out.empty())
     throw LaunchConfigError("dsactor launch: --include/--exclude leave no slot to run on");
-  for (SelectedHost& s : out) {
-    const int total = std::find_if(hosts.begin(), hosts.end(), [&](const HostSlots& h) {
-                        return h.host == s.host;
-                      })->slots;
+  for (SelectedHost& s : out)
     for (size_t i = 0; i < s.slots.size(); ++i)
       if (s.slots[i] != static_cast<int>(i)) s.leading_slots = false;
-    s.all_of_host = s.leading_slots && static_cast<int>(s.slots.size()) == total;
-  }
   return out;
 }
 

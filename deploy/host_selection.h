@@ -28,7 +28,6 @@ struct HostFilter {
 struct SelectedHost {
   std::string host;
   std::vector<int> slots{};   // device indices on the host, ascending
-  bool all_of_host = true;    // slots == 0..(hostfile slots - 1)
   bool leading_slots = true;  // slots == 0..(slots.size() - 1)
 };
 

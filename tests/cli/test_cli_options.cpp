@@ -37,6 +37,7 @@ TEST_F(CliOptions, DeepSpeedConfigFlagsAndStepsMeanTheSameOnTrainAndStart) {
       dir.path());
   ASSERT_EQ(train0.exit_code, 0) << train0.err;
   EXPECT_THAT(train0.out, HasSubstr("trained 0 steps"));
+  EXPECT_THAT(train0.err, HasSubstr("--deepspeed changes nothing"));
   const auto train2 = run_dsactor(
       "train --deepspeed_config " + config + common("t2", 2) + " --sample 0", dir.path());
   ASSERT_EQ(train2.exit_code, 0) << train2.err;
@@ -48,6 +49,7 @@ TEST_F(CliOptions, DeepSpeedConfigFlagsAndStepsMeanTheSameOnTrainAndStart) {
                   dir.path());
   ASSERT_EQ(start0.exit_code, 0) << start0.err;
   EXPECT_THAT(start0.err, HasSubstr("done at step 0"));
+  EXPECT_THAT(start0.err, HasSubstr("--deepspeed changes nothing"));
   const auto start2 = run_dsactor(
       "start --role trainer --deepspeed_config " + config + common("s2", 2), dir.path());
   ASSERT_EQ(start2.exit_code, 0) << start2.err;

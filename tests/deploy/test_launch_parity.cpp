@@ -66,7 +66,7 @@ TEST(HostSelection, IncludeExcludeNodesAndGpusAsDeepSpeedReadsThem) {
   const auto sel = deploy::select_hosts(kHosts, {.include = "worker-0:1,3@worker-1:0"});
   EXPECT_FALSE(sel[0].leading_slots);
   EXPECT_TRUE(sel[1].leading_slots);
-  EXPECT_FALSE(sel[1].all_of_host);
+  EXPECT_EQ(sel[1].slots, std::vector<int>{0});  // one of worker-1's two slots
 }
 
 TEST(HostSelection, RefusalsNameTheFlagAndTheValue) {
