@@ -292,7 +292,10 @@ struct RankRun {
       into = [&](const std::filesystem::path& dir) {
         engine.save_checkpoint(dir, checkpoint_extra());
       };
-    return checkpoints->save(engine.global_step(), into);
+    CheckpointSeries::Retire retire;
+    if constexpr (requires(const std::filesystem::path& dir) { engine.retire_checkpoint(dir); })
+      retire = [&](const std::filesystem::path& dir) { engine.retire_checkpoint(dir); };
+    return checkpoints->save(engine.global_step(), into, retire);
   }
   // The end of a run: a save unless the last periodic one was of this step.
   template <class EngineT>

@@ -112,7 +112,9 @@ std::string_view kind_name(const Body& body) {
                                                 "unmapArena",
                                                 "unmapArenaReply",
                                                 "dropJob",
-                                                "dropJobReply"};
+                                                "dropJobReply",
+                                                "deleteCheckpoint",
+                                                "deleteCheckpointReply"};
   static_assert(std::size(kNames) == std::variant_size_v<Body>);
   return body.valueless_by_exception() ? "valueless" : kNames[body.index()];
 }

@@ -273,6 +273,16 @@ struct DropJobReply {
   bool operator==(const DropJobReply&) const = default;
 };
 
+// Removes one of the requester's checkpoints from the service (`--keep-last`).
+struct DeleteCheckpoint {
+  std::string name;
+  bool operator==(const DeleteCheckpoint&) const = default;
+};
+struct DeleteCheckpointReply {
+  uint64_t bytes_freed = 0;
+  bool operator==(const DeleteCheckpointReply&) const = default;
+};
+
 struct ErrorReply {
   ErrorCode code = ErrorCode::internal;
   std::string message;
@@ -280,11 +290,12 @@ struct ErrorReply {
 };
 
 // Order matches the wire union ordinals; append only.
-using Body = std::variant<Register, RegisterReply, SetParameters, SetParametersReply, PushGradients,
-                          PushReply, CommitStep, SkipStep, CommitReply, FetchParameters, FetchReply,
-                          Stats, StatsReply, Checkpoint, CheckpointReply, Restore, RestoreReply,
-                          Ping, Pong, ErrorReply, MapArena, MapArenaReply, UnmapArena,
-                          UnmapArenaReply, DropJob, DropJobReply>;
+using Body =
+    std::variant<Register, RegisterReply, SetParameters, SetParametersReply, PushGradients,
+                 PushReply, CommitStep, SkipStep, CommitReply, FetchParameters, FetchReply, Stats,
+                 StatsReply, Checkpoint, CheckpointReply, Restore, RestoreReply, Ping, Pong,
+                 ErrorReply, MapArena, MapArenaReply, UnmapArena, UnmapArenaReply, DropJob,
+                 DropJobReply, DeleteCheckpoint, DeleteCheckpointReply>;
 
 // Name of the body's kind ("pushGradients", ...), for logs and error messages.
 std::string_view kind_name(const Body& body);

@@ -191,6 +191,9 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
       return UnmapArena{k.getUnmapArena().getArenaId()};
     case wire::Header::Kind::DROP_JOB:
       return DropJob{};
+    case wire::Header::Kind::DELETE_CHECKPOINT:
+      return DeleteCheckpoint{
+          text(k.getDeleteCheckpoint().getName(), limits, "deleteCheckpoint.name")};
     default:
       return std::nullopt;
   }
@@ -278,6 +281,8 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
       auto r = k.getDropJobReply();
       return DropJobReply{r.getPartitions(), r.getBytesFreed()};
     }
+    case wire::Header::Kind::DELETE_CHECKPOINT_REPLY:
+      return DeleteCheckpointReply{k.getDeleteCheckpointReply().getBytesFreed()};
     default:
       return std::nullopt;
   }

@@ -254,6 +254,14 @@ void set_body(wire::Header::Kind::Builder k, const DropJobReply& r) {
   b.setBytesFreed(r.bytes_freed);
 }
 
+void set_body(wire::Header::Kind::Builder k, const DeleteCheckpoint& r) {
+  k.initDeleteCheckpoint().setName(r.name);
+}
+
+void set_body(wire::Header::Kind::Builder k, const DeleteCheckpointReply& r) {
+  k.initDeleteCheckpointReply().setBytesFreed(r.bytes_freed);
+}
+
 zmq::message_t header_frame(const Header& header, uint64_t payload_length, uint32_t crc) {
   capnp::MallocMessageBuilder builder;
   auto h = builder.initRoot<wire::Header>();

@@ -13,7 +13,7 @@
 namespace dsactor::messages::detail {
 
 static_assert(wire::SCHEMA_VERSION == kSchemaVersion, "codec.h and offload.capnp disagree");
-static_assert(std::variant_size_v<Body> == 26, "a kind was added: extend encode and decode");
+static_assert(std::variant_size_v<Body> == 28, "a kind was added: extend encode and decode");
 
 // The highest ErrorCode this schema knows: encode refuses a larger value, decode reads one
 // (a newer peer's) as `internal`.

@@ -254,6 +254,16 @@ struct DropJobReply {
   bytesFreed @1 :UInt64;     # RAM charges and NVMe extents given back
 }
 
+# Removes one of the requester's checkpoints (a Checkpoint's `name`, resolved the same way)
+# from the service's state directory: what a trainer's `--keep-last` retires.
+struct DeleteCheckpoint {
+  name @0 :Text;
+}
+
+struct DeleteCheckpointReply {
+  bytesFreed @0 :UInt64;
+}
+
 struct ErrorReply {
   code @0 :ErrorCode;
   message @1 :Text;
@@ -296,5 +306,7 @@ struct Header {
     unmapArenaReply @28 :UnmapArenaReply;
     dropJob @29 :DropJob;
     dropJobReply @30 :DropJobReply;
+    deleteCheckpoint @31 :DeleteCheckpoint;
+    deleteCheckpointReply @32 :DeleteCheckpointReply;
   }
 }

@@ -187,6 +187,33 @@ ResolvedCheckpoint StateDir::for_read(const std::string& owner, const std::strin
   return out;
 }
 
+uint64_t StateDir::remove(const std::string& owner, const std::string& job,
+                          const std::string& name) {
+  const auto parts = name_parts(name, "deleteCheckpoint.name");
+  const ResolvedCheckpoint cp = for_read(owner, job, name);  // a checkpoint, beneath the job's
+  uint64_t bytes = 0;
+  std::error_code ec;
+  // Entries inside are not followed (a symlink is removed, not its target): nothing outside
+  // the checkpoint directory is touched.
+  for (fs::recursive_directory_iterator it(cp.path, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) bytes += it->file_size(ec);
+  UniqueFd jobfd = job_dir(owner, job);
+  UniqueFd parent(open_beneath(jobfd.get(),
+                               parts.size() > 1 ? joined(parts, parts.size() - 1) : ".",
+                               O_DIRECTORY | O_RDONLY, kBeneath));
+  if (!parent) refuse_resolve(name, errno);
+  struct stat st {};
+  if (::fstatat(parent.get(), parts.back().c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISDIR(st.st_mode))
+    refuse_resolve(name, ENOTDIR);  // a symlink to a checkpoint is not one to delete
+  fs::remove_all(fd_path(parent.get()) / parts.back(), ec);
+  if (ec) refuse(ErrorCode::internal, "checkpoint name '" + name + "': remove: " + ec.message());
+  // Parent levels the checkpoint leaves empty (rmdir refuses a directory with entries).
+  for (size_t n = parts.size() - 1; n > 0; --n)
+    if (::unlinkat(jobfd.get(), joined(parts, n).c_str(), AT_REMOVEDIR) != 0) break;
+  return bytes;
+}
+
 security::MacKey StateDir::mac_key(const std::string& owner, const std::string& job) {
   std::lock_guard lock(mutex_);
   if (!secret_) {

@@ -53,6 +53,11 @@ class StateDir {
   ResolvedCheckpoint for_read(const std::string& owner, const std::string& job,
                               const std::string& name);
 
+  // Removes checkpoint `name` of (owner, job) (refused like for_read; a missing one is
+  // refused as not found), then its parent directories that are left empty, up to the
+  // job's directory. Returns the bytes of the files removed.
+  uint64_t remove(const std::string& owner, const std::string& job, const std::string& name);
+
   // The MAC key of (owner, job)'s checkpoints. Reads (or makes) the secret at first use.
   security::MacKey mac_key(const std::string& owner, const std::string& job);
 

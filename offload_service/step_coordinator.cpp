@@ -285,6 +285,12 @@ struct CoordinatorState {
             return arenas.unmap(h, body, in->peer);
           } else if constexpr (std::is_same_v<T, msg::DropJob>) {
             return on_drop(in);
+          } else if constexpr (std::is_same_v<T, msg::DeleteCheckpoint>) {
+            // Beneath the requester's own (key, job) directory: no other key's checkpoints.
+            const uint64_t freed = state.remove(in->peer, h.job_id, body.name);
+            spdlog::info("offload: job '{}' deleted checkpoint {} ({})", h.job_id, body.name,
+                         detail::fmt_bytes(freed));
+            return msg::DeleteCheckpointReply{freed};
           } else {
             refuse(ErrorCode::malformed,
                    std::string(msg::kind_name(h.body)) + " is a reply, not a request");

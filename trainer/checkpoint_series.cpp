@@ -78,7 +78,7 @@ CheckpointSeries::CheckpointSeries(CheckpointPolicy policy, int rank, actors::Co
   policy_.dir = policy_.dir.lexically_normal();
 }
 
-fs::path CheckpointSeries::save(int64_t step, const SaveInto& save_into) {
+fs::path CheckpointSeries::save(int64_t step, const SaveInto& save_into, const Retire& retire) {
   const std::string tag = checkpoint_tag(step);
   const fs::path dir = policy_.dir / tag;
   fs::create_directories(policy_.dir);
@@ -102,11 +102,11 @@ fs::path CheckpointSeries::save(int64_t step, const SaveInto& save_into) {
   if (several) comm_->barrier();
   last_saved_ = step;
   if (rank_ == 0) spdlog::info("checkpoint {} saved in {}", tag, policy_.dir.string());
-  remove_old_tags(step);
+  remove_old_tags(step, retire);
   return dir;
 }
 
-void CheckpointSeries::remove_old_tags(int64_t newest) const {
+void CheckpointSeries::remove_old_tags(int64_t newest, const Retire& retire) const {
   // A tag's temp directory (`<tag>.tmp-<pid>`, CheckpointWriter) left by a save a crash
   // interrupted: no rank writes a tag at or below the one every rank just saved.
   std::vector<fs::path> leftovers;
@@ -137,8 +137,11 @@ void CheckpointSeries::remove_old_tags(int64_t newest) const {
   }
   std::sort(older.begin(), older.end());
   const size_t keep = static_cast<size_t>(policy_.keep_last) - 1;  // besides the new tag
-  if (older.size() <= keep) return;
-  older.resize(older.size() - keep);  // the oldest ones, oldest first
+  older.resize(older.size() > keep ? older.size() - keep : 0);     // the oldest, oldest first
+  if (retire)
+    for (const auto& [step, path] : older) retire(path);
+  // A rank retires from its own part of a shared tag, which another rank may remove.
+  if (comm_ && comm_->world_size() > 1) comm_->barrier();
   for (const auto& [step, path] : older) {
     // Ranks sharing the directory remove the same tags at once: whoever comes second finds
     // less to remove, which is no error.

@@ -52,11 +52,15 @@ class CheckpointSeries {
   // Writes this rank's part through `save_into(tag directory)` (empty: this rank writes
   // nothing, e.g. stage 0's ranks other than 0), then names it in `latest` and removes the
   // tags beyond keep_last. Every rank calls it at the same step. Returns the tag directory.
+  // `retire(tag directory)`: called for each tag keep_last removes, before it goes, on
+  // every rank (what lies outside the directory: the services' parts); every rank has
+  // retired its part before any rank removes a tag.
   using SaveInto = std::function<void(const std::filesystem::path&)>;
-  std::filesystem::path save(int64_t step, const SaveInto& save_into);
+  using Retire = std::function<void(const std::filesystem::path&)>;
+  std::filesystem::path save(int64_t step, const SaveInto& save_into, const Retire& retire = {});
 
  private:
-  void remove_old_tags(int64_t newest) const;
+  void remove_old_tags(int64_t newest, const Retire& retire) const;
 
   CheckpointPolicy policy_;
   int rank_;

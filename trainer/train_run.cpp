@@ -97,9 +97,12 @@ TrainSummary train(const TrainInputs& in, EngineT& engine) {
     nlohmann::json extra{
         {"train_cursor", train.cursor()}, {"data", o.data.string()}, {"seed", o.seed}};
     if (recorded) extra["tokenizer"] = tokenizer_json(*recorded);
-    return checkpoints.save(engine.global_step(), [&](const std::filesystem::path& dir) {
-      engine.save_checkpoint(dir, extra);
-    });
+    CheckpointSeries::Retire retire;
+    if constexpr (requires(const std::filesystem::path& dir) { engine.retire_checkpoint(dir); })
+      retire = [&](const std::filesystem::path& dir) { engine.retire_checkpoint(dir); };
+    return checkpoints.save(
+        engine.global_step(),
+        [&](const std::filesystem::path& dir) { engine.save_checkpoint(dir, extra); }, retire);
   };
 
   TrainSummary s;

@@ -412,6 +412,7 @@ template ServiceResult<msg::StatsReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::CheckpointReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::DeleteCheckpointReply> OffloadClient::await_as(uint64_t);
 
 ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   // The slot the request offered, before await() hands it over with the reply.
@@ -540,6 +541,10 @@ msg::RestoreReply OffloadClient::restore(const std::string& tag, const std::stri
 
 msg::DropJobReply OffloadClient::drop_job() {
   return value_or_throw(await_as<msg::DropJobReply>(send(msg::DropJob{})));
+}
+
+msg::DeleteCheckpointReply OffloadClient::delete_checkpoint(const std::string& name) {
+  return value_or_throw(await_as<msg::DeleteCheckpointReply>(send(msg::DeleteCheckpoint{name})));
 }
 
 }  // namespace dsactor::actors

@@ -208,6 +208,8 @@ class OffloadClient {
   messages::RestoreReply restore(const std::string& tag, const std::string& name);
   // Frees the job on the service (its partitions, NVMe extents, metadata, arenas).
   messages::DropJobReply drop_job();
+  // Removes checkpoint `name` (as given to checkpoint()) of this key's job from the service.
+  messages::DeleteCheckpointReply delete_checkpoint(const std::string& name);
   // The reply of a push sent with send_push_gradients.
   messages::PushReply receive_push_reply(uint64_t request_id);
   // One round trip with any body; returns the reply (ErrorReply included, not thrown).

@@ -155,6 +155,12 @@ ServiceFuture<msg::DropJobReply> ServiceClient::drop_job() {
       [](OffloadClient& c) { return c.await_as<msg::DropJobReply>(c.send(msg::DropJob{})); });
 }
 
+ServiceFuture<msg::DeleteCheckpointReply> ServiceClient::delete_checkpoint(std::string name) {
+  return post<msg::DeleteCheckpointReply>([name = std::move(name)](OffloadClient& c) {
+    return c.await_as<msg::DeleteCheckpointReply>(c.send(msg::DeleteCheckpoint{name}));
+  });
+}
+
 ServiceFuture<msg::StatsReply> ServiceClient::stats() {
   return post<msg::StatsReply>(
       [](OffloadClient& c) { return c.await_as<msg::StatsReply>(c.send(msg::Stats{})); });

@@ -82,6 +82,8 @@ class ServiceClient {
   ServiceFuture<messages::RestoreReply> restore(std::string tag, std::string name);
   // Frees the job on the service: its partitions, NVMe extents, metadata and arenas.
   ServiceFuture<messages::DropJobReply> drop_job();
+  // Removes a checkpoint this job wrote (`name` as given to checkpoint()) from the service.
+  ServiceFuture<messages::DeleteCheckpointReply> delete_checkpoint(std::string name);
   ServiceFuture<messages::StatsReply> stats();
   // OffloadClient::try_map_arena: true with an arena, false with frames.
   ServiceFuture<bool> map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes);

@@ -139,6 +139,43 @@ TEST(PeriodicCheckpoints, KeepLastLeavesTheNewestTagsAndLatestNamesTheNewest) {
   EXPECT_NE(nowhere.err.find("--checkpoint-dir"), std::string::npos) << nowhere.err;
 }
 
+// The service directories under `dir` that hold a checkpoint part (service-<s>-<nonce>).
+std::set<std::string> service_parts_in(const fs::path& dir) {
+  std::set<std::string> parts;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().starts_with("service-"))
+      parts.insert(fs::relative(e.path(), dir).string());
+  return parts;
+}
+
+// --keep-last reaches the services: the parts of the tags it removes are deleted on the
+// service too (DeleteCheckpoint), so a long run's service state stays bounded, and the part
+// left is the one the kept tag's manifest names.
+TEST(PeriodicCheckpoints, KeepLastDeletesTheRemovedTagsPartsOnTheServices) {
+  TempDir dir;
+  write_inputs(dir.path());
+  deploy::ServiceProcessOptions so;
+  so.args = {"--no-mlock"};
+  so.log_file = dir.path() / "service.log";
+  so.keys_dir = dir.path() / "service_keys";
+  deploy::ServiceProcess service(DSACTOR_BINARY, so);
+  auto args = trainer_argv("z3offload.json", "o", 7);
+  args.insert(args.end(),
+              {"--offload", service.endpoint(), "--checkpoint-every", "2", "--keep-last", "1"});
+  const auto keys = service.trainer_flags();
+  args.insert(args.end(), keys.begin(), keys.end());
+  Child run(dir.path(), args, dir.path() / "run.log");
+  ASSERT_EQ(run.wait(kWait), 0) << run.log();
+  EXPECT_EQ(tags_in(dir.path() / "o/checkpoint"), (std::set<std::string>{"global_step7"}));
+  // Saves at 2, 4, 6 and 7: one part left, the one the kept manifest names.
+  const auto parts = service_parts_in(dir.path() / "service_keys/state");
+  ASSERT_EQ(parts.size(), 1u) << ::testing::PrintToString(parts);
+  const auto manifest = read_file(dir.path() / "o/checkpoint/global_step7/trainer/manifest.json");
+  const std::string part = fs::path(*parts.begin()).filename().string();
+  EXPECT_NE(manifest.find(part), std::string::npos) << part << " not in " << manifest;
+  EXPECT_NE(read_file(so.log_file).find("deleted checkpoint"), std::string::npos);
+}
+
 // A save's phases (storage/crash_point.h), each killed in the save of step 4 (the one of
 // step 2 is the old checkpoint; with keep-last 1 the save of step 4 is the first to remove
 // a tag), and the step `latest` names afterwards.

@@ -81,6 +81,8 @@ std::vector<Header> every_kind() {
   add(UnmapArenaReply{3});
   add(DropJob{});
   add(DropJobReply{12, 1ull << 33});
+  add(DeleteCheckpoint{"rank-0/global_step20"});
+  add(DeleteCheckpointReply{1ull << 34});
   add(ErrorReply{ErrorCode::permissionDenied, "the job belongs to another client key"});
   add(ErrorReply{ErrorCode::busy, "retry"});
   // The payload kinds with their bytes in a shared-memory arena instead of frame 1.

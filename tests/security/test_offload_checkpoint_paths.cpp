@@ -126,6 +126,43 @@ TEST_F(OffloadCheckpointPaths, AnotherClientCannotReadRestoreOrOverwriteTheVicti
   expect_victim_untouched();
 }
 
+// DeleteCheckpoint (what --keep-last sends) reaches only the requester's own checkpoints:
+// the victim's job is denied to a stranger, the stranger's own names resolve in its own
+// directory, and nothing out of the job's directory is deleted.
+TEST_F(OffloadCheckpointPaths, DeleteCheckpointReachesOnlyTheRequestersOwnCheckpoints) {
+  fs::create_directories(outside_ / "keep");
+  std::ofstream(outside_ / "keep/manifest.json") << "{}";
+  std::ofstream(outside_ / "keep/tensors.bin") << "x";
+  auto same_job = client(stranger(), kVictimJob);
+  EXPECT_EQ(refusal(*same_job, msg::DeleteCheckpoint{"run/ck"}).code, ErrorCode::permissionDenied);
+  auto own = client(stranger(), "attacker");
+  own->register_partitions(0, 1, {spec(kVictimPartition, kVictimElements)});
+  const std::string victim_owner = owner_dir_name(service_->client_security().keys.public_key);
+  for (const std::string& name :
+       {std::string("run/ck"), "../" + std::string(kVictimJob) + "/run/ck",
+        "../../" + victim_owner + "/" + kVictimJob + "/run/ck", outside_.string() + "/keep",
+        std::string("../../../../outside/keep")}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(refusal(*own, msg::DeleteCheckpoint{name}).code, ErrorCode::malformed);
+  }
+  // A symlink to a checkpoint is not deleted through (nor is its target).
+  const fs::path job_dir = victim_ckpt_.parent_path().parent_path();
+  fs::create_directory_symlink(outside_ / "keep", job_dir / "link");
+  EXPECT_EQ(refusal(*victim_, msg::DeleteCheckpoint{"link"}).code, ErrorCode::malformed);
+  EXPECT_TRUE(fs::exists(outside_ / "keep/tensors.bin"));
+  EXPECT_TRUE(fs::exists(victim_ckpt_ / "tensors.bin"));
+  // The stranger's own checkpoint of the same name goes; the victim's stays.
+  own->checkpoint("mine", "run/ck");
+  EXPECT_GT(own->delete_checkpoint("run/ck").bytes_freed, 0u);
+  EXPECT_TRUE(fs::exists(victim_ckpt_ / "tensors.bin"));
+  // The owner deletes its own: gone, with the directory it leaves empty.
+  EXPECT_GT(victim_->delete_checkpoint("run/ck").bytes_freed, 0u);
+  EXPECT_FALSE(fs::exists(victim_ckpt_));
+  EXPECT_FALSE(fs::exists(victim_ckpt_.parent_path()));
+  EXPECT_EQ(refusal(*victim_, msg::DeleteCheckpoint{"run/ck"}).code, ErrorCode::malformed);
+  expect_victim_untouched();
+}
+
 TEST_F(OffloadCheckpointPaths, AChangedCheckpointIsRefusedNamingTheFile) {
   // The manifest's state changed (a learning rate of 1e30 planted in it).
   fs::copy(victim_ckpt_, victim_ckpt_.parent_path() / "lr", fs::copy_options::recursive);

@@ -175,6 +175,32 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
   w.commit();  // the checkpoint exists from here on
 }
 
+void ZeroCheckpoint::retire(const fs::path& dir) const {
+  if (z_.local) return;  // the partitions lie in the tag directory itself
+  const fs::path manifest_dir = rank_directory(dir, z_.plan, z_.options.rank) / "trainer";
+  if (!fs::exists(manifest_dir / "manifest.json")) return;  // a save that never finished
+  nlohmann::json services;
+  try {
+    services = storage::CheckpointReader(manifest_dir).state().at("services");
+  } catch (const std::exception& e) {
+    spdlog::warn("checkpoint {}: its service parts are not deleted: {}", dir.string(), e.what());
+    return;
+  }
+  std::vector<std::pair<std::string, actors::ServiceFuture<messages::DeleteCheckpointReply>>> sent;
+  for (const auto& part : services) {
+    const auto index = part.value("index", z_.services.size());
+    const std::string name = part.value("name", std::string());
+    if (index >= z_.services.size() || name.empty()) continue;  // not a service of this run
+    sent.emplace_back(name, z_.services[index]->delete_checkpoint(name));
+  }
+  for (auto& [name, answer] : sent) {
+    const auto r = answer.get();
+    if (!r.ok())
+      spdlog::warn("checkpoint {}: service part {} not deleted: {}", dir.string(), name,
+                   actors::describe(r.error()));
+  }
+}
+
 struct ZeroCheckpoint::Manifest {
   Loaded loaded;
   std::vector<std::pair<size_t, nlohmann::json>> services;  // (index, saved entry)

@@ -33,6 +33,11 @@ class ZeroCheckpoint {
   void save(const std::filesystem::path& dir, const nlohmann::json& extra,
             const LossScaler& scaler) const;
 
+  // The service parts of the checkpoint in `dir` (a tag `--keep-last` retires, before the
+  // trainer removes the directory) deleted from their services. A part that cannot be
+  // deleted is logged, not thrown: the run goes on.
+  void retire(const std::filesystem::path& dir) const;
+
   // What a load brings back for the engine to take over; the services hold it already.
   struct Loaded {
     StepCounters counters;

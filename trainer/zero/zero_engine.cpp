@@ -466,6 +466,10 @@ void ZeroEngine::save_checkpoint(const std::filesystem::path& dir,
   checkpoints_->save(dir, extra, scaler_);
 }
 
+void ZeroEngine::retire_checkpoint(const std::filesystem::path& dir) const {
+  checkpoints_->retire(dir);
+}
+
 nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
   residency_->wait_fetches();  // LocalPartitions: the load replaces what the fetcher reads
   ZeroCheckpoint::Loaded loaded = checkpoints_->load(dir, scaler_);

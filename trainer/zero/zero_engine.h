@@ -81,6 +81,9 @@ class ZeroEngine {
   // service as they were (services restored before the failing one are rolled back from a
   // snapshot at `<dir>.rollback/`).
   nlohmann::json load_checkpoint(const std::filesystem::path& dir);
+  // Before the checkpoint in `dir` is removed (`--keep-last`): its parts on the services
+  // are deleted there too; failures are logged.
+  void retire_checkpoint(const std::filesystem::path& dir) const;
   // Frees this rank's job on every service (DropJob: partitions, NVMe extents, metadata,
   // arenas; checkpoints stay). The end of the engine's use: only destruction may follow.
   // A service that refuses or does not answer is logged, not thrown.
