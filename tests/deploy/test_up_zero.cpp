@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "storage/safetensors.h"
 #include "tests/cli/cli_test_util.h"
@@ -108,10 +110,22 @@ TEST_P(UpDataParallel, TwoTrainersEndWithTheWeightsOfOneTrainerWithTwiceTheBatch
             ", config: dp.json, model: tiny, data: corpus.txt, steps: 8, out: dp_out" +
             (own_services ? ", offload: [off" + std::to_string(r) + "]" : std::string()) + "}\n";
   yaml += "rendezvous: \"tcp://127.0.0.1:" + std::to_string(free_port()) + "\"\n";
+  // Periodic saves with keep-last at two ranks: each rank retires its own services' parts
+  // of a tag before either removes it (a shared checkpoint directory).
+  yaml += "checkpoint: {every: 2, keep_last: 1}\n";
   write_file(dir.path() / "deploy.yaml", yaml);
   const auto up = run_dsactor("up deploy.yaml", dir.path());
   ASSERT_EQ(up.exit_code, 0) << up.out << up.err;
   EXPECT_NE((up.out + up.err).find("rank 1 of 2"), std::string::npos) << up.out << up.err;
+  std::vector<std::string> tags;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "dp_out/checkpoint"))
+    if (e.is_directory()) tags.push_back(e.path().filename().string());
+  EXPECT_EQ(tags, std::vector<std::string>{"global_step8"});
+  for (const char* rank : {"rank-0", "rank-1"})
+    EXPECT_TRUE(std::filesystem::exists(dir.path() / "dp_out/checkpoint/global_step8" / rank /
+                                        "trainer/manifest.json"))
+        << rank;
+  EXPECT_EQ((up.out + up.err).find("not deleted"), std::string::npos) << up.out << up.err;
 
   const auto train = run_dsactor(
       "train --config one.json --model tiny --data corpus.txt --steps 8 --out one --sample 0",
