@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "bench/stopwatch.h"
 #include "trainer/checkpoint_series.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
@@ -14,13 +15,7 @@
 namespace dsactor::bench {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 uint64_t bytes_under(const fs::path& dir) {
   uint64_t total = 0;

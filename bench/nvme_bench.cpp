@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/stopwatch.h"
 #include "deploy/child_process.h"
 #include "storage/aligned_buffer.h"
 
@@ -32,10 +33,6 @@ struct FileGuard {
     }
   }
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Runs argv; its output (stdout and stderr together) and its exit code (-1 with the reason
 // when it could not start).

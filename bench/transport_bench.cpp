@@ -11,6 +11,7 @@
 #include <zmq_addon.hpp>
 
 #include "actors/offload_link/offload_client.h"
+#include "bench/stopwatch.h"
 #include "offload_service/service.h"
 #include "security/transport_security.h"
 #include "security/zap_handler.h"
@@ -19,13 +20,7 @@
 namespace dsactor::bench {
 
 namespace msg = dsactor::messages;
-using Clock = std::chrono::steady_clock;
-
 namespace {
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // One server keypair and one authorized client keypair, made for this run.
 struct BenchKeys {

@@ -11,6 +11,7 @@
 
 #include "actors/collectives/job_token.h"
 #include "cli/commands.h"
+#include "cli/self_binary.h"
 #include "deploy/batch_launch.h"
 #include "deploy/deepspeed_env.h"
 #include "deploy/host_selection.h"
@@ -39,19 +40,8 @@ struct LaunchArgs {
   bool insecure = false;
 };
 
-// Exit codes: 0 every rank exited 0; 2 bad hostfile or arguments; 100 + rank (at most 199)
-// that rank failed; 128 + signal when stopped.
-constexpr int kExitConfig = 2;
-
-std::string self_binary() {
-  std::error_code ec;
-  const auto p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec)
-    throw std::runtime_error("dsactor launch: cannot find its own binary (/proc/self/exe): " +
-                             ec.message());
-  return p.string();
-}
-
+// Exit codes: 0 every rank exited 0; 2 (kExitConfig) bad hostfile or arguments; 100 + rank
+// (at most 199) that rank failed; 128 + signal when stopped.
 bool batch_launcher(const std::string& launcher) {
   return launcher == "openmpi" || launcher == "slurm";
 }
@@ -131,7 +121,7 @@ void run_launch(const LaunchArgs& a) {
   o.master_port = a.master_port;
   // The same install path and working directory on every host, as DeepSpeed assumes.
   o.workdir = a.workdir.empty() ? fs::current_path().string() : a.workdir;
-  o.binary = a.remote_binary.empty() ? self_binary() : a.remote_binary;
+  o.binary = a.remote_binary.empty() ? self_binary("dsactor launch") : a.remote_binary;
   o.trainer_args = a.trainer_args;
   std::vector<deploy::SelectedHost> hosts;
   try {  // the hostfile's errors come first

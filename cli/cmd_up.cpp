@@ -11,6 +11,7 @@
 
 #include "actors/collectives/job_token.h"
 #include "cli/commands.h"
+#include "cli/self_binary.h"
 #include "deploy/deploy_config.h"
 #include "deploy/run_keys.h"
 #include "deploy/service_tiers.h"
@@ -32,21 +33,10 @@ struct UpArgs {
 // Exit codes: 0 success; 2 the deploy file or a trainer's ds_config is wrong; 3 a directory could
 // not be created; 100 + i the role roles[i] failed; 128 + signal when stopped by
 // SIGINT/SIGTERM/SIGHUP.
-constexpr int kExitConfig = 2;
 constexpr int kExitSetup = 3;
 
 // What a dry run shows for the per-run keys directory, which it does not make.
 const char* const kRunKeysPlaceholder = "<run keys>";
-
-// Children run this very binary, so `up` and `start` always match.
-std::string self_binary() {
-  std::error_code ec;
-  const auto p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec)
-    throw std::runtime_error("dsactor up: cannot find its own binary (/proc/self/exe): " +
-                             ec.message());
-  return p.string();
-}
 
 void print_dry_run(const deploy::DeployConfig& cfg,
                    const std::vector<deploy::ChildSpec>& children) {
@@ -180,10 +170,10 @@ void run_up(const UpArgs& a) {
         "dsactor up: security.insecure: the roles run WITHOUT authentication (loopback "
         "only)");
   if (a.dry_run) {
-    print_dry_run(cfg, deploy::children_for(cfg, self_binary(), "<token>"));
+    print_dry_run(cfg, deploy::children_for(cfg, self_binary("dsactor up"), "<token>"));
     return;
   }
-  const auto children = deploy::children_for(cfg, self_binary(), token);
+  const auto children = deploy::children_for(cfg, self_binary("dsactor up"), token);
   create_dirs(cfg);
 
   deploy::SupervisorOptions opt;

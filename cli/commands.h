@@ -21,6 +21,9 @@ void add_launch_command(CLI::App& app);
 // `dsactor keygen --out DIR`: a CurveZMQ keypair in CZMQ's certificate files.
 void add_keygen_command(CLI::App& app);
 
+// The exit code of every subcommand for invalid arguments or an invalid config file.
+constexpr int kExitConfig = 2;
+
 // Threads for OpenMP kernels and OpenBLAS; same count + same seed = bit-identical runs.
 void set_threads(int threads);
 
