@@ -4,6 +4,7 @@
 #include <sodium.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -74,7 +75,7 @@ std::string ArenaDoor::admit(int connection) {
     std::lock_guard lock(mutex_);
     expire_locked();
     auto t = tickets_.find(handed->ticket);
-    if (t == tickets_.end() || t->second.mapping) return "unknown or spent ticket";
+    if (t == tickets_.end() || t->second.handed.mapping) return "unknown or spent ticket";
     size = t->second.size;
   }
   std::shared_ptr<messages::ArenaMapping> mapping;
@@ -83,10 +84,13 @@ std::string ArenaDoor::admit(int connection) {
   } catch (const std::exception& e) {
     return e.what();
   }
+  // The process is connected, so its pid is not reused yet: the pidfd tells the service
+  // when the trainer is gone, whatever way it went (ArenaTable::unmap_orphans).
+  messages::UniqueFd holder(static_cast<int>(::syscall(SYS_pidfd_open, handed->pid, 0)));
   std::lock_guard lock(mutex_);
   auto t = tickets_.find(handed->ticket);
-  if (t == tickets_.end() || t->second.mapping) return "unknown or spent ticket";
-  t->second.mapping = std::move(mapping);
+  if (t == tickets_.end() || t->second.handed.mapping) return "unknown or spent ticket";
+  t->second.handed = Handed{std::move(mapping), std::move(holder), handed->pid};
   return "ok";
 }
 
@@ -104,13 +108,12 @@ std::string ArenaDoor::issue(const std::string& owner, const std::string& job, u
     throw std::runtime_error("this client holds " + std::to_string(pending) +
                              " arena tickets not yet used; wait for them to expire");
   std::string ticket = random_hex(32);
-  tickets_[ticket] = Ticket{owner, job, size, Clock::now() + kTicketLifetime, nullptr};
+  tickets_[ticket] = Ticket{owner, job, size, Clock::now() + kTicketLifetime, {}};
   return ticket;
 }
 
-std::shared_ptr<messages::ArenaMapping> ArenaDoor::take(const std::string& ticket,
-                                                        const std::string& owner,
-                                                        const std::string& job) {
+ArenaDoor::Handed ArenaDoor::take(const std::string& ticket, const std::string& owner,
+                                  const std::string& job) {
   std::lock_guard lock(mutex_);
   expire_locked();
   auto t = tickets_.find(ticket);
@@ -118,8 +121,8 @@ std::shared_ptr<messages::ArenaMapping> ArenaDoor::take(const std::string& ticke
     throw std::runtime_error("unknown, spent or expired ticket");
   Ticket got = std::move(t->second);
   tickets_.erase(t);
-  if (!got.mapping) throw std::runtime_error("no arena was handed over with the ticket");
-  return got.mapping;
+  if (!got.handed.mapping) throw std::runtime_error("no arena was handed over with the ticket");
+  return std::move(got.handed);
 }
 
 }  // namespace dsactor::offload

@@ -44,18 +44,24 @@ class ArenaDoor {
   // A ticket for an arena of `size` bytes of (owner, job). Throws std::runtime_error when
   // the client holds kMaxPendingPerClient tickets already.
   std::string issue(const std::string& owner, const std::string& job, uint64_t size);
+  // An arena as handed over: the mapping, and the process that handed it (a pidfd, which
+  // becomes readable when that process exits; empty where the kernel has no pidfd_open).
+  struct Handed {
+    std::shared_ptr<messages::ArenaMapping> mapping;
+    messages::UniqueFd holder;
+    pid_t pid = 0;
+  };
   // The arena handed over with `ticket`, which must have been issued to (owner, job) and
   // used once; the ticket is spent then, handed over or not. Throws std::runtime_error
   // saying why not.
-  std::shared_ptr<messages::ArenaMapping> take(const std::string& ticket, const std::string& owner,
-                                               const std::string& job);
+  Handed take(const std::string& ticket, const std::string& owner, const std::string& job);
 
  private:
   struct Ticket {
     std::string owner, job;
     uint64_t size = 0;
     std::chrono::steady_clock::time_point expires;
-    std::shared_ptr<messages::ArenaMapping> mapping;  // once handed over
+    Handed handed;  // once handed over
   };
   void serve();
   // One connection: credentials, ticket, fd; the answer line.

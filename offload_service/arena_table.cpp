@@ -1,5 +1,7 @@
 #include "offload_service/arena_table.h"
 
+#include <poll.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -31,6 +33,7 @@ msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r,
            "mapArena.path: an arena is never opened by path; hand its fd over the service's "
            "Unix socket (MapArena without a path gets a ticket)");
   }
+  unmap_orphans();  // a restarted trainer's new arena takes its predecessor's room
   if (!door_) {
     refuse(ErrorCode::tooLarge,
            "mapArena: this service maps no arenas (--max-arena 0, or no "
@@ -48,18 +51,19 @@ msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r,
       refuse(ErrorCode::tooLarge, std::string("mapArena: ") + e.what());
     }
   }
-  std::shared_ptr<const msg::ArenaMapping> mapping;
+  ArenaDoor::Handed handed;
   try {
-    mapping = door_->take(r.ticket, peer, h.job_id);
+    handed = door_->take(r.ticket, peer, h.job_id);
   } catch (const std::exception& e) {
     refuse(ErrorCode::malformed, std::string("mapArena.ticket: ") + e.what());
   }
-  if (mapping->size() != r.size) {
+  if (handed.mapping->size() != r.size) {
     refuse(ErrorCode::malformed, "mapArena.size: " + std::to_string(r.size) +
                                      " is not the size the ticket was issued for");
   }
   const uint64_t id = next_id_++;
-  arenas_.emplace(id, Mapped{peer, h.job_id, mapping});
+  arenas_.emplace(
+      id, Mapped{peer, h.job_id, std::move(handed.mapping), std::move(handed.holder), handed.pid});
   bytes_ += r.size;
   spdlog::info("offload: job '{}' mapped a {} arena as {} (same-host payloads)", h.job_id,
                fmt_bytes(r.size), id);
@@ -78,6 +82,20 @@ void ArenaTable::drop_job(const std::string& owner, const std::string& job) {
   std::erase_if(arenas_, [&](const auto& a) {
     if (a.second.owner != owner || a.second.job != job) return false;
     bytes_ -= a.second.mapping->size();
+    return true;
+  });
+}
+
+size_t ArenaTable::unmap_orphans() {
+  return std::erase_if(arenas_, [&](const auto& a) {
+    const Mapped& m = a.second;
+    pollfd exited{m.holder.get(), POLLIN, 0};
+    if (!m.holder || ::poll(&exited, 1, 0) != 1) return false;
+    bytes_ -= m.mapping->size();
+    spdlog::info(
+        "offload: job '{}': arena {} ({}) unmapped, the process that mapped it (pid {}) "
+        "has exited",
+        m.job, a.first, fmt_bytes(m.mapping->size()), m.pid);
     return true;
   });
 }

@@ -6,7 +6,9 @@
 // comes over the ArenaDoor's Unix socket with a ticket a first MapArena got, never by a
 // path. A request that uses an arena carries the mapping (a shared_ptr) to its worker, so
 // an UnmapArena meanwhile unmaps it only once that request is answered. Arenas go with
-// UnmapArena, DropJob, or when the service stops.
+// UnmapArena, DropJob, when the service stops, or once the process that handed the arena
+// over has exited (a trainer killed, whose restart maps a new one): checked at every
+// MapArena, through a pidfd of that process.
 
 #include <sys/types.h>
 
@@ -43,11 +45,15 @@ class ArenaTable {
                                                         const std::string& peer) const;
   // Unmaps every arena of the job (DropJob).
   void drop_job(const std::string& owner, const std::string& job);
+  // Unmaps the arenas whose process has exited; returns how many.
+  size_t unmap_orphans();
 
  private:
   struct Mapped {
     std::string owner, job;
     std::shared_ptr<const messages::ArenaMapping> mapping;
+    messages::UniqueFd holder;  // pidfd of the process that handed the arena over
+    pid_t pid = 0;
   };
   // The arena `id` of the request's job and key, or a refusal naming `field`.
   const Mapped& find(const messages::Header& h, uint64_t id, const std::string& field,

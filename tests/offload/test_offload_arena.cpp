@@ -9,8 +9,10 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <future>
 
@@ -331,6 +333,61 @@ TEST(OffloadArenaFallback, FramesWhenTheServiceCannotMap) {
   auto f = c.fetch(1, 0, DType::fp32);
   EXPECT_FALSE(f.in_arena());
   expect_bits_equal(values, f.bytes(), "fetch as a frame");
+}
+
+// A trainer killed without UnmapArena (kill -9, then restarted) leaves an arena the
+// service unmaps once that process is gone, at the next MapArena: the restarted trainer's
+// arena gets its room. The service admits one arena's bytes (--max-arena); a child process
+// hands the first over and is killed; the next one is mapped only if the first went.
+TEST(OffloadArenaOrphans, AnArenaWhoseProcessExitedIsUnmappedForTheNext) {
+  constexpr uint64_t kArena = 1 << 20;
+  // The child forks before this test starts a thread, so it may use the allocator.
+  int to_child[2], from_child[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(from_child), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    msg::SharedArena arena(kArena);
+    char buf[512] = {};
+    size_t got = 0;
+    while (got < sizeof(buf) && !std::memchr(buf, '\n', got)) {
+      const ssize_t n = ::read(to_child[0], buf + got, sizeof(buf) - got);
+      if (n <= 0) ::_exit(2);
+      got += static_cast<size_t>(n);
+    }
+    const std::string line(buf, got);  // "<socket> <ticket>\n"
+    const auto space = line.find(' ');
+    try {
+      msg::hand_over_fd(line.substr(0, space), line.substr(space + 1, line.find('\n') - space - 1),
+                        arena.fd(), 10s);
+    } catch (...) {
+      ::_exit(3);
+    }
+    (void)!::write(from_child[1], "k", 1);
+    ::pause();  // holds the arena until killed
+    ::_exit(0);
+  }
+  TempDir tmp;
+  ServiceProcess svc({"--max-arena", std::to_string(kArena)}, tmp.path);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 10s, "restarted");
+  const msg::Header ticket = c.call(msg::MapArena{"", kArena, ""});
+  const auto* t = std::get_if<msg::MapArenaReply>(&ticket.body);
+  ASSERT_NE(t, nullptr) << msg::kind_name(ticket.body);
+  const std::string line = t->socket + " " + t->ticket + "\n";
+  ASSERT_EQ(::write(to_child[1], line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  char ok = 0;
+  ASSERT_EQ(::read(from_child[0], &ok, 1), 1) << "the child did not hand its arena over";
+  const msg::Header mapped = c.call(msg::MapArena{"", kArena, t->ticket});
+  ASSERT_TRUE(std::holds_alternative<msg::MapArenaReply>(mapped.body))
+      << msg::kind_name(mapped.body);
+  // While its process lives, the arena holds the service's whole arena room.
+  EXPECT_EQ(error(c.call(msg::MapArena{"", 4096, ""})).code, ErrorCode::tooLarge);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(c.map_arena(4096, 1)) << "the dead process's arena was not unmapped";
+  for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) ::close(fd);
 }
 
 TEST(SharedArena, LocalEndpoints) {
