@@ -173,8 +173,19 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
   cmd.add_option("--seed", a.seed, "trainer: seed of weights and data order")
       ->capture_default_str();
   cmd.add_option("--service-timeout-ms", a.service_timeout_ms,
-                 "trainer: how long one offload request may take before the service counts "
-                 "as down")
+                 "trainer: how long an offload request may go without its answer or any "
+                 "progress reported by heartbeats before it fails")
+      ->capture_default_str();
+  cmd.add_option("--heartbeat-ms", a.heartbeat_ms,
+                 "trainer: while an offload request waits, ping its service this often; one "
+                 "that answers nothing for 3 intervals counts as down (0: no heartbeats)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--reconnect-attempts", a.reconnect_attempts,
+                 "trainer (one rank): a step that fails on an offload service (it died or "
+                 "restarted) is redone after reconnecting, at most this many times per step "
+                 "(0: the failure ends the run)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd.add_option("--job", a.job,
                  "trainer: job id on the offload services (<job>-rank<r> per rank when there "
@@ -220,8 +231,11 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "trainer: write the final weights to <out>/model.safetensors and a "
                  "checkpoint to <out>/checkpoint");
   cmd.add_option("--resume", a.resume,
-                 "trainer: load this checkpoint first: a tag dir, a dir holding `latest` (an "
-                 "earlier run's <out>/checkpoint) or that run's --out; --steps stays the total");
+                 "trainer: continue a run: from the step the offload services hold (ZeRO "
+                 "with offload), or from this checkpoint: a tag dir, a dir holding `latest` (an "
+                 "earlier run's <out>/checkpoint) or that run's --out; the newest state wins; "
+                 "--steps stays the total")
+      ->expected(0, 1);
   cmd.add_flag("--overwrite", a.overwrite,
                "trainer: a fresh run against offload services that still hold this job's "
                "committed steps (a run that did not end cleanly) drops the job there and "
@@ -241,6 +255,11 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
 }
 
 namespace {
+
+// --resume with a checkpoint (not --resume alone).
+bool checkpoint_given(const StartTrainerArgs& a) {
+  return a.resume && !a.resume->empty();
+}
 
 // One rank's run once it is placed and connected: what both engines' runs share.
 struct RankRun {
@@ -307,18 +326,64 @@ struct RankRun {
 
   // Either engine: resume (checkpoint and data cursor), then the engine actor's run with the
   // periodic checkpoints; a failed step throws its error.
+  // --resume with offload services: true when the engine continues from the services' step
+  // (newer than the checkpoint, or no checkpoint given); false when the checkpoint is to be
+  // loaded; throws when there is neither a step to continue from nor a checkpoint.
+  bool continue_from_services(ZeroEngine& engine, const std::filesystem::path& checkpoint) {
+    const DurableStep& d = engine.durable_step();
+    if (engine.resumed_from_services()) {
+      if (!checkpoint.empty()) {
+        const int64_t saved = engine.checkpoint_step(checkpoint);
+        if (saved > static_cast<int64_t>(d.step)) {
+          spdlog::warn(
+              "{}: checkpoint {} holds step {}, newer than step {} the services hold: "
+              "restoring the checkpoint",
+              a.name, checkpoint.string(), saved, d.step);
+          return false;
+        }
+        spdlog::info(
+            "{}: checkpoint {} holds step {}; the services hold step {}: continuing "
+            "from theirs, the newest",
+            a.name, checkpoint.string(), saved, d.step);
+      }
+      train.restore(d.record.train_cursor);
+      spdlog::info("{}: resumed from the offload services at step {}", a.name, d.step);
+      return true;
+    }
+    if (checkpoint.empty())
+      throw std::invalid_argument(fmt::format(
+          "{}: --resume without a checkpoint, and nothing to continue from: {}", a.name, d.why));
+    if (d.kind == DurableStep::Kind::kNotResumable)
+      spdlog::warn("{}: {}; restoring the checkpoint", a.name, d.why);
+    else
+      spdlog::info("{}: {}; restoring the checkpoint", a.name, d.why);
+    return false;
+  }
+
+  template <class EngineT>
+  void resume(EngineT& engine, const std::filesystem::path& checkpoint) {
+    if (!a.resume) return;
+    if constexpr (std::is_same_v<EngineT, ZeroEngine>) {
+      if (engine.on_services() && continue_from_services(engine, checkpoint)) return;
+    }
+    if (checkpoint.empty())
+      throw std::invalid_argument(fmt::format(
+          "{}: --resume needs a checkpoint here: only ZeRO with offload services keeps a step "
+          "to continue from without one",
+          a.name));
+    const nlohmann::json extra = engine.load_checkpoint(checkpoint);
+    if (tokenizer) check_same_tokenizer(tokenizer_from_extra(extra), tokenizer->id(), *a.resume);
+    if (!extra.contains("train_cursor"))
+      throw std::invalid_argument(fmt::format(
+          "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", *a.resume));
+    train.restore(extra.at("train_cursor"));
+    spdlog::info("{}: resumed from {} at step {}", a.name, *a.resume, engine.global_step());
+  }
+
   template <class EngineT>
   RunOutcome resume_and_run(EngineT& engine, const std::filesystem::path& resume_dir,
                             bool writes_checkpoints) {
-    if (!a.resume.empty()) {
-      const nlohmann::json extra = engine.load_checkpoint(resume_dir);
-      if (tokenizer) check_same_tokenizer(tokenizer_from_extra(extra), tokenizer->id(), a.resume);
-      if (!extra.contains("train_cursor"))
-        throw std::invalid_argument(fmt::format(
-            "--resume {}: the checkpoint has no data cursor (extra.train_cursor)", a.resume));
-      train.restore(extra.at("train_cursor"));
-      spdlog::info("{}: resumed from {} at step {}", a.name, a.resume, engine.global_step());
-    }
+    resume(engine, resume_dir);
     // DeepSpeed's flops profiler runs on rank 0.
     FlopsProfiler profiler(config, gpt);
     const bool profile = config.flops_profiler.enabled && place.rank == 0;
@@ -355,7 +420,7 @@ int run_stage0(RankRun& run) {
   // Every rank holds the same weights and optimizer state: rank 0 writes them.
   const bool writes = run.place.rank == 0;
   const RunOutcome outcome = run.resume_and_run(
-      engine, a.resume.empty() ? std::filesystem::path() : find_checkpoint(a.resume), writes);
+      engine, checkpoint_given(a) ? find_checkpoint(*a.resume) : std::filesystem::path(), writes);
   spdlog::info("{}: done at step {}: loss {:.4f}", a.name, engine.global_step(), outcome.last.loss);
   log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
   if (!a.out.empty() && writes) {
@@ -399,13 +464,15 @@ ZeroOptions zero_options(const RankRun& run) {
     o.service_security = offload_security(a);
   }
   o.timeout = std::chrono::milliseconds(a.service_timeout_ms);
+  o.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
+  o.reconnect_attempts = a.reconnect_attempts;
   // Each rank its own job on the services: ranks may share a service (a deployment's
   // default gives every trainer every offload role), and a job's step commits come from one
   // trainer. The rendezvous keeps the shared job name.
   o.job_id = run.place.world_size == 1 ? a.job : fmt::format("{}-rank{}", a.job, run.place.rank);
-  o.existing_job = !a.resume.empty() ? ExistingJob::kContinue
-                   : a.overwrite     ? ExistingJob::kOverwrite
-                                     : ExistingJob::kRefuse;
+  o.existing_job = a.resume      ? ExistingJob::kResume
+                   : a.overwrite ? ExistingJob::kOverwrite
+                                 : ExistingJob::kRefuse;
   o.rank = static_cast<uint32_t>(run.place.rank);
   o.world_size = static_cast<uint32_t>(run.place.world_size);
   o.grad_comm = run.comms.grad.get();
@@ -429,7 +496,7 @@ int run_zero(RankRun& run) {
                engine.plan().blocks());
   // --resume: a checkpoint, a directory naming one in `latest`, or an --out dir holding one.
   const RunOutcome outcome = run.resume_and_run(
-      engine, a.resume.empty() ? std::filesystem::path() : resolve_checkpoint(a.resume), true);
+      engine, checkpoint_given(a) ? resolve_checkpoint(*a.resume) : std::filesystem::path(), true);
   const ZeroStats s = engine.stats();
   spdlog::info(
       "{}: done at step {}: loss {:.4f}; pushed {} B, fetched {} B; optimizer state {} B, "

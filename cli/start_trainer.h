@@ -25,6 +25,8 @@ struct StartTrainerArgs {
   int seq = 0;                       // 0: the model's block_size
   uint64_t seed = 1234;
   int64_t service_timeout_ms = 30000;
+  int64_t heartbeat_ms = 5000;  // ZeroOptions::heartbeat_interval; 0: none
+  int reconnect_attempts = 3;   // ZeroOptions::reconnect_attempts
   std::string job = "dsactor";  // job id on the services
   // What `dsactor up` passes for each trainer role (actors/deploy_config.cpp).
   std::string name = "trainer0";  // role name, for logs
@@ -63,11 +65,13 @@ struct StartTrainerArgs {
   // 127.0.0.1 with a loopback coordinator, else the address routing to the coordinator.
   std::string comm_address;
   std::string comm_interface;
-  // If set: a checkpoint loaded before training: a tag directory, a directory holding
-  // `latest` (<out>/checkpoint of an earlier run) or the --out directory itself; --steps
-  // stays the total, so `--steps N/2` then `--resume ... --steps N` ends with the weights of
-  // `--steps N` straight, bit for bit.
-  std::string resume;
+  // If set: a resumed run. Its value, if not empty: a checkpoint loaded before training: a tag
+  // directory, a directory holding `latest` (<out>/checkpoint of an earlier run) or the --out
+  // directory itself; --steps stays the total, so `--steps N/2` then `--resume ... --steps N`
+  // ends with the weights of `--steps N` straight, bit for bit. With offload services the
+  // newest durable state wins: the step the services hold with its resume record, when it is
+  // not older than the checkpoint (`--resume` alone: that step, or an error saying why not).
+  std::optional<std::string> resume;
   // A fresh run (no --resume) against services that still hold its job's committed steps:
   // refused, unless --overwrite drops the job there first.
   bool overwrite = false;
@@ -91,7 +95,8 @@ struct StartTrainerArgs {
 
 // Adds --config --set (repeatable) --model --data --tokenizer --offload (repeatable) --steps
 // --seq --seed
-// --service-timeout-ms --job --name --deploy --rank --world-size --coordinator
+// --service-timeout-ms --heartbeat-ms --reconnect-attempts --job --name --deploy --rank
+// --world-size --coordinator
 // --serve-coordinator --comm-timeout-ms --init --out --resume --checkpoint-dir
 // --checkpoint-every --keep-last, the keys (--secret-key --authorized-keys --insecure
 // --offload-key) and --metrics-listen --metrics-token to `cmd`, all stored in `a`.

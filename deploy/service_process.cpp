@@ -58,8 +58,10 @@ ServiceProcess::ServiceProcess(const std::string& binary, const std::vector<std:
 
 ServiceProcess::ServiceProcess(const std::string& binary, ServiceProcessOptions options)
     : log_file_(std::move(options.log_file)) {
-  std::vector<std::string> argv{binary,    "start",    "--role",
-                                "offload", "--listen", "tcp://127.0.0.1:*"};
+  std::vector<std::string> argv{binary, "start", "--role", "offload"};
+  // A service restarted on its endpoint names it; otherwise any free port.
+  if (!has_flag(options.args, "--listen"))
+    argv.insert(argv.end(), {"--listen", "tcp://127.0.0.1:*"});
   argv.insert(argv.end(), options.args.begin(), options.args.end());
   try {
     const auto keys = keys_flags(options);

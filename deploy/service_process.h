@@ -1,8 +1,8 @@
 #pragma once
 // One offload service as a child process: `<binary> start --role offload --listen
-// tcp://127.0.0.1:* <args>`, stdout discarded, stderr (its log) in a file. Used by the
-// benchmarks and the tests that need a real service next to them; `dsactor up` has its own
-// supervisor for whole deployments.
+// tcp://127.0.0.1:* <args>` (the args' own --listen instead, if they have one), stdout discarded,
+// stderr (its log) in a file. Used by the benchmarks and the tests that need a real service next to
+// them; `dsactor up` has its own supervisor for whole deployments.
 //
 // Authenticated unless the args say --insecure: the service gets a keypair and admits one
 // client key, both made here (or found in ServiceProcessOptions::keys_dir), and

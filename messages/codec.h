@@ -97,11 +97,16 @@ struct Register {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   std::vector<PartitionSpec> partitions;
+  // Continues the job: gradients an earlier session pushed for its next step are dropped.
+  bool resume = false;
   bool operator==(const Register&) const = default;
 };
 struct RegisterReply {
   std::string service_id;
   std::vector<PartitionVersion> partitions;
+  uint64_t step = 0;               // the job's last step committed or skipped
+  std::string resume_record = {};  // sent with that step (bytes; empty: none)
+  bool durable = false;            // step and record survive a restart of the service
   bool operator==(const RegisterReply&) const = default;
 };
 
@@ -144,10 +149,14 @@ struct CommitStep {
   double clip_coef = 1.0;
   double loss_scale = 1.0;
   double lr = 0.0;
+  // Opaque bytes the service keeps with the step (at most Limits::max_record_bytes) and
+  // hands back in RegisterReply: what the trainer needs to continue after it.
+  std::string resume_record = {};
   bool operator==(const CommitStep&) const = default;
 };
 struct SkipStep {
   uint64_t step = 0;
+  std::string resume_record = {};  // as CommitStep's
   bool operator==(const SkipStep&) const = default;
 };
 struct CommitReply {
@@ -233,6 +242,12 @@ struct Ping {
 };
 struct Pong {
   uint64_t nonce = 0;
+  // The operation in flight on the ping's job ("" when none), and how far it has got.
+  std::string operation = {};
+  uint64_t step = 0;
+  uint64_t done = 0;
+  uint64_t total = 0;
+  uint64_t elapsed_ms = 0;
   bool operator==(const Pong&) const = default;
 };
 
@@ -380,6 +395,8 @@ struct Limits {
   int nesting_limit = 16;
   // Longest text field (job id, tags, paths, error messages).
   size_t max_text_bytes = 64 * 1024;
+  // Largest resume record (CommitStep, SkipStep, RegisterReply).
+  size_t max_record_bytes = 64 * 1024;
   // Longest list (partition specs / versions in one message).
   size_t max_list_items = 1 << 20;
   // Check crc32c of payloads (one pass over every payload; the SSE4.2 instruction makes

@@ -76,6 +76,15 @@ std::string text(capnp::Text::Reader t, const Limits& limits, const char* field)
   return std::string(t.cStr(), t.size());
 }
 
+// A resume record: bytes, at most max_record_bytes.
+std::string record(capnp::Data::Reader d, const Limits& limits, const char* field) {
+  if (d.size() > limits.max_record_bytes)
+    fail(DecodeErrc::tooLarge, std::string(field) + ": " + std::to_string(d.size()) +
+                                   " bytes exceed max_record_bytes (" +
+                                   std::to_string(limits.max_record_bytes) + ")");
+  return std::string(reinterpret_cast<const char*>(d.begin()), d.size());
+}
+
 template <class List>
 void check_list(const List& list, const Limits& limits, const char* field) {
   if (list.size() > limits.max_list_items)
@@ -138,6 +147,7 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
             OptimizerConfig{from_wire(o.getKind()), o.getLr(), o.getBeta1(), o.getBeta2(),
                             o.getEps(), o.getWeightDecay(), o.getBiasCorrection()}});
       }
+      out.resume = r.getResume();
       return out;
     }
     case wire::Header::Kind::SET_PARAMETERS: {
@@ -156,10 +166,13 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
     }
     case wire::Header::Kind::COMMIT_STEP: {
       auto r = k.getCommitStep();
-      return CommitStep{r.getStep(), r.getClipCoef(), r.getLossScale(), r.getLr()};
+      return CommitStep{r.getStep(), r.getClipCoef(), r.getLossScale(), r.getLr(),
+                        record(r.getResumeRecord(), limits, "commitStep.resumeRecord")};
     }
-    case wire::Header::Kind::SKIP_STEP:
-      return SkipStep{k.getSkipStep().getStep()};
+    case wire::Header::Kind::SKIP_STEP: {
+      auto r = k.getSkipStep();
+      return SkipStep{r.getStep(), record(r.getResumeRecord(), limits, "skipStep.resumeRecord")};
+    }
     case wire::Header::Kind::FETCH_PARAMETERS: {
       auto r = k.getFetchParameters();
       return FetchParameters{
@@ -204,8 +217,10 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
   switch (k.which()) {
     case wire::Header::Kind::REGISTER_REPLY: {
       auto r = k.getRegisterReply();
-      return RegisterReply{text(r.getServiceId(), limits, "registerReply.serviceId"),
-                           versions(r.getPartitions(), limits, "registerReply.partitions")};
+      return RegisterReply{
+          text(r.getServiceId(), limits, "registerReply.serviceId"),
+          versions(r.getPartitions(), limits, "registerReply.partitions"), r.getStep(),
+          record(r.getResumeRecord(), limits, "registerReply.resumeRecord"), r.getDurable()};
     }
     case wire::Header::Kind::SET_PARAMETERS_REPLY: {
       auto r = k.getSetParametersReply();
@@ -255,8 +270,12 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
       return RestoreReply{text(r.getTag(), limits, "restoreReply.tag"), r.getStep(),
                           versions(r.getPartitions(), limits, "restoreReply.partitions")};
     }
-    case wire::Header::Kind::PONG:
-      return Pong{k.getPong().getNonce()};
+    case wire::Header::Kind::PONG: {
+      auto r = k.getPong();
+      return Pong{r.getNonce(), text(r.getOperation(), limits, "pong.operation"),
+                  r.getStep(),  r.getDone(),
+                  r.getTotal(), r.getElapsedMs()};
+    }
     case wire::Header::Kind::ERROR_REPLY: {
       auto r = k.getErrorReply();
       auto raw = static_cast<uint16_t>(r.getCode());

@@ -57,6 +57,10 @@ kj::StringPtr text_ptr(const std::string& s) {
   return kj::StringPtr(s.c_str(), s.size());
 }
 
+capnp::Data::Reader data_ptr(const std::string& s) {
+  return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(s.data()), s.size());
+}
+
 // ---- the header union, one kind each ---------------------------------------------------
 
 void set_body(wire::Header::Kind::Builder k, const Register& r) {
@@ -80,12 +84,16 @@ void set_body(wire::Header::Kind::Builder k, const Register& r) {
     o.setWeightDecay(s.optimizer.weight_decay);
     o.setBiasCorrection(s.optimizer.bias_correction);
   }
+  b.setResume(r.resume);
 }
 
 void set_body(wire::Header::Kind::Builder k, const RegisterReply& r) {
   auto b = k.initRegisterReply();
   b.setServiceId(text_ptr(r.service_id));
   set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())), r.partitions);
+  b.setStep(r.step);
+  b.setResumeRecord(data_ptr(r.resume_record));
+  b.setDurable(r.durable);
 }
 
 void set_body(wire::Header::Kind::Builder k, const SetParameters& r) {
@@ -127,10 +135,13 @@ void set_body(wire::Header::Kind::Builder k, const CommitStep& r) {
   b.setClipCoef(r.clip_coef);
   b.setLossScale(r.loss_scale);
   b.setLr(r.lr);
+  b.setResumeRecord(data_ptr(r.resume_record));
 }
 
 void set_body(wire::Header::Kind::Builder k, const SkipStep& r) {
-  k.initSkipStep().setStep(r.step);
+  auto b = k.initSkipStep();
+  b.setStep(r.step);
+  b.setResumeRecord(data_ptr(r.resume_record));
 }
 
 void set_body(wire::Header::Kind::Builder k, const CommitReply& r) {
@@ -210,7 +221,13 @@ void set_body(wire::Header::Kind::Builder k, const Ping& r) {
 }
 
 void set_body(wire::Header::Kind::Builder k, const Pong& r) {
-  k.initPong().setNonce(r.nonce);
+  auto b = k.initPong();
+  b.setNonce(r.nonce);
+  b.setOperation(text_ptr(r.operation));
+  b.setStep(r.step);
+  b.setDone(r.done);
+  b.setTotal(r.total);
+  b.setElapsedMs(r.elapsed_ms);
 }
 
 void set_body(wire::Header::Kind::Builder k, const ErrorReply& r) {

@@ -73,11 +73,19 @@ struct Register {
   rank @0 :UInt32;
   worldSize @1 :UInt32;
   partitions @2 :List(PartitionSpec);
+  # A restarted trainer continuing the job: gradients an earlier session pushed for the
+  # job's next step (it died before committing) are discarded, the step stays.
+  resume @3 :Bool;
 }
 
 struct RegisterReply {
   serviceId @0 :Text;
   partitions @1 :List(PartitionVersion);   # current versions (non-zero after a restore)
+  # The job's last step committed or skipped here, the resume record the trainer sent with
+  # it (empty: none), and whether both survive a restart of the service (NVMe + RocksDB).
+  step @2 :UInt64;
+  resumeRecord @3 :Data;
+  durable @4 :Bool;
 }
 
 # Payload: elementCount values of dtype (the partition's initial parameters).
@@ -118,10 +126,15 @@ struct CommitStep {
   clipCoef @1 :Float64;
   lossScale @2 :Float64;
   lr @3 :Float64;
+  # What the trainer needs to continue after this step (data position, loss scaler,
+  # counters): opaque to the service, at most Limits::max_record_bytes, stored in the same
+  # metadata batch as the step and handed back in RegisterReply.
+  resumeRecord @4 :Data;
 }
 
 struct SkipStep {
   step @0 :UInt64;
+  resumeRecord @1 :Data;     # as CommitStep.resumeRecord
 }
 
 struct CommitReply {
@@ -205,8 +218,17 @@ struct Ping {
   nonce @0 :UInt64;
 }
 
+# Answered by the service's gateway itself, never queued behind the job's work: that the
+# service is alive, and how far the operation in flight on the header's job (of the
+# requester's key) has got: "" when none, else e.g. "commit" of `step`, `done` of `total`
+# partitions, running for `elapsedMs`.
 struct Pong {
   nonce @0 :UInt64;
+  operation @1 :Text;
+  step @2 :UInt64;
+  done @3 :UInt64;
+  total @4 :UInt64;
+  elapsedMs @5 :UInt64;
 }
 
 # ---- same-host shared memory (messages/README.md, "Shared-memory arena") ----

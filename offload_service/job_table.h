@@ -44,16 +44,23 @@ struct JobState {
   std::vector<uint64_t> order;  // registration order = forward block order
   std::map<uint64_t, PartitionEntry> parts;
   uint64_t step = 0;  // last step committed or skipped
+  // The trainer's resume record sent with `step` (opaque bytes; empty: none, as after a
+  // Register or a Restore). Recorded in the same metadata batch as the step.
+  std::string resume_record;
 
   // Every partition's version, in registration order (the replies' list).
   std::vector<messages::PartitionVersion> versions() const;
   // This job once step `step` is committed: every partition one Adam update further and at
   // version `step`.
   JobState committed(uint64_t step) const;
-  // The job manifest the NVMe metadata keeps (step; per partition the spec, tier and Adam
-  // step count; versions are in the extent records).
+  // The job manifest the NVMe metadata keeps (step, the resume record in hex; per partition
+  // the spec, tier and Adam step count; versions are in the extent records).
   nlohmann::json manifest() const;
 };
+
+// The resume record a manifest holds ("" when it has none, as manifests written before
+// records existed); throws naming the job when its hex is malformed.
+std::string resume_record_of(const nlohmann::json& manifest, const std::string& job);
 
 class JobTable {
  public:

@@ -343,6 +343,7 @@ struct WorkerState {
       try {
         fresh->push_back(nvme_adam(p, w, i));
         r.locations.push_back(fresh->back().loc);
+        if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
       } catch (const ChecksumError& e) {
         drop(*fresh);
         return failed(ErrorCode::checksumMismatch,
@@ -405,6 +406,7 @@ struct WorkerState {
         ++k;
       } else {
         ram_adam(p, w, i);
+        if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
       }
       p.micro_steps = 0;
       p.half_crc.reset();

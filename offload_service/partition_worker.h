@@ -17,6 +17,7 @@
 // (the next step and the version to serve; Adam's t of a commit) in its message.
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -88,6 +89,8 @@ struct CommitWork {
   std::vector<int64_t> adam_t;  // per partition: Adam's step t of this update (bias correction)
   messages::CommitStep commit;
   float multiplier = 1.0f;
+  // Partitions updated so far, across the job's workers (the progress a heartbeat reports).
+  std::shared_ptr<std::atomic<uint64_t>> done;
 };
 struct RestoreItem {
   messages::PartitionSpec spec;

@@ -34,6 +34,13 @@ OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<
   g.name = "offload service";
   g.inflight = {st.max_requests_in_flight, st.max_bytes_in_flight_per_client,
                 st.max_bytes_in_flight};
+  // Heartbeats are answered at once, with the progress of the job's operation in flight.
+  g.answer_inline = [progress = impl_->store.progress](
+                        const messages::Header& h,
+                        const std::string& peer) -> std::optional<messages::Body> {
+    if (!std::holds_alternative<messages::Ping>(h.body)) return std::nullopt;
+    return progress->pong(h, peer);
+  };
   try {
     // The gateway sees only the request_handler part of the coordinator's interface.
     impl_->gateway = std::make_unique<actors::Gateway>(

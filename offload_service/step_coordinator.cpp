@@ -36,6 +36,7 @@ struct CoordinatorState {
   std::unique_ptr<NvmeIo> nvme;  // for Stats
   PinningKind pinning;
   uint64_t steps_applied = 0;
+  std::shared_ptr<ProgressBoard> board;
 
   CoordinatorState(caf::actor_system& system, CoordinatorSetup&& setup)
       : options(std::move(setup.options)),
@@ -47,7 +48,8 @@ struct CoordinatorState {
         arenas(options.max_arena_bytes, options.arena_uids),
         workers(system, std::move(setup.workers)),
         two_phase(workers, std::move(setup.metadata), std::move(setup.file_name)),
-        pinning(setup.pinning) {
+        pinning(setup.pinning),
+        board(setup.progress ? setup.progress : std::make_shared<ProgressBoard>()) {
     if (setup.nvme_io) nvme = std::make_unique<NvmeIo>(system, *setup.nvme_io);
     for (const auto& [name, job] : jobs.all()) {
       for (const auto& [pid, p] : job.parts) placement.charge(p);
@@ -116,10 +118,23 @@ struct CoordinatorState {
       jobs.put(h.job_id, std::move(next));
     }
     const JobState& job = *jobs.find(h.job_id);
+    if (r.resume && fresh.empty()) {
+      // The session that pushed gradients for the next step is gone: they are dropped, so
+      // the step is redone from its first micro-step.
+      workers.skip(h.job_id, job);
+      spdlog::info("offload: job '{}' resumed at step {} by a new session", h.job_id, job.step);
+    }
     msg::RegisterReply reply{options.service_id, {}};
     for (const auto& sp : r.partitions) {
       reply.partitions.push_back({sp.partition_id, job.parts.at(sp.partition_id).version});
     }
+    reply.step = job.step;
+    reply.resume_record = job.resume_record;
+    // On NVMe with its metadata the step survives a restart; a job with RAM partitions
+    // does not (a restart drops it).
+    reply.durable =
+        two_phase.durable() && std::all_of(job.parts.begin(), job.parts.end(),
+                                           [](const auto& kv) { return kv.second.on_nvme; });
     return reply;
   }
 
@@ -149,7 +164,8 @@ struct CoordinatorState {
     return msg::SetParametersReply{sp.partition_id, sp.version};
   }
 
-  msg::Body on_commit(const msg::Header& h, const msg::CommitStep& c) {
+  msg::Body on_commit(const msg::Header& h, const msg::CommitStep& c,
+                      const std::shared_ptr<std::atomic<uint64_t>>& done) {
     const JobState& job = jobs.job_for_step(h, c.step, "commit");
     if (!(std::isfinite(c.clip_coef) && c.clip_coef > 0 && std::isfinite(c.loss_scale) &&
           c.loss_scale > 0 && std::isfinite(c.lr) && c.lr >= 0)) {
@@ -163,6 +179,7 @@ struct CoordinatorState {
       }
     }
     JobState next = job.committed(c.step);
+    next.resume_record = c.resume_record;  // in the step's own metadata batch
     const float multiplier = grad_multiplier(c.clip_coef, c.loss_scale);
     PerWorker<CommitWork> pw;
     for (uint64_t pid : job.order) {
@@ -172,6 +189,7 @@ struct CoordinatorState {
       w.adam_t.push_back(next.parts.at(pid).adam_steps);
       w.commit = c;
       w.multiplier = multiplier;
+      w.done = done;
     }
     const Prepared prepared = two_phase.prepare(pw, job.order);
     if (prepared.failure) refuse(prepared.failure->code, prepared.failure->message);
@@ -184,6 +202,7 @@ struct CoordinatorState {
   msg::Body on_skip(const msg::Header& h, const msg::SkipStep& sk) {
     JobState next = jobs.job_for_step(h, sk.step, "skip");
     next.step = sk.step;
+    next.resume_record = sk.resume_record;
     two_phase.write_manifest(h.job_id, next);
     workers.skip(h.job_id, next);
     jobs.put(h.job_id, std::move(next));
@@ -257,9 +276,23 @@ struct CoordinatorState {
     }
   }
 
+  // What a heartbeat reports while `h` runs: its kind, step and the job's partitions.
+  ProgressBoard::Entry progress_entry(const detail::IncomingPtr& in) const {
+    const auto& h = in->header();
+    ProgressBoard::Entry e;
+    e.owner = in->peer;
+    e.operation = std::string(msg::kind_name(h.body));
+    if (const auto* c = std::get_if<msg::CommitStep>(&h.body)) e.step = c->step;
+    if (const auto* s = std::get_if<msg::SkipStep>(&h.body)) e.step = s->step;
+    if (const auto* r = std::get_if<msg::Register>(&h.body)) e.total = r->partitions.size();
+    if (const JobState* job = jobs.find(h.job_id); job && e.total == 0) e.total = job->order.size();
+    return e;
+  }
+
   // Any other request, answered here.
   msg::Body answer_here(const detail::IncomingPtr& in) {
     const auto& h = in->header();
+    const ProgressBoard::Scope progress(*board, h.job_id, progress_entry(in));
     return std::visit(
         [&](const auto& body) -> msg::Body {
           using T = std::decay_t<decltype(body)>;
@@ -268,7 +301,7 @@ struct CoordinatorState {
           } else if constexpr (std::is_same_v<T, msg::SetParameters>) {
             return on_set(in, body);
           } else if constexpr (std::is_same_v<T, msg::CommitStep>) {
-            return on_commit(h, body);
+            return on_commit(h, body, progress.done());
           } else if constexpr (std::is_same_v<T, msg::SkipStep>) {
             return on_skip(h, body);
           } else if constexpr (std::is_same_v<T, msg::Stats>) {

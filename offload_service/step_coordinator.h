@@ -29,6 +29,7 @@
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/partition_store.h"
 #include "offload_service/partition_worker.h"
+#include "offload_service/progress_board.h"
 #include "offload_service/store_common.h"
 
 namespace dsactor::offload {
@@ -58,6 +59,7 @@ struct CoordinatorSetup {
   std::string file_name;                   // the NVMe data file, as extent records name it
   JobTable jobs;                           // reloaded from an NVMe directory
   PinningKind pinning = PinningKind::kNone;
+  std::shared_ptr<ProgressBoard> progress;  // the operation in flight per job, for heartbeats
 };
 
 // Spawns the coordinator (detached) in front of the workers, nvme_io and metadata actors

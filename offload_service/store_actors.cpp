@@ -56,6 +56,7 @@ void reload(storage::MetadataStore& meta, NvmeTier& tier, JobTable& jobs,
     job.step = j.at("step").get<uint64_t>();
     // Manifests written before jobs had owners are the --insecure clients'.
     job.owner = j.value("owner", "");
+    job.resume_record = resume_record_of(j, name);
     for (const auto& pj : j.at("partitions")) {
       PartitionEntry e;
       e.spec = detail::spec_from_json(pj);
@@ -146,6 +147,8 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
     out.workers.push_back(spawn_partition_worker(system, std::move(c)));
   }
   setup.workers = out.workers;
+  out.progress = std::make_shared<ProgressBoard>();
+  setup.progress = out.progress;
   out.coordinator = spawn_step_coordinator(system, std::move(setup));
   return out;
 }

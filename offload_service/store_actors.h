@@ -24,6 +24,8 @@ struct StoreActors {
   std::optional<nvme_io_actor> nvme_io;
   std::optional<metadata_actor> metadata;
   std::string pinning_report;
+  // What the coordinator has in flight per job: the gateway answers Pings from it.
+  std::shared_ptr<ProgressBoard> progress;
 
   // Sends every actor an exit; the actor system's await then waits for them.
   void stop() const;

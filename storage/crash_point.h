@@ -14,6 +14,9 @@
 //                         not yet removed
 //   old-tag-removed       trainer/checkpoint_series: the first older tag beyond keep-last
 //                         removed, the others not yet
+// Phases of a ZeRO step on offload services (its n-th step reaches it the n-th time):
+//   gradients-pushed      trainer/zero: every gradient of the step is on its service, no
+//                         commit or skip sent yet
 #include <string_view>
 
 namespace dsactor::storage {

@@ -340,19 +340,38 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
             " ms: no connection completed its handshake (is the service running, does it admit "
             "this client's key, and is the service key given the service's own?)"};
   }
-  const auto deadline = Clock::now() + timeout_;
+  // The timeout runs from the last sign of progress; with heartbeats, a service that sends
+  // nothing at all for kMissedHeartbeats intervals is dead sooner than that.
+  const auto started = Clock::now();
+  auto progress_at = started, heard_at = started, pinged_at = started;
+  last_pong_ = {};
   for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    if (left.count() <= 0 || zmq::poll(&item, 1, left) == 0) {
+    const auto now = Clock::now();
+    const bool beats = heartbeat_.count() > 0;
+    const auto dead_at = heard_at + kMissedHeartbeats * heartbeat_;
+    if (beats && now >= dead_at) {
+      const std::string kind = waiting->second.kind;
+      forget(id);
+      return silence(id, kind,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_at), true);
+    }
+    if (now >= progress_at + timeout_) {
       const std::string kind = waiting->second.kind;
       forget(id);  // a reply that still comes is discarded
-      return ServiceFailure{ServiceFailure::Kind::timeout, msg::ErrorCode::internal,
-                            "offload service at " + endpoint_ + " did not answer " + kind +
-                                " (request " + std::to_string(id) + ") within " +
-                                std::to_string(timeout_.count()) + " ms"};
+      return silence(id, kind,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(now - progress_at),
+                     false);
     }
+    if (beats && now >= pinged_at + heartbeat_) {
+      send_ping();
+      pinged_at = now;
+    }
+    auto wake = progress_at + timeout_;
+    if (beats) wake = std::min({wake, dead_at, pinged_at + heartbeat_});
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(wake - now));
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, left) == 0) continue;
     std::vector<zmq::message_t> frames;
     if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
     auto env = msg::split_envelope(frames);
@@ -363,6 +382,18 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
       return failure("sent an undecodable reply: " + decoded.error().message);
     }
     const uint64_t rid = decoded->header.request_id;
+    heard_at = Clock::now();
+    if (pings_.erase(rid) > 0) {
+      if (const auto* pong = std::get_if<msg::Pong>(&decoded->header.body)) {
+        // Progress: another operation, or this one further on. The gateway answering is
+        // a sign of life only.
+        if (pong->operation != last_pong_.operation || pong->step != last_pong_.step ||
+            pong->done != last_pong_.done)
+          progress_at = heard_at;
+        last_pong_ = *pong;
+      }
+      continue;
+    }
     // The gateway's answer to a request it could not read (id 0) is taken as this one's,
     // the request being waited for.
     const bool mine =
@@ -389,6 +420,39 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
     outstanding_.erase(waiting);
     return take(std::move(r));
   }
+}
+
+void OffloadClient::send_ping() {
+  const uint64_t id = next_id_++;
+  // Unanswered Pings of earlier waits are forgotten: their Pongs, if they come, are skipped.
+  if (pings_.size() > 64) pings_.clear();
+  // Never blocks: with no connection to take it (the service is gone), the Ping is simply
+  // not sent, and the silence counts.
+  auto frames = msg::with_envelope({}, msg::encode(msg::Header{id, job_id_, msg::Ping{id}}));
+  if (zmq::send_multipart(socket_, std::move(frames), zmq::send_flags::dontwait)) pings_.insert(id);
+}
+
+ServiceFailure OffloadClient::silence(uint64_t id, const std::string& kind,
+                                      std::chrono::milliseconds waited, bool dead) const {
+  const msg::Pong& p = last_pong_;
+  std::string in_flight = "no operation of job '" + job_id_ + "' in flight there";
+  if (!p.operation.empty()) {
+    in_flight = "in flight there: " + p.operation;
+    if (p.step > 0) in_flight += " of step " + std::to_string(p.step);
+    if (p.total > 0)
+      in_flight += ", " + std::to_string(p.done) + "/" + std::to_string(p.total) + " partitions";
+    in_flight += ", for " + std::to_string(p.elapsed_ms / 1000) + " s";
+  }
+  const std::string what = kind + " (request " + std::to_string(id) + ")";
+  const std::string message =
+      dead ? "offload service at " + endpoint_ + " answered neither " + what +
+                 " nor its heartbeats for " + std::to_string(waited.count()) +
+                 " ms: it is down or unreachable (last heard: " + in_flight + ")"
+           : "offload service at " + endpoint_ + " did not answer " + kind + " within " +
+                 std::to_string(timeout_.count()) + " ms without progress (request " +
+                 std::to_string(id) + ", no word for " + std::to_string(waited.count()) + " ms; " +
+                 in_flight + ")";
+  return ServiceFailure{ServiceFailure::Kind::timeout, msg::ErrorCode::internal, message};
 }
 
 template <class T>

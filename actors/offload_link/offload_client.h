@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -112,6 +113,14 @@ class OffloadClient {
   const std::string& endpoint() const { return endpoint_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // Heartbeats while a request waits: a Ping every `interval` (the service's gateway
+  // answers it at once, with how far the job's operation in flight has got). The timeout
+  // then measures silence, not work: it runs from the last sign of progress (the request
+  // sent, or a Pong reporting the operation further on), and a service that sends nothing
+  // at all, neither the reply nor a Pong, for kMissedHeartbeats intervals is declared dead
+  // sooner. 0 (the default): no heartbeats, the timeout runs from the await.
+  static constexpr int kMissedHeartbeats = 3;
+  void set_heartbeat(std::chrono::milliseconds interval) { heartbeat_ = interval; }
 
   // ---- the arena -------------------------------------------------------------------------
   // Same host only: creates an arena of `slots` slots of `slot_bytes` and has the service
@@ -247,8 +256,17 @@ class OffloadClient {
   // once the request has been busy for longer than the timeout, or could not be sent.
   bool retry_busy(uint64_t id);
 
+  // The failure of a wait for request `id` of `kind` after `waited`: `dead` when even the
+  // heartbeats went unanswered; names the operation the last Pong reported in flight.
+  ServiceFailure silence(uint64_t id, const std::string& kind, std::chrono::milliseconds waited,
+                         bool dead) const;
+  void send_ping();
+
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds heartbeat_{0};
+  std::set<uint64_t> pings_;  // Pings sent and not answered yet
+  messages::Pong last_pong_;  // the last progress heard of (operation "" = none)
   std::string job_id_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Pending> outstanding_;  // request id -> what was sent

@@ -46,11 +46,13 @@ namespace dsactor::actors {
 
 ServiceClient::ServiceClient(caf::actor_system& system, std::string endpoint,
                              const security::ClientSecurity& security,
-                             std::chrono::milliseconds timeout, std::string job_id)
+                             std::chrono::milliseconds timeout, std::string job_id,
+                             std::chrono::milliseconds heartbeat)
     : endpoint_(std::move(endpoint)),
       timeout_(timeout),
       client_(std::make_unique<OffloadClient>(endpoint_, security, timeout, std::move(job_id))),
       system_(system) {
+  client_->set_heartbeat(heartbeat);
   // Detached: a request blocks on the socket for up to the timeout. The client travels as
   // a spawn argument: CAF 0.17 dereferences a null argument tuple for argument-less
   // spawns (UBSan in the sanitizer configuration).
@@ -81,11 +83,11 @@ ServiceFuture<T> ServiceClient::post(F round_trip) {
 }
 
 ServiceFuture<msg::RegisterReply> ServiceClient::register_partitions(
-    uint32_t rank, uint32_t world_size, std::vector<msg::PartitionSpec> specs) {
+    uint32_t rank, uint32_t world_size, std::vector<msg::PartitionSpec> specs, bool resume) {
   return post<msg::RegisterReply>(
-      [rank, world_size, specs = std::move(specs)](OffloadClient& c) mutable {
+      [rank, world_size, resume, specs = std::move(specs)](OffloadClient& c) mutable {
         return c.await_as<msg::RegisterReply>(
-            c.send(msg::Register{rank, world_size, std::move(specs)}));
+            c.send(msg::Register{rank, world_size, std::move(specs), resume}));
       });
 }
 
@@ -131,9 +133,9 @@ ServiceFuture<msg::CommitReply> ServiceClient::commit(const msg::CommitStep& com
       [commit](OffloadClient& c) { return c.await_as<msg::CommitReply>(c.send(commit)); });
 }
 
-ServiceFuture<msg::CommitReply> ServiceClient::skip(uint64_t step) {
-  return post<msg::CommitReply>([step](OffloadClient& c) {
-    return c.await_as<msg::CommitReply>(c.send(msg::SkipStep{step}));
+ServiceFuture<msg::CommitReply> ServiceClient::skip(uint64_t step, std::string resume_record) {
+  return post<msg::CommitReply>([step, record = std::move(resume_record)](OffloadClient& c) {
+    return c.await_as<msg::CommitReply>(c.send(msg::SkipStep{step, record}));
   });
 }
 

@@ -40,9 +40,11 @@ class ServiceClient {
  public:
   // Connects (lazily, like OffloadClient, secured as `security` says) and spawns the actor
   // in `system`, which must outlive this object.
+  // `heartbeat`: OffloadClient::set_heartbeat (0: none).
   ServiceClient(caf::actor_system& system, std::string endpoint,
                 const security::ClientSecurity& security, std::chrono::milliseconds timeout,
-                std::string job_id);
+                std::string job_id,
+                std::chrono::milliseconds heartbeat = std::chrono::milliseconds(0));
   // Stops the actor (requests still queued are dropped: their futures break) and closes
   // the client from this thread once the actor is gone.
   ~ServiceClient();
@@ -55,8 +57,10 @@ class ServiceClient {
   // ---- the wire's operations (messages/README.md), in posting order -------------------
   // Payloads with an owner go zero-copy: the bytes must not change until the owner is
   // released (ZeroMQ holds it until they are sent).
+  // `resume`: continue the job (gradients an earlier session pushed are dropped there).
   ServiceFuture<messages::RegisterReply> register_partitions(
-      uint32_t rank, uint32_t world_size, std::vector<messages::PartitionSpec> specs);
+      uint32_t rank, uint32_t world_size, std::vector<messages::PartitionSpec> specs,
+      bool resume = false);
   ServiceFuture<messages::SetParametersReply> set_parameters(uint64_t partition_id,
                                                              uint64_t version,
                                                              messages::DType dtype,
@@ -75,7 +79,7 @@ class ServiceClient {
   ServiceFuture<FetchedParameters> fetch(uint64_t partition_id, uint64_t min_version,
                                          messages::DType dtype);
   ServiceFuture<messages::CommitReply> commit(const messages::CommitStep& commit);
-  ServiceFuture<messages::CommitReply> skip(uint64_t step);
+  ServiceFuture<messages::CommitReply> skip(uint64_t step, std::string resume_record = {});
   // `name`: where the checkpoint lives beneath the service's state directory (a relative
   // path, in this key's and job's directory; OffloadClient::checkpoint).
   ServiceFuture<messages::CheckpointReply> checkpoint(std::string tag, std::string name);

@@ -20,10 +20,12 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -136,6 +138,12 @@ struct GatewayOptions {
   // Frames kept per message; extra frames are received and discarded (the message is
   // then answered as wrongFrameCount). Default: 8 (identity, delimiter, header, payload).
   size_t max_frames = 8;
+  // Requests the gateway answers on its own thread, never queued behind the handler's work
+  // (heartbeats): given a decoded request and its sender's key, the reply's body, or
+  // nullopt to hand it to the handler as usual. Called on the gateway's thread: it must
+  // not block. Unset: every request goes to the handler.
+  std::function<std::optional<messages::Body>(const messages::Header&, const std::string& peer)>
+      answer_inline;
 };
 
 struct GatewayCounters {

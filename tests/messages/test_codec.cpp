@@ -53,14 +53,15 @@ std::vector<Header> every_kind() {
   add(Register{3,
                8,
                {PartitionSpec{11, 1024, DType::fp32, DType::bf16, opt},
-                PartitionSpec{12, 2048, DType::fp32, DType::fp16, OptimizerConfig{}}}});
-  add(RegisterReply{"offload-0@host", versions});
+                PartitionSpec{12, 2048, DType::fp32, DType::fp16, OptimizerConfig{}}},
+               true});
+  add(RegisterReply{"offload-0@host", versions, 41, std::string("rec\0ord", 7), true});
   add(SetParameters{11, 0, DType::fp32, 256});
   add(SetParametersReply{11, 0});
   add(PushGradients{11, 5, 2, DType::bf16, 512, {}});
   add(PushReply{11, 5, 2, 12.5, true});
-  add(CommitStep{5, 0.5, 65536.0, 1e-4});
-  add(SkipStep{6});
+  add(CommitStep{5, 0.5, 65536.0, 1e-4, "{\"v\":1}"});
+  add(SkipStep{6, "skip-record"});
   add(CommitReply{5, false, versions});
   add(FetchParameters{11, 4, DType::fp16, {}});
   add(FetchReply{11, 5, DType::fp16, 300, {}});
@@ -74,6 +75,7 @@ std::vector<Header> every_kind() {
   add(RestoreReply{"step1000", 1000, versions});
   add(Ping{0xdeadbeef});
   add(Pong{0xdeadbeef});
+  add(Pong{7, "commit", 12, 37, 96, 30000});
   add(ErrorReply{ErrorCode::versionOrder, "step 4 < committed 5"});
   add(MapArena{"", 1ull << 30, "0123abcd"});
   add(MapArenaReply{3, 1ull << 30, "0123abcd", "@dsactor-offload-1-ab"});
@@ -396,6 +398,11 @@ TEST(CodecMalformed, FieldsOutOfRange) {
   limits = {};
   limits.max_list_items = 1;
   EXPECT_EQ(error_of(encode(every_kind()[0]), limits), DecodeErrc::badField);  // 2 specs
+  limits = {};
+  limits.max_record_bytes = 4;
+  EXPECT_EQ(error_of(encode(Header{1, "j", CommitStep{1, 1, 1, 0, "12345"}}), limits),
+            DecodeErrc::tooLarge);
+  EXPECT_EQ(error_of(encode(Header{1, "j", SkipStep{1, "12345"}}), limits), DecodeErrc::tooLarge);
 }
 
 TEST(CodecMalformed, ArenaSlices) {

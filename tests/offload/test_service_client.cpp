@@ -220,5 +220,62 @@ TEST_F(ServiceClientTest, AFetchedSlotIsHeldByItsResult) {
   EXPECT_TRUE(client.arena_buffer(4)) << "the slot is free once the result is gone";
 }
 
+// Heartbeats: while a commit waits, the client pings; Pongs that report the commit further
+// on keep it waiting past its timeout (which measures silence, not work), and once they
+// stop moving it fails, naming the operation and how far it had got.
+TEST(ServiceClientHeartbeats, ProgressKeepsALongCommitAliveAndItsStallIsNamed) {
+  actors::Runtime runtime;
+  FakeService fake;
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 5000ms, "slow",
+                       500ms);
+  auto commit = client.commit(msg::CommitStep{12, 1.0, 1.0, 1e-3});
+  ASSERT_TRUE(std::holds_alternative<msg::CommitStep>(fake.next().header.body));
+  int pongs = 0;
+  for (uint64_t done = 1; commit.wait_for(0s) != std::future_status::ready; ++done) {
+    FakeService::Request ping;
+    try {
+      ping = fake.next(1s);  // none once the commit has failed
+    } catch (const std::runtime_error&) {
+      continue;
+    }
+    ASSERT_TRUE(std::holds_alternative<msg::Ping>(ping.header.body));
+    EXPECT_EQ(ping.header.job_id, "slow");
+    // 10 partitions done: from there on the commit makes no progress.
+    fake.answer(ping, msg::Pong{std::get<msg::Ping>(ping.header.body).nonce, "commitStep", 12,
+                                std::min<uint64_t>(done, 10), 96, done * 500});
+    pongs += done <= 10 ? 1 : 0;
+  }
+  EXPECT_GE(pongs, 10) << "the commit failed while its progress was reported";
+  auto r = commit.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ServiceFailure::Kind::timeout);
+  const std::string& what = r.error().message;
+  EXPECT_NE(what.find("did not answer commitStep within 5000 ms without progress"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("in flight there: commitStep of step 12, 10/96 partitions"),
+            std::string::npos)
+      << what;
+}
+
+// A service that answers neither the request nor its heartbeats is declared down after 3
+// heartbeat intervals, long before the request's own timeout.
+TEST(ServiceClientHeartbeats, AServiceThatAnswersNothingIsDeclaredDown) {
+  actors::Runtime runtime;
+  FakeService fake;
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 600s, "gone",
+                       100ms);
+  auto stats = client.stats();
+  ASSERT_TRUE(std::holds_alternative<msg::Stats>(fake.next().header.body));
+  ASSERT_TRUE(std::holds_alternative<msg::Ping>(fake.next().header.body));  // unanswered
+  auto r = stats.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ServiceFailure::Kind::timeout);
+  const std::string& what = r.error().message;
+  EXPECT_NE(what.find(fake.endpoint()), std::string::npos) << what;
+  EXPECT_NE(what.find("answered neither stats"), std::string::npos) << what;
+  EXPECT_NE(what.find("nor its heartbeats"), std::string::npos) << what;
+}
+
 }  // namespace
 }  // namespace dsactor::offload::test

@@ -312,6 +312,12 @@ void ZeroCheckpoint::restore_services(const fs::path& abs, const Manifest& m) co
   }
 }
 
+int64_t ZeroCheckpoint::saved_step(const fs::path& dir) const {
+  const fs::path abs = rank_directory(dir, z_.plan, z_.options.rank);
+  const storage::CheckpointReader reader(existing_manifest(z_.local ? abs : abs / "trainer", abs));
+  return reader.state().at("global_step").get<int64_t>();
+}
+
 ZeroCheckpoint::Loaded ZeroCheckpoint::load(const fs::path& dir, const LossScaler& scaler) const {
   const fs::path abs = rank_directory(dir, z_.plan, z_.options.rank);
   if (z_.local) {

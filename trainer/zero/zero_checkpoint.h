@@ -48,6 +48,8 @@ class ZeroCheckpoint {
   // this run or a service that refuses its part; `scaler` is the one the manifest's state
   // is restored into.
   Loaded load(const std::filesystem::path& dir, const LossScaler& scaler) const;
+  // The global step the checkpoint's manifest records (nothing checked or restored).
+  int64_t saved_step(const std::filesystem::path& dir) const;
 
  private:
   struct Manifest;

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <thread>
 
 #include "actors/collectives/collectives.h"
 #include "actors/runtime/runtime.h"
+#include "storage/crash_point.h"
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/zero/gradient_pipeline.h"
@@ -142,25 +144,70 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
                  : nullptr),
       context_{model_.layouts(), plan_,     options_,  config_,
                precision_,       counters_, services_, local_.get()} {
-  caf::actor_system* system = options_.system;
-  if (!system) {
+  system_ = options_.system;
+  if (!system_) {
     own_runtime_ = std::make_unique<actors::Runtime>();
-    system = &own_runtime_->system();
+    system_ = &own_runtime_->system();
   }
-  for (size_t s = 0; s < options_.services.size(); ++s)
-    services_.push_back(std::make_unique<actors::ServiceClient>(*system, options_.services[s],
-                                                                options_.service_security[s],
-                                                                options_.timeout, options_.job_id));
+  connect_services();
   reuse_block_mappings();
-  register_partitions();
-  initialise_parameters(seed);
-  residency_ = std::make_unique<ParamResidency>(context_, *system, model_);
-  gradients_ = std::make_unique<GradientPipeline>(context_);
+  register_partitions(options_.existing_job);
+  resumed_from_services_ = take_over_durable_step();
+  if (!resumed_from_services_) initialise_parameters(seed);
   checkpoints_ = std::make_unique<ZeroCheckpoint>(context_, gpt_);
+  start_parts();
+}
+
+void ZeroEngine::connect_services() {
+  services_.clear();
+  for (size_t s = 0; s < options_.services.size(); ++s)
+    services_.push_back(std::make_unique<actors::ServiceClient>(
+        *system_, options_.services[s], options_.service_security[s], options_.timeout,
+        options_.job_id, options_.heartbeat_interval));
+}
+
+void ZeroEngine::start_parts() {
+  residency_ = std::make_unique<ParamResidency>(context_, *system_, model_);
+  gradients_ = std::make_unique<GradientPipeline>(context_);
   if (options_.shared_memory) {
     gradients_->map_arenas();
     residency_->map_arenas();
   }
+}
+
+void ZeroEngine::reconnect(BatchLoader& loader, const ZeroServiceError& failure) {
+  // Slots and resident blocks go back to their clients before the clients go.
+  gradients_.reset();
+  residency_.reset();
+  services_.clear();
+  std::string last = failure.what();
+  for (int attempt = 1;; ++attempt) {
+    const auto pause = std::chrono::milliseconds(std::min(8000, 1000 << std::min(attempt - 1, 3)));
+    spdlog::warn("job '{}': {}; reconnecting to the offload services in {} ms (attempt {} of {})",
+                 options_.job_id, last, pause.count(), attempt, options_.reconnect_attempts);
+    std::this_thread::sleep_for(pause);
+    try {
+      connect_services();
+      register_partitions(ExistingJob::kResume);
+      break;
+    } catch (const ZeroServiceError& e) {
+      services_.clear();
+      last = e.what();
+      if (attempt >= options_.reconnect_attempts)
+        throw ZeroServiceError(fmt::format("{} (gave up after {} reconnect attempts)", last,
+                                           options_.reconnect_attempts));
+    }
+  }
+  if (durable_.kind != DurableStep::Kind::kResumable)
+    throw ZeroServiceError(
+        fmt::format("reconnected to the offload services after '{}', but cannot continue: {}",
+                    failure.what(), durable_.why));
+  counters_ = durable_.record.counters;
+  scaler_.restore(durable_.record.loss_scaler);
+  loader.restore(durable_.record.train_cursor);
+  start_parts();
+  spdlog::warn("job '{}': reconnected; continuing after step {}, which the services hold",
+               options_.job_id, durable_.step);
 }
 
 void ZeroEngine::drop_jobs() {
@@ -202,7 +249,7 @@ void ZeroEngine::reuse_block_mappings() {
   if (before > limit) FloatBuffer::set_cache_limit(before, layer_bytes);
 }
 
-void ZeroEngine::register_partitions() {
+void ZeroEngine::register_partitions(ExistingJob existing) {
   msg::OptimizerConfig opt;
   opt.kind = adam_.adamw_mode ? msg::OptimizerKind::adamw : msg::OptimizerKind::adam;
   opt.lr = adam_.lr;  // floats widened exactly: the service narrows them back bit for bit
@@ -212,6 +259,9 @@ void ZeroEngine::register_partitions() {
   opt.weight_decay = adam_.weight_decay;
   opt.bias_correction = adam_.bias_correction;
   const auto owned = plan_.owned_by(options_.rank);
+  // Continuing the job: gradients a dead trainer pushed for its next step are dropped.
+  const bool resume = existing == ExistingJob::kContinue || existing == ExistingJob::kResume;
+  std::vector<HeldStep> held_steps;
   for (size_t s = 0; s < services_.size(); ++s) {
     std::vector<msg::PartitionSpec> specs;
     for (const auto& p : owned)  // block order: the services update in forward order
@@ -221,11 +271,13 @@ void ZeroEngine::register_partitions() {
     if (specs.empty()) continue;
     auto reply = await_or_throw(
         *services_[s], "register", 0,
-        services_[s]->register_partitions(options_.rank, options_.world_size, specs));
+        services_[s]->register_partitions(options_.rank, options_.world_size, specs, resume));
+    held_steps.push_back(
+        HeldStep{services_[s]->endpoint(), reply.step, reply.resume_record, reply.durable});
     uint64_t held = 0;  // the job's committed step there, if it lived before this run
     for (const auto& p : reply.partitions) held = std::max(held, p.version);
-    if (held == 0 || options_.existing_job == ExistingJob::kContinue) continue;
-    if (options_.existing_job == ExistingJob::kRefuse)
+    if (held == 0 || resume) continue;
+    if (existing == ExistingJob::kRefuse)
       throw ZeroServiceError(fmt::format(
           "offload service {} already holds job '{}' at step {} (a run that did not end "
           "cleanly): give --resume CHECKPOINT to continue it from a checkpoint, or --overwrite "
@@ -236,7 +288,53 @@ void ZeroEngine::register_partitions() {
     await_or_throw(*services_[s], "drop_job", 0, services_[s]->drop_job());
     await_or_throw(*services_[s], "register", 0,
                    services_[s]->register_partitions(options_.rank, options_.world_size, specs));
+    held_steps.back() = HeldStep{services_[s]->endpoint(), 0, {}, false};
   }
+  durable_ = agree_on_step(held_steps, options_.job_id);
+}
+
+void ZeroEngine::agree_across_ranks() {
+  // Each rank's (resumable, step), the step as the bits of a uint64 (an allgather copies
+  // exactly): the ranks continue only together, from one step.
+  std::vector<float> mine(3, 0.0f);
+  mine[0] = durable_.kind == DurableStep::Kind::kResumable ? 1.0f : 0.0f;
+  std::memcpy(mine.data() + 1, &durable_.step, sizeof(uint64_t));
+  std::vector<float> all(3 * plan_.world_size());
+  options_.grad_comm->allgather(mine.data(), all.data(), 3);
+  bool together = true, any = false;
+  std::string steps;
+  for (size_t r = 0; r < plan_.world_size(); ++r) {
+    uint64_t step = 0;
+    std::memcpy(&step, all.data() + 3 * r + 1, sizeof(uint64_t));
+    together &= all[3 * r] != 0.0f && step == durable_.step;
+    any |= all[3 * r] != 0.0f;
+    steps += fmt::format("{}rank {}: {}{}", r ? ", " : "", r, step,
+                         all[3 * r] != 0.0f ? "" : " (not resumable)");
+  }
+  if (together || !any) return;
+  durable_.kind = DurableStep::Kind::kNotResumable;
+  durable_.why = fmt::format(
+      "the ranks' offload services hold different steps of job '{}' ({}): restore every rank "
+      "from a checkpoint (--resume CHECKPOINT)",
+      options_.job_id, steps);
+}
+
+bool ZeroEngine::take_over_durable_step() {
+  if (options_.existing_job != ExistingJob::kResume) return false;
+  if (plan_.world_size() > 1) agree_across_ranks();
+  if (durable_.kind != DurableStep::Kind::kResumable) return false;
+  counters_ = durable_.record.counters;
+  scaler_.restore(durable_.record.loss_scaler);
+  spdlog::info("job '{}': continuing from step {} that the offload services hold{}",
+               options_.job_id, durable_.step,
+               durable_.durable ? " durably (NVMe)" : " in RAM (they stayed up)");
+  return true;
+}
+
+std::string ZeroEngine::resume_record(const StepCounters& c, const LossScaler& scaler,
+                                      const BatchLoader& loader) const {
+  if (services_.empty()) return {};  // ranks holding their partitions keep no record
+  return encode_resume_record(ResumeRecord{c, scaler.state(), loader.cursor()});
 }
 
 void ZeroEngine::initialise_parameters(uint64_t seed) {
@@ -359,10 +457,10 @@ ZeroEngine::Verdict ZeroEngine::combine_across_ranks(const PushedGradients& push
   return v;
 }
 
-void ZeroEngine::skip_everywhere(uint64_t step) {
+void ZeroEngine::skip_everywhere(uint64_t step, std::string record) {
   gradients_->drop_kept();  // LocalPartitions: nothing else moves on a skipped step
   std::vector<actors::ServiceFuture<msg::CommitReply>> skips;
-  for (auto& service : services_) skips.push_back(service->skip(step));
+  for (auto& service : services_) skips.push_back(service->skip(step, record));
   for (size_t s = 0; s < services_.size(); ++s)
     await_or_throw(*services_[s], "skip_step", counters_.committed_step, std::move(skips[s]));
 }
@@ -402,7 +500,26 @@ void ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
 }
 
 StepResult ZeroEngine::train_step(BatchLoader& loader) {
-  StepResult r;
+  const int64_t step = counters_.global_step + 1;
+  for (int failures = 0;; ++failures) {
+    StepResult r;
+    try {
+      run_step(loader, r);
+      return r;
+    } catch (const ZeroServiceError& e) {
+      // Several ranks would have to redo the step together: their group restarts instead.
+      if (local_ || plan_.world_size() > 1 || failures >= options_.reconnect_attempts) throw;
+      reconnect(loader, e);
+      // The step was committed before the failure: done.
+      if (counters_.global_step >= step) {
+        r.global_step = counters_.global_step;
+        return r;
+      }
+    }
+  }
+}
+
+void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
   const double fetch_waits = fetch_wait_seconds();
@@ -413,24 +530,35 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   // The global norm and overflow verdict from every push reply, before any commit: a
   // service that failed a push stops this step here (no commit went anywhere).
   const Verdict v = reach_verdict(r);
+  storage::crash_point("gradients-pushed");
   r.push_seconds = seconds_since(t_opt);
   r.fetch_seconds = fetch_wait_seconds() - fetch_waits;
   ++counters_.global_step;
   const auto step = static_cast<uint64_t>(counters_.global_step);
   // A diverged run (throw) and an fp16 overflow both leave every service skipping the step.
   const auto t_commit = Clock::now();
-  if (v.nonfinite) skip_everywhere(step);
+  if (v.nonfinite) {
+    // The record of the state after the skip: skip_on_overflow below makes the same moves.
+    LossScaler after = scaler_;
+    if (precision_ == Precision::kFp16) after.update(true);
+    StepCounters c = counters_;
+    ++c.skipped_steps;
+    skip_everywhere(step, resume_record(c, after, loader));
+  }
   r.commit_seconds = seconds_since(t_commit);
   if (skip_on_overflow(precision_, v.nonfinite, scaler_, counters_.global_step,
                        counters_.skipped_steps, r)) {
     r.optimizer_seconds = seconds_since(t_opt);
-    return r;
+    return;
   }
   const double norm = std::sqrt(v.sum_squares) / r.loss_scale;
   r.grad_norm = norm;
   const auto t_apply = Clock::now();
-  commit_everywhere(
-      {step, k::clip_coefficient(norm, config_.gradient_clipping), r.loss_scale, r.lr});
+  StepCounters after = counters_;
+  ++after.optimizer_steps;
+  after.committed_step = step;
+  commit_everywhere({step, k::clip_coefficient(norm, config_.gradient_clipping), r.loss_scale, r.lr,
+                     resume_record(after, scaler_, loader)});
   r.commit_seconds += seconds_since(t_apply);
   ++counters_.optimizer_steps;
   counters_.committed_step = step;
@@ -439,7 +567,6 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
   r.fetch_seconds += seconds_since(t_refetch);
   r.optimizer_seconds = seconds_since(t_opt);
   r.global_step = counters_.global_step;
-  return r;
 }
 
 float ZeroEngine::evaluate(BatchLoader& loader, int batches) {
@@ -477,6 +604,10 @@ nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
   counters_ = loaded.counters;
   residency_->parameters_committed(counters_.committed_step);
   return std::move(loaded.extra);
+}
+
+int64_t ZeroEngine::checkpoint_step(const std::filesystem::path& dir) const {
+  return checkpoints_->saved_step(dir);
 }
 
 double ZeroEngine::fetch_wait_seconds() const {

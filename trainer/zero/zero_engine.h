@@ -12,6 +12,7 @@
 #include "trainer/engine/engine.h"
 #include "trainer/model/gpt.h"
 #include "trainer/zero/partition_plan.h"
+#include "trainer/zero/resume_record.h"
 #include "trainer/zero/service_error.h"
 #include "trainer/zero/zero_context.h"
 #include "trainer/zero/zero_options.h"
@@ -84,6 +85,10 @@ class ZeroEngine {
   // Before the checkpoint in `dir` is removed (`--keep-last`): its parts on the services
   // are deleted there too; failures are logged.
   void retire_checkpoint(const std::filesystem::path& dir) const;
+  // The global step a checkpoint of this rank holds (its manifest only; nothing restored).
+  int64_t checkpoint_step(const std::filesystem::path& dir) const;
+  // Offload services hold this rank's partitions (false: the ranks hold them).
+  bool on_services() const { return !services_.empty(); }
   // Frees this rank's job on every service (DropJob: partitions, NVMe extents, metadata,
   // arenas; checkpoints stay). The end of the engine's use: only destruction may follow.
   // A service that refuses or does not answer is logged, not thrown.
@@ -98,6 +103,11 @@ class ZeroEngine {
   int64_t skipped_steps() const { return counters_.skipped_steps; }
   // The step every service has committed (the parameters' version).
   uint64_t committed_step() const { return counters_.committed_step; }
+  // What this rank's services held of its job when it registered (agree_on_step).
+  const DurableStep& durable_step() const { return durable_; }
+  // ExistingJob::kResume found a step to continue from and the engine took it over (the
+  // counters and loss scaler; the data cursor is durable_step().record.train_cursor).
+  bool resumed_from_services() const { return resumed_from_services_; }
   double current_lr() const;
   const LossScaler& loss_scaler() const { return scaler_; }
   // A stop every rank agrees on: at world size 1 at once; otherwise the request travels
@@ -120,13 +130,29 @@ class ZeroEngine {
     double sum_squares = 0;
     bool nonfinite = false;
   };
-  void register_partitions();
+  // Clients for options_.services, in system_.
+  void connect_services();
+  // The residency, gradient pipeline and checkpoints over the connected services.
+  void start_parts();
+  // The step once, into r (train_step redoes it after a reconnect).
+  void run_step(BatchLoader& loader, StepResult& r);
+  // After a failed step: new clients once the services answer, the job re-registered and
+  // its durable step taken over (loader rewound to its cursor); throws when that fails.
+  void reconnect(BatchLoader& loader, const ZeroServiceError& failure);
+  void register_partitions(ExistingJob existing);
+  // kResume with a resumable step: takes its counters and loss scaler; true when it did.
+  bool take_over_durable_step();
+  // Several ranks: a step only every rank can continue from, or kNotResumable naming each.
+  void agree_across_ranks();
   void initialise_parameters(uint64_t seed);
+  // The record sent with step `c.global_step`, once it is taken with these counters.
+  std::string resume_record(const StepCounters& c, const LossScaler& scaler,
+                            const BatchLoader& loader) const;
   void reuse_block_mappings();
   void run_micro_steps(BatchLoader& loader, StepResult& r);
   Verdict reach_verdict(StepResult& r);
   Verdict combine_across_ranks(const PushedGradients& pushed, StepResult& r);
-  void skip_everywhere(uint64_t step);
+  void skip_everywhere(uint64_t step, std::string record);
   void commit_everywhere(const messages::CommitStep& commit);
 
   GptConfig gpt_;
@@ -139,8 +165,11 @@ class ZeroEngine {
   LossScaler scaler_;
   StepCounters counters_;  // written here only; the parts read them
   bool stop_requested_ = false, stop_agreed_ = false;
+  DurableStep durable_;
+  bool resumed_from_services_ = false;
   // Declared before the clients: their actors run in this system.
   std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
+  caf::actor_system* system_ = nullptr;
   ServiceClients services_;
   std::unique_ptr<LocalPartitions> local_;  // without offload services
   ZeroContext context_;

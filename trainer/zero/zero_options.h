@@ -25,9 +25,13 @@ namespace dsactor::trainer {
 // What the engine does when a service already holds committed steps of its job (a run
 // that did not end cleanly: a clean end drops the job).
 enum class ExistingJob {
-  kContinue,   // register into it: the caller restores a checkpoint next (`--resume`)
+  kContinue,   // register into it: the caller restores a checkpoint next
   kRefuse,     // a fresh run: refuse, naming the service, the job and its step
   kOverwrite,  // drop the job on that service and register it afresh (`--overwrite`)
+  // `--resume`: continue from the step every service holds with its resume record
+  // (resume_record.h, agree_on_step), taking the counters, loss scaler and data cursor from
+  // it; where they hold none (or disagree), as kContinue (the caller restores a checkpoint).
+  kResume,
 };
 
 struct ZeroOptions {
@@ -38,7 +42,19 @@ struct ZeroOptions {
   std::vector<security::ClientSecurity> service_security;
   uint32_t rank = 0;
   uint32_t world_size = 1;
-  std::chrono::milliseconds timeout = std::chrono::seconds(30);  // per request
+  // Per request, of silence: no reply and no progress reported by heartbeats for this long
+  // fails the request, naming the operation and how far it had got (OffloadClient).
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // While a request waits, a heartbeat (Ping) every interval; a service that answers
+  // nothing for OffloadClient::kMissedHeartbeats intervals is declared dead. 0: none.
+  std::chrono::milliseconds heartbeat_interval = std::chrono::seconds(5);
+  // A step that fails on a service (it died, restarted, or lost the arena) is redone after
+  // reconnecting: new clients wait for the services to answer (backoff 1, 2, 4 ... 8 s),
+  // map their arenas again, re-register the job (ExistingJob::kResume) and take over the
+  // step every service holds with its resume record, the data cursor included. At most
+  // this many reconnects per step; 0: the failure ends the run. One rank only (several
+  // ranks restart as a group: dsactor up's restart policies).
+  int reconnect_attempts = 0;
   std::string job_id = "dsactor";
   ExistingJob existing_job = ExistingJob::kContinue;
   // World size > 1: the collectives among the trainers (not owned; they must outlive the

@@ -1,0 +1,196 @@
+// Resuming from the offload services' durable step, with real processes: a trainer killed
+// after pushing a step's gradients (DSACTOR_TEST_CRASH_AT=gradients-pushed, before its commit)
+// continues with `--resume` alone from the step its services hold, the leftover gradients
+// dropped there, also after the NVMe service itself was killed and restarted on its
+// directory; the run ends with the undisturbed run's weights bit for bit. A RAM-tier service
+// that restarted holds nothing: `--resume` alone says so, `--resume CHECKPOINT` restores. A
+// trainer whose NVMe service is killed and restarted under it reconnects and goes on.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deploy/service_process.h"
+#include "storage/safetensors.h"
+#include "tests/cli/child_process.h"
+#include "tests/cli/cli_test_util.h"
+
+namespace dsactor {
+namespace {
+
+namespace fs = std::filesystem;
+using dsactor::testing::Child;
+using dsactor::testing::TempDir;
+using dsactor::testing::write_file;
+
+constexpr auto kWait = std::chrono::seconds(300);
+constexpr int kSteps = 10;
+
+class ResumeFromServices : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string corpus;
+    for (int i = 0; i < 300; ++i)
+      corpus += "a stitch in time saves nine " + std::to_string(i % 11) + "\n";
+    write_file(dir_.path() / "corpus.txt", corpus);
+    write_file(dir_.path() / "z3offload.json",
+               R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+                   "gradient_accumulation_steps": 2,
+                   "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                   "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                         "offload_param": {"device": "cpu"}}})");
+  }
+
+  // A service keeping its state in `name`/ (with `nvme`: its NVMe tier there too), with the
+  // keys every service of the test shares (the job's owner is the one client key).
+  // `listen`: the endpoint of the service it replaces.
+  std::unique_ptr<deploy::ServiceProcess> start_service(const std::string& name, bool nvme,
+                                                        const std::string& listen = "") {
+    deploy::ServiceProcessOptions so;
+    so.args = {"--no-mlock", "--state-dir", (dir_.path() / name / "state").string()};
+    if (!listen.empty()) so.args.insert(so.args.end(), {"--listen", listen});
+    if (nvme) so.args.insert(so.args.end(), {"--nvme", (dir_.path() / name / "nvme").string()});
+    so.log_file = dir_.path() / (name + "_" + std::to_string(++services_) + ".log");
+    so.keys_dir = dir_.path() / "keys";
+    fs::create_directories(dir_.path() / name);
+    return std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY, so);
+  }
+
+  // The arguments of `start --role trainer` of job `job` on `service` to `steps` into `out`.
+  static std::vector<std::string> trainer_args(const deploy::ServiceProcess& service,
+                                               const std::string& job, const std::string& out,
+                                               int steps) {
+    std::vector<std::string> a{"start",
+                               "--role",
+                               "trainer",
+                               "--config",
+                               "z3offload.json",
+                               "--model",
+                               "tiny",
+                               "--data",
+                               "corpus.txt",
+                               "--seq",
+                               "16",
+                               "--steps",
+                               std::to_string(steps),
+                               "--out",
+                               out,
+                               "--job",
+                               job,
+                               "--offload",
+                               service.endpoint()};
+    const auto keys = service.trainer_flags();
+    a.insert(a.end(), keys.begin(), keys.end());
+    return a;
+  }
+
+  // That run to kSteps, plus `more`; its exit code.
+  int train(const deploy::ServiceProcess& service, const std::string& job, const std::string& out,
+            std::vector<std::string> more, std::vector<std::string> env, std::string* log) {
+    auto a = trainer_args(service, job, out, kSteps);
+    a.insert(a.end(), more.begin(), more.end());
+    Child child(dir_.path(), a, dir_.path() / (out + "_" + std::to_string(++runs_) + ".log"), env);
+    const int rc = child.wait(kWait);
+    *log = child.log();
+    return rc;
+  }
+
+  bool same_weights(const std::string& a, const std::string& b) const {
+    const auto x = storage::read_safetensors(dir_.path() / a / "model.safetensors");
+    const auto y = storage::read_safetensors(dir_.path() / b / "model.safetensors");
+    if (x.tensors.size() != y.tensors.size()) return false;
+    for (const auto& [name, t] : x.tensors)
+      if (!y.tensors.count(name) || t.bytes != y.tensors.at(name).bytes) return false;
+    return true;
+  }
+
+  TempDir dir_;
+  int runs_ = 0, services_ = 0;
+};
+
+const std::vector<std::string> kCrashAtStep5 = {"DSACTOR_TEST_CRASH_AT=gradients-pushed:5"};
+
+TEST_F(ResumeFromServices, AKilledTrainerContinuesFromTheDurableStepBitForBit) {
+  auto service = start_service("nvme-service", true);
+  std::string log;
+  ASSERT_EQ(train(*service, "straight", "straight", {}, {}, &log), 0) << log;
+
+  // Killed with step 5's gradients on the service, uncommitted; no checkpoint anywhere.
+  ASSERT_EQ(train(*service, "cut", "cut", {}, kCrashAtStep5, &log), 128 + SIGKILL) << log;
+  // A fresh run of the job is still refused; --resume alone continues from step 4, the
+  // leftover gradients of step 5 dropped first (they used to block every resume). Killed
+  // again at the resumed run's 2nd step (step 6), after its pushes.
+  ASSERT_NE(train(*service, "cut", "cut", {}, {}, &log), 0) << log;
+  EXPECT_NE(log.find("already holds job 'cut' at step 4"), std::string::npos) << log;
+  ASSERT_EQ(train(*service, "cut", "cut", {"--resume"},
+                  {"DSACTOR_TEST_CRASH_AT=gradients-pushed:2"}, &log),
+            128 + SIGKILL)
+      << log;
+  EXPECT_NE(log.find("resumed from the offload services at step 4"), std::string::npos) << log;
+  EXPECT_NE(service->log().find("job 'cut' resumed at step 4"), std::string::npos)
+      << service->log();
+
+  // The service dies too (kill -9) and comes back on its NVMe directory: the job's step 5,
+  // its record and its partitions come back from RocksDB and the extents.
+  service.reset();
+  service = start_service("nvme-service", true);
+  EXPECT_NE(service->log().find("reloaded job 'cut'"), std::string::npos) << service->log();
+  ASSERT_EQ(train(*service, "cut", "cut", {"--resume"}, {}, &log), 0) << log;
+  EXPECT_NE(log.find("resumed from the offload services at step 5"), std::string::npos) << log;
+  EXPECT_NE(log.find("durably (NVMe)"), std::string::npos) << log;
+  EXPECT_TRUE(same_weights("cut", "straight"));
+}
+
+TEST_F(ResumeFromServices, ARestartedRamServiceHoldsNothingAndTheCheckpointIsRestored) {
+  auto service = start_service("ram-service", false);
+  std::string log;
+  ASSERT_EQ(train(*service, "straight", "straight", {}, {}, &log), 0) << log;
+  ASSERT_EQ(train(*service, "cut", "cut", {"--checkpoint-every", "2"}, kCrashAtStep5, &log),
+            128 + SIGKILL)
+      << log;
+  // The RAM service restarts: the job is gone with the process.
+  service.reset();
+  service = start_service("ram-service", false);
+  ASSERT_NE(train(*service, "cut", "cut", {"--resume"}, {}, &log), 0) << log;
+  EXPECT_NE(log.find("--resume without a checkpoint"), std::string::npos) << log;
+  EXPECT_NE(log.find("a RAM-tier service has no durable step"), std::string::npos) << log;
+  ASSERT_EQ(train(*service, "cut", "cut", {"--resume", "cut"}, {}, &log), 0) << log;
+  EXPECT_NE(log.find("restoring the checkpoint"), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from cut at step 4"), std::string::npos) << log;
+  EXPECT_TRUE(same_weights("cut", "straight"));
+}
+
+// kill -9 of the NVMe service under a running trainer, restarted on the same endpoint and
+// directory: the trainer's heartbeats find it gone, it reconnects, maps its arena again,
+// re-registers, redoes the step in flight from the durable step, and ends with the
+// undisturbed run's weights bit for bit.
+TEST_F(ResumeFromServices, ATrainerSurvivesARestartOfItsNvmeService) {
+  constexpr int kLongSteps = 60;
+  auto service = start_service("nvme-service", true);
+  const std::string endpoint = service->endpoint();
+  Child straight(dir_.path(), trainer_args(*service, "straight", "straight", kLongSteps),
+                 dir_.path() / "straight.log");
+  ASSERT_EQ(straight.wait(kWait), 0) << straight.log();
+
+  auto args = trainer_args(*service, "live", "live", kLongSteps);
+  args.insert(args.end(), {"--heartbeat-ms", "200", "--service-timeout-ms", "5000",
+                           "--reconnect-attempts", "6"});
+  Child live(dir_.path(), args, dir_.path() / "live.log");
+  ASSERT_TRUE(live.wait_for_out("step 3/", kWait)) << live.log();
+  service.reset();  // kill -9
+  service = start_service("nvme-service", true, endpoint);
+  ASSERT_EQ(live.wait(kWait), 0) << live.log();
+  EXPECT_NE(live.log().find("reconnecting to the offload services"), std::string::npos)
+      << "the run ended before the service was killed: nothing was tested\n"
+      << live.log();
+  EXPECT_NE(live.log().find("reconnected; continuing after step"), std::string::npos) << live.log();
+  EXPECT_TRUE(same_weights("live", "straight"));
+}
+
+}  // namespace
+}  // namespace dsactor
