@@ -1,8 +1,10 @@
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <memory>
 
 #include "bench/adam_bench.h"
+#include "bench/chaos_bench.h"
 #include "bench/checkpoint_bench.h"
 #include "bench/dp_bench.h"
 #include "bench/nvme_bench.h"
@@ -65,6 +67,42 @@ void add_checkpoint_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
                    "where the checkpoints go (default: a temporary directory, removed)");
   ckpt->add_flag("--json", *json, "print one JSON object");
   ckpt->callback([co, json] { print_result(bench::run_checkpoint_bench(*co), *json); });
+}
+
+void add_chaos_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
+  auto* chaos = bench->add_subcommand(
+      "chaos",
+      "kill -9 random roles of a tiny ZeRO-3 + NVMe deployment under `dsactor up` (restart: "
+      "on-failure, periodic checkpoints) at random moments; recovery times, and whether the "
+      "final weights equal an undisturbed run's bit for bit (exit 1 when not)");
+  auto o = std::make_shared<bench::ChaosOptions>();
+  chaos->add_option("--kills", o->kills, "SIGKILLs in the disturbed run")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  chaos->add_option("--seed", o->seed, "what to kill and when (0: from the clock; printed)")
+      ->capture_default_str();
+  chaos
+      ->add_option("--steps", o->steps, "optimizer steps (0: 30 + (checkpoint-every + 5) per kill)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  chaos->add_option("--checkpoint-every", o->checkpoint_every, "the deployment's checkpoint.every")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  chaos->add_flag("--data-parallel", o->data_parallel,
+                  "two trainer ranks with a service each and a coordinator role");
+  chaos->add_flag("--trainers-only", o->trainers_only, "kill only trainers (ranks)");
+  chaos->add_option("--dir", o->dir, "where both runs live (default: a temporary directory)");
+  chaos->add_flag("--json", *json, "print one JSON object");
+  chaos->callback([o, json] {
+    o->binary = std::filesystem::read_symlink("/proc/self/exe").string();
+    if (*json) o->report = [](const std::string&) {};
+    const auto r = bench::run_chaos(*o);
+    print_result(r.to_json(), *json);
+    if (!r.same_weights || r.chaos_exit != 0) {
+      if (!*json) fmt::print(stderr, "{}", r.reference_exit != 0 ? r.reference_log : r.chaos_log);
+      throw CLI::RuntimeError(1);
+    }
+  });
 }
 
 void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
@@ -241,6 +279,7 @@ void add_bench_command(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   add_train_bench(bench, json);
   add_checkpoint_bench(bench, json);
+  add_chaos_bench(bench, json);
   add_zero_bench(bench, json);
   add_adam_bench(bench, json);
   add_nvme_bench(bench, json);

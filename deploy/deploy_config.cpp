@@ -14,6 +14,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "deploy/deploy_endpoint.h"
+#include "deploy/deploy_restart.h"
 #include "deploy/deploy_yaml.h"
 #include "key_table/key_suggestion.h"
 #include "metrics/http_server.h"
@@ -67,6 +68,7 @@ class DeployParser {
     assign_ranks();
     choose_rendezvous();
     check_security();
+    check_restart_policies(yaml_, cfg_, role_nodes_);
     return std::move(cfg_);
   }
 
@@ -129,6 +131,7 @@ void DeployParser::read_top_level() {
     role_defaults_.startup_timeout = yaml_.seconds(n, "startup_timeout");
   if (const auto& n = root()["shutdown_timeout"])
     role_defaults_.shutdown_timeout = yaml_.seconds(n, "shutdown_timeout");
+  read_restart_keys(yaml_, root(), "", role_defaults_);
   read_checkpoint_key();
   read_security();
 }
@@ -216,6 +219,7 @@ RoleSpec DeployParser::read_role(const YAML::Node& n, size_t index,
     r.startup_timeout = yaml_.seconds(n["startup_timeout"], p + ".startup_timeout");
   if (n["shutdown_timeout"])
     r.shutdown_timeout = yaml_.seconds(n["shutdown_timeout"], p + ".shutdown_timeout");
+  read_restart_keys(yaml_, n, p + ".", r);
   return r;
 }
 

@@ -44,6 +44,15 @@ struct AioOverrides {
 inline constexpr double kDefaultStartupSeconds = 60;
 inline constexpr double kDefaultShutdownSeconds = 10;
 
+// What `dsactor up` does when a role fails (exits non-zero, dies of a signal, or, a service,
+// ends at all). Never by default: a restart hides a crash and redoes the work since the last
+// checkpoint, so a deployment opts in, knowing where its checkpoints are.
+enum class RestartMode { kNever, kOnFailure };
+std::string_view restart_mode_name(RestartMode m);
+inline constexpr int kDefaultMaxRestarts = 3;
+inline constexpr double kDefaultRestartBackoffSeconds = 1;
+inline constexpr double kDefaultRestartBackoffMaxSeconds = 30;
+
 struct RoleSpec {
   RoleKind kind = RoleKind::kTrainer;
   // Unique in the deployment; the log prefix "[name]". Default: <role><n>, n counting roles
@@ -98,6 +107,12 @@ struct RoleSpec {
   std::vector<std::pair<std::string, std::string>> env;  // top-level env, then the role's own
   double startup_timeout = kDefaultStartupSeconds;       // seconds until the role must answer
   double shutdown_timeout = kDefaultShutdownSeconds;     // seconds from SIGTERM to SIGKILL
+  // every role; defaults are the top level's. The n-th restart waits
+  // min(restart_backoff * 2^(n-1), restart_backoff_max) seconds.
+  RestartMode restart = RestartMode::kNever;
+  int max_restarts = kDefaultMaxRestarts;  // restarts after a failure of this role
+  double restart_backoff = kDefaultRestartBackoffSeconds;
+  double restart_backoff_max = kDefaultRestartBackoffMaxSeconds;
 };
 
 // The top-level `checkpoint:` block, passed to every trainer; unset: the trainer's default.
@@ -149,6 +164,19 @@ struct DeployConfig {
   // The public key file of the rendezvous server the trainers use; empty when there is none.
   std::filesystem::path rendezvous_key() const;
 };
+
+// Where a restarted trainer resumes from: checkpoint.dir, else <out>/checkpoint; empty when
+// the trainer has neither (then `restart: on-failure` is refused for it).
+std::filesystem::path checkpoint_dir_of(const DeployConfig& config, const RoleSpec& trainer);
+
+// The roles `dsactor up` restarts together with `role` when it fails (`role` included), in
+// file order: a trainer's group is every trainer (they resume from one durable step, as
+// torchelastic restarts its whole worker group), the coordinator (its store holds the
+// previous rendezvous) and the offload services the trainers use (a resumed trainer cannot
+// yet skip the gradients of the step a killed trainer left unfinished there, so those are
+// dropped with the service's memory; it then restores the services from the checkpoint); a
+// service's or coordinator's group is its own plus that of the trainers using it.
+std::vector<const RoleSpec*> restart_group(const DeployConfig& config, const RoleSpec& role);
 
 // Reads and validates a deploy file. Throws DeployConfigError.
 DeployConfig load_deploy_config(const std::filesystem::path& path);

@@ -209,6 +209,14 @@ std::vector<std::pair<std::string, std::string>> DeployYaml::config_overrides(
   return out;
 }
 
+std::string DeployYaml::choice(const YAML::Node& n, std::string_view path) const {
+  const auto& s = spec(path);
+  const std::string text = string(n, path);
+  const auto matched = key_table::match_choice(s, text);
+  if (!matched) fail(n, path, key_table::choice_problem(s, text));
+  return std::string(*matched);
+}
+
 RoleKind DeployYaml::role_kind(const YAML::Node& entry, std::string_view entry_path) const {
   const std::string path = key_table::join_path(entry_path, "role");
   const auto& s = spec(path);
@@ -216,11 +224,9 @@ RoleKind DeployYaml::role_kind(const YAML::Node& entry, std::string_view entry_p
   if (!n)
     fail(entry, path,
          fmt::format("missing; every entry of roles needs role: {}", key_table::allowed_text(s)));
-  const std::string text = string(n, path);
-  const auto kind = key_table::match_choice(s, text);
-  if (!kind) fail(n, path, key_table::choice_problem(s, text));
+  const std::string kind = choice(n, path);
   for (const auto k : {RoleKind::kOffload, RoleKind::kTrainer, RoleKind::kCoordinator})
-    if (role_kind_name(k) == *kind) return k;
+    if (role_kind_name(k) == kind) return k;
   throw std::logic_error("deploy key table: a role choice without a RoleKind");
 }
 

@@ -57,6 +57,8 @@ class DeployYaml {
   // list of scalars as a JSON list.
   std::vector<std::pair<std::string, std::string>> config_overrides(const YAML::Node& n,
                                                                     std::string_view path) const;
+  // A kEnum key's value, as the row spells the choice it matches.
+  std::string choice(const YAML::Node& n, std::string_view path) const;
   // The `role:` of a roles entry (`path` is the entry's: "roles[1]").
   RoleKind role_kind(const YAML::Node& entry, std::string_view path) const;
   // A job or role name (kNameRule of the table).

@@ -1,9 +1,6 @@
 #include "deploy/supervisor.h"
 
-#include "actors/collectives/job_token.h"
-#include "actors/collectives/rendezvous_store.h"
 #include "deploy/child_process.h"
-#include "security/curve_keys.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -24,7 +21,9 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace dsactor::deploy {
@@ -83,7 +82,9 @@ bool try_connect(const std::string& endpoint) {
 
 struct Child {
   const ChildSpec* spec = nullptr;
-  ChildProcess process;  // its own process group, killed with the supervisor
+  std::vector<std::string> argv;  // the spec's, or its restart_argv's since a restart
+  int restarts = 0;               // after failures of this child
+  ChildProcess process;           // its own process group, killed with the supervisor
   UniqueFd out, err;
   std::string out_buf, err_buf;
   std::deque<std::string> tail;
@@ -93,6 +94,23 @@ struct Child {
   bool term_sent = false, kill_sent = false;
 
   bool alive() const { return spawned && !exited; }
+  // Failed: a worker that exited non-zero or of a signal, a service that ended at all.
+  bool failed() const {
+    if (!exited) return false;
+    return spec->service || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  // As before its first spawn, for a restart with `new_argv`; the process was reaped.
+  void reset(std::vector<std::string> new_argv) {
+    argv = std::move(new_argv);
+    process = ChildProcess();
+    out.reset();
+    err.reset();
+    out_buf.clear();
+    err_buf.clear();
+    tail.clear();
+    spawned = ready = exited = term_sent = kill_sent = false;
+    status = 0;
+  }
 };
 
 // The write end of the self-pipe of the one run() that handles stop signals. A signal handler
@@ -229,7 +247,7 @@ struct Supervisor::Impl {
     options.die_with_parent = true;
     options.default_signals = true;
     try {
-      c.process = ChildProcess::exec(s.argv, options);
+      c.process = ChildProcess::exec(c.argv, options);
     } catch (const ChildStartError& e) {
       // Reported like a child that exited with 127, the shell's "cannot execute".
       c.exited = true;
@@ -242,7 +260,7 @@ struct Supervisor::Impl {
     c.err = c.process.take_stderr();
     ::fcntl(c.out.get(), F_SETFL, O_NONBLOCK);
     ::fcntl(c.err.get(), F_SETFL, O_NONBLOCK);
-    spdlog::info("started {} (pid {}): {}", s.name, c.process.pid(), shell_quote(s.argv));
+    spdlog::info("started {} (pid {}): {}", s.name, c.process.pid(), shell_quote(c.argv));
   }
 
   // Signals the child's whole process group (nothing once it was reaped).
@@ -323,11 +341,18 @@ struct Supervisor::Impl {
   // SIGTERM to each live child of the set, SIGKILL at its shutdown_timeout; returns when all
   // have been reaped.
   void stop(bool services) {
+    stop_where([services](const Child& c) { return c.spec->service == services; }, SIGTERM);
+  }
+
+  // `first_signal` (SIGTERM, or SIGKILL at once) to each live child `which` selects, SIGKILL
+  // at its shutdown_timeout; returns when all have been reaped.
+  void stop_where(const std::function<bool(const Child&)>& which, int first_signal) {
     const auto now = Clock::now();
     for (auto& c : kids) {
-      if (!c.alive() || c.spec->service != services || c.term_sent) continue;
-      signal_group(c, SIGTERM);
+      if (!c.alive() || !which(c) || c.term_sent || c.kill_sent) continue;
+      signal_group(c, first_signal);
       c.term_sent = true;
+      c.kill_sent = first_signal == SIGKILL;
       c.term_deadline = now + c.spec->shutdown_timeout;
     }
     while (true) {
@@ -335,7 +360,7 @@ struct Supervisor::Impl {
       auto next_deadline = Clock::time_point::max();
       const auto at = Clock::now();
       for (auto& c : kids) {
-        if (!c.alive() || c.spec->service != services) continue;
+        if (!c.alive() || !which(c)) continue;
         any = true;
         if (c.kill_sent) continue;
         if (at >= c.term_deadline) {
@@ -386,37 +411,23 @@ struct Supervisor::Impl {
     return r;
   }
 
-  // The first service that ended (any exit of a service before the stop is a failure).
-  Child* dead_service() {
-    for (auto& c : kids)
-      if (c.spec->service && c.exited) return &c;
-    return nullptr;
-  }
+  using Selection = std::function<bool(const Child&)>;
 
-  SupervisorResult run() {
-    // Phase 1: services, in parallel, until each is ready. An endpoint that already answers
-    // belongs to some other process: the role could not bind it, and the connection probe
-    // would call it ready.
-    for (auto& c : kids) {
-      if (!c.spec->service) continue;
-      if (!c.spec->ready_endpoint.empty() && try_connect(c.spec->ready_endpoint)) {
-        c.tail.push_back(fmt::format("{} already accepts connections before {} started",
-                                     c.spec->ready_endpoint, c.spec->name));
-        return fail(c, fmt::format("cannot start: its endpoint {} is taken by another process",
-                                   c.spec->ready_endpoint));
-      }
-    }
+  // Spawns the selected services, in parallel, and waits until each is ready; then spawns
+  // the selected workers. A selected service that ends or is not ready in time fails the run.
+  std::optional<SupervisorResult> start(const Selection& selected) {
     for (auto& c : kids)
-      if (c.spec->service) spawn(c);
+      if (c.spec->service && selected(c)) spawn(c);
     while (true) {
       if (stop_code) return stopped();
-      if (Child* d = dead_service())
-        return fail(*d,
-                    (d->ready ? "" : "before it became ready: ") + describe_wait_status(d->status));
+      for (auto& c : kids)
+        if (c.spec->service && selected(c) && c.exited)
+          return fail(c,
+                      (c.ready ? "" : "before it became ready: ") + describe_wait_status(c.status));
       const auto now = Clock::now();
       bool all_ready = true;
       for (auto& c : kids) {
-        if (!c.spec->service || c.ready) continue;
+        if (!c.spec->service || !selected(c) || c.ready) continue;
         if (c.spec->ready_endpoint.empty()) {
           c.ready = true;
           continue;
@@ -440,22 +451,87 @@ struct Supervisor::Impl {
       if (all_ready) break;
       pump(opt.probe_interval);
     }
-
-    // Phase 2: workers; the run ends when they all have.
     for (auto& c : kids)
-      if (!c.spec->service) spawn(c);
+      if (!c.spec->service && selected(c)) spawn(c);
+    return std::nullopt;
+  }
+
+  static std::string failure_text(const Child& c) {
+    std::string what = describe_wait_status(c.status);
+    if (c.spec->service)
+      what += " while the deployment was running (a service must run until it is stopped)";
+    return what;
+  }
+
+  // `c` failed: restarts its group when its policy allows (nullopt), else ends the run.
+  std::optional<SupervisorResult> restart_or_fail(Child& c) {
+    const RestartPolicy& policy = c.spec->restart;
+    const std::string what = failure_text(c);
+    if (!policy.on_failure) return fail(c, what);
+    if (c.restarts >= policy.max_restarts)
+      return fail(c, fmt::format("{}, after {} restart(s): its max_restarts is {}", what,
+                                 c.restarts, policy.max_restarts));
+    ++c.restarts;
+    std::vector<bool> in_group(kids.size(), false);
+    std::vector<std::string> names;
+    for (size_t i = 0; i < kids.size(); ++i) {
+      const auto& g = c.spec->restart_group;
+      in_group[i] = &kids[i] == &c || std::find(g.begin(), g.end(), kids[i].spec->name) != g.end();
+      if (in_group[i]) names.push_back(kids[i].spec->name);
+    }
+    const Selection selected = [&](const Child& k) {
+      return in_group[static_cast<size_t>(&k - kids.data())];
+    };
+    const auto backoff = policy.delay(c.restarts);
+    spdlog::error("{} {}: restart {} of {} (max_restarts) in {:.1f} s, with its group: {}",
+                  c.spec->name, what, c.restarts, policy.max_restarts,
+                  std::chrono::duration<double>(backoff).count(), fmt::join(names, ", "));
+    const auto failed_at = Clock::now();
+    stop_where([&](const Child& k) { return selected(k) && !k.spec->service; }, SIGKILL);
+    stop_where([&](const Child& k) { return selected(k) && k.spec->service; }, SIGTERM);
+    for (const auto deadline = failed_at + backoff; Clock::now() < deadline;) {
+      if (stop_code) return stopped();
+      pump(deadline - Clock::now());
+    }
+    for (auto& k : kids) {
+      if (!selected(k)) continue;
+      drain(k, false);
+      drain(k, true);
+      k.reset(k.spec->restart_argv ? k.spec->restart_argv() : k.spec->argv);
+    }
+    if (auto r = start(selected)) return r;
+    spdlog::info("restarted {} ({:.2f} s after {} failed)", fmt::join(names, ", "),
+                 std::chrono::duration<double>(Clock::now() - failed_at).count(), c.spec->name);
+    return std::nullopt;
+  }
+
+  SupervisorResult run() {
+    // An endpoint that already answers belongs to some other process: the role could not
+    // bind it, and the connection probe would call it ready.
+    for (auto& c : kids) {
+      if (!c.spec->service) continue;
+      if (!c.spec->ready_endpoint.empty() && try_connect(c.spec->ready_endpoint)) {
+        c.tail.push_back(fmt::format("{} already accepts connections before {} started",
+                                     c.spec->ready_endpoint, c.spec->name));
+        return fail(c, fmt::format("cannot start: its endpoint {} is taken by another process",
+                                   c.spec->ready_endpoint));
+      }
+    }
+    if (auto r = start([](const Child&) { return true; })) return *r;
+    // The run ends when every worker has.
     const bool any_worker =
         std::any_of(kids.begin(), kids.end(), [](const Child& c) { return !c.spec->service; });
     while (true) {
-      for (auto& c : kids) {
-        if (c.spec->service || !c.exited) continue;
-        if (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)
-          return fail(c, describe_wait_status(c.status));
+      // Workers first: a service's end usually makes its trainers fail too.
+      Child* failed = nullptr;
+      for (auto& c : kids)
+        if (!failed && !c.spec->service && c.failed()) failed = &c;
+      for (auto& c : kids)
+        if (!failed && c.failed()) failed = &c;
+      if (failed) {
+        if (auto r = restart_or_fail(*failed)) return *r;
+        continue;
       }
-      if (Child* d = dead_service())
-        return fail(*d, describe_wait_status(d->status) +
-                            " while the deployment was running (a service "
-                            "must run until it is stopped)");
       if (stop_code) return stopped();
       const bool workers_done =
           any_worker && std::all_of(kids.begin(), kids.end(),
@@ -487,8 +563,14 @@ Supervisor::Supervisor(std::vector<ChildSpec> children, SupervisorOptions option
   impl_->specs = std::move(children);
   impl_->opt = std::move(options);
   for (const auto& s : impl_->specs) {
+    for (const auto& name : s.restart_group)
+      if (std::none_of(impl_->specs.begin(), impl_->specs.end(),
+                       [&](const ChildSpec& o) { return o.name == name; }))
+        throw std::invalid_argument(fmt::format(
+            "supervisor: {}'s restart_group names \"{}\", which is no child", s.name, name));
     Child c;
     c.spec = &s;
+    c.argv = s.argv;
     impl_->kids.push_back(std::move(c));
   }
   int p[2];
@@ -519,67 +601,6 @@ SupervisorResult Supervisor::run() {
 void Supervisor::request_stop() {
   const char b = 0;
   [[maybe_unused]] auto w = ::write(impl_->stop_write.get(), &b, 1);
-}
-
-namespace {
-
-// A coordinator is ready once its store answers a round trip: removing a key nobody sets
-// changes nothing. The probe proves the coordinator's own key, which its store admits.
-std::function<bool()> rendezvous_probe(const DeployConfig& config, const RoleSpec& r,
-                                       const std::string& job_token) {
-  return [endpoint = r.listen, job = config.job, insecure = config.security.insecure,
-          secret_key = r.secret_key, job_token] {
-    try {
-      security::ClientSecurity keys;
-      keys.insecure = insecure;
-      if (!insecure) {
-        keys.keys = security::read_secret_key_file(secret_key);
-        keys.server_key = keys.keys.public_key;
-      }
-      actors::RendezvousClient probe(endpoint, job, keys, job_token,
-                                     std::chrono::milliseconds(500));
-      probe.remove("dsactor/up/ready-probe");
-      return true;
-    } catch (const std::exception&) {
-      return false;  // not answering yet (or not our protocol): probe again later
-    }
-  };
-}
-
-}  // namespace
-
-std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary,
-                                    const std::string& job_token) {
-  std::vector<ChildSpec> out;
-  for (const auto& r : config.roles) {
-    ChildSpec c;
-    c.name = r.name;
-    c.argv = {binary};
-    for (auto& a : to_command_line(config, r)) c.argv.push_back(std::move(a));
-    c.env = {{"DSACTOR_JOB", config.job}, {"DSACTOR_ROLE_NAME", r.name}};
-    for (const auto& kv : r.env) c.env.push_back(kv);
-    // The token travels in the environment (readable by this user only), never in an argv.
-    if (!job_token.empty() && config.security.job_token_file.empty() &&
-        r.kind != RoleKind::kOffload)
-      c.env.emplace_back(actors::kJobTokenEnv, job_token);
-    c.service = r.kind != RoleKind::kTrainer;
-    // Services share the host with trainers and sit idle between requests: OpenMP threads
-    // that spin after each Adam pass would take the trainers' cores (measured: a 30-step
-    // run varied from 0.1 s to 30 s on 2 loaded cores). Sleep instead, unless the user
-    // chose otherwise.
-    const bool wait_policy_set = std::getenv("OMP_WAIT_POLICY") != nullptr ||
-                                 std::any_of(c.env.begin(), c.env.end(), [](const auto& kv) {
-                                   return kv.first == "OMP_WAIT_POLICY";
-                                 });
-    if (c.service && !wait_policy_set) c.env.emplace_back("OMP_WAIT_POLICY", "passive");
-    if (c.service) c.ready_endpoint = r.listen;
-    if (r.kind == RoleKind::kCoordinator) c.ready_probe = rendezvous_probe(config, r, job_token);
-    c.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.startup_timeout * 1000));
-    c.shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(r.shutdown_timeout * 1000));
-    c.code_index = static_cast<int>(r.index);
-    out.push_back(std::move(c));
-  }
-  return out;
 }
 
 }  // namespace dsactor::deploy

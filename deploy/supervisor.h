@@ -5,9 +5,12 @@
 // their startup_timeout; then workers (trainers) are spawned. The run succeeds when every
 // worker exits 0 (the services are then stopped). It fails, stopping everything, when a
 // service exits, a worker exits non-zero or dies of a signal, or a service never becomes
-// ready. A stop request (SIGINT/SIGTERM through `stop_signals`, or request_stop()) stops
-// everything too. Stopping: workers first, then services; each gets SIGTERM, then SIGKILL
-// after its shutdown_timeout.
+// ready; unless the child that failed has a restart policy with restarts left: then its
+// restart group is stopped (workers with SIGKILL: their durable state is the last
+// checkpoint; services with SIGTERM), and after the policy's backoff started again as at
+// the start, services first (torchelastic's group restart). A stop request (SIGINT/SIGTERM through
+// `stop_signals`, or request_stop()) stops everything too. Stopping: workers first, then services;
+// each gets SIGTERM, then SIGKILL after its shutdown_timeout.
 //
 // No orphans: each child leads its own process group (signals go to the whole group, so a
 // child's own children are stopped with it, and the terminal's Ctrl-C reaches only the
@@ -29,6 +32,16 @@
 
 namespace dsactor::deploy {
 
+// What run() does when a child fails.
+struct RestartPolicy {
+  bool on_failure = false;  // false: the failure ends the run
+  int max_restarts = 0;     // restarts after failures of this child; one more ends the run
+  std::chrono::milliseconds backoff{1000};
+  std::chrono::milliseconds backoff_max{30000};
+  // The wait before restart n (from 1): backoff * 2^(n-1), at most backoff_max.
+  std::chrono::milliseconds delay(int n) const;
+};
+
 struct ChildSpec {
   std::string name;               // log prefix "[name] " and the name in every message
   std::vector<std::string> argv;  // argv[0]: a path, or a name looked up in PATH
@@ -47,6 +60,13 @@ struct ChildSpec {
   std::chrono::milliseconds shutdown_timeout{static_cast<int64_t>(kDefaultShutdownSeconds * 1000)};
   // Reported in the exit code (100 + code_index) when this child is the one that failed.
   int code_index = 0;
+  RestartPolicy restart;
+  // The other children (by name) stopped and started again with this one when it fails and
+  // is restarted. A name that is no child is a std::invalid_argument of the constructor.
+  std::vector<std::string> restart_group;
+  // The argv of a restart, asked at each one (a trainer's depends on the checkpoints there
+  // are by then); unset: argv.
+  std::function<std::vector<std::string>()> restart_argv;
 };
 
 struct SupervisorOptions {
@@ -94,7 +114,10 @@ class Supervisor {
 // `job_token` in DSACTOR_JOB_TOKEN for the trainers and the coordinator (unless the file
 // names a job_token_file, which their command lines carry). A coordinator is ready once its
 // rendezvous store answers a request made with its own key and the token (ready_probe), not
-// merely accepts connections.
+// merely accepts connections. Each child's restart policy is its role's, its restart group
+// restart_group(config, role); a restarted trainer gets `--resume <checkpoint dir>` when
+// that directory holds a `latest` checkpoint, else `--overwrite` (it starts over, dropping
+// what the services hold of its job). Same keys and token on every restart.
 std::vector<ChildSpec> children_for(const DeployConfig& config, const std::string& binary,
                                     const std::string& job_token);
 

@@ -4,10 +4,15 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include "storage/disk_space.h"
 
 namespace dsactor::storage {
 
@@ -155,10 +160,40 @@ void MetadataBatch::erase_manifest(const std::string& tag) {
   entries_.emplace_back(manifest_key(tag), std::nullopt);
 }
 
+namespace {
+
+// RocksDB's info log, through spdlog instead of a LOG file beside the database: on a full
+// disk RocksDB's own file logger fails, and its next line (the one reporting the error)
+// aborts on an assertion inside RocksDB.
+class SpdlogInfoLog : public rocksdb::Logger {
+ public:
+  explicit SpdlogInfoLog(std::string dir)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL), dir_(std::move(dir)) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    char line[1024];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    // RocksDB's errors reach the caller as a Status, which the store reports itself.
+    spdlog::debug("RocksDB {}: {}", dir_, line);
+  }
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace
+
 struct MetadataStore::Impl {
   std::filesystem::path dir;
   MetadataStoreOptions options;
   std::unique_ptr<rocksdb::DB> db;
+  // A write failed: RocksDB then refuses every later write (its background error is sticky)
+  // until it is resumed, or the database reopened, once the cause (a full disk) is gone.
+  bool write_failed = false;
 
   [[noreturn]] void fail(const std::string& what, const rocksdb::Status& s) const {
     throw std::runtime_error("MetadataStore " + dir.string() + ": " + what + ": " + s.ToString());
@@ -190,6 +225,7 @@ struct MetadataStore::Impl {
     o.max_open_files = options.max_open_files;
     // Small database; keep RocksDB's own log noise and file count low.
     o.keep_log_file_num = 2;
+    o.info_log = std::make_shared<SpdlogInfoLog>(dir.string());
     rocksdb::DB* raw = nullptr;
     rocksdb::Status s = rocksdb::DB::Open(o, dir.string(), &raw);
     if (!s.ok()) fail("open", s);
@@ -214,13 +250,45 @@ struct MetadataStore::Impl {
 
   std::optional<std::string> get(const std::string& key, const std::string& what) const {
     std::string value;
-    rocksdb::Status s = db->Get(rocksdb::ReadOptions(), key, &value);
+    rocksdb::Status s =
+        const_cast<Impl*>(this)->readable().Get(rocksdb::ReadOptions(), key, &value);
     if (s.IsNotFound()) return std::nullopt;
     if (!s.ok()) fail("get " + what, s);
     return value;
   }
 
+  // The database after a failed write: resumed (RocksDB's own recovery), else closed and
+  // opened again. Throws, naming the free space, while neither works.
+  rocksdb::DB& writable() {
+    if (!write_failed && db) return *db;
+    rocksdb::Status s = db ? db->Resume() : rocksdb::Status::Incomplete("closed");
+    if (!s.ok()) {
+      spdlog::warn("MetadataStore {}: cannot resume after a failed write ({}); reopening",
+                   dir.string(), s.ToString());
+      if (db) db->Close();  // what it reports is the error we are recovering from
+      db.reset();
+      try {
+        open();
+      } catch (const std::exception& e) {
+        db.reset();
+        const std::string text =
+            std::string(e.what()) + " (" + free_space_text(dir) + " at " + dir.string() + ")";
+        spdlog::error("{}", text);
+        throw std::runtime_error(text);
+      }
+    }
+    write_failed = false;
+    spdlog::info("MetadataStore {}: writable again ({})", dir.string(), free_space_text(dir));
+    return *db;
+  }
+
+  rocksdb::DB& readable() {
+    if (!db) writable();
+    return *db;
+  }
+
   void write(const MetadataBatch& batch, bool sync) {
+    rocksdb::DB& live = writable();
     rocksdb::WriteBatch wb;
     for (const auto& [key, value] : batch.entries()) {
       rocksdb::Status s = value ? wb.Put(key, *value) : wb.Delete(key);
@@ -228,8 +296,16 @@ struct MetadataStore::Impl {
     }
     rocksdb::WriteOptions w;
     w.sync = sync;
-    rocksdb::Status s = db->Write(w, &wb);
-    if (!s.ok()) fail("write of " + std::to_string(batch.size()) + " entries", s);
+    rocksdb::Status s = live.Write(w, &wb);
+    if (!s.ok()) {
+      write_failed = true;
+      const std::string text = fmt::format(
+          "MetadataStore {}: write of {} entries: {} ({}); the store recovers on the next write "
+          "once there is room",
+          dir.string(), batch.size(), s.ToString(), free_space_text(dir));
+      spdlog::error("{}", text);
+      throw std::runtime_error(text);
+    }
   }
 };
 
@@ -282,7 +358,7 @@ std::vector<std::pair<PartitionKey, PartitionRecord>> MetadataStore::list(
   const std::string prefix = job.empty() ? std::string(1, kPartitionTag) : job_prefix(job);
   if (!job.empty()) check_job(job);
   std::vector<std::pair<PartitionKey, PartitionRecord>> out;
-  std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions()));
+  std::unique_ptr<rocksdb::Iterator> it(impl_->readable().NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     PartitionKey key = decode_key(it->key());
     PartitionRecord rec = decode_record(it->value().ToString(), key);
@@ -311,7 +387,7 @@ void MetadataStore::erase_manifest(const std::string& tag) {
 std::vector<std::string> MetadataStore::list_manifests() const {
   const std::string prefix(1, kManifestTag);
   std::vector<std::string> out;
-  std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions()));
+  std::unique_ptr<rocksdb::Iterator> it(impl_->readable().NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     out.emplace_back(it->key().data() + 1, it->key().size() - 1);
   }

@@ -16,6 +16,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "storage/disk_space.h"
+
 namespace dsactor::storage {
 
 const char* to_string(IoMode mode) {
@@ -28,8 +30,13 @@ std::string errno_text(int err) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
 }
 
+// An I/O error is the operator's to act on (a full disk above all): logged at error level
+// with the room left where the file lives, and thrown with the same words.
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& what, int err) {
-  throw std::runtime_error("NvmeFile " + path.string() + ": " + what + ": " + errno_text(err));
+  const std::string text = "NvmeFile " + path.string() + ": " + what + ": " + errno_text(err) +
+                           " (" + free_space_text(path) + " there)";
+  spdlog::error("{}", text);
+  throw std::runtime_error(text);
 }
 
 void validate(const NvmeOptions& o) {
