@@ -85,6 +85,7 @@ nlohmann::json train_steps(const ScaleBenchOptions& o, const trainer::GptConfig&
   zo.service_security = {service.client_security()};
   zo.timeout = std::chrono::seconds(o.timeout_seconds);
   zo.job_id = "bench-scale";
+  zo.shared_memory = o.shared_memory;
   BatchLoader loader(&tokens, o.micro_batch, o.block_size, false, o.seed);
   const auto t_setup = Clock::now();
   ZeroEngine engine(gpt, parse_ds_config(cfg, "bench scale"), o.seed, zo);
@@ -136,9 +137,13 @@ nlohmann::json run_scale_bench(const ScaleBenchOptions& o) {
   const bool own_dir = o.nvme_dir.empty();
   const fs::path dir = own_dir ? temp_nvme_dir() : o.nvme_dir;
   fs::create_directories(dir);
-  nlohmann::json out{
-      {"model", o.model},     {"block_size", o.block_size},     {"parameters", params},
-      {"state_bytes", state}, {"memory_limit", o.memory_limit}, {"nvme_dir", dir.string()}};
+  nlohmann::json out{{"model", o.model},
+                     {"block_size", o.block_size},
+                     {"parameters", params},
+                     {"state_bytes", state},
+                     {"memory_limit", o.memory_limit},
+                     {"nvme_dir", dir.string()},
+                     {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"}};
   try {
     {
       deploy::ServiceProcess service(

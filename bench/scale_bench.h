@@ -22,6 +22,9 @@ struct ScaleBenchOptions {
   storage::NvmeOptions aio;                      // the service's --aio-block-size / queue depth
   int timeout_seconds = 600;                     // per service request
   uint64_t reference_bytes = uint64_t{1} << 30;  // the file fio and our io_uring move
+  // Payloads through the same-host shared-memory arena (ZeroOptions::shared_memory): its
+  // pages, once touched, count in both processes' RSS. false: frames over loopback tcp.
+  bool shared_memory = true;
 };
 
 // ZeRO-Infinity on one box: `model` trained `steps` steps as ZeRO-3 with offload_param and

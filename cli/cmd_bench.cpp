@@ -135,6 +135,10 @@ void add_scale_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   scale->add_option("--timeout", so->timeout_seconds, "seconds per service request")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  scale->add_flag(
+      "--no-shared-memory", [so](int64_t) { so->shared_memory = false; },
+      "payloads as frames over loopback tcp instead of the shared-memory arena (whose touched "
+      "pages count in both processes' RSS)");
   scale->add_flag("--json", *json, "print one JSON object");
   scale->callback([so, json] { print_result(bench::run_scale_bench(*so), *json); });
 }
