@@ -8,6 +8,7 @@
 #include "bench/checkpoint_bench.h"
 #include "bench/dp_bench.h"
 #include "bench/nvme_bench.h"
+#include "bench/scale_bench.h"
 #include "bench/tokenize_bench.h"
 #include "bench/train_bench.h"
 #include "bench/transport_bench.h"
@@ -136,6 +137,48 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] { print_result(bench::run_zero_bench(*zo), *json); });
+}
+
+void add_scale_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
+  auto* scale = bench->add_subcommand(
+      "scale",
+      "ZeRO-Infinity: a model trained with its state on the NVMe tier of an offload service "
+      "whose memory limit is far below it; peak RSS, disk footprint, step split, NVMe rates "
+      "against fio");
+  auto so = std::make_shared<bench::ScaleBenchOptions>();
+  scale->add_option("--model", so->model, "model preset or YAML")->capture_default_str();
+  scale->add_option("--block-size", so->block_size, "the model's context (T)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scale->add_option("--micro-batch", so->micro_batch, "B")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scale->add_option("--steps", so->steps, "steps trained")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scale->add_option("--nvme", so->nvme_dir,
+                    "directory for the service's NVMe tier and fio's file (default: a temporary "
+                    "directory under $TMPDIR or /tmp, removed)");
+  scale->add_option("--memory-limit", so->memory_limit, "the service's --memory-limit (bytes)")
+      ->capture_default_str();
+  scale->add_option("--aio-block-size", so->aio.block_size, "bytes per io_uring request")
+      ->capture_default_str();
+  scale->add_option("--aio-queue-depth", so->aio.queue_depth, "io_uring requests in flight")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scale
+      ->add_option("--reference-bytes", so->reference_bytes,
+                   "the file fio and our io_uring write and read for the reference rates")
+      ->capture_default_str();
+  scale->add_option("--timeout", so->timeout_seconds, "seconds per service request")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scale->add_flag(
+      "--no-shared-memory", [so](int64_t) { so->shared_memory = false; },
+      "payloads as frames over loopback tcp instead of the shared-memory arena (whose touched "
+      "pages count in both processes' RSS)");
+  scale->add_flag("--json", *json, "print one JSON object");
+  scale->callback([so, json] { print_result(bench::run_scale_bench(*so), *json); });
 }
 
 void add_adam_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
@@ -283,6 +326,7 @@ void add_bench_command(CLI::App& app) {
   add_zero_bench(bench, json);
   add_adam_bench(bench, json);
   add_nvme_bench(bench, json);
+  add_scale_bench(bench, json);
   add_transport_bench(bench, json);
   add_tokenize_bench(bench, json);
   add_dp_bench(bench, json);

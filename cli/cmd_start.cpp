@@ -86,6 +86,14 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
       offload::resolved_state_dir(o.store).string(),
       o.security.insecure ? std::string("no keys (--insecure),")
                           : std::to_string(o.security.authorized.size()));
+  if (!a.nvme.empty()) {
+    // NVMe partitions take no RAM of their own: these buffers are all they stream through.
+    const auto st = service.stats();
+    spdlog::info(
+        "offload service: NVMe staging buffers {} bytes ({} buffers and 2 gradient sections; "
+        "no parameter cache); NVMe footprint {} bytes (partitions.dat) for {} bytes of extents",
+        st.staging_bytes, o.store.buffer_count, st.nvme_file_bytes, st.bytes_on_nvme);
+  }
   spdlog::info("offload service listening on {} ({} tier; partition workers: {}; pinning: {})",
                service.endpoint(), tiers, service.workers(), service.pinning_report());
   metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});

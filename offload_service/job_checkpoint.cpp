@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checksum/crc32c.h"
 #include "offload_service/store_common.h"
 #include "storage/checkpoint.h"
 
@@ -180,12 +181,66 @@ JobState restored_job(const LoadedJob& loaded, const JobState* live, const Place
   return next;
 }
 
-// Every tensor read (crc-checked) into plain buffers, grouped into one RestoreWork per
-// worker, in checkpoint order.
-PerWorker<RestoreWork> read_tensors(const storage::CheckpointReader& reader,
+// An NVMe partition's master, m and v read from the checkpoint chunk by chunk as its
+// worker streams them into a fresh extent. The coordinator verified these bytes (crc32c
+// and MAC) in a pass of its own; the crc32c of what is read here must match again, so
+// bytes changed in between are refused.
+class CheckpointChunks : public ChunkSource {
+ public:
+  CheckpointChunks(std::shared_ptr<const storage::CheckpointReader> reader, uint64_t pid)
+      : reader_(std::move(reader)),
+        names_{tensor_name(pid, "master"), tensor_name(pid, "m"), tensor_name(pid, "v")} {}
+
+  void read(uint64_t first, uint64_t count, float* master, float* m, float* v) override {
+    float* out[3] = {master, m, v};
+    for (size_t j = 0; j < 3; ++j) {
+      reader_->read_part(names_[j], first * 4, out[j], count * 4);
+      crc_[j] = checksum::crc32c(out[j], count * 4, crc_[j]);
+    }
+  }
+  void finish() override {
+    for (size_t j = 0; j < 3; ++j) {
+      if (crc_[j] != reader_->info(names_[j]).crc32c) {
+        refuse(ErrorCode::checksumMismatch, "checkpoint " + reader_->dir().string() + ": " +
+                                                names_[j] + " changed while it was restored");
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<const storage::CheckpointReader> reader_;
+  std::string names_[3];
+  uint32_t crc_[3] = {0, 0, 0};
+};
+
+// A tensor read in pieces through a bounded buffer into the MAC, its crc32c checked.
+void verify_streamed(const storage::CheckpointReader& reader, const std::string& name,
+                     security::KeyedMac& mac) {
+  const storage::TensorInfo& t = reader.info(name);
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<std::byte> piece(std::min(kPiece, t.bytes));
+  uint32_t crc = 0;
+  mac.field(name);
+  for (uint64_t at = 0; at < t.bytes; at += kPiece) {
+    const uint64_t n = std::min(kPiece, t.bytes - at);
+    reader.read_part(name, at, piece.data(), n);
+    crc = checksum::crc32c(piece.data(), n, crc);
+    mac.update(std::span<const std::byte>(piece.data(), n));
+  }
+  if (crc != t.crc32c) {
+    throw storage::CheckpointError("checkpoint " + reader.dir().string() + ": tensor '" + name +
+                                   "': crc32c mismatch");
+  }
+}
+
+// Every tensor verified (crc32c, MAC), grouped into one RestoreWork per worker, in
+// checkpoint order: a RAM-tier partition's read into plain buffers, an NVMe one's left to
+// stream from the checkpoint into its extent.
+PerWorker<RestoreWork> read_tensors(const std::shared_ptr<const storage::CheckpointReader>& source,
                                     const LoadedJob& loaded, const JobState& next,
                                     const RestoreFrom& from, const std::string& job,
                                     const security::MacKey& key) {
+  const storage::CheckpointReader& reader = *source;
   PerWorker<RestoreWork> pw;
   security::KeyedMac mac(key);
   mac.field("tensors");
@@ -196,6 +251,16 @@ PerWorker<RestoreWork> read_tensors(const storage::CheckpointReader& reader,
       RestoreItem item;
       item.spec = l.spec;
       item.on_nvme = p.on_nvme;
+      RestoreWork& w = pw.add(p.worker, pid);
+      w.job = job;
+      if (p.on_nvme) {
+        for (const char* what : {"master", "m", "v"}) {
+          verify_streamed(reader, tensor_name(pid, what), mac);
+        }
+        item.source = std::make_shared<CheckpointChunks>(source, pid);
+        w.items.push_back(std::move(item));
+        continue;
+      }
       item.master = HostAllocator::plain(n * 4);
       item.m = HostAllocator::plain(n * 4);
       item.v = HostAllocator::plain(n * 4);
@@ -205,8 +270,6 @@ PerWorker<RestoreWork> read_tensors(const storage::CheckpointReader& reader,
       add_to_mac(mac, pid, "master", item.master, n * 4);
       add_to_mac(mac, pid, "m", item.m, n * 4);
       add_to_mac(mac, pid, "v", item.v, n * 4);
-      RestoreWork& w = pw.add(p.worker, pid);
-      w.job = job;
       w.items.push_back(std::move(item));
     }
   } catch (const storage::CheckpointError& e) {
@@ -237,7 +300,6 @@ msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers, 
                  std::to_string(job.step + 1) + "; commit or skip before a checkpoint");
     }
   }
-  const auto opt = workers.optimizer_state(h.job_id, job);
   nlohmann::json js{{"format", kCheckpointFormat},
                     {"format_version", kCheckpointFormatVersion},
                     {"tag", c.tag},
@@ -252,13 +314,19 @@ msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers, 
     for (size_t i = 0; i < job.order.size(); ++i) {
       const uint64_t pid = job.order[i];
       const PartitionEntry& p = job.parts.at(pid);
+      // One partition at a time: an NVMe partition's state is read into RAM only while it
+      // is written out.
+      JobState one;
+      one.order = {pid};
+      one.parts.emplace(pid, p);
+      const auto opt = workers.optimizer_state(h.job_id, one);
       const std::vector<int64_t> shape{static_cast<int64_t>(p.n())};
-      w.add_tensor(tensor_name(pid, "master"), "F32", shape, opt[i][0]->as<float>(), p.n() * 4);
-      w.add_tensor(tensor_name(pid, "m"), "F32", shape, opt[i][1]->as<float>(), p.n() * 4);
-      w.add_tensor(tensor_name(pid, "v"), "F32", shape, opt[i][2]->as<float>(), p.n() * 4);
-      add_to_mac(mac, pid, "master", opt[i][0], p.n() * 4);
-      add_to_mac(mac, pid, "m", opt[i][1], p.n() * 4);
-      add_to_mac(mac, pid, "v", opt[i][2], p.n() * 4);
+      w.add_tensor(tensor_name(pid, "master"), "F32", shape, opt[0][0]->as<float>(), p.n() * 4);
+      w.add_tensor(tensor_name(pid, "m"), "F32", shape, opt[0][1]->as<float>(), p.n() * 4);
+      w.add_tensor(tensor_name(pid, "v"), "F32", shape, opt[0][2]->as<float>(), p.n() * 4);
+      add_to_mac(mac, pid, "master", opt[0][0], p.n() * 4);
+      add_to_mac(mac, pid, "m", opt[0][1], p.n() * 4);
+      add_to_mac(mac, pid, "v", opt[0][2], p.n() * 4);
       bytes += 3 * p.n() * 4;
       auto pj = detail::spec_json(p.spec, p.on_nvme, p.adam_steps);
       pj.erase("tier");  // placement is the restoring service's business
@@ -289,9 +357,9 @@ msg::RestoreReply restore_job(JobTable& jobs, Placement& placement, const Quotas
   const ResolvedCheckpoint dir = state.for_read(owner, h.job_id, rq.name);
   const RestoreFrom from{dir.shown};
   const security::MacKey key = state.mac_key(owner, h.job_id);
-  std::unique_ptr<storage::CheckpointReader> reader;
+  std::shared_ptr<storage::CheckpointReader> reader;
   try {
-    reader = std::make_unique<storage::CheckpointReader>(dir.path);
+    reader = std::make_shared<storage::CheckpointReader>(dir.path);
   } catch (const std::exception& e) {
     from.bad(ErrorCode::malformed, std::string("not a readable checkpoint: ") + e.what());
   }
@@ -303,12 +371,12 @@ msg::RestoreReply restore_job(JobTable& jobs, Placement& placement, const Quotas
   }
   JobState next = restored_job(loaded, live, placement, from, h.job_id);
   next.owner = owner;
-  const auto pw = read_tensors(*reader, loaded, next, from, h.job_id, key);
+  const auto pw = read_tensors(reader, loaded, next, from, h.job_id, key);
 
   std::vector<uint64_t> checkpoint_order;
   for (const auto& l : loaded.parts) checkpoint_order.push_back(l.spec.partition_id);
   const Prepared prepared = two_phase.prepare(pw, checkpoint_order);
-  if (prepared.failure) from.bad(ErrorCode::internal, prepared.failure->message);
+  if (prepared.failure) from.bad(prepared.failure->code, prepared.failure->message);
   two_phase.commit(h.job_id, next, pw, prepared,
                    "restore from " + from.dir.string() + ": metadata write failed: ");
   // Pending gradients of the job went with the partitions they belonged to. A live job

@@ -39,6 +39,20 @@ nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<Nv
             case ExtentPass::Kind::kRead:
               tier.read(rq->from, rq->elements, rq->fn);
               break;
+            case ExtentPass::Kind::kReadMaster:
+              tier.read_master(rq->from, rq->elements, rq->fn);
+              break;
+            case ExtentPass::Kind::kReserve:
+              r.location.extent = tier.reserve(rq->elements);
+              break;
+            case ExtentPass::Kind::kAccumulate:
+              r.location.extent = rq->gradient.extent;
+              r.location.crc32c =
+                  tier.accumulate(rq->gradient.extent, rq->elements, rq->gradient_sum, rq->grad_fn);
+              break;
+            case ExtentPass::Kind::kRewriteWith:
+              r.location = tier.rewrite_with(rq->from, rq->gradient, rq->elements, rq->fn);
+              break;
           }
         } catch (const ChecksumError& e) {
           r.status = ExtentPassResult::Status::kChecksum;
@@ -54,7 +68,7 @@ nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<Nv
       },
       [self](io_usage_atom) {
         auto& t = *self->state.tier;
-        return IoUsage{t.used_bytes(), uint64_t{t.buffer_count()} * t.buffer_bytes()};
+        return IoUsage{t.used_bytes(), t.staging_bytes(), t.file_bytes(), t.room_bytes()};
       },
   };
 }
@@ -67,6 +81,14 @@ nvme_io_actor spawn_nvme_io(caf::actor_system& system, std::unique_ptr<NvmeTier>
   return system.spawn<caf::detached>(nvme_io_behavior, owned);
 }
 
+ExtentPassResult NvmeIo::run(const std::shared_ptr<ExtentPass>& pass) {
+  auto r =
+      detail::call<ExtentPassResult>(*system_, actor_, io_stream_atom::value, ExtentPassPtr(pass));
+  if (r.status == ExtentPassResult::Status::kChecksum) throw ChecksumError(r.error);
+  if (r.status == ExtentPassResult::Status::kFailed) throw std::runtime_error(r.error);
+  return r;
+}
+
 NvmeLocation NvmeIo::stream(ExtentPass::Kind kind, const NvmeLocation& from, uint64_t n,
                             const NvmeTier::ChunkFn& fn) {
   auto rq = std::make_shared<ExtentPass>();
@@ -74,11 +96,37 @@ NvmeLocation NvmeIo::stream(ExtentPass::Kind kind, const NvmeLocation& from, uin
   rq->from = from;
   rq->elements = n;
   rq->fn = fn;
-  auto r =
-      detail::call<ExtentPassResult>(*system_, actor_, io_stream_atom::value, ExtentPassPtr(rq));
-  if (r.status == ExtentPassResult::Status::kChecksum) throw ChecksumError(r.error);
-  if (r.status == ExtentPassResult::Status::kFailed) throw std::runtime_error(r.error);
-  return r.location;
+  return run(rq).location;
+}
+
+void NvmeIo::read_master(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn) {
+  stream(ExtentPass::Kind::kReadMaster, from, n, fn);
+}
+
+storage::Extent NvmeIo::reserve(uint64_t n) {
+  return stream(ExtentPass::Kind::kReserve, {}, n, {}).extent;
+}
+
+uint32_t NvmeIo::accumulate(const storage::Extent& next, uint64_t n, std::optional<uint32_t> sum,
+                            const NvmeTier::GradFn& fn) {
+  auto rq = std::make_shared<ExtentPass>();
+  rq->kind = ExtentPass::Kind::kAccumulate;
+  rq->gradient.extent = next;
+  rq->gradient_sum = sum;
+  rq->elements = n;
+  rq->grad_fn = fn;
+  return run(rq).location.crc32c;
+}
+
+NvmeLocation NvmeIo::rewrite_with(const NvmeLocation& from, const NvmeLocation& gradient,
+                                  uint64_t n, const NvmeTier::ChunkFn& fn) {
+  auto rq = std::make_shared<ExtentPass>();
+  rq->kind = ExtentPass::Kind::kRewriteWith;
+  rq->from = from;
+  rq->gradient = gradient;
+  rq->elements = n;
+  rq->fn = fn;
+  return run(rq).location;
 }
 
 NvmeLocation NvmeIo::create(uint64_t n) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <caf/all.hpp>
@@ -20,11 +21,27 @@ namespace dsactor::offload {
 
 // One streaming pass over an extent (NvmeTier's create / write_new / rewrite / read).
 struct ExtentPass {
-  enum class Kind { kCreate, kWriteNew, kRewrite, kRead };
+  // kReadMaster, kReserve, kAccumulate and kRewriteWith are NvmeTier's read_master,
+  // reserve, accumulate and rewrite_with.
+  enum class Kind {
+    kCreate,
+    kWriteNew,
+    kRewrite,
+    kRead,
+    kReadMaster,
+    kReserve,
+    kAccumulate,
+    kRewriteWith
+  };
   Kind kind = Kind::kCreate;
-  NvmeLocation from;  // kRewrite, kRead
+  NvmeLocation from;  // kRewrite, kRead, kReadMaster, kRewriteWith
+  // kAccumulate: the extent and, when a gradient is there already, its crc;
+  // kRewriteWith: the gradient's extent and crc.
+  NvmeLocation gradient;
+  std::optional<uint32_t> gradient_sum;  // kAccumulate
   uint64_t elements = 0;
-  NvmeTier::ChunkFn fn;  // kWriteNew, kRewrite, kRead
+  NvmeTier::ChunkFn fn;      // kWriteNew, kRewrite, kRead, kRewriteWith
+  NvmeTier::GradFn grad_fn;  // kAccumulate
 };
 using ExtentPassPtr = std::shared_ptr<const ExtentPass>;
 
@@ -39,6 +56,8 @@ struct ExtentPassResult {
 struct IoUsage {
   uint64_t used_bytes = 0;
   uint64_t staging_bytes = 0;
+  uint64_t file_bytes = 0;  // partitions.dat on disk (the footprint)
+  uint64_t room_bytes = 0;  // free in partitions.dat and on its filesystem
 };
 
 using io_stream_atom = caf::atom_constant<caf::atom("iostream")>;
@@ -65,12 +84,19 @@ class NvmeIo {
   NvmeLocation write_new(uint64_t n, const NvmeTier::ChunkFn& fn);
   NvmeLocation rewrite(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn);
   void read(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn);
+  void read_master(const NvmeLocation& from, uint64_t n, const NvmeTier::ChunkFn& fn);
+  storage::Extent reserve(uint64_t n);
+  uint32_t accumulate(const storage::Extent& next, uint64_t n, std::optional<uint32_t> sum,
+                      const NvmeTier::GradFn& fn);
+  NvmeLocation rewrite_with(const NvmeLocation& from, const NvmeLocation& gradient, uint64_t n,
+                            const NvmeTier::ChunkFn& fn);
   // Asynchronous: later allocations may not reuse the extent before it arrives, which
   // only costs space.
   void release(const storage::Extent& extent);
   IoUsage usage();
 
  private:
+  ExtentPassResult run(const std::shared_ptr<ExtentPass>& pass);
   NvmeLocation stream(ExtentPass::Kind kind, const NvmeLocation& from, uint64_t n,
                       const NvmeTier::ChunkFn& fn);
   caf::actor_system* system_;

@@ -17,11 +17,18 @@
 // a corrupt source is detected by its crc when the pass ends and the fresh extent is
 // dropped, so corrupt bytes are never written back under a new crc, and a crash mid-pass
 // leaves the previous version intact.
+//
+// A step's gradient lives on NVMe too, in the master sections of the extent that the
+// step's commit will write (reserved at the step's first push): accumulated there chunk by
+// chunk, and read back by the commit's pass just before that chunk's new state overwrites
+// it. So the tier holds at most two extents per partition (the committed state and the
+// next one) and no per-element RAM.
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -40,6 +47,9 @@ class ChecksumError : public std::runtime_error {
 struct NvmeLocation {
   storage::Extent extent;
   uint32_t crc32c = 0;
+  // The crc32c of the master sections alone, chunk after chunk, when this process wrote the
+  // extent (not recorded in the metadata): a fetch then reads only the master sections.
+  std::optional<uint32_t> master_crc32c;
 };
 
 // The streaming knobs (ds_config offload `buffer_count` / `buffer_size`).
@@ -53,6 +63,12 @@ struct StagingOptions {
   unsigned buffer_count = 3;
 };
 
+// Every staging byte a tier with these options holds: the ring plus two sections of one
+// array (the gradient a commit reads ahead).
+inline uint64_t staging_bytes(const StagingOptions& s) {
+  return (3 * uint64_t{s.buffer_count} + 2) * s.chunk_elements * sizeof(float);
+}
+
 class NvmeTier {
  public:
   // One chunk of a partition in a streaming pass: elements [first, first + count).
@@ -62,8 +78,11 @@ class NvmeTier {
     float* master = nullptr;
     float* m = nullptr;
     float* v = nullptr;
+    const float* grad = nullptr;  // rewrite with a gradient: the step's accumulated gradient
   };
   using ChunkFn = std::function<void(const Chunk&)>;
+  // A piece of a gradient being accumulated: elements [first, first + count) in place.
+  using GradFn = std::function<void(uint64_t first, uint64_t count, float* grad)>;
 
   // Throws std::invalid_argument when the options do not fit each other or the layout
   // recorded in DIR (naming both), std::runtime_error when DIR cannot be used.
@@ -80,6 +99,14 @@ class NvmeTier {
   unsigned buffer_count() const { return buffer_count_; }
   // Bytes of one staging buffer (3 sections of chunk_elements floats).
   uint64_t buffer_bytes() const { return 3 * chunk_elems_ * sizeof(float); }
+  // Every staging byte: the ring plus the two gradient sections a commit reads ahead.
+  uint64_t staging_bytes() const { return offload::staging_bytes({chunk_elems_, buffer_count_}); }
+
+  // Bytes partitions.dat takes on disk (allocated blocks), the disk footprint.
+  uint64_t file_bytes() const;
+  // Bytes the tier can still hand out: free in partitions.dat plus what it may grow by on
+  // its filesystem (statvfs).
+  uint64_t room_bytes() const;
 
   // Marks an extent from a reloaded record as used.
   void adopt(const storage::Extent& extent);
@@ -95,17 +122,49 @@ class NvmeTier {
   NvmeLocation rewrite(const NvmeLocation& from, uint64_t n, const ChunkFn& fn);
   // Reads and verifies `from`, calling fn per chunk (read-only).
   void read(const NvmeLocation& from, uint64_t n, const ChunkFn& fn);
+  // read() of the master sections alone (chunks without m and v), verified against
+  // from.master_crc32c; the whole extent where that is unknown (reloaded at startup).
+  void read_master(const NvmeLocation& from, uint64_t n, const ChunkFn& fn);
+
+  // A fresh extent for n elements, nothing written: where a step's gradient accumulates
+  // and its commit writes the new state.
+  storage::Extent reserve(uint64_t n);
+  // Accumulates into the gradient held in `next`'s master sections: `sum` (the crc of
+  // what the last accumulation wrote) says there is one, read and verified (ChecksumError
+  // when it does not match), else fn gets zeroes. Returns the crc of what it wrote.
+  uint32_t accumulate(const storage::Extent& next, uint64_t n, std::optional<uint32_t> sum,
+                      const GradFn& fn);
+  // rewrite() into `gradient.extent` (from reserve()), each chunk's fn given the gradient
+  // that accumulate() left there (verified against gradient.crc32c: ChecksumError). The
+  // extent is the caller's to release on any failure.
+  NvmeLocation rewrite_with(const NvmeLocation& from, const NvmeLocation& gradient, uint64_t n,
+                            const ChunkFn& fn);
 
  private:
+  // One pass over n elements: read `from` (crc-checked) or start from zeroes, call fn per
+  // chunk, write into `into` when set. master_only: the master sections alone (a
+  // gradient). gradient: the master sections of the `into` extent read into the aux
+  // buffers before each chunk's fn (crc-checked against gradient->crc32c).
+  struct Pass {
+    const NvmeLocation* from = nullptr;
+    std::optional<storage::Extent> into;
+    bool master_only = false;
+    const NvmeLocation* gradient = nullptr;
+  };
   storage::Extent allocate(uint64_t bytes);
-  NvmeLocation stream(const NvmeLocation* from, uint64_t n, const ChunkFn& fn, bool write);
+  // The crc32c of what was written (with that of its master sections), extent unset.
+  NvmeLocation stream(const Pass& pass, uint64_t n, const ChunkFn& fn);
+  NvmeLocation stream_into_fresh(const NvmeLocation* from, uint64_t n, const ChunkFn& fn);
+  [[noreturn]] void checksum_failed(const NvmeLocation& at, uint32_t got) const;
 
   std::string file_name_;
   std::unique_ptr<storage::NvmeFile> file_;
   storage::ExtentAllocator alloc_;
   uint64_t chunk_elems_;
   unsigned buffer_count_;
-  HostBufferPtr ring_;  // buffer_count chunk buffers, registered with the io_uring ring
+  // buffer_count chunk buffers, then two of one section (the gradient a commit reads),
+  // registered with the io_uring ring.
+  HostBufferPtr ring_;
 };
 
 }  // namespace dsactor::offload

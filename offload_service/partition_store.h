@@ -140,16 +140,17 @@ StagingOptions validate(const StoreOptions& options);
 enum class Tier { kRam, kNvme };
 const char* to_string(Tier tier);
 
-// What Stats reports (StatsReply carries all of it but the staging bytes).
+// What Stats reports (StatsReply carries all of it but the staging and file bytes).
 struct StoreStats {
   uint64_t bytes_in_ram = 0;   // charged against the memory limit (partitions only)
   uint64_t bytes_on_nvme = 0;  // extents in use in partitions.dat
   uint64_t partitions = 0;
   uint64_t partitions_in_ram = 0;
   uint64_t partitions_on_nvme = 0;
-  uint64_t steps = 0;          // steps applied (skips not counted)
-  uint64_t staging_bytes = 0;  // NVMe staging ring
-  uint64_t memory_limit = 0;   // what bytes_in_ram may reach (the staging ring taken off)
+  uint64_t steps = 0;            // steps applied (skips not counted)
+  uint64_t staging_bytes = 0;    // NVMe staging buffers: all the RAM NVMe partitions use
+  uint64_t nvme_file_bytes = 0;  // partitions.dat's blocks on disk (the NVMe footprint)
+  uint64_t memory_limit = 0;     // what bytes_in_ram may reach (the staging ring taken off)
   PinningKind pinning = PinningKind::kNone;
   std::optional<std::filesystem::path> nvme_dir;  // the NVMe tier's, when there is one
   messages::StatsReply wire() const {

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "checksum/crc32c.h"
+#include "offload_service/nvme_partition.h"
 
 namespace dsactor::offload {
 
@@ -56,26 +57,6 @@ struct WorkerState {
     if (loc) nvme->release(loc->extent);
   }
 
-  // Rebuilds the served half copy of an NVMe partition from its (crc-checked) extent.
-  void materialize_half(WorkerPartition& p) {
-    if (p.half_valid) return;
-    auto half = p.half ? p.half : alloc(p.n() * 2);
-    unshare(half);
-    auto* out = half->as<uint16_t>();
-    const auto kind = half_kind(p.spec.served_dtype);
-    try {
-      nvme->read(*p.loc, p.n(), [&](const NvmeTier::Chunk& c) {
-        kc::floats_to_half(out + c.first, c.master, c.count, kind);
-      });
-    } catch (const ChecksumError& e) {
-      refuse(ErrorCode::checksumMismatch,
-             "partition " + std::to_string(p.spec.partition_id) + ": " + e.what());
-    }
-    p.half = std::move(half);
-    p.half_valid = true;
-    p.half_crc.reset();
-  }
-
   // ---- requests answered here ----
 
   Reply on_push(const detail::Incoming& in, const msg::PushGradients& g, uint64_t next_step) {
@@ -109,6 +90,14 @@ struct WorkerState {
       refuse(ErrorCode::versionOrder, id + ": micro-step " + std::to_string(g.micro_step) +
                                           " of step " + std::to_string(g.step) + ", expected " +
                                           std::to_string(p.micro_steps));
+    }
+    if (p.on_nvme()) {
+      const auto st = nvme_accumulate(*nvme, p, payload, g.dtype);
+      return {{m.header.request_id, m.header.job_id,
+               msg::PushReply{g.partition_id, g.step, g.micro_step, st.sum_squares, st.nonfinite}},
+              {},
+              {},
+              {}};
     }
     if (!p.grad) p.grad = std::make_shared<storage::AlignedBuffer>(p.n() * 4);
     float* acc = p.grad->as<float>();
@@ -162,16 +151,23 @@ struct WorkerState {
       r.owner = buf;
       r.crc32c = cache;
     };
+    if (p.on_nvme()) {
+      // Converted as the master streams: only the reply holds these bytes.
+      BufPtr buf = HostAllocator::plain(bytes);
+      nvme_serve(*nvme, p, f.dtype, buf->data());
+      r.payload = {buf->data(), bytes};
+      r.owner = buf;
+      return r;
+    }
     if (is_half(f.dtype) && f.dtype == p.spec.served_dtype) {
-      if (p.on_nvme()) materialize_half(p);
       serve(p.half, p.half_crc);
       return r;
     }
-    if (f.dtype == DType::fp32 && !p.on_nvme()) {
+    if (f.dtype == DType::fp32) {
       serve(p.master, p.master_crc);
       return r;
     }
-    // Converted on the fly: a half type other than the served one, or fp32 from NVMe.
+    // Converted on the fly: a half type other than the served one.
     BufPtr buf = HostAllocator::plain(bytes);
     auto emit = [&](uint64_t first, const float* src, uint64_t count) {
       if (f.dtype == DType::fp32) {
@@ -180,17 +176,7 @@ struct WorkerState {
         kc::floats_to_half(buf->as<uint16_t>() + first, src, count, half_kind(f.dtype));
       }
     };
-    if (p.on_nvme()) {
-      try {
-        nvme->read(*p.loc, p.n(),
-                   [&](const NvmeTier::Chunk& c) { emit(c.first, c.master, c.count); });
-      } catch (const ChecksumError& e) {
-        refuse(ErrorCode::checksumMismatch,
-               "partition " + std::to_string(f.partition_id) + ": " + e.what());
-      }
-    } else {
-      emit(0, p.master->as<float>(), p.n());
-    }
+    emit(0, p.master->as<float>(), p.n());
     r.payload = {buf->data(), bytes};
     r.owner = buf;
     return r;
@@ -224,13 +210,13 @@ struct WorkerState {
   WorkerPartition make_partition(const msg::PartitionSpec& s, bool on_nvme) {
     WorkerPartition p;
     p.spec = s;
-    if (is_half(s.served_dtype)) p.half = alloc(s.element_count * 2);
     if (on_nvme) {
       p.loc = nvme->create(p.n());
     } else {
       p.master = alloc(p.n() * 4);
       p.m = alloc(p.n() * 4);
       p.v = alloc(p.n() * 4);
+      if (is_half(s.served_dtype)) p.half = alloc(s.element_count * 2);
     }
     return p;
   }
@@ -273,27 +259,18 @@ struct WorkerState {
     WorkResult r;
     auto in = w.request;  // keeps the payload alive until apply
     if (p.on_nvme()) {
-      BufPtr newhalf = half ? alloc(p.n() * 2) : nullptr;
       NvmeLocation loc;
       try {
         loc = nvme->write_new(p.n(), [&](const NvmeTier::Chunk& c) {
           detail::payload_to_floats(c.master, m.payload, s.dtype, c.first, c.count);
-          if (half) {
-            kc::floats_to_half(newhalf->as<uint16_t>() + c.first, c.master, c.count,
-                               half_kind(p.spec.served_dtype));
-          }
         });
       } catch (const std::exception& e) {
         return failed(ErrorCode::internal, std::string("nvme write failed: ") + e.what(), 0);
       }
       r.locations.push_back(loc);
-      staged = Staged{[this, &p, loc, newhalf] {
+      staged = Staged{[this, &p, loc] {
                         release(p.loc);
                         p.loc = loc;
-                        p.half = newhalf;
-                        p.half_valid = true;
-                        p.half_crc.reset();
-                        p.master_crc.reset();
                       },
                       [this, loc] { nvme->release(loc.extent); }};
     } else {
@@ -322,16 +299,22 @@ struct WorkerState {
   // A commit's Adam pass, partition by partition (each partition's result does not depend
   // on the order, so this equals one registration-order pass bit for bit). Each tier runs
   // it where it can keep the old state until the coordinator decides:
-  //  - an NVMe partition streams from its extent into a fresh one now, so a crc mismatch
-  //    fails the prepare with nothing changed, and apply only switches extents;
+  //  - an NVMe partition streams from its extent, with the step's gradient, into the
+  //    extent that gradient was in (nvme_partition.h) now, so a crc mismatch fails the
+  //    prepare with the old state untouched, and apply only switches extents. The gradient
+  //    is consumed by the pass: a refused commit drops the NVMe partitions' gradients of
+  //    the step (the trainer pushes again or skips);
   //  - a RAM partition is updated in place at apply, once nothing can fail any more;
   //    running it here would need a second copy of its master, m and v (README.md, "Why
   //    Adam runs at two points").
   WorkResult prepare(const CommitWork& w) {
     WorkResult r;
-    auto fresh = std::make_shared<std::vector<FreshExtent>>();  // the NVMe partitions', in order
-    auto drop = [this](const std::vector<FreshExtent>& f) {
-      for (const auto& e : f) nvme->release(e.loc.extent);
+    auto fresh = std::make_shared<std::vector<NvmeLocation>>();  // the NVMe partitions', in order
+    auto drop = [this, w] {
+      for (uint64_t pid : w.partitions) {
+        WorkerPartition& p = at(w.job, pid);
+        if (p.on_nvme()) drop_gradient(*nvme, p);
+      }
     };
     for (size_t i = 0; i < w.partitions.size(); ++i) {
       const uint64_t pid = w.partitions[i];
@@ -341,44 +324,23 @@ struct WorkerState {
         continue;
       }
       try {
-        fresh->push_back(nvme_adam(p, w, i));
-        r.locations.push_back(fresh->back().loc);
+        fresh->push_back(nvme_adam(*nvme, p, detail::hyper(p.spec.optimizer, w.commit.lr),
+                                   w.adam_t[i], w.multiplier));
+        r.locations.push_back(fresh->back());
         if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
       } catch (const ChecksumError& e) {
-        drop(*fresh);
+        drop();
         return failed(ErrorCode::checksumMismatch,
                       "partition " + std::to_string(pid) + ": " + e.what() + "; step " +
                           std::to_string(w.commit.step) + " not applied",
                       i);
       } catch (const std::exception& e) {
-        drop(*fresh);
+        drop();
         return failed(ErrorCode::internal, "partition " + std::to_string(pid) + ": " + e.what(), i);
       }
     }
-    staged = Staged{[this, fresh, w] { apply_commit(w, *fresh); }, [fresh, drop] { drop(*fresh); }};
+    staged = Staged{[this, fresh, w] { apply_commit(w, *fresh); }, drop};
     return r;
-  }
-
-  // An NVMe partition after a commit's Adam pass: its fresh extent and served half copy.
-  struct FreshExtent {
-    NvmeLocation loc;
-    BufPtr half;
-  };
-
-  // Adam over an NVMe partition's chunks as they stream from its extent into a fresh one
-  // (the served half copy written in the same sweep); the old extent stays as it was.
-  FreshExtent nvme_adam(const WorkerPartition& p, const CommitWork& w, size_t i) {
-    const bool half = is_half(p.spec.served_dtype);
-    FreshExtent out;
-    if (half) out.half = alloc(p.n() * 2);
-    const auto hy = detail::hyper(p.spec.optimizer, w.commit.lr);
-    out.loc = nvme->rewrite(*p.loc, p.n(), [&](const NvmeTier::Chunk& k) {
-      kc::HalfCopy hc;
-      if (half) hc = {out.half->as<uint16_t>() + k.first, half_kind(p.spec.served_dtype)};
-      kc::adam_step(k.master, k.m, k.v, p.grad->as<float>() + k.first, k.count, hy, w.adam_t[i],
-                    w.multiplier, hc);
-    });
-    return out;
   }
 
   // Adam over a RAM partition in place (buffers a reply still holds are cloned first).
@@ -394,16 +356,14 @@ struct WorkerState {
                   hc);
   }
 
-  void apply_commit(const CommitWork& w, std::vector<FreshExtent>& fresh) {
+  void apply_commit(const CommitWork& w, const std::vector<NvmeLocation>& fresh) {
     size_t k = 0;
     for (size_t i = 0; i < w.partitions.size(); ++i) {
       WorkerPartition& p = at(w.job, w.partitions[i]);
       if (p.on_nvme()) {
         release(p.loc);
-        p.loc = fresh[k].loc;
-        p.half = std::move(fresh[k].half);
-        p.half_valid = true;
-        ++k;
+        p.loc = fresh[k++];
+        p.next.reset();  // it is p.loc now
       } else {
         ram_adam(p, w, i);
         if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
@@ -422,7 +382,7 @@ struct WorkerState {
         const uint64_t n = item.spec.element_count;
         WorkerPartition p;
         p.spec = item.spec;
-        if (is_half(item.spec.served_dtype)) {
+        if (is_half(item.spec.served_dtype) && !item.on_nvme) {
           p.half = alloc(n * 2);
           kc::floats_to_half(p.half->as<uint16_t>(), item.master->as<float>(), n,
                              half_kind(item.spec.served_dtype));
@@ -430,10 +390,14 @@ struct WorkerState {
         if (item.on_nvme) {
           // A failed write releases its fresh extent itself.
           p.loc = nvme->write_new(n, [&](const NvmeTier::Chunk& c) {
-            std::memcpy(c.master, item.master->as<float>() + c.first, c.count * 4);
-            std::memcpy(c.m, item.m->as<float>() + c.first, c.count * 4);
-            std::memcpy(c.v, item.v->as<float>() + c.first, c.count * 4);
+            item.source->read(c.first, c.count, c.master, c.m, c.v);
           });
+          try {
+            item.source->finish();
+          } catch (...) {
+            release(p.loc);
+            throw;
+          }
         } else {
           // Into this worker's (pinned) memory.
           p.master = alloc(n * 4);
@@ -446,6 +410,9 @@ struct WorkerState {
         made->push_back(std::move(p));
         r.locations.push_back(made->back().loc);
       }
+    } catch (const detail::Refusal& e) {
+      for (auto& p : *made) release(p.loc);
+      return failed(e.code, e.what(), made->size());
     } catch (const std::exception& e) {
       for (auto& p : *made) release(p.loc);
       return failed(ErrorCode::internal, e.what(), made->size());
@@ -456,6 +423,7 @@ struct WorkerState {
                         // Buffers still held by in-flight replies stay alive through them.
                         if (auto old = parts.find({job, pid}); old != parts.end()) {
                           release(old->second.loc);
+                          release(old->second.next);
                         }
                         parts.insert_or_assign({job, pid}, std::move(p));
                       }
@@ -549,15 +517,19 @@ partition_worker::behavior_type worker_behavior(
       [self](state_atom, const PartitionQueryPtr& q) { return self->state.state_of(*q); },
       [self](skip_atom, const std::string& job) {
         for (auto& [key, p] : self->state.parts) {
-          if (key.first == job) p.micro_steps = 0;
+          if (key.first != job) continue;
+          if (p.on_nvme()) drop_gradient(*self->state.nvme, p);
+          p.micro_steps = 0;
         }
       },
       [self](drop_atom, const std::string& job) {
         uint64_t released = 0;
         std::erase_if(self->state.parts, [&](auto& kv) {
           if (kv.first.first != job) return false;
-          if (kv.second.loc) released += kv.second.loc->extent.bytes;
-          self->state.release(kv.second.loc);
+          for (const auto* loc : {&kv.second.loc, &kv.second.next}) {
+            if (*loc) released += (*loc)->extent.bytes;
+            self->state.release(*loc);
+          }
           return true;
         });
         return released;

@@ -3,8 +3,9 @@
 // A partition_store worker: owns the RAM buffers (fp32 master, m, v on the RAM tier; the
 // served half copy and the accumulated gradient on both tiers) of the partitions the
 // step coordinator assigned to it, and runs pushes, fetches and the fused Adam pass on
-// them. NVMe partitions stream through the nvme_io actor. Detached: the optimizer pass
-// and the I/O waits would otherwise hold a scheduler thread.
+// them. NVMe partitions stream through the nvme_io actor and keep nothing per element in
+// RAM: their gradient accumulates on NVMe and fetches convert the master as it streams. Detached:
+// the optimizer pass and the I/O waits would otherwise hold a scheduler thread.
 //
 // State-changing work is two-phase so a step stays all-or-nothing across workers:
 // a prepare message (register, set, commit, restore) validates and stages (NVMe
@@ -39,11 +40,13 @@ struct WorkerPartition {
   messages::PartitionSpec spec;
   HostBufferPtr master, m, v;       // RAM tier
   std::optional<NvmeLocation> loc;  // NVMe tier (set exactly when the partition lives there)
-  HostBufferPtr half;               // served copy when spec.served_dtype is a half type
-  bool half_valid = true;           // NVMe after a restart: rebuilt (crc-checked) on first use
+  HostBufferPtr half;               // RAM tier: served copy when spec.served_dtype is a half type
   std::optional<uint32_t> half_crc, master_crc;  // crc of the served bytes, reset by updates
-  std::shared_ptr<storage::AlignedBuffer> grad;  // fp32 accumulation, on first push
-  uint32_t micro_steps = 0;                      // micro-steps accumulated for the job's next step
+  std::shared_ptr<storage::AlignedBuffer> grad;  // RAM tier: fp32 accumulation, on first push
+  // NVMe tier: the extent the next commit writes, whose master sections hold the step's
+  // fp32 gradient meanwhile (crc32c of those sections); set from the step's first push.
+  std::optional<NvmeLocation> next;
+  uint32_t micro_steps = 0;  // micro-steps accumulated for the job's next step
 
   uint64_t n() const { return spec.element_count; }
   bool on_nvme() const { return loc.has_value(); }
@@ -92,10 +95,23 @@ struct CommitWork {
   // Partitions updated so far, across the job's workers (the progress a heartbeat reports).
   std::shared_ptr<std::atomic<uint64_t>> done;
 };
+// Where an NVMe partition's restored state comes from, chunk by chunk, so a restore holds
+// no whole partition in RAM. Called in element order on the nvme_io thread.
+class ChunkSource {
+ public:
+  virtual ~ChunkSource() = default;
+  // Elements [first, first + count) of master, m and v.
+  virtual void read(uint64_t first, uint64_t count, float* master, float* m, float* v) = 0;
+  // After the last chunk: throws (checksumMismatch) when what was read is not what the
+  // coordinator verified.
+  virtual void finish() = 0;
+};
+
 struct RestoreItem {
   messages::PartitionSpec spec;
   bool on_nvme = false;
-  HostBufferPtr master, m, v;  // read and crc-checked by the coordinator (plain memory)
+  HostBufferPtr master, m, v;  // RAM tier: read and crc-checked by the coordinator (plain memory)
+  std::shared_ptr<ChunkSource> source;  // NVMe tier
 };
 struct RestoreWork {
   std::string job;

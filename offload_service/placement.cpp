@@ -37,17 +37,38 @@ std::vector<bool> Placement::tiers(const std::vector<const messages::PartitionSp
                                                " free of the " + fmt_bytes(limit_) + " limit" +
                                                (has_nvme_ ? "" : " (no --nvme tier to spill to)"));
   }
+  if (nvme_room_) check_nvme_room(fresh, to_nvme, what);
   return to_nvme;
+}
+
+void Placement::check_nvme_room(const std::vector<const messages::PartitionSpec*>& fresh,
+                                const std::vector<bool>& to_nvme, const char* what) const {
+  uint64_t need = 0;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (to_nvme[i]) need += 2 * opt_bytes(*fresh[i]);
+  }
+  if (need == 0) return;
+  // The partitions already placed still need room for their next step's extent.
+  const uint64_t room = nvme_room_(), promised = nvme_opt_used_;
+  const uint64_t free = room > promised ? room - promised : 0;
+  if (need > free) {
+    detail::refuse(ErrorCode::outOfMemory,
+                   std::string(what) + " needs " + fmt_bytes(need) +
+                       " on the NVMe tier (each partition's state and the copy its next step "
+                       "writes); " +
+                       fmt_bytes(free) + " free there");
+  }
 }
 
 void Placement::charge(const PartitionEntry& p) {
   ram_used_ += p.ram_bytes;
-  if (!p.on_nvme) ram_opt_used_ += opt_bytes(p.spec);
+  (p.on_nvme ? nvme_opt_used_ : ram_opt_used_) += opt_bytes(p.spec);
 }
 
 void Placement::uncharge(const PartitionEntry& p) {
   ram_used_ -= std::min(ram_used_, p.ram_bytes);
-  if (!p.on_nvme) ram_opt_used_ -= std::min(ram_opt_used_, opt_bytes(p.spec));
+  auto& used = p.on_nvme ? nvme_opt_used_ : ram_opt_used_;
+  used -= std::min(used, opt_bytes(p.spec));
 }
 
 }  // namespace dsactor::offload

@@ -4,12 +4,15 @@
 // job), partition by partition in the job's order:
 //  - the tier: RAM while the partition's optimizer state still fits under --max-in-cpu
 //    (with an NVMe tier) and its RAM charge under the memory limit, else NVMe when there
-//    is an NVMe tier; a set whose RAM charges do not fit is refused as a whole;
+//    is an NVMe tier; a set whose RAM charges do not fit is refused as a whole, and so is
+//    one whose NVMe partitions do not fit the NVMe tier's room (each needs its state twice:
+//    the committed extent and the one the next step writes);
 //  - the worker: the i-th partition of a job lives on worker i mod workers.
 // Also the RAM charges of every placed partition (what Stats reports as bytes in RAM).
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "messages/codec.h"
@@ -31,6 +34,10 @@ class Placement {
   // The worker of a job's partition at `index` in the job's order.
   size_t worker_for(size_t index) const { return index % workers_; }
 
+  // What the NVMe tier can still take (free bytes in its file and on its filesystem);
+  // without it the NVMe room is not checked.
+  void set_nvme_room(std::function<uint64_t()> room) { nvme_room_ = std::move(room); }
+
   void charge(const PartitionEntry& p);
   void uncharge(const PartitionEntry& p);
   uint64_t ram_used() const { return ram_used_; }
@@ -38,12 +45,17 @@ class Placement {
   bool has_nvme() const { return has_nvme_; }
 
  private:
+  void check_nvme_room(const std::vector<const messages::PartitionSpec*>& fresh,
+                       const std::vector<bool>& to_nvme, const char* what) const;
+
   uint64_t limit_;
   uint64_t max_in_cpu_;
   bool has_nvme_;
   size_t workers_;
-  uint64_t ram_used_ = 0;      // RAM charges of every partition placed
-  uint64_t ram_opt_used_ = 0;  // optimizer state of the RAM-tier ones (what max_in_cpu counts)
+  uint64_t ram_used_ = 0;       // RAM charges of every partition placed
+  uint64_t ram_opt_used_ = 0;   // optimizer state of the RAM-tier ones (what max_in_cpu counts)
+  uint64_t nvme_opt_used_ = 0;  // optimizer state of the NVMe-tier ones
+  std::function<uint64_t()> nvme_room_;
 };
 
 }  // namespace dsactor::offload

@@ -17,6 +17,8 @@ void collect_store(metrics::Registry& r, const StoreStats& s) {
       "What RAM partitions may take (--memory-limit less the NVMe staging ring)", s.memory_limit);
   set("dsactor_offload_nvme_bytes", "Extent bytes in use on the NVMe tier", s.bytes_on_nvme);
   set("dsactor_offload_staging_bytes", "The NVMe staging ring's buffers", s.staging_bytes);
+  set("dsactor_offload_nvme_file_bytes", "partitions.dat's blocks on disk (the NVMe footprint)",
+      s.nvme_file_bytes);
   const char* partitions_help = "Registered partitions by tier";
   set("dsactor_offload_partitions", partitions_help, s.partitions_in_ram, {{"tier", "ram"}});
   set("dsactor_offload_partitions", partitions_help, s.partitions_on_nvme, {{"tier", "nvme"}});

@@ -50,7 +50,10 @@ struct CoordinatorState {
         two_phase(workers, std::move(setup.metadata), std::move(setup.file_name)),
         pinning(setup.pinning),
         board(setup.progress ? setup.progress : std::make_shared<ProgressBoard>()) {
-    if (setup.nvme_io) nvme = std::make_unique<NvmeIo>(system, *setup.nvme_io);
+    if (setup.nvme_io) {
+      nvme = std::make_unique<NvmeIo>(system, *setup.nvme_io);
+      placement.set_nvme_room([io = nvme.get()] { return io->usage().room_bytes; });
+    }
     for (const auto& [name, job] : jobs.all()) {
       for (const auto& [pid, p] : job.parts) placement.charge(p);
     }
@@ -235,6 +238,7 @@ struct CoordinatorState {
       const auto u = nvme->usage();
       st.bytes_on_nvme = u.used_bytes;
       st.staging_bytes = u.staging_bytes;
+      st.nvme_file_bytes = u.file_bytes;
     }
     for (const auto& [name, job] : jobs.all()) {
       for (const auto& [pid, p] : job.parts)

@@ -73,9 +73,8 @@ void reload(storage::MetadataStore& meta, NvmeTier& tier, JobTable& jobs,
       e.worker = job.order.size() % per_worker.size();
       WorkerPartition p;
       p.spec = e.spec;
-      p.loc = NvmeLocation{{rec->offset, rec->bytes}, rec->crc32c};
+      p.loc = NvmeLocation{{rec->offset, rec->bytes}, rec->crc32c, std::nullopt};
       tier.adopt(p.loc->extent);
-      p.half_valid = !detail::is_half(p.spec.served_dtype);
       per_worker[e.worker]->emplace_back(PartitionKey{name, e.spec.partition_id}, std::move(p));
       job.order.push_back(e.spec.partition_id);
       job.parts.emplace(e.spec.partition_id, e);
@@ -113,13 +112,13 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
   for (unsigned i = 0; i < n_workers; ++i)
     per_worker.push_back(std::make_shared<WorkerPartitions>());
   if (options.nvme_dir) {
-    const uint64_t ring = uint64_t{staging.buffer_count} * 3 * staging.chunk_elements * 4;
+    const uint64_t ring = staging_bytes(staging);
     if (ring > setup.memory_limit) {
       throw std::invalid_argument("offload: the NVMe staging buffers (buffer_count " +
                                   std::to_string(staging.buffer_count) + " x buffer_size " +
-                                  std::to_string(ring / staging.buffer_count) + " = " +
-                                  fmt_bytes(ring) + ") exceed the memory limit of " +
-                                  fmt_bytes(setup.memory_limit));
+                                  std::to_string(3 * staging.chunk_elements * 4) +
+                                  ", plus two gradient sections = " + fmt_bytes(ring) +
+                                  ") exceed the memory limit of " + fmt_bytes(setup.memory_limit));
     }
     setup.memory_limit -= ring;
     // Only the service's user may read what it persists (files 0600 come from the

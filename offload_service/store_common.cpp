@@ -106,9 +106,10 @@ void check_spec(const msg::PartitionSpec& s) {
 }
 
 uint64_t ram_need(const msg::PartitionSpec& s, bool on_nvme) {
+  if (on_nvme) return 0;  // it streams through the staging buffers (nvme_partition.h)
   const uint64_t f = align_up(s.element_count * 4);
   const uint64_t h = is_half(s.served_dtype) ? align_up(s.element_count * 2) : 0;
-  return (on_nvme ? f : 4 * f) + h;
+  return 4 * f + h;
 }
 
 uint64_t opt_bytes(const msg::PartitionSpec& s) {

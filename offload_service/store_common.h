@@ -56,8 +56,8 @@ msg::PartitionSpec spec_from_json(const nlohmann::json& pj);
 // A spec's fields must be in range (Register and Restore alike).
 void check_spec(const msg::PartitionSpec& s);
 
-// RAM a partition is charged: the gradient and the served half copy on both tiers, plus
-// master, m and v on the RAM tier.
+// RAM a partition is charged: master, m, v, the gradient and the served half copy on the
+// RAM tier; nothing on the NVMe tier, whose partitions stream through the staging buffers.
 uint64_t ram_need(const msg::PartitionSpec& s, bool on_nvme);
 // master + m + v (what max_in_cpu counts).
 uint64_t opt_bytes(const msg::PartitionSpec& s);

@@ -409,18 +409,13 @@ const TensorInfo& CheckpointReader::info(const std::string& name) const {
   return tensors_[it->second];
 }
 
-void CheckpointReader::read_tensor(const std::string& name, void* out, size_t bytes,
-                                   std::string_view expected_dtype) const {
-  const TensorInfo& t = info(name);
-  const auto where = [&] { return fmt::format("checkpoint {}: tensor '{}'", dir_.string(), name); };
-  if (!expected_dtype.empty() && expected_dtype != t.dtype)
-    throw CheckpointError(
-        fmt::format("{}: stored as {}, but {} was requested", where(), t.dtype, expected_dtype));
-  if (bytes != t.bytes)
-    throw CheckpointError(fmt::format("{}: holds {} bytes (shape [{}] of {}), but the buffer is {}",
-                                      where(), t.bytes, fmt::join(t.shape, ", "), t.dtype, bytes));
+void CheckpointReader::pread_all(const TensorInfo& t, uint64_t offset, void* out,
+                                 size_t bytes) const {
+  const auto where = [&] {
+    return fmt::format("checkpoint {}: tensor '{}'", dir_.string(), t.name);
+  };
   auto* p = static_cast<char*>(out);
-  uint64_t off = t.offset;
+  uint64_t off = t.offset + offset;
   size_t left = bytes;
   while (left > 0) {
     const ssize_t r = ::pread(fd_, p, left, static_cast<off_t>(off));
@@ -435,6 +430,29 @@ void CheckpointReader::read_tensor(const std::string& name, void* out, size_t by
     off += static_cast<uint64_t>(r);
     left -= static_cast<size_t>(r);
   }
+}
+
+void CheckpointReader::read_part(const std::string& name, uint64_t offset, void* out,
+                                 size_t bytes) const {
+  const TensorInfo& t = info(name);
+  if (offset > t.bytes || bytes > t.bytes - offset) {
+    throw CheckpointError(fmt::format("checkpoint {}: tensor '{}' has {} bytes, [{}, +{}) asked",
+                                      dir_.string(), name, t.bytes, offset, bytes));
+  }
+  pread_all(t, offset, out, bytes);
+}
+
+void CheckpointReader::read_tensor(const std::string& name, void* out, size_t bytes,
+                                   std::string_view expected_dtype) const {
+  const TensorInfo& t = info(name);
+  const auto where = [&] { return fmt::format("checkpoint {}: tensor '{}'", dir_.string(), name); };
+  if (!expected_dtype.empty() && expected_dtype != t.dtype)
+    throw CheckpointError(
+        fmt::format("{}: stored as {}, but {} was requested", where(), t.dtype, expected_dtype));
+  if (bytes != t.bytes)
+    throw CheckpointError(fmt::format("{}: holds {} bytes (shape [{}] of {}), but the buffer is {}",
+                                      where(), t.bytes, fmt::join(t.shape, ", "), t.dtype, bytes));
+  pread_all(t, 0, out, bytes);
   const uint32_t got = checksum::crc32c(out, bytes);
   if (got != t.crc32c)
     throw CheckpointError(fmt::format(

@@ -129,10 +129,16 @@ class CheckpointReader {
   void read_tensor(const std::string& name, void* out, size_t bytes,
                    std::string_view expected_dtype = {}) const;
   std::vector<std::byte> read_tensor(const std::string& name) const;
+  // Reads bytes [offset, offset + bytes) of a tensor, unchecked: a caller that streams a
+  // tensor in pieces checks the crc32c of the whole (info(name).crc32c) itself. Throws
+  // CheckpointError on a range outside the tensor or a short read.
+  void read_part(const std::string& name, uint64_t offset, void* out, size_t bytes) const;
 
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
+  void pread_all(const TensorInfo& t, uint64_t offset, void* out, size_t bytes) const;
+
   std::filesystem::path dir_;
   int fd_ = -1;
   std::vector<TensorInfo> tensors_;

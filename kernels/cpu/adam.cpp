@@ -1,4 +1,5 @@
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/grad_stats_stream.h"
 
 // GCC 12's AVX-512 intrinsic headers initialise their "undefined" vectors as `__Y = __Y`,
 // which -Wmaybe-uninitialized reports inside every caller (GCC bug 105593).
@@ -300,29 +301,62 @@ const char* adam_isa() {
   return "scalar";
 }
 
+namespace {
+constexpr size_t kStatsBlock = 4096;
+
+// One block's sum of squares. Out of line so grad_stats and GradStatsStream run the same
+// machine code (the simd reduction's association order is the compiler's choice).
+[[gnu::noinline]] double block_sum_squares(const float* grad, size_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (size_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(grad[i]);
+    s += x * x;
+  }
+  return s;
+}
+}  // namespace
+
 GradStats grad_stats(const float* grad, size_t n) {
   // Fixed-size chunks, each summed with a fixed association order, then added in chunk
   // order: the same result for any thread count. A square of a finite float cannot
   // overflow a double, so the total is non-finite exactly when an element is inf/NaN.
-  constexpr size_t kChunk = 4096;
-  const size_t nchunks = (n + kChunk - 1) / kChunk;
+  const size_t nchunks = (n + kStatsBlock - 1) / kStatsBlock;
   std::vector<double> partial(nchunks, 0.0);
   const auto nc = static_cast<int64_t>(nchunks);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t c = 0; c < nc; ++c) {
-    const size_t lo = static_cast<size_t>(c) * kChunk;
-    const size_t hi = std::min(n, lo + kChunk);
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (size_t i = lo; i < hi; ++i) {
-      const double x = static_cast<double>(grad[i]);
-      s += x * x;
-    }
-    partial[static_cast<size_t>(c)] = s;
+    const size_t lo = static_cast<size_t>(c) * kStatsBlock;
+    partial[static_cast<size_t>(c)] =
+        block_sum_squares(grad + lo, std::min(n, lo + kStatsBlock) - lo);
   }
   GradStats st;
   for (double s : partial) st.sum_squares += s;
   st.nonfinite = !std::isfinite(st.sum_squares);
+  return st;
+}
+
+void GradStatsStream::add(const float* grad, size_t n) {
+  if (!carry_.empty()) {
+    const size_t take = std::min(n, kStatsBlock - carry_.size());
+    carry_.insert(carry_.end(), grad, grad + take);
+    grad += take;
+    n -= take;
+    if (carry_.size() < kStatsBlock) return;
+    sum_squares_ += block_sum_squares(carry_.data(), kStatsBlock);
+    carry_.clear();
+  }
+  for (; n >= kStatsBlock; grad += kStatsBlock, n -= kStatsBlock) {
+    sum_squares_ += block_sum_squares(grad, kStatsBlock);
+  }
+  carry_.assign(grad, grad + n);
+}
+
+GradStats GradStatsStream::finish() {
+  if (!carry_.empty()) sum_squares_ += block_sum_squares(carry_.data(), carry_.size());
+  carry_.clear();
+  GradStats st{sum_squares_, !std::isfinite(sum_squares_)};
+  sum_squares_ = 0.0;
   return st;
 }
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/grad_stats_stream.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace dsactor::kernels::cpu {
@@ -223,6 +225,29 @@ TEST(KernelGradStats, SumOfSquaresAndDeterminism) {
     EXPECT_FALSE(a.nonfinite);
     EXPECT_EQ(std::memcmp(&a.sum_squares, &b.sum_squares, sizeof(double)), 0) << n;
   }
+}
+
+// Streamed in pieces of any size (chunks of an NVMe extent), the stats equal the whole
+// array's bit for bit.
+TEST(KernelGradStats, StreamedInPiecesEqualsTheWholeArray) {
+  for (size_t n : {size_t{0}, size_t{5}, size_t{4096}, size_t{300001}}) {
+    const std::vector<float> g = random_floats(n, 91, -3.0f, 3.0f);
+    const GradStats want = grad_stats(g.data(), n);
+    for (size_t piece : {size_t{1}, size_t{1000}, size_t{3072}, size_t{4096}, size_t{70000}}) {
+      GradStatsStream stream;
+      for (size_t at = 0; at < n; at += piece) stream.add(g.data() + at, std::min(piece, n - at));
+      const GradStats got = stream.finish();
+      EXPECT_EQ(std::memcmp(&want.sum_squares, &got.sum_squares, sizeof(double)), 0)
+          << n << " in pieces of " << piece;
+      EXPECT_EQ(want.nonfinite, got.nonfinite);
+    }
+  }
+  std::vector<float> g = random_floats(10000, 2);
+  g[7777] = NAN;
+  GradStatsStream stream;
+  stream.add(g.data(), 5000);
+  stream.add(g.data() + 5000, 5000);
+  EXPECT_TRUE(stream.finish().nonfinite);
 }
 
 TEST(KernelGradStats, FlagsInfAndNaN) {
