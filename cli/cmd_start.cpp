@@ -90,12 +90,15 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
                service.endpoint(), tiers, service.workers(), service.pinning_report());
   metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});
   offload::add_service_metrics(registry, service);
+  // The actors this service runs (store_actors.cpp), which the dashboard lists.
+  std::vector<std::string> actor_names = {"gateway", "coordinator"};
+  for (size_t i = 0; i < service.workers(); ++i)
+    actor_names.push_back("partition_worker" + std::to_string(i));
+  if (!a.nvme.empty()) actor_names.insert(actor_names.end(), {"nvme_io", "metadata"});
   auto metrics_server = serve_metrics(keys.metrics, registry, "offload service", [&] {
-    return nlohmann::json{{"role", "offload"},
-                          {"endpoint", service.endpoint()},
-                          {"tiers", tiers},
-                          {"workers", service.workers()},
-                          {"pinning", service.pinning_report()}};
+    return nlohmann::json{
+        {"role", "offload"}, {"actors", actor_names},        {"endpoint", service.endpoint()},
+        {"tiers", tiers},    {"workers", service.workers()}, {"pinning", service.pinning_report()}};
   });
 
   spdlog::info("offload service: {} received, stopping", wait_for_stop(stop_signals));

@@ -644,6 +644,14 @@ class DeployMetricsTest : public ::testing::Test {
     testing::write_file(dir / "deploy.yaml", yaml);
     return load_deploy_config(dir / "deploy.yaml");
   }
+  std::string error_of(const std::string& yaml) {
+    try {
+      load(yaml);
+    } catch (const DeployConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  }
   testing::TempDir dir;
 };
 
@@ -663,14 +671,6 @@ roles:
 }
 
 TEST_F(DeployMetricsTest, MetricsListenOffLoopbackOrMalformedOrOnACoordinatorIsRefused) {
-  auto error_of = [this](const std::string& yaml) -> std::string {
-    try {
-      load(yaml);
-    } catch (const DeployConfigError& e) {
-      return e.what();
-    }
-    return "accepted";
-  };
   EXPECT_THAT(error_of("roles: [{role: offload, metrics_listen: \"0.0.0.0:9100\"}]"),
               ::testing::AllOf(::testing::HasSubstr("roles[0].metrics_listen"),
                                ::testing::HasSubstr("off loopback")));
@@ -679,6 +679,23 @@ TEST_F(DeployMetricsTest, MetricsListenOffLoopbackOrMalformedOrOnACoordinatorIsR
                                ::testing::HasSubstr("HOST:PORT")));
   EXPECT_THAT(error_of("roles: [{role: coordinator, metrics_listen: \"127.0.0.1:0\"}]"),
               ::testing::HasSubstr("roles[0].metrics_listen"));
+  // With allow_remote, `up` gives the roles a token, so the address is taken.
+  EXPECT_EQ(
+      error_of("allow_remote: true\nroles: [{role: offload, metrics_listen: \"0.0.0.0:9100\"}]"),
+      "accepted");
+}
+
+TEST_F(DeployMetricsTest, DashboardListenDefaultsToAFreeLoopbackPortAndNoneTurnsItOff) {
+  EXPECT_EQ(load("roles: [{role: offload}]").dashboard_listen, "127.0.0.1:0");
+  EXPECT_EQ(load("dashboard_listen: none\nroles: [{role: offload}]").dashboard_listen, "");
+  EXPECT_EQ(load("dashboard_listen: \"127.0.0.1:9400\"\nroles: [{role: offload}]").dashboard_listen,
+            "127.0.0.1:9400");
+  EXPECT_THAT(error_of("dashboard_listen: \"0.0.0.0:9400\"\nroles: [{role: offload}]"),
+              ::testing::AllOf(::testing::HasSubstr("dashboard_listen"),
+                               ::testing::HasSubstr("allow_remote")));
+  EXPECT_THAT(error_of("dashboard_listen: 9400\nroles: [{role: offload}]"),
+              ::testing::AllOf(::testing::HasSubstr("dashboard_listen"),
+                               ::testing::HasSubstr("HOST:PORT")));
 }
 
 }  // namespace
