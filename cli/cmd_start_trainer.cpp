@@ -237,7 +237,7 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "one is complete (0: keep every tag)")
       ->check(CLI::NonNegativeNumber);
   add_rendezvous_options(cmd, a);
-  add_metrics_options(cmd, a.metrics, "trainer, offload: ");
+  add_metrics_options(cmd, a.metrics, "every role: ");
 }
 
 namespace {

@@ -69,7 +69,7 @@ void print_dry_run(const deploy::DeployConfig& cfg,
   }
   if (!cfg.dashboard_listen.empty())
     std::printf(
-        "# dashboard on %s; each trainer and offload role without metrics_listen gets "
+        "# dashboard on %s; each role without metrics_listen gets "
         "--metrics-listen 127.0.0.1:<a free port>\n",
         cfg.dashboard_listen.c_str());
   std::fflush(stdout);

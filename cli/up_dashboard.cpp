@@ -32,10 +32,6 @@ uint16_t free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
-bool serves_metrics(const deploy::RoleSpec& r) {
-  return r.kind == deploy::RoleKind::kTrainer || r.kind == deploy::RoleKind::kOffload;
-}
-
 // Where the dashboard reads a role: its metrics address, a wildcard host read on loopback.
 std::string role_url(const deploy::RoleSpec& r) {
   if (r.metrics_listen.empty()) return "";
@@ -55,7 +51,6 @@ std::string prepare_role_metrics(deploy::DeployConfig& cfg) {
     off_loopback = !metrics::is_loopback(
         metrics::parse_listen_address(cfg.dashboard_listen, "dashboard_listen").host);
     for (auto& r : cfg.roles) {
-      if (!serves_metrics(r)) continue;
       if (r.metrics_listen.empty()) {
         r.metrics_listen = fmt::format("127.0.0.1:{}", free_loopback_port());
         continue;

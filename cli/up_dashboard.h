@@ -16,7 +16,7 @@ namespace dsactor::cli {
 // run's metrics token to its children without putting it on their command lines.
 inline constexpr const char* kMetricsTokenEnv = "DSACTOR_METRICS_TOKEN";
 
-// With a dashboard: gives every trainer and offload role without metrics_listen a free
+// With a dashboard: gives every role without metrics_listen a free
 // loopback port, and a role whose metrics_listen says port 0 a chosen one (the dashboard
 // must know where to read). Returns the run's metrics token: a fresh one when the
 // dashboard or a role's metrics listen off loopback, else empty (loopback needs none).

@@ -90,7 +90,7 @@ struct RoleSpec {
   std::filesystem::path secret_key, public_key, authorized_keys;
   bool own_key_files = false;  // the file names secret_key itself: `up` never generates it
 
-  // offload, trainer: `--metrics-listen HOST:PORT` (port 0: a free one, logged by the role;
+  // every role: `--metrics-listen HOST:PORT` (port 0: a free one, logged by the role;
   // off loopback only with allow_remote, and `up` then gives every role a metrics token);
   // empty: none of its own, or one `up` picks on loopback for the dashboard
   std::string metrics_listen;
@@ -172,7 +172,8 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //                [--checkpoint-dir DIR] [--metrics-listen HOST:PORT]
 //                [--coordinator ENDPOINT [--serve-coordinator]] [--comm-interface I]
 //                [--comm-address A] CLIENT-KEYS
-//   coordinator: start --role coordinator --name N --deploy FILE --listen E SERVER-KEYS [TOKEN]
+//   coordinator: start --role coordinator --name N --deploy FILE --listen E
+//                [--metrics-listen HOST:PORT] SERVER-KEYS [TOKEN]
 // SERVER-KEYS: --secret-key S --authorized-keys A; CLIENT-KEYS: --secret-key S, then
 // --offload-key K for each --offload, and with a rendezvous --coordinator-key K
 // [--authorized-keys A when it serves it] [TOKEN]; TOKEN: --job-token-file F when the file

@@ -246,7 +246,7 @@ const std::vector<KeySpec>& deploy_keys() {
        .type = ValueType::kString,
        .doc = "serve Prometheus `/metrics` and JSON `/api/state` over HTTP here "
               "(`--metrics-listen`); port 0 picks a free one, which the role logs",
-       .applies_to = kOffload | kTrainer,
+       .applies_to = kOffload | kTrainer | kCoordinator,
        .default_doc = "with the dashboard, a free loopback port `dsactor up` picks; else none",
        .allowed_doc = "HOST:PORT (127.0.0.1:9100); off loopback with `allow_remote` only, "
                       "and `dsactor up` then gives every role a metrics token it prints"},

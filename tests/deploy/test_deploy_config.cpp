@@ -668,16 +668,23 @@ roles:
   };
   EXPECT_EQ(after(offload, "--metrics-listen"), "127.0.0.1:0");
   EXPECT_EQ(after(trainer, "--metrics-listen"), "127.0.0.1:9101");
+  const auto with_coordinator = load(R"(
+roles:
+  - {role: coordinator, metrics_listen: "127.0.0.1:9102"}
+  - {role: trainer, config: ds.json, world_size: 2, rank: 0}
+  - {role: trainer, config: ds.json, world_size: 2, rank: 1})");
+  EXPECT_EQ(after(to_command_line(with_coordinator, with_coordinator.roles[0]), "--metrics-listen"),
+            "127.0.0.1:9102");
 }
 
-TEST_F(DeployMetricsTest, MetricsListenOffLoopbackOrMalformedOrOnACoordinatorIsRefused) {
+TEST_F(DeployMetricsTest, MetricsListenOffLoopbackOrMalformedIsRefused) {
   EXPECT_THAT(error_of("roles: [{role: offload, metrics_listen: \"0.0.0.0:9100\"}]"),
               ::testing::AllOf(::testing::HasSubstr("roles[0].metrics_listen"),
                                ::testing::HasSubstr("off loopback")));
   EXPECT_THAT(error_of("roles: [{role: offload, metrics_listen: \"9100\"}]"),
               ::testing::AllOf(::testing::HasSubstr("roles[0].metrics_listen"),
                                ::testing::HasSubstr("HOST:PORT")));
-  EXPECT_THAT(error_of("roles: [{role: coordinator, metrics_listen: \"127.0.0.1:0\"}]"),
+  EXPECT_THAT(error_of("roles: [{role: coordinator, metrics_listen: \"127.0.0.1\"}]"),
               ::testing::HasSubstr("roles[0].metrics_listen"));
   // With allow_remote, `up` gives the roles a token, so the address is taken.
   EXPECT_EQ(
