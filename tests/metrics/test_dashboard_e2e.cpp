@@ -154,7 +154,10 @@ TEST_F(DashboardEndToEnd, PrometheusScrapesTheDeployment) {
       << "no prometheus: run scripts/install-deps.sh (Debian's prometheus package)";
   const json d = deployment_after(1);
   std::string targets;
-  for (const auto& t : scrape_targets(d)) targets += (targets.empty() ? "'" : ", '") + t + "'";
+  for (const auto& t : scrape_targets(d)) {
+    if (!targets.empty()) targets += ", ";
+    targets += "'" + t + "'";
+  }
   // honor_labels: the series' own job label (the deployment's job) wins over the scrape
   // job's name.
   write_file(*dir_ / "prometheus.yml",
@@ -217,8 +220,10 @@ TEST_F(DashboardEndToEnd, BrowserShowsEveryRoleAndActorAndTheLossChartGrows) {
   std::set<std::string> expected;
   for (const auto& r : d["roles"]) {
     std::string names;
-    for (const auto& a : r["state"]["process"]["actors"])
-      names += (names.empty() ? "" : ",") + a.get<std::string>();
+    for (const auto& a : r["state"]["process"]["actors"]) {
+      if (!names.empty()) names += ',';
+      names += a.get<std::string>();
+    }
     expected.insert(r["name"].get<std::string>() + ":" + names);
   }
   json first, later;
