@@ -7,6 +7,7 @@
 #include "bench/chaos_bench.h"
 #include "bench/checkpoint_bench.h"
 #include "bench/dp_bench.h"
+#include "bench/metrics_bench.h"
 #include "bench/nvme_bench.h"
 #include "bench/scale_bench.h"
 #include "bench/tokenize_bench.h"
@@ -42,6 +43,27 @@ void add_train_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   train->add_option("--warmup", o->warmup_steps, "unmeasured steps first")->capture_default_str();
   train->add_flag("--json", *json, "print one JSON object");
   train->callback([o, json] { print_result(bench::run_train_bench(*o), *json); });
+}
+
+void add_metrics_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
+  auto* m = bench->add_subcommand(
+      "metrics",
+      "what collecting metrics costs a step: stage-0 steps alternately without and with their "
+      "figures recorded and served to a scraper, as a ratio (goal: <= 1.01)");
+  auto o = std::make_shared<bench::MetricsBenchOptions>();
+  m->add_option("--model", o->model, "model preset or YAML")->capture_default_str();
+  m->add_option("--micro-batch", o->micro_batch, "B")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  m->add_option("--seq", o->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
+  m->add_option("--steps", o->steps, "measured steps on each side")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  m->add_option("--scrape-every", o->scrape_every, "seconds between scrapes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  m->add_flag("--json", *json, "print one JSON object");
+  m->callback([o, json] { print_result(bench::run_metrics_bench(*o), *json); });
 }
 
 void add_checkpoint_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
@@ -321,6 +343,7 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   auto json = std::make_shared<bool>(false);
   add_train_bench(bench, json);
+  add_metrics_bench(bench, json);
   add_checkpoint_bench(bench, json);
   add_chaos_bench(bench, json);
   add_zero_bench(bench, json);

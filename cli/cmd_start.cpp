@@ -98,12 +98,15 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
                service.endpoint(), tiers, service.workers(), service.pinning_report());
   metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});
   offload::add_service_metrics(registry, service);
+  // The actors this service runs (store_actors.cpp), which the dashboard lists.
+  std::vector<std::string> actor_names = {"gateway", "coordinator"};
+  for (size_t i = 0; i < service.workers(); ++i)
+    actor_names.push_back("partition_worker" + std::to_string(i));
+  if (!a.nvme.empty()) actor_names.insert(actor_names.end(), {"nvme_io", "metadata"});
   auto metrics_server = serve_metrics(keys.metrics, registry, "offload service", [&] {
-    return nlohmann::json{{"role", "offload"},
-                          {"endpoint", service.endpoint()},
-                          {"tiers", tiers},
-                          {"workers", service.workers()},
-                          {"pinning", service.pinning_report()}};
+    return nlohmann::json{
+        {"role", "offload"}, {"actors", actor_names},        {"endpoint", service.endpoint()},
+        {"tiers", tiers},    {"workers", service.workers()}, {"pinning", service.pinning_report()}};
   });
 
   spdlog::info("offload service: {} received, stopping", wait_for_stop(stop_signals));
@@ -124,7 +127,32 @@ int run_coordinator(const StartArgs& a, const StartTrainerArgs& keys, const std:
   spdlog::info("coordinator {}{}: rendezvous store listening on {} ({})", name,
                deploy.empty() ? "" : " of " + deploy, server.endpoint(),
                keys.insecure ? "plain, --insecure" : "CurveZMQ");
+  metrics::Registry registry(metrics::Labels{{"role", "coordinator"}, {"name", name}});
+  registry.add_collector([&server](metrics::Registry& r) {
+    const actors::RendezvousStats s = server.stats();
+    r.gauge("dsactor_rendezvous_jobs", "Jobs with keys in the rendezvous store")
+        .set(static_cast<double>(s.jobs));
+    r.gauge("dsactor_rendezvous_keys", "Keys the rendezvous store holds")
+        .set(static_cast<double>(s.keys));
+    r.gauge("dsactor_rendezvous_parked_requests", "Requests waiting for a key to be set")
+        .set(static_cast<double>(s.parked));
+    r.gauge("dsactor_rendezvous_bytes", "Bytes of the values the store holds")
+        .set(static_cast<double>(s.bytes));
+    r.counter("dsactor_rendezvous_refused_requests_total",
+              "Requests the store refused (token, quota, malformed)")
+        .set_total(static_cast<double>(s.refused_requests));
+    r.counter("dsactor_rendezvous_refused_handshakes_total",
+              "Handshakes refused (no key, a stranger's key)")
+        .set_total(static_cast<double>(s.refused_handshakes));
+  });
+  auto metrics_server = serve_metrics(keys.metrics, registry, "coordinator " + name, [&] {
+    return nlohmann::json{{"role", "coordinator"},
+                          {"name", name},
+                          {"endpoint", server.endpoint()},
+                          {"actors", {"rendezvous_store"}}};
+  });
   spdlog::info("coordinator: {} received, stopping", wait_for_stop(stop_signals));
+  if (metrics_server) metrics_server->stop();  // before the server it reads
   return 0;  // ~RendezvousServer stops its thread and closes the socket
 }
 

@@ -251,7 +251,7 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "one is complete (0: keep every tag)")
       ->check(CLI::NonNegativeNumber);
   add_rendezvous_options(cmd, a);
-  add_metrics_options(cmd, a.metrics, "trainer, offload: ");
+  add_metrics_options(cmd, a.metrics, "every role: ");
 }
 
 namespace {
@@ -579,10 +579,18 @@ int run_start_trainer(const StartTrainerArgs& a) {
   // Served from here on; the monitor actor fills it with every step's report.
   const auto registry = std::make_shared<metrics::Registry>(metrics::Labels{
       {"job", a.job}, {"role", "trainer"}, {"rank", std::to_string(place.rank)}, {"name", a.name}});
-  const auto metrics_server = serve_metrics(a.metrics, *registry, a.name, [&a, place] {
-    return nlohmann::json{{"name", a.name},     {"role", "trainer"},
-                          {"rank", place.rank}, {"world_size", place.world_size},
-                          {"config", a.config}, {"offload", a.offload}};
+  // The actors every trainer runs (the step engine, the monitor) and one client per offload
+  // service, which the dashboard lists.
+  std::vector<std::string> actor_names = {"engine", "monitor"};
+  for (const auto& endpoint : a.offload) actor_names.push_back("service_client " + endpoint);
+  const auto metrics_server = serve_metrics(a.metrics, *registry, a.name, [&a, place, actor_names] {
+    return nlohmann::json{{"name", a.name},
+                          {"role", "trainer"},
+                          {"actors", actor_names},
+                          {"rank", place.rank},
+                          {"world_size", place.world_size},
+                          {"config", a.config},
+                          {"offload", a.offload}};
   });
   const DsConfig config = load_ds_config(a.config, place.world_size, parse_config_overrides(a.set));
   const EngineChoice engine = choose_trainer_engine(a, config, place.world_size);

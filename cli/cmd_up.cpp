@@ -12,6 +12,7 @@
 #include "actors/collectives/job_token.h"
 #include "cli/commands.h"
 #include "cli/self_binary.h"
+#include "cli/up_dashboard.h"
 #include "deploy/deploy_config.h"
 #include "deploy/run_keys.h"
 #include "deploy/service_tiers.h"
@@ -31,8 +32,8 @@ struct UpArgs {
 };
 
 // Exit codes: 0 success; 2 the deploy file or a trainer's ds_config is wrong; 3 a directory could
-// not be created; 100 + i the role roles[i] failed; 128 + signal when stopped by
-// SIGINT/SIGTERM/SIGHUP.
+// not be created, or the dashboard's address not bound; 100 + i the role roles[i] failed; 128 +
+// signal when stopped by SIGINT/SIGTERM/SIGHUP.
 constexpr int kExitSetup = 3;
 
 // What a dry run shows for the per-run keys directory, which it does not make.
@@ -56,6 +57,11 @@ void print_dry_run(const deploy::DeployConfig& cfg,
       env += deploy::shell_quote({k + "=" + (k == actors::kJobTokenEnv ? "<token>" : v)}) + " ";
     std::printf("[%s] %s%s\n", c.name.c_str(), env.c_str(), deploy::shell_quote(c.argv).c_str());
   }
+  if (!cfg.dashboard_listen.empty())
+    std::printf(
+        "# dashboard on %s; each role without metrics_listen gets "
+        "--metrics-listen 127.0.0.1:<a free port>\n",
+        cfg.dashboard_listen.c_str());
   std::fflush(stdout);
 }
 
@@ -173,8 +179,17 @@ void run_up(const UpArgs& a) {
     print_dry_run(cfg, deploy::children_for(cfg, self_binary("dsactor up"), "<token>"));
     return;
   }
-  const auto children = deploy::children_for(cfg, self_binary("dsactor up"), token);
+  const std::string metrics_token = prepare_role_metrics(cfg);
+  auto children = deploy::children_for(cfg, self_binary("dsactor up"), token);
+  pass_metrics_token(children, metrics_token);
   create_dirs(cfg);
+  std::unique_ptr<metrics::Dashboard> dashboard;
+  try {
+    dashboard = start_dashboard(cfg, metrics_token);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    throw CLI::RuntimeError(kExitSetup);
+  }
 
   deploy::SupervisorOptions opt;
   opt.stop_signals = {SIGINT, SIGTERM, SIGHUP};
@@ -213,7 +228,8 @@ void add_up_command(CLI::App& app) {
                 "into security.keys_dir (to copy to other machines), start nothing");
   cmd->footer(
       "Exit codes: 0 every trainer exited 0; 2 invalid deploy file or trainer ds_config; 3 a "
-      "directory could not be created; 100+i roles[i] failed (its exit code and last stderr lines "
+      "directory could not be created or the dashboard address not bound; 100+i roles[i] failed "
+      "(its exit code and last stderr lines "
       "are logged); 128+N "
       "stopped by signal N.");
   cmd->callback([a] { run_up(*a); });

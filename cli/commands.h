@@ -16,6 +16,7 @@ void add_bench_command(CLI::App& app);
 void add_start_command(CLI::App& app);
 // `dsactor up deploy.yaml`: every role of a deployment as child processes of this one.
 void add_up_command(CLI::App& app);
+void add_status_command(CLI::App& app);
 // `dsactor launch --hostfile F -- ARGS`: `start --role trainer ARGS` on every hostfile slot.
 void add_launch_command(CLI::App& app);
 // `dsactor keygen --out DIR`: a CurveZMQ keypair in CZMQ's certificate files.

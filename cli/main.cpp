@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   dsactor::cli::add_bench_command(app);
   dsactor::cli::add_start_command(app);
   dsactor::cli::add_up_command(app);
+  dsactor::cli::add_status_command(app);
   dsactor::cli::add_launch_command(app);
   dsactor::cli::add_keygen_command(app);
   try {

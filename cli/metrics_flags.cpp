@@ -12,7 +12,8 @@ void add_metrics_options(CLI::App& cmd, MetricsArgs& a, const std::string& scope
   cmd.add_option("--metrics-token", a.token,
                  scope +
                      "bearer token every metrics request must carry (Authorization: Bearer "
-                     "TOKEN, or ?token=TOKEN); needed off loopback");
+                     "TOKEN, or ?token=TOKEN); needed off loopback")
+      ->envname("DSACTOR_METRICS_TOKEN");
 }
 
 std::unique_ptr<metrics::MetricsServer> serve_metrics(const MetricsArgs& a,

@@ -90,6 +90,8 @@ std::vector<std::string> to_command_line(const DeployConfig& config, const RoleS
     case RoleKind::kCoordinator:
       a.insert(a.end(),
                {"--name", role.name, "--deploy", config.source.string(), "--listen", role.listen});
+      if (!role.metrics_listen.empty())
+        a.insert(a.end(), {"--metrics-listen", role.metrics_listen});
       break;
   }
   add_security(a, config, role);

@@ -88,7 +88,7 @@ class DeployParser {
   void read_roles();
   RoleSpec read_role(const YAML::Node& n, size_t index, std::map<RoleKind, int>& per_kind);
   void read_offload_keys(const YAML::Node& n, const std::string& p, RoleSpec& r);
-  std::string read_metrics_listen(const YAML::Node& n, const std::string& p);
+  std::string read_metrics_address(const YAML::Node& n, const std::string& path);
   void read_trainer_keys(const YAML::Node& n, const std::string& p, RoleSpec& r);
   void check_names();
   void bind_explicit_endpoints();
@@ -132,6 +132,10 @@ void DeployParser::read_top_level() {
   if (const auto& n = root()["shutdown_timeout"])
     role_defaults_.shutdown_timeout = yaml_.seconds(n, "shutdown_timeout");
   read_restart_keys(yaml_, root(), "", role_defaults_);
+  if (const auto& n = root()["dashboard_listen"]) {
+    const std::string text = yaml_.string(n, "dashboard_listen");
+    cfg_.dashboard_listen = text == "none" ? "" : read_metrics_address(n, "dashboard_listen");
+  }
   read_checkpoint_key();
   read_security();
 }
@@ -210,7 +214,8 @@ RoleSpec DeployParser::read_role(const YAML::Node& n, size_t index,
                       n["name"] ? yaml_.string(n["name"], p + ".name")
                                 : fmt::format("{}{}", role_kind_name(r.kind), nth));
   if (n["listen"]) r.listen = yaml_.string(n["listen"], p + ".listen");
-  if (n["metrics_listen"]) r.metrics_listen = read_metrics_listen(n["metrics_listen"], p);
+  if (n["metrics_listen"])
+    r.metrics_listen = read_metrics_address(n["metrics_listen"], p + ".metrics_listen");
   read_offload_keys(n, p, r);
   read_trainer_keys(n, p, r);
   read_key_files(n, p, r);
@@ -223,10 +228,9 @@ RoleSpec DeployParser::read_role(const YAML::Node& n, size_t index,
   return r;
 }
 
-// A role's metrics address: HOST:PORT on loopback (dsactor up passes no token, and the
-// servers refuse other addresses without one).
-std::string DeployParser::read_metrics_listen(const YAML::Node& n, const std::string& p) {
-  const std::string path = p + ".metrics_listen";
+// A metrics or dashboard address: HOST:PORT, off loopback only with allow_remote (`up`
+// then gives the servers a token, which it prints).
+std::string DeployParser::read_metrics_address(const YAML::Node& n, const std::string& path) {
   const std::string text = yaml_.string(n, path);
   metrics::ListenAddress at;
   try {
@@ -234,11 +238,10 @@ std::string DeployParser::read_metrics_listen(const YAML::Node& n, const std::st
   } catch (const std::invalid_argument& e) {
     yaml_.fail(n, path, e.what());
   }
-  if (!metrics::is_loopback(at.host))
+  if (!metrics::is_loopback(at.host) && !cfg_.allow_remote)
     yaml_.fail(n, path,
-               fmt::format("\"{}\" is off loopback: the metrics then need a token, which dsactor "
-                           "up does not pass yet; use 127.0.0.1:PORT, or start the role by hand "
-                           "with --metrics-listen and --metrics-token",
+               fmt::format("\"{}\" is off loopback: that needs allow_remote: true (dsactor up "
+                           "then makes a metrics token and prints it); or use 127.0.0.1:PORT",
                            text));
   return text;
 }

@@ -99,8 +99,9 @@ struct RoleSpec {
   std::filesystem::path secret_key, public_key, authorized_keys;
   bool own_key_files = false;  // the file names secret_key itself: `up` never generates it
 
-  // offload, trainer: `--metrics-listen HOST:PORT` (loopback; port 0: a free one, logged by
-  // the role); empty: no metrics server
+  // every role: `--metrics-listen HOST:PORT` (port 0: a free one, logged by the role;
+  // off loopback only with allow_remote, and `up` then gives every role a metrics token);
+  // empty: none of its own, or one `up` picks on loopback for the dashboard
   std::string metrics_listen;
 
   // every role; the timeouts' defaults are the deployment's (docs/deploy.md reads them here)
@@ -152,6 +153,10 @@ struct DeployConfig {
   // rank 0 hosting the TCPStore), when this file runs rank 0.
   bool rendezvous_in_rank0 = false;
   DeploySecurity security;
+  // Where `dsactor up` serves the deployment's dashboard (HOST:PORT; port 0: a free one,
+  // printed); empty (`dashboard_listen: none` in the file): no dashboard, and the roles
+  // serve metrics only where their own metrics_listen says.
+  std::string dashboard_listen = "127.0.0.1:0";
 
   const RoleSpec* find(std::string_view name) const;
   std::vector<const RoleSpec*> of_kind(RoleKind k) const;
@@ -195,7 +200,8 @@ DeployConfig parse_deploy_config(const std::string& yaml_text, const std::filesy
 //                [--checkpoint-dir DIR] [--metrics-listen HOST:PORT]
 //                [--coordinator ENDPOINT [--serve-coordinator]] [--comm-interface I]
 //                [--comm-address A] CLIENT-KEYS
-//   coordinator: start --role coordinator --name N --deploy FILE --listen E SERVER-KEYS [TOKEN]
+//   coordinator: start --role coordinator --name N --deploy FILE --listen E
+//                [--metrics-listen HOST:PORT] SERVER-KEYS [TOKEN]
 // SERVER-KEYS: --secret-key S --authorized-keys A; CLIENT-KEYS: --secret-key S, then
 // --offload-key K for each --offload, and with a rendezvous --coordinator-key K
 // [--authorized-keys A when it serves it] [TOKEN]; TOKEN: --job-token-file F when the file

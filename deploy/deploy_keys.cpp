@@ -54,6 +54,13 @@ const std::vector<KeySpec>& deploy_keys() {
        .def = bool_value(deployment.create_dirs),
        .doc = "`dsactor up` creates missing `nvme` and `out` directories; false: a missing one "
               "is an error"},
+      {.path = "dashboard_listen",
+       .type = ValueType::kString,
+       .doc = "where `dsactor up` serves the deployment's dashboard (every role's figures, "
+              "`dsactor status` reads it too); it prints the URL at start",
+       .default_doc = "127.0.0.1:0 (a free port)",
+       .allowed_doc = "HOST:PORT, or `none`; off loopback with `allow_remote` only (with a "
+                      "token `up` prints)"},
       {.path = "env",
        .type = ValueType::kStringMap,
        .doc = "environment added to every role",
@@ -269,10 +276,10 @@ const std::vector<KeySpec>& deploy_keys() {
        .type = ValueType::kString,
        .doc = "serve Prometheus `/metrics` and JSON `/api/state` over HTTP here "
               "(`--metrics-listen`); port 0 picks a free one, which the role logs",
-       .applies_to = kOffload | kTrainer,
-       .default_doc = "no metrics server",
-       .allowed_doc = "HOST:PORT on loopback (127.0.0.1:9100); off loopback needs a token, "
-                      "which `dsactor up` does not pass yet"},
+       .applies_to = kOffload | kTrainer | kCoordinator,
+       .default_doc = "with the dashboard, a free loopback port `dsactor up` picks; else none",
+       .allowed_doc = "HOST:PORT (127.0.0.1:9100); off loopback with `allow_remote` only, "
+                      "and `dsactor up` then gives every role a metrics token it prints"},
       {.path = "roles[].env",
        .type = ValueType::kStringMap,
        .doc = "environment added to this role (overrides the top-level env)",

@@ -25,6 +25,8 @@ packages=(
   fio fortunes
   # promtool, which the metrics tests run on every exposition
   prometheus
+  # the dashboard test's headless browser, driven over WebDriver
+  chromium chromium-driver
 )
 
 # A package whose program is already on PATH from another source counts as present: machines

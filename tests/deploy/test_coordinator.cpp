@@ -4,6 +4,7 @@
 // answers a request (Supervisor's ready_probe); trainers' stores work through it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 
 #include <atomic>
@@ -138,6 +139,34 @@ TEST(CoordinatorRole, KeysOrInsecureOnLoopbackOnly) {
   EXPECT_EQ(c.add("n", 1), 1);
   ::kill(plain.pid(), SIGTERM);
   EXPECT_EQ(plain.wait(10s), 0) << plain.err();
+}
+
+// --metrics-listen: the store's figures on /metrics, its role and actor on /api/state.
+TEST(CoordinatorRole, ServesItsMetrics) {
+  TempDir dir;
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const int metrics_port = free_port();
+  Dsactor coord(dir, {"start", "--role", "coordinator", "--listen", ep, "--insecure",
+                      "--metrics-listen", "127.0.0.1:" + std::to_string(metrics_port)});
+  ASSERT_TRUE(coord.wait_for_err("listening on " + ep, 60s)) << coord.err();
+  ASSERT_TRUE(coord.wait_for_err("/api/state", 60s)) << coord.err();
+  security::ClientSecurity none;
+  none.insecure = true;
+  RendezvousClient c(ep, "j", none, "", 5s);
+  EXPECT_EQ(c.add("n", 1), 1);
+  httplib::Client http("127.0.0.1", metrics_port);
+  const auto res = http.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_THAT(
+      res->body,
+      AllOf(
+          HasSubstr("dsactor_rendezvous_keys{"), HasSubstr("role=\"coordinator\""),
+          Not(HasSubstr("dsactor_rendezvous_keys{name=\"coordinator\",role=\"coordinator\"} 0"))));
+  const auto state = http.Get("/api/state");
+  ASSERT_TRUE(state);
+  EXPECT_THAT(state->body, HasSubstr("\"rendezvous_store\""));
+  ::kill(coord.pid(), SIGTERM);
+  EXPECT_EQ(coord.wait(10s), 0) << coord.err();
 }
 
 TEST(CoordinatorRole, SigintStopsItToo) {

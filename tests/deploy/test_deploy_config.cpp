@@ -644,6 +644,14 @@ class DeployMetricsTest : public ::testing::Test {
     testing::write_file(dir / "deploy.yaml", yaml);
     return load_deploy_config(dir / "deploy.yaml");
   }
+  std::string error_of(const std::string& yaml) {
+    try {
+      load(yaml);
+    } catch (const DeployConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  }
   testing::TempDir dir;
 };
 
@@ -660,25 +668,41 @@ roles:
   };
   EXPECT_EQ(after(offload, "--metrics-listen"), "127.0.0.1:0");
   EXPECT_EQ(after(trainer, "--metrics-listen"), "127.0.0.1:9101");
+  const auto with_coordinator = load(R"(
+roles:
+  - {role: coordinator, metrics_listen: "127.0.0.1:9102"}
+  - {role: trainer, config: ds.json, world_size: 2, rank: 0}
+  - {role: trainer, config: ds.json, world_size: 2, rank: 1})");
+  EXPECT_EQ(after(to_command_line(with_coordinator, with_coordinator.roles[0]), "--metrics-listen"),
+            "127.0.0.1:9102");
 }
 
-TEST_F(DeployMetricsTest, MetricsListenOffLoopbackOrMalformedOrOnACoordinatorIsRefused) {
-  auto error_of = [this](const std::string& yaml) -> std::string {
-    try {
-      load(yaml);
-    } catch (const DeployConfigError& e) {
-      return e.what();
-    }
-    return "accepted";
-  };
+TEST_F(DeployMetricsTest, MetricsListenOffLoopbackOrMalformedIsRefused) {
   EXPECT_THAT(error_of("roles: [{role: offload, metrics_listen: \"0.0.0.0:9100\"}]"),
               ::testing::AllOf(::testing::HasSubstr("roles[0].metrics_listen"),
                                ::testing::HasSubstr("off loopback")));
   EXPECT_THAT(error_of("roles: [{role: offload, metrics_listen: \"9100\"}]"),
               ::testing::AllOf(::testing::HasSubstr("roles[0].metrics_listen"),
                                ::testing::HasSubstr("HOST:PORT")));
-  EXPECT_THAT(error_of("roles: [{role: coordinator, metrics_listen: \"127.0.0.1:0\"}]"),
+  EXPECT_THAT(error_of("roles: [{role: coordinator, metrics_listen: \"127.0.0.1\"}]"),
               ::testing::HasSubstr("roles[0].metrics_listen"));
+  // With allow_remote, `up` gives the roles a token, so the address is taken.
+  EXPECT_EQ(
+      error_of("allow_remote: true\nroles: [{role: offload, metrics_listen: \"0.0.0.0:9100\"}]"),
+      "accepted");
+}
+
+TEST_F(DeployMetricsTest, DashboardListenDefaultsToAFreeLoopbackPortAndNoneTurnsItOff) {
+  EXPECT_EQ(load("roles: [{role: offload}]").dashboard_listen, "127.0.0.1:0");
+  EXPECT_EQ(load("dashboard_listen: none\nroles: [{role: offload}]").dashboard_listen, "");
+  EXPECT_EQ(load("dashboard_listen: \"127.0.0.1:9400\"\nroles: [{role: offload}]").dashboard_listen,
+            "127.0.0.1:9400");
+  EXPECT_THAT(error_of("dashboard_listen: \"0.0.0.0:9400\"\nroles: [{role: offload}]"),
+              ::testing::AllOf(::testing::HasSubstr("dashboard_listen"),
+                               ::testing::HasSubstr("allow_remote")));
+  EXPECT_THAT(error_of("dashboard_listen: 9400\nroles: [{role: offload}]"),
+              ::testing::AllOf(::testing::HasSubstr("dashboard_listen"),
+                               ::testing::HasSubstr("HOST:PORT")));
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <limits>
 #include <stdexcept>
 
+#include "metrics/actor_figures.h"
 #include "metrics/registry.h"
+#include "metrics/state_figures.h"
 
 namespace dsactor::metrics {
 namespace {
@@ -119,6 +121,23 @@ TEST(MetricsRegistry, SnapshotCarriesTypesLabelsAndValues) {
   EXPECT_EQ(g["series"][0]["value"], 4096);
   EXPECT_EQ(s["metrics"]["dsactor_wait_seconds"]["series"][0]["count"], 1);
   EXPECT_EQ(s["metrics"]["dsactor_wait_seconds"]["series"][0]["sum"], 2);
+}
+
+TEST(ActorFigures, CountMessagesHandlerTimeMailboxAndErrorsUnderTheActorLabel) {
+  Registry r;
+  ActorFigures monitor(r, "monitor");
+  for (int i = 0; i < 3; ++i) ActorFigures::Handling handling(monitor);
+  monitor.mailbox_depth(5);
+  monitor.error();
+  const nlohmann::json s = r.snapshot();
+  const Labels actor{{"actor", "monitor"}};
+  EXPECT_EQ(value_of(s, "dsactor_actor_messages_total", actor), 3);
+  EXPECT_GE(value_of(s, "dsactor_actor_handler_seconds_total", actor).value_or(-1), 0);
+  EXPECT_EQ(value_of(s, "dsactor_actor_mailbox_messages", actor), 5);
+  EXPECT_EQ(value_of(s, "dsactor_actor_errors_total", actor), 1);
+  EXPECT_GT(value_of(s, "dsactor_actor_last_error_timestamp_seconds", actor).value_or(0), 1e9);
+  EXPECT_FALSE(value_of(s, "dsactor_actor_messages_total", {{"actor", "engine"}}));
+  EXPECT_EQ(sum_of(s, "dsactor_actor_messages_total"), 3);
 }
 
 }  // namespace

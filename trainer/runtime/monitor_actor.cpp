@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "metrics/actor_figures.h"
 #include "trainer/monitor/monitors.h"
 #include "trainer/monitor/wall_clock.h"
 
@@ -17,6 +18,7 @@ struct MonitorState {
   std::shared_ptr<Monitors> monitors;            // null on ranks that write none
   std::optional<WallClockBreakdown> wall_clock;  // wall_clock_breakdown, rank 0
   std::optional<TrainMetrics> metrics;           // with MonitorOptions::metrics
+  std::optional<metrics::ActorFigures> figures;  // this actor's own, beside them
   StepReport latest;
   static inline const char* name = "monitor";
 };
@@ -28,10 +30,16 @@ monitor_actor::behavior_type monitor_behavior(monitor_actor::stateful_pointer<Mo
   self->state.options = std::move(options);
   self->state.monitors = std::move(monitors);
   if (wall_clock_breakdown) self->state.wall_clock.emplace();
-  if (self->state.options.metrics) self->state.metrics.emplace(*self->state.options.metrics);
+  if (self->state.options.metrics) {
+    self->state.metrics.emplace(*self->state.options.metrics);
+    self->state.figures.emplace(*self->state.options.metrics, "monitor");
+  }
   return {
       [self](report_atom, const StepReport& rep) {
         auto& s = self->state;
+        std::optional<metrics::ActorFigures::Handling> handling;
+        if (s.figures) handling.emplace(*s.figures);
+        if (s.figures) s.figures->mailbox_depth(self->mailbox().size());
         s.latest = rep;
         const StepResult& r = rep.result;
         if (s.monitors) s.monitors->write_step(r, rep.fp16);

@@ -1,0 +1,138 @@
+// The deployment dashboard against real metrics servers on 127.0.0.1: it reads each
+// role's /api/state, keeps a trainer's steps, serves the page (figures as tables without
+// JavaScript), /api/deployment and its embedded assets, and holds to its token.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <thread>
+
+#include "metrics/dashboard.h"
+#include "metrics/state_figures.h"
+
+namespace dsactor::metrics {
+namespace {
+
+using namespace std::chrono_literals;
+
+ServerOptions loopback(std::string token = "") {
+  ServerOptions o;
+  o.listen.port = 0;
+  o.token = std::move(token);
+  o.what = "test";
+  return o;
+}
+
+// Polls `dashboard` until `done(deployment)`, or 20 s.
+template <class Pred>
+nlohmann::json wait_for(const Dashboard& dashboard, Pred done) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  nlohmann::json d = dashboard.deployment();
+  while (!done(d) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    d = dashboard.deployment();
+  }
+  return d;
+}
+
+TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
+  Registry trainer(Labels{{"role", "trainer"}});
+  auto& step = trainer.gauge("dsactor_train_global_step", "step");
+  auto& loss = trainer.gauge("dsactor_train_loss", "loss");
+  auto& steps = trainer.counter("dsactor_train_steps_total", "steps");
+  trainer.gauge("dsactor_train_last_phase_seconds", "phases", {{"phase", "fetch"}}).set(0.25);
+  trainer.counter("dsactor_actor_messages_total", "messages", {{"actor", "monitor"}}).add(3);
+  MetricsServer trainer_server(trainer, loopback("secret-of-the-roles"));
+  DashboardOptions o;
+  o.server = loopback();
+  o.job = "job<1>";
+  o.role_token = "secret-of-the-roles";
+  o.poll_every = 10ms;
+  o.roles = {{"trainer0", "trainer", trainer_server.url()}, {"coordinator0", "coordinator", ""}};
+  Dashboard dashboard(o);
+
+  // Before the first step report the gauges read 0: no step is kept.
+  wait_for(dashboard, [](const auto& d) { return d["roles"][0]["up"].template get<bool>(); });
+  EXPECT_TRUE(dashboard.deployment()["roles"][0]["history"].empty());
+  step.set(1);
+  loss.set(4.5);
+  steps.add();
+  auto d = wait_for(dashboard, [](const auto& d) { return d["roles"][0]["history"].size() == 1; });
+  step.set(2);
+  loss.set(4.25);
+  steps.add();
+  d = wait_for(dashboard, [](const auto& d) { return d["roles"][0]["history"].size() == 2; });
+  ASSERT_EQ(d["roles"][0]["history"].size(), 2u) << d.dump(1);
+  EXPECT_TRUE(d["roles"][0]["up"].get<bool>());
+  EXPECT_EQ(d["roles"][0]["history"][1]["loss"], 4.25);
+  EXPECT_EQ(d["roles"][0]["history"][1]["phases"]["fetch"], 0.25);
+  EXPECT_EQ(value_of(d["roles"][0]["state"], "dsactor_train_loss"), 4.25);
+  EXPECT_FALSE(d["roles"][1]["up"].get<bool>());
+  EXPECT_EQ(d["roles"][1]["error"], "serves no metrics");
+
+  httplib::Client client("127.0.0.1", dashboard.port());
+  auto page = client.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  // Without JavaScript: the roles, their actors and their figures are in the HTML itself.
+  EXPECT_NE(page->body.find("data-role=\"trainer0\""), std::string::npos) << page->body;
+  EXPECT_NE(page->body.find("data-actor=\"monitor\""), std::string::npos);
+  EXPECT_NE(page->body.find("<td>dsactor_train_loss</td><td></td><td class=\"num\">4.25</td>"),
+            std::string::npos);
+  EXPECT_NE(page->body.find("<td>dsactor_train_last_phase_seconds</td><td>phase=fetch</td>"),
+            std::string::npos);
+  EXPECT_NE(page->body.find("job&lt;1&gt;"), std::string::npos);
+  EXPECT_NE(page->body.find("src=\"/assets/dashboard.js\""), std::string::npos);
+  auto script = client.Get("/assets/dashboard.js");
+  ASSERT_TRUE(script);
+  EXPECT_EQ(script->status, 200);
+  EXPECT_NE(script->body.find("/api/deployment"), std::string::npos);
+  EXPECT_NE(script->get_header_value("Content-Type").find("javascript"), std::string::npos);
+  EXPECT_EQ(client.Get("/assets/nothing.js")->status, 404);
+  // Read-only.
+  EXPECT_EQ(client.Post("/api/deployment", "", "text/plain")->status, 404);
+}
+
+TEST(Dashboard, WantsItsTokenAndSaysWhyARoleIsDown) {
+  Registry r;
+  MetricsServer role(r, loopback("the-roles-token"));
+  DashboardOptions o;
+  o.server = loopback("the-dashboards-token");
+  o.job = "j";
+  o.poll_every = 10ms;
+  o.role_token = "wrong";
+  o.roles = {{"offload0", "offload", role.url()}};
+  Dashboard dashboard(o);
+  EXPECT_EQ(dashboard.url(), "http://127.0.0.1:" + std::to_string(dashboard.port()) +
+                                 "/?token=the-dashboards-token");
+  httplib::Client client("127.0.0.1", dashboard.port());
+  EXPECT_EQ(client.Get("/")->status, 401);
+  EXPECT_EQ(client.Get("/api/deployment")->status, 401);
+  EXPECT_EQ(client.Get("/assets/dashboard.css")->status, 401);
+  auto page = client.Get("/?token=the-dashboards-token");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  // The page's own links carry the token, so the script and style load.
+  EXPECT_NE(page->body.find("/assets/dashboard.js?token=the-dashboards-token"), std::string::npos);
+  const auto d = wait_for(dashboard, [](const auto& d) {
+    return !d["roles"][0]["error"].template get<std::string>().empty();
+  });
+  EXPECT_FALSE(d["roles"][0]["up"].get<bool>());
+  EXPECT_NE(d["roles"][0]["error"].get<std::string>().find("HTTP 401"), std::string::npos)
+      << d.dump(1);
+}
+
+TEST(Dashboard, RefusesOffLoopbackWithoutAToken) {
+  DashboardOptions o;
+  o.server.listen.host = "0.0.0.0";
+  o.server.what = "dashboard_listen";
+  EXPECT_THROW(Dashboard{o}, std::invalid_argument);
+}
+
+TEST(Dashboard, EscapesHtml) {
+  EXPECT_EQ(html_escape("<a href=\"x\">&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;");
+}
+
+}  // namespace
+}  // namespace dsactor::metrics
