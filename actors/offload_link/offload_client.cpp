@@ -20,6 +20,30 @@ namespace dsactor::actors {
 namespace msg = dsactor::messages;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// The failure of a request no connection took: the handshake never completed.
+ServiceFailure unsent_failure(const std::string& kind, const std::string& endpoint,
+                              std::chrono::milliseconds timeout) {
+  return ServiceFailure{
+      ServiceFailure::Kind::timeout, msg::ErrorCode::internal,
+      "could not send " + kind + " to the offload service at " + endpoint + " within " +
+          std::to_string(timeout.count()) +
+          " ms: no connection completed its handshake (is the service running, does it admit "
+          "this client's key, and is the service key given the service's own?)"};
+}
+
+// True when a heartbeat's Pong shows the operation in flight moved on since `last` (another
+// operation, or this one further on); the gateway answering is a sign of life only.
+bool pong_advanced(msg::Pong& last, const msg::Pong& pong) {
+  const bool moved =
+      pong.operation != last.operation || pong.step != last.step || pong.done != last.done;
+  last = pong;
+  return moved;
+}
+
+}  // namespace
+
 OffloadError::OffloadError(msg::ErrorCode code, const std::string& message)
     : std::runtime_error(std::string(msg::to_string(code)) + ": " + message), code_(code) {}
 
@@ -333,12 +357,7 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
   if (!waiting->second.sent) {
     const std::string kind = waiting->second.kind;
     forget(id);
-    return ServiceFailure{
-        ServiceFailure::Kind::timeout, msg::ErrorCode::internal,
-        "could not send " + kind + " to the offload service at " + endpoint_ + " within " +
-            std::to_string(timeout_.count()) +
-            " ms: no connection completed its handshake (is the service running, does it admit "
-            "this client's key, and is the service key given the service's own?)"};
+    return unsent_failure(kind, endpoint_, timeout_);
   }
   // The timeout runs from the last sign of progress; with heartbeats, a service that sends
   // nothing at all for kMissedHeartbeats intervals is dead sooner than that.
@@ -384,14 +403,9 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
     const uint64_t rid = decoded->header.request_id;
     heard_at = Clock::now();
     if (pings_.erase(rid) > 0) {
-      if (const auto* pong = std::get_if<msg::Pong>(&decoded->header.body)) {
-        // Progress: another operation, or this one further on. The gateway answering is
-        // a sign of life only.
-        if (pong->operation != last_pong_.operation || pong->step != last_pong_.step ||
-            pong->done != last_pong_.done)
-          progress_at = heard_at;
-        last_pong_ = *pong;
-      }
+      if (const auto* pong = std::get_if<msg::Pong>(&decoded->header.body);
+          pong && pong_advanced(last_pong_, *pong))
+        progress_at = heard_at;
       continue;
     }
     // The gateway's answer to a request it could not read (id 0) is taken as this one's,
