@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace dsactor::testing {
 
@@ -20,8 +21,8 @@ struct CommandResult {
 
 inline CommandResult run_dsactor(const std::string& args, const std::filesystem::path& workdir) {
   const auto err_file = workdir / ("stderr_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = "cd '" + workdir.string() + "' && '" DSACTOR_BINARY "' --threads 2 " + args +
-                          " 2>'" + err_file.string() + "'";
+  const std::string cmd = "cd '" + workdir.string() + "' && '" DSACTOR_BINARY "' --threads 2 " +
+                          args + " 2>'" + err_file.string() + "'";
   CommandResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) return r;
@@ -38,6 +39,29 @@ inline CommandResult run_dsactor(const std::string& args, const std::filesystem:
   return r;
 }
 
-inline std::string repo_path(const std::string& rel) { return std::string(DSACTOR_SOURCE_DIR) + "/" + rel; }
+// `start --role trainer` of the tiny model on corpus.txt (T = 16) with `config`, to `steps`
+// into `out`; callers add the services, keys and recovery flags.
+inline std::vector<std::string> tiny_trainer_argv(const std::string& config, const std::string& out,
+                                                  int steps) {
+  return {"start",
+          "--role",
+          "trainer",
+          "--config",
+          config,
+          "--model",
+          "tiny",
+          "--data",
+          "corpus.txt",
+          "--seq",
+          "16",
+          "--steps",
+          std::to_string(steps),
+          "--out",
+          out};
+}
+
+inline std::string repo_path(const std::string& rel) {
+  return std::string(DSACTOR_SOURCE_DIR) + "/" + rel;
+}
 
 }  // namespace dsactor::testing

@@ -51,26 +51,6 @@ void write_inputs(const fs::path& dir) {
                     "offload_param": {"device": "cpu"}}})");
 }
 
-// `start --role trainer` of the tiny model on write_inputs' corpus, to `steps` into `out`.
-std::vector<std::string> trainer_argv(const std::string& config, const std::string& out,
-                                      int steps) {
-  return {"start",
-          "--role",
-          "trainer",
-          "--config",
-          config,
-          "--model",
-          "tiny",
-          "--data",
-          "corpus.txt",
-          "--seq",
-          "16",
-          "--steps",
-          std::to_string(steps),
-          "--out",
-          out};
-}
-
 // The tags (global_step<N>) in a checkpoint directory.
 std::set<std::string> tags_in(const fs::path& dir) {
   std::set<std::string> tags;
@@ -159,7 +139,7 @@ TEST(PeriodicCheckpoints, KeepLastDeletesTheRemovedTagsPartsOnTheServices) {
   so.log_file = dir.path() / "service.log";
   so.keys_dir = dir.path() / "service_keys";
   deploy::ServiceProcess service(DSACTOR_BINARY, so);
-  auto args = trainer_argv("z3offload.json", "o", 7);
+  auto args = testing::tiny_trainer_argv("z3offload.json", "o", 7);
   args.insert(args.end(),
               {"--offload", service.endpoint(), "--checkpoint-every", "2", "--keep-last", "1"});
   const auto keys = service.trainer_flags();
@@ -310,7 +290,7 @@ TEST(KilledTrainer, ResumesFromLatestAndEndsWithTheUndisturbedRunsWeights) {
   write_inputs(dir.path());
   constexpr int kSteps = 200;
   const auto args = [&](const std::string& out) {
-    auto a = trainer_argv("z3.json", out, kSteps);
+    auto a = testing::tiny_trainer_argv("z3.json", out, kSteps);
     a.insert(a.end(), {"--checkpoint-every", "10", "--keep-last", "2"});
     return a;
   };
@@ -351,7 +331,7 @@ TEST(ExistingJob, AFreshRunIsRefusedUnlessItOverwrites) {
     return std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY, so);
   };
   const auto args = [&](const deploy::ServiceProcess& service, const std::string& out, int steps) {
-    std::vector<std::string> a = trainer_argv("z3offload.json", out, steps);
+    std::vector<std::string> a = testing::tiny_trainer_argv("z3offload.json", out, steps);
     a.insert(a.end(), {"--job", "kept", "--offload", service.endpoint()});
     const auto keys = service.trainer_flags();
     a.insert(a.end(), keys.begin(), keys.end());

@@ -65,25 +65,8 @@ class ResumeFromServices : public ::testing::Test {
   static std::vector<std::string> trainer_args(const deploy::ServiceProcess& service,
                                                const std::string& job, const std::string& out,
                                                int steps) {
-    std::vector<std::string> a{"start",
-                               "--role",
-                               "trainer",
-                               "--config",
-                               "z3offload.json",
-                               "--model",
-                               "tiny",
-                               "--data",
-                               "corpus.txt",
-                               "--seq",
-                               "16",
-                               "--steps",
-                               std::to_string(steps),
-                               "--out",
-                               out,
-                               "--job",
-                               job,
-                               "--offload",
-                               service.endpoint()};
+    std::vector<std::string> a = testing::tiny_trainer_argv("z3offload.json", out, steps);
+    a.insert(a.end(), {"--job", job, "--offload", service.endpoint()});
     const auto keys = service.trainer_flags();
     a.insert(a.end(), keys.begin(), keys.end());
     return a;

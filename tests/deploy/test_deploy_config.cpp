@@ -9,6 +9,7 @@
 #include "deploy/deploy_config.h"
 #include "key_table/byte_size.h"
 #include "offload_service/partition_store.h"
+#include "tests/deploy/deploy_file_test.h"
 #include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor::deploy {
@@ -20,27 +21,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class DeployConfigTest : public ::testing::Test {
- protected:
-  void SetUp() override { write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 4})"); }
-
-  DeployConfig load(const std::string& yaml) {
-    write_file(dir / "deploy.yaml", yaml);
-    return load_deploy_config(dir / "deploy.yaml");
-  }
-  std::string error_of(const std::string& yaml) {
-    try {
-      load(yaml);
-    } catch (const DeployConfigError& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "no error for:\n" << yaml;
-    return "";
-  }
-  std::string file() const { return (dir / "deploy.yaml").string(); }
-
-  TempDir dir;
-};
+using DeployConfigTest = DeployFileTest;
 
 TEST_F(DeployConfigTest, DefaultsForAMinimalDeployment) {
   const auto cfg = load(R"(

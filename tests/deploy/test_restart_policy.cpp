@@ -17,6 +17,7 @@
 
 #include "deploy/deploy_config.h"
 #include "deploy/supervisor.h"
+#include "tests/deploy/deploy_file_test.h"
 #include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor::deploy {
@@ -30,24 +31,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-class RestartConfigTest : public ::testing::Test {
- protected:
-  void SetUp() override { write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 4})"); }
-  DeployConfig load(const std::string& yaml) {
-    write_file(dir / "deploy.yaml", yaml);
-    return load_deploy_config(dir / "deploy.yaml");
-  }
-  std::string error_of(const std::string& yaml) {
-    try {
-      load(yaml);
-    } catch (const DeployConfigError& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "no error for:\n" << yaml;
-    return "";
-  }
-  TempDir dir;
-};
+using RestartConfigTest = DeployFileTest;
 
 TEST_F(RestartConfigTest, NeverByDefaultAndTheTopLevelIsEveryRolesDefault) {
   const auto plain = load("roles: [{role: offload}, {role: trainer, config: ds.json}]");
