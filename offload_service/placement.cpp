@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "offload_service/store_common.h"
+#include "storage/disk_space.h"
 
 namespace dsactor::offload {
 
@@ -52,11 +55,14 @@ void Placement::check_nvme_room(const std::vector<const messages::PartitionSpec*
   const uint64_t room = nvme_room_(), promised = nvme_opt_used_;
   const uint64_t free = room > promised ? room - promised : 0;
   if (need > free) {
-    detail::refuse(ErrorCode::outOfMemory,
-                   std::string(what) + " needs " + fmt_bytes(need) +
-                       " on the NVMe tier (each partition's state and the copy its next step "
-                       "writes); " +
-                       fmt_bytes(free) + " free there");
+    // A full disk is the operator's to act on: said at error level, with the filesystem's room.
+    const std::string message = std::string(what) + " needs " + fmt_bytes(need) +
+                                " on the NVMe tier (each partition's state and the copy its next "
+                                "step writes); " +
+                                fmt_bytes(free) + " free there (" + nvme_dir_.string() + ": " +
+                                storage::free_space_text(nvme_dir_) + ")";
+    spdlog::error("offload: {}", message);
+    detail::refuse(ErrorCode::outOfMemory, message);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <vector>
 
@@ -36,7 +37,12 @@ class Placement {
 
   // What the NVMe tier can still take (free bytes in its file and on its filesystem);
   // without it the NVMe room is not checked.
-  void set_nvme_room(std::function<uint64_t()> room) { nvme_room_ = std::move(room); }
+  // `dir`: the tier's directory, named (with its filesystem's free space) when a Register
+  // is refused for want of room.
+  void set_nvme_room(std::function<uint64_t()> room, std::filesystem::path dir) {
+    nvme_room_ = std::move(room);
+    nvme_dir_ = std::move(dir);
+  }
 
   void charge(const PartitionEntry& p);
   void uncharge(const PartitionEntry& p);
@@ -56,6 +62,7 @@ class Placement {
   uint64_t ram_opt_used_ = 0;   // optimizer state of the RAM-tier ones (what max_in_cpu counts)
   uint64_t nvme_opt_used_ = 0;  // optimizer state of the NVMe-tier ones
   std::function<uint64_t()> nvme_room_;
+  std::filesystem::path nvme_dir_;
 };
 
 }  // namespace dsactor::offload

@@ -52,7 +52,8 @@ struct CoordinatorState {
         board(setup.progress ? setup.progress : std::make_shared<ProgressBoard>()) {
     if (setup.nvme_io) {
       nvme = std::make_unique<NvmeIo>(system, *setup.nvme_io);
-      placement.set_nvme_room([io = nvme.get()] { return io->usage().room_bytes; });
+      placement.set_nvme_room([io = nvme.get()] { return io->usage().room_bytes; },
+                              options.nvme_dir.value_or(""));
     }
     for (const auto& [name, job] : jobs.all()) {
       for (const auto& [pid, p] : job.parts) placement.charge(p);
