@@ -37,21 +37,7 @@ void write_inputs(const std::filesystem::path& dir) {
 
 std::vector<std::string> trainer_args(const std::string& out, int steps,
                                       const std::string& config = "ds.json") {
-  return {"start",
-          "--role",
-          "trainer",
-          "--config",
-          config,
-          "--model",
-          "tiny",
-          "--data",
-          "corpus.txt",
-          "--steps",
-          std::to_string(steps),
-          "--seq",
-          "16",
-          "--out",
-          out};
+  return testing::tiny_trainer_argv(config, out, steps);
 }
 
 // The step the log says the run stopped at.
