@@ -166,6 +166,17 @@ TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
 
   trainer.signal(SIGTERM);
   EXPECT_EQ(trainer.wait(120s), 128 + SIGTERM) << trainer.log();
+  // Once the run has stopped, the service has counted every byte the trainer says it pushed.
+  const std::string log = trainer.log();
+  const auto at = log.find("; pushed ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const double trainer_pushed = std::stod(log.substr(at + 9));
+  const auto after = scrape(service_port);
+  ASSERT_TRUE(after) << service.log();
+  const auto arena_after = sample(*after, "dsactor_offload_pushed_bytes_total", "path=\"arena\"");
+  const auto frames_after = sample(*after, "dsactor_offload_pushed_bytes_total", "path=\"frames\"");
+  ASSERT_TRUE(arena_after && frames_after) << *after;
+  EXPECT_EQ(std::stod(*arena_after) + std::stod(*frames_after), trainer_pushed) << *after;
   service.signal(SIGTERM);
   EXPECT_EQ(service.wait(60s), 0) << service.log();
 
