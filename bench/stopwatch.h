@@ -1,13 +1,10 @@
 #pragma once
-// Wall-clock intervals of the benchmark drivers (steady clock: never jumps with the date).
-#include <chrono>
+// Wall-clock intervals of the benchmark drivers: the trainer's step clock.
+#include "trainer/step_clock.h"
 
 namespace dsactor::bench {
 
-using Clock = std::chrono::steady_clock;
-
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using Clock = trainer::Clock;
+using trainer::seconds_since;
 
 }  // namespace dsactor::bench

@@ -22,7 +22,7 @@ namespace {
 
 constexpr size_t kHeaderBytes = kTokenFileHeaderInts * sizeof(int32_t);
 
-[[noreturn]] void fail(const fs::path& path, const std::string& what) {
+[[noreturn]] void bad_token_file(const fs::path& path, const std::string& what) {
   throw DataError(fmt::format("token file {}: {}", path.string(), what));
 }
 
@@ -38,46 +38,51 @@ bool is_token_file(const fs::path& path) {
 std::vector<int32_t> read_token_file(const fs::path& path) {
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
-  if (ec) fail(path, "cannot stat: " + ec.message());
+  if (ec) bad_token_file(path, "cannot stat: " + ec.message());
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open for reading");
+  if (!in) bad_token_file(path, "cannot open for reading");
   if (size < kHeaderBytes)
-    fail(path,
-         fmt::format("{} bytes, shorter than the {}-byte header (truncated?)", size, kHeaderBytes));
+    bad_token_file(path, fmt::format("{} bytes, shorter than the {}-byte header (truncated?)", size,
+                                     kHeaderBytes));
   std::array<int32_t, kTokenFileHeaderInts> header{};
   if (!in.read(reinterpret_cast<char*>(header.data()), kHeaderBytes))
-    fail(path, "read of the header failed");
+    bad_token_file(path, "read of the header failed");
   if (header[0] != kTokenFileMagic)
-    fail(path, fmt::format("magic is {}, expected {} (an llm.c GPT-2 token file)", header[0],
-                           kTokenFileMagic));
+    bad_token_file(path, fmt::format("magic is {}, expected {} (an llm.c GPT-2 token file)",
+                                     header[0], kTokenFileMagic));
   if (header[1] != kTokenFileVersion)
-    fail(path, fmt::format("version {} is unsupported; only version {} (uint16 tokens) is read",
-                           header[1], kTokenFileVersion));
+    bad_token_file(path,
+                   fmt::format("version {} is unsupported; only version {} (uint16 tokens) is read",
+                               header[1], kTokenFileVersion));
   const int64_t count = header[2];
-  if (count <= 0) fail(path, fmt::format("header declares {} tokens; the file is empty", count));
+  if (count <= 0)
+    bad_token_file(path, fmt::format("header declares {} tokens; the file is empty", count));
   const uint64_t available_bytes = size - kHeaderBytes;
   const uint64_t want_bytes = static_cast<uint64_t>(count) * sizeof(uint16_t);
   if (want_bytes > available_bytes)
-    fail(path, fmt::format("header declares {} tokens but only {} are present (truncated file)",
-                           count, available_bytes / sizeof(uint16_t)));
+    bad_token_file(path,
+                   fmt::format("header declares {} tokens but only {} are present (truncated file)",
+                               count, available_bytes / sizeof(uint16_t)));
   if (want_bytes < available_bytes)
-    fail(path, fmt::format("header declares {} tokens but {} bytes follow the header ({} extra)",
-                           count, available_bytes, available_bytes - want_bytes));
+    bad_token_file(
+        path, fmt::format("header declares {} tokens but {} bytes follow the header ({} extra)",
+                          count, available_bytes, available_bytes - want_bytes));
 
   std::vector<uint16_t> raw(static_cast<size_t>(count));
   if (!in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(want_bytes)))
-    fail(path, fmt::format("read of {} token bytes failed", want_bytes));
+    bad_token_file(path, fmt::format("read of {} token bytes failed", want_bytes));
   return std::vector<int32_t>(raw.begin(), raw.end());
 }
 
 void write_token_file(const fs::path& path, const std::vector<int32_t>& tokens) {
-  if (tokens.empty()) fail(path, "refusing to write 0 tokens (llm.c cannot read an empty file)");
+  if (tokens.empty())
+    bad_token_file(path, "refusing to write 0 tokens (llm.c cannot read an empty file)");
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    fail(path, fmt::format("{} tokens exceed the int32 count field", tokens.size()));
+    bad_token_file(path, fmt::format("{} tokens exceed the int32 count field", tokens.size()));
   std::vector<uint16_t> raw(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] > 0xFFFF)
-      fail(path, fmt::format("token {} at index {} does not fit uint16", tokens[i], i));
+      bad_token_file(path, fmt::format("token {} at index {} does not fit uint16", tokens[i], i));
     raw[i] = static_cast<uint16_t>(tokens[i]);
   }
   std::array<int32_t, kTokenFileHeaderInts> header{};

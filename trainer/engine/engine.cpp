@@ -17,19 +17,11 @@
 #include "trainer/data/batch_loader.h"
 #include "trainer/inference.h"
 #include "trainer/optimizer_step.h"
+#include "trainer/step_clock.h"
 
 namespace dsactor::trainer {
 
 namespace k = dsactor::kernels::cpu;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
 
 k::HalfKind half_kind_of(Precision p) {
   return p == Precision::kFp16 ? k::HalfKind::kFP16 : k::HalfKind::kBF16;

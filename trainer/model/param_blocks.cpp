@@ -61,6 +61,12 @@ std::vector<BlockLayout> gpt_block_layouts(const GptConfig& c) {
   return out;
 }
 
+std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
+  std::vector<size_t> n;
+  for (const auto& l : layouts) n.push_back(l.numel);
+  return n;
+}
+
 size_t total_numel(const std::vector<BlockLayout>& layouts) {
   size_t n = 0;
   for (const auto& b : layouts) n += b.numel;

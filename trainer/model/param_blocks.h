@@ -33,8 +33,9 @@ struct BlockLayout {
 };
 
 std::vector<BlockLayout> gpt_block_layouts(const GptConfig& c);
-size_t total_numel(const std::vector<BlockLayout>& layouts);  // padding included
-size_t parameter_count(const GptConfig& c);                   // real parameters, no padding
+size_t total_numel(const std::vector<BlockLayout>& layouts);                // padding included
+std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts);  // per block, padded
+size_t parameter_count(const GptConfig& c);  // real parameters, no padding
 
 // Pointers into the flat blocks, named as the kernels need them.
 struct EmbeddingView {

@@ -63,12 +63,6 @@ void copy_out(std::span<const std::byte> bytes, bool release, float* out, size_t
   }
 }
 
-std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
-  std::vector<size_t> n;
-  for (const auto& l : layouts) n.push_back(l.numel);
-  return n;
-}
-
 }  // namespace
 
 ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, GptModel& model)

@@ -15,6 +15,7 @@
 #include "storage/crash_point.h"
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
+#include "trainer/step_clock.h"
 #include "trainer/zero/gradient_pipeline.h"
 #include "trainer/zero/local_partitions.h"
 #include "trainer/zero/param_residency.h"
@@ -24,13 +25,8 @@ namespace dsactor::trainer {
 
 namespace k = dsactor::kernels::cpu;
 namespace msg = dsactor::messages;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // What the engine needs that ds_config might not give; refused before anything starts.
 void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
@@ -88,12 +84,6 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
     check_comm(o.grad_comm, "grad_comm");
     if (z.stage == 3) check_comm(o.param_comm, "param_comm");
   }
-}
-
-std::vector<size_t> block_numels(const std::vector<BlockLayout>& layouts) {
-  std::vector<size_t> n;
-  for (const auto& l : layouts) n.push_back(l.numel);
-  return n;
 }
 
 }  // namespace
