@@ -14,7 +14,9 @@ namespace dsactor::offload {
 
 struct OffloadService::Impl {
   actors::Runtime runtime;
-  zmq::context_t context{1};
+  // Two I/O threads: CurveZMQ encrypts a whole reply on the I/O thread of its connection,
+  // and a trainer's heartbeat connection, placed on the other thread, is answered meanwhile.
+  zmq::context_t context{2};
   StoreActors store;
   std::unique_ptr<actors::Gateway> gateway;
   bool stopped = false;

@@ -52,6 +52,7 @@ OffloadClient::OffloadClient(std::string endpoint, const security::ClientSecurit
     : endpoint_(std::move(endpoint)),
       timeout_(timeout),
       job_id_(std::move(job_id)),
+      security_(security),
       context_(1),
       socket_(context_, zmq::socket_type::dealer) {
   // Nothing may wait in ~OffloadClient for an unreachable service.
@@ -389,10 +390,20 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
     if (beats) wake = std::min({wake, dead_at, pinged_at + heartbeat_});
     const auto left = std::max(std::chrono::milliseconds(1),
                                std::chrono::duration_cast<std::chrono::milliseconds>(wake - now));
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, left) == 0) continue;
+    zmq::pollitem_t items[2] = {
+        {socket_.handle(), 0, ZMQ_POLLIN, 0},
+        {beat_socket_ ? beat_socket_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+    const size_t polled = beat_socket_ ? 2 : 1;
+    if (zmq::poll(items, polled, left) == 0) continue;
+    if (polled == 2 && (items[1].revents & ZMQ_POLLIN)) {
+      const Beat beat = read_beat();
+      if (beat.heard) heard_at = Clock::now();
+      if (beat.advanced) progress_at = heard_at;
+    }
+    if (!(items[0].revents & ZMQ_POLLIN)) continue;
     std::vector<zmq::message_t> frames;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
+    if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
+      continue;
     auto env = msg::split_envelope(frames);
     if (!env) continue;
     auto decoded = msg::decode(env->body);
@@ -402,12 +413,6 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
     }
     const uint64_t rid = decoded->header.request_id;
     heard_at = Clock::now();
-    if (pings_.erase(rid) > 0) {
-      if (const auto* pong = std::get_if<msg::Pong>(&decoded->header.body);
-          pong && pong_advanced(last_pong_, *pong))
-        progress_at = heard_at;
-      continue;
-    }
     // The gateway's answer to a request it could not read (id 0) is taken as this one's,
     // the request being waited for.
     const bool mine =
@@ -443,7 +448,34 @@ void OffloadClient::send_ping() {
   // Never blocks: with no connection to take it (the service is gone), the Ping is simply
   // not sent, and the silence counts.
   auto frames = msg::with_envelope({}, msg::encode(msg::Header{id, job_id_, msg::Ping{id}}));
-  if (zmq::send_multipart(socket_, std::move(frames), zmq::send_flags::dontwait)) pings_.insert(id);
+  if (zmq::send_multipart(beat_socket(), std::move(frames), zmq::send_flags::dontwait))
+    pings_.insert(id);
+}
+
+zmq::socket_t& OffloadClient::beat_socket() {
+  if (!beat_socket_) {
+    beat_context_.emplace(1);
+    zmq::socket_t s(*beat_context_, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    security::secure_client_socket(s, security_);
+    s.connect(endpoint_);
+    beat_socket_.emplace(std::move(s));
+  }
+  return *beat_socket_;
+}
+
+OffloadClient::Beat OffloadClient::read_beat() {
+  std::vector<zmq::message_t> frames;
+  if (!zmq::recv_multipart(*beat_socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
+    return {};
+  auto env = msg::split_envelope(frames);
+  if (!env) return {};
+  auto decoded = msg::decode(env->body);
+  // Anything the service sends on this connection is a sign of life; only a Pong to one of
+  // this client's Pings can report progress.
+  if (!decoded || pings_.erase(decoded->header.request_id) == 0) return {true, false};
+  const auto* pong = std::get_if<msg::Pong>(&decoded->header.body);
+  return {true, pong && pong_advanced(last_pong_, *pong)};
 }
 
 ServiceFailure OffloadClient::silence(uint64_t id, const std::string& kind,

@@ -261,6 +261,14 @@ class OffloadClient {
   ServiceFailure silence(uint64_t id, const std::string& kind, std::chrono::milliseconds waited,
                          bool dead) const;
   void send_ping();
+  // What one message on the heartbeat connection told: that the service is there, and
+  // whether its operation in flight moved on.
+  struct Beat {
+    bool heard = false;
+    bool advanced = false;
+  };
+  Beat read_beat();
+  zmq::socket_t& beat_socket();
 
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
@@ -271,8 +279,15 @@ class OffloadClient {
   uint64_t next_id_ = 1;
   std::map<uint64_t, Pending> outstanding_;  // request id -> what was sent
   std::map<uint64_t, Reply> arrived_;        // replies received while waiting for another
+  security::ClientSecurity security_;  // for the heartbeat connection, opened at the first Ping
   zmq::context_t context_;
   zmq::socket_t socket_;
+  // Pings and Pongs travel on a connection of their own, read by an I/O thread of its own:
+  // on the request connection a Pong queues behind every large reply sent before it, and
+  // CurveZMQ decrypts each whole message on the I/O thread, so a service busy sending a
+  // gigabyte of fetched parameters would look dead.
+  std::optional<zmq::context_t> beat_context_;
+  std::optional<zmq::socket_t> beat_socket_;
   // Arena (declared after the socket: unmap_arena() in the destructor still sends on it).
   std::unique_ptr<messages::SharedArena> arena_;
   uint64_t arena_id_ = 0;

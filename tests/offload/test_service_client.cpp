@@ -277,5 +277,30 @@ TEST(ServiceClientHeartbeats, AServiceThatAnswersNothingIsDeclaredDown) {
   EXPECT_NE(what.find("nor its heartbeats"), std::string::npos) << what;
 }
 
+// Pings travel on a connection of their own (another routing id at the service), so a Pong
+// never queues behind large replies on the request connection; answered there, they keep a
+// request alive well past the three intervals that silence would allow.
+TEST(ServiceClientHeartbeats, PingsTravelOnAConnectionOfTheirOwn) {
+  actors::Runtime runtime;
+  FakeService fake;
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 600s, "beats",
+                       200ms);
+  auto stats = client.stats();
+  const auto request = fake.next();
+  ASSERT_TRUE(std::holds_alternative<msg::Stats>(request.header.body));
+  auto connection = [](const FakeService::Request& r) {
+    return r.routing.empty() ? std::string() : r.routing.front().to_string();
+  };
+  for (int i = 0; i < 6; ++i) {
+    const auto ping = fake.next();
+    ASSERT_TRUE(std::holds_alternative<msg::Ping>(ping.header.body));
+    EXPECT_NE(connection(ping), connection(request)) << "a Ping on the request connection";
+    fake.answer(ping, msg::Pong{std::get<msg::Ping>(ping.header.body).nonce});
+  }
+  fake.answer(request, msg::StatsReply{});
+  auto r = stats.get();
+  EXPECT_TRUE(r.ok()) << actors::describe(r.error());
+}
+
 }  // namespace
 }  // namespace dsactor::offload::test
