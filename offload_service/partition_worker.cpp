@@ -37,6 +37,7 @@ struct WorkerState {
   std::map<PartitionKey, WorkerPartition> parts;
   std::optional<Staged> staged;
   bool verify_arena_checksum = true;
+  std::shared_ptr<ServicePhases> phases;
   static inline const char* name = "partition_worker";
 
   BufPtr alloc(uint64_t bytes) { return memory->allocate(bytes); }
@@ -70,7 +71,9 @@ struct WorkerState {
     if (g.arena) {
       payload = *in.arena->range(g.arena->offset, g.arena->length);
       if (verify_arena_checksum) {
+        PhaseTimer checking(phases.get(), ServicePhase::kChecksum, payload.size());
         const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+        checking.stop();
         if (crc != g.arena->crc32c) {
           refuse(ErrorCode::checksumMismatch,
                  "pushGradients.arena: " + id + ": arena bytes have crc32c " + std::to_string(crc) +
@@ -91,6 +94,7 @@ struct WorkerState {
                                           " of step " + std::to_string(g.step) + ", expected " +
                                           std::to_string(p.micro_steps));
     }
+    const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
     if (p.on_nvme()) {
       const auto st = nvme_accumulate(*nvme, p, payload, g.dtype);
       return {{m.header.request_id, m.header.job_id,
@@ -130,13 +134,21 @@ struct WorkerState {
   void into_arena(Reply& r, const detail::Incoming& in, const msg::FetchParameters& f) {
     if (!f.arena || r.payload.size() > f.arena->length) return;
     const std::span<std::byte> dst = *in.arena->range(f.arena->offset, r.payload.size());
+    PhaseTimer copying(phases.get(), ServicePhase::kServe, r.payload.size());
     std::memcpy(dst.data(), r.payload.data(), r.payload.size());
-    const uint32_t crc = r.crc32c ? *r.crc32c : checksum::crc32c(dst.data(), dst.size());
+    copying.stop();
+    const uint32_t crc = r.crc32c ? *r.crc32c : served_crc(dst.data(), dst.size());
     std::get<msg::FetchReply>(r.header.body).arena =
         msg::ArenaSlice{f.arena->arena_id, f.arena->offset, r.payload.size(), crc};
     r.payload = {};
     r.owner.reset();
     r.crc32c.reset();
+  }
+
+  // The checksum of served bytes, computed once per version (the callers cache it).
+  uint32_t served_crc(const std::byte* data, size_t bytes) {
+    const PhaseTimer checking(phases.get(), ServicePhase::kChecksum, bytes);
+    return checksum::crc32c(data, bytes);
   }
 
   Reply on_fetch(const msg::Header& h, const msg::FetchParameters& f, uint64_t version) {
@@ -146,13 +158,14 @@ struct WorkerState {
                 msg::FetchReply{f.partition_id, version, f.dtype, p.n(), {}}};
     const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
     auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {
-      if (!cache) cache = checksum::crc32c(buf->data(), bytes);
+      if (!cache) cache = served_crc(buf->data(), bytes);
       r.payload = {buf->data(), bytes};
       r.owner = buf;
       r.crc32c = cache;
     };
     if (p.on_nvme()) {
       // Converted as the master streams: only the reply holds these bytes.
+      const PhaseTimer converting(phases.get(), ServicePhase::kServe, bytes);
       BufPtr buf = HostAllocator::plain(bytes);
       nvme_serve(*nvme, p, f.dtype, buf->data());
       r.payload = {buf->data(), bytes};
@@ -168,6 +181,7 @@ struct WorkerState {
       return r;
     }
     // Converted on the fly: a half type other than the served one.
+    const PhaseTimer converting(phases.get(), ServicePhase::kServe, bytes);
     BufPtr buf = HostAllocator::plain(bytes);
     auto emit = [&](uint64_t first, const float* src, uint64_t count) {
       if (f.dtype == DType::fp32) {
@@ -324,6 +338,7 @@ struct WorkerState {
         continue;
       }
       try {
+        const PhaseTimer stepping(phases.get(), ServicePhase::kAdam, p.n() * 4);
         fresh->push_back(nvme_adam(*nvme, p, detail::hyper(p.spec.optimizer, w.commit.lr),
                                    w.adam_t[i], w.multiplier));
         r.locations.push_back(fresh->back());
@@ -345,6 +360,7 @@ struct WorkerState {
 
   // Adam over a RAM partition in place (buffers a reply still holds are cloned first).
   void ram_adam(WorkerPartition& p, const CommitWork& w, size_t i) {
+    const PhaseTimer stepping(phases.get(), ServicePhase::kAdam, p.n() * 4);
     unshare(p.master);
     kc::HalfCopy hc;
     if (is_half(p.spec.served_dtype)) {
@@ -491,6 +507,7 @@ partition_worker::behavior_type worker_behavior(
   auto& st = self->state;
   st.index = cfg->index;
   st.verify_arena_checksum = cfg->verify_arena_checksum;
+  st.phases = cfg->phases;
   st.system = &self->system();
   st.memory = std::make_unique<HostAllocator>(cfg->memory);
   if (cfg->nvme) st.nvme = std::make_unique<NvmeIo>(self->system(), *cfg->nvme);
