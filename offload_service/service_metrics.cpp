@@ -64,6 +64,11 @@ void collect_phases(metrics::Registry& r, const ServicePhases& phases) {
     r.counter("dsactor_offload_phase_seconds_total",
               "Wall seconds the store spent, by phase (offload_service/service_phases.h)", labels)
         .set_total(f.seconds);
+    r.counter("dsactor_offload_phase_cpu_seconds_total",
+              "CPU seconds of the threads that ran each phase (Adam's OpenMP helpers not "
+              "included), by phase",
+              labels)
+        .set_total(f.cpu_seconds);
     r.counter("dsactor_offload_phase_bytes_total", "Bytes the store's phases moved, by phase",
               labels)
         .set_total(static_cast<double>(f.bytes));

@@ -27,6 +27,7 @@ const char* phase_name(ServicePhase phase) {
 PhaseFigures ServicePhases::figures(ServicePhase phase) const {
   const Entry& e = entries_[static_cast<size_t>(phase)];
   return {static_cast<double>(e.nanoseconds.load(std::memory_order_relaxed)) * 1e-9,
+          static_cast<double>(e.cpu_nanoseconds.load(std::memory_order_relaxed)) * 1e-9,
           e.bytes.load(std::memory_order_relaxed), e.operations.load(std::memory_order_relaxed)};
 }
 

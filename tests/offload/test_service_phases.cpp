@@ -32,12 +32,13 @@ std::string metrics_url(const ServiceProcess& svc) {
 }
 
 struct Phase {
-  double seconds = 0, bytes = 0, operations = 0;
+  double seconds = 0, cpu_seconds = 0, bytes = 0, operations = 0;
 };
 
 Phase phase(const nlohmann::json& state, const std::string& name) {
   const metrics::Labels labels{{"phase", name}};
   return {metrics::sum_of(state, "dsactor_offload_phase_seconds_total", labels),
+          metrics::sum_of(state, "dsactor_offload_phase_cpu_seconds_total", labels),
           metrics::sum_of(state, "dsactor_offload_phase_bytes_total", labels),
           metrics::sum_of(state, "dsactor_offload_phase_operations_total", labels)};
 }
@@ -89,6 +90,7 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
   EXPECT_EQ(accumulate.bytes, pushed);
   EXPECT_EQ(accumulate.operations, 3);
   EXPECT_GT(accumulate.seconds, 0);
+  EXPECT_GT(accumulate.cpu_seconds, 0);
   // A later micro-step's arena bytes are checked before they are added, at least.
   EXPECT_GE(phase(state, "checksum").bytes, arena_micro_step_1);
   const Phase adam = phase(state, "adam"), commit = phase(state, "commit");
