@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/adam_bench.h"
+#include "bench/memcpy_rate.h"
 #include "bench/stopwatch.h"
 #include "kernels/cpu/adam.h"
 #include "metrics/state_figures.h"
@@ -22,21 +23,6 @@ namespace {
 // The phases service_phases.h counts, in the order of a step.
 constexpr const char* kServicePhases[] = {"receive", "checksum", "accumulate", "adam",
                                           "serve",   "commit",   "metadata"};
-
-double warm_memcpy_bytes_per_second() {
-  constexpr size_t kBytes = size_t{64} << 20;
-  std::vector<char> src(kBytes, 1), dst(kBytes, 0);
-  std::memcpy(dst.data(), src.data(), kBytes);  // both sides' pages are resident from here
-  std::vector<double> seconds;
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = Clock::now();
-    std::memcpy(dst.data(), src.data(), kBytes);
-    seconds.push_back(seconds_since(t0));
-    src[static_cast<size_t>(i)] = dst[kBytes - 1 - static_cast<size_t>(i)];  // keeps the copies
-  }
-  std::sort(seconds.begin(), seconds.end());
-  return static_cast<double>(kBytes) / seconds[seconds.size() / 2];
-}
 
 double ms(const nlohmann::json& j, const char* key) {
   return j.at(key).get<double>() * 1e-3;
