@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "bench/forked_child.h"
+#include "bench/stopwatch.h"
+#include "bench/zero_breakdown.h"
 #include "deploy/service_process.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
@@ -30,7 +32,6 @@
 namespace dsactor::bench {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -97,18 +98,26 @@ nlohmann::json base_config(const ZeroBenchOptions& o) {
 
 struct Timing {
   double step_s = 0, fwd = 0, bwd = 0, opt = 0;
+  // Of those (stage 3): waiting for fetched parameters, for the pushes' replies, for commits.
+  double fetch_wait = 0, push_wait = 0, commit_wait = 0;
   // CPU seconds (user + system, all threads) per step of this process and of the offload
   // service: on a shared box the wall-clock ratio swings with the neighbours' load, the
   // CPU the step costs much less.
   double user_s = 0, sys_s = 0, service_cpu_s = 0;
+  double minor_faults = 0, service_minor_faults = 0;  // per step
   nlohmann::json to_json() const {
     return {{"ms_per_step", step_s * 1e3},
             {"forward_ms", fwd * 1e3},
             {"backward_ms", bwd * 1e3},
             {"optimizer_ms", opt * 1e3},
+            {"fetch_wait_ms", fetch_wait * 1e3},
+            {"push_wait_ms", push_wait * 1e3},
+            {"commit_wait_ms", commit_wait * 1e3},
             {"cpu_user_ms_per_step", user_s * 1e3},
             {"cpu_sys_ms_per_step", sys_s * 1e3},
             {"service_cpu_ms_per_step", service_cpu_s * 1e3},
+            {"minor_faults_per_step", minor_faults},
+            {"service_minor_faults_per_step", service_minor_faults},
             {"total_cpu_ms_per_step", (user_s + sys_s + service_cpu_s) * 1e3}};
   }
 };
@@ -120,8 +129,9 @@ std::pair<double, double> own_cpu_seconds() {
   return {sec(u.ru_utime), sec(u.ru_stime)};
 }
 
-// utime + stime of another process (/proc/<pid>/stat fields 14 and 15); 0 when unknown.
-double process_cpu_seconds(pid_t pid) {
+// The sum of fields [first, last] (1-based, as proc(5) numbers them) of another process's
+// /proc/<pid>/stat; 0 when unknown.
+double process_stat_sum(pid_t pid, int first, int last) {
   if (pid <= 0) return 0;
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat((std::istreambuf_iterator<char>(in)), {});
@@ -129,10 +139,27 @@ double process_cpu_seconds(pid_t pid) {
   if (close == std::string::npos) return 0;
   std::istringstream rest(stat.substr(close + 2));
   std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i)
-    if (i >= 14) ticks += std::stod(field);
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  double sum = 0;
+  for (int i = 3; i <= last && rest >> field; ++i)
+    if (i >= first) sum += std::stod(field);
+  return sum;
+}
+
+// utime + stime (fields 14 and 15, in clock ticks).
+double process_cpu_seconds(pid_t pid) {
+  return process_stat_sum(pid, 14, 15) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Minor page faults (field 10): the arena's pages the service touches after the trainer
+// gave them back each cost one.
+double process_minor_faults(pid_t pid) {
+  return process_stat_sum(pid, 10, 10);
+}
+
+double own_minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_minflt);
 }
 
 template <class E>
@@ -140,18 +167,24 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
   Timing t;
   const auto [u0, s0] = own_cpu_seconds();
   const double svc0 = process_cpu_seconds(service);
+  const double faults0 = own_minor_faults(), svc_faults0 = process_minor_faults(service);
   const auto t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
     const auto r = engine.train_step(loader);
     t.fwd += r.forward_seconds / steps;
     t.bwd += r.backward_seconds / steps;
     t.opt += r.optimizer_seconds / steps;
+    t.fetch_wait += r.fetch_seconds / steps;
+    t.push_wait += r.push_seconds / steps;
+    t.commit_wait += r.commit_seconds / steps;
   }
   t.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
   const auto [u1, s1] = own_cpu_seconds();
   t.user_s = (u1 - u0) / steps;
   t.sys_s = (s1 - s0) / steps;
   t.service_cpu_s = (process_cpu_seconds(service) - svc0) / steps;
+  t.minor_faults = (own_minor_faults() - faults0) / steps;
+  t.service_minor_faults = (process_minor_faults(service) - svc_faults0) / steps;
   return t;
 }
 
@@ -230,6 +263,21 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"stage3_prefetch_off", off}};
 }
 
+// The service's metrics address, from its log's "metrics on <url>/metrics" line (written
+// just after the line ServiceProcess waits for).
+std::string metrics_url(const deploy::ServiceProcess& service) {
+  const auto t0 = Clock::now();
+  while (seconds_since(t0) < 30) {
+    const std::string log = service.log();
+    const size_t at = log.find("metrics on ");
+    const size_t end = at == std::string::npos ? at : log.find("/metrics", at);
+    if (end != std::string::npos) return log.substr(at + 11, end - at - 11);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  throw std::runtime_error("bench zero: the offload service logged no metrics address: " +
+                           service.log());
+}
+
 }  // namespace
 
 nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
@@ -263,8 +311,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     nlohmann::json j;
     try {
       // A fresh service per phase: the phases do not share its memory or its jobs.
-      deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(), {},
-                                     dir / "offload.log");
+      deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(),
+                                     {"--metrics-listen", "127.0.0.1:0"}, dir / "offload.log");
+      const std::string metrics = metrics_url(service);
       j = in_child(name, [&] {
         nlohmann::json cfg = base_config(o);
         cfg["zero_optimization"] = {{"stage", 3},
@@ -283,8 +332,11 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         ZeroEngine engine(gpt, parse_ds_config(cfg, "bench zero"), o.seed, zo);
         for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
         const ZeroStats before = engine.stats();
+        const nlohmann::json phases_before = scrape_service_state(metrics);
         nlohmann::json r = time_steps(engine, loader, o.steps, service.pid()).to_json();
         const ZeroStats after = engine.stats();
+        r["service_phases"] =
+            service_phases_per_step(phases_before, scrape_service_state(metrics), o.steps);
         r.update(stage3_figures(before, after, o.steps));
         r["prefetch_bucket_size"] = bucket;
         r["max_live_parameters"] = max_live;
@@ -301,8 +353,13 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   };
   const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on);
   const nlohmann::json off = stage3("stage3_prefetch_off", 0);
+  const nlohmann::json rates =
+      ForkedChild("bench zero rates", [] { return machine_rates(); }).result();
 
-  return zero_bench_summary(o, gpt, stage0, on, off);
+  nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off);
+  out["rates"] = rates;
+  out["breakdown_prefetch_on"] = step_breakdown(on, rates, params);
+  return out;
 }
 
 }  // namespace dsactor::bench

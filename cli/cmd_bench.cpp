@@ -14,6 +14,7 @@
 #include "bench/train_bench.h"
 #include "bench/transport_bench.h"
 #include "bench/zero_bench.h"
+#include "bench/zero_breakdown.h"
 #include "bench/zero_memory_bench.h"
 #include "cli/commands.h"
 
@@ -158,7 +159,11 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       "--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; },
       "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
   zero->add_flag("--json", *json, "print one JSON object");
-  zero->callback([zo, json] { print_result(bench::run_zero_bench(*zo), *json); });
+  zero->callback([zo, json] {
+    const nlohmann::json r = bench::run_zero_bench(*zo);
+    print_result(r, *json);
+    if (!*json) fmt::print("\n{}", bench::breakdown_table(r.at("breakdown_prefetch_on")));
+  });
 }
 
 void add_scale_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {

@@ -8,7 +8,9 @@
 #include <map>
 
 #include "checksum/crc32c.h"
+#include "checksum/crc32c_copy.h"
 #include "offload_service/nvme_partition.h"
+#include "offload_service/push_accumulate.h"
 
 namespace dsactor::offload {
 
@@ -37,6 +39,7 @@ struct WorkerState {
   std::map<PartitionKey, WorkerPartition> parts;
   std::optional<Staged> staged;
   bool verify_arena_checksum = true;
+  std::shared_ptr<ServicePhases> phases;
   static inline const char* name = "partition_worker";
 
   BufPtr alloc(uint64_t bytes) { return memory->allocate(bytes); }
@@ -67,16 +70,24 @@ struct WorkerState {
     // coordinator checked against the mapping. The trainer can change arena bytes while we
     // read them; that only spoils its own step, never our memory.
     std::span<const std::byte> payload = m.payload;
-    if (g.arena) {
-      payload = *in.arena->range(g.arena->offset, g.arena->length);
-      if (verify_arena_checksum) {
-        const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
-        if (crc != g.arena->crc32c) {
-          refuse(ErrorCode::checksumMismatch,
-                 "pushGradients.arena: " + id + ": arena bytes have crc32c " + std::to_string(crc) +
-                     ", declared " + std::to_string(g.arena->crc32c));
-        }
+    if (g.arena) payload = *in.arena->range(g.arena->offset, g.arena->length);
+    auto check_crc = [&](uint32_t crc) {
+      if (crc != g.arena->crc32c) {
+        refuse(ErrorCode::checksumMismatch, "pushGradients.arena: " + id +
+                                                ": arena bytes have crc32c " + std::to_string(crc) +
+                                                ", declared " + std::to_string(g.arena->crc32c));
       }
+    };
+    const bool check = g.arena && verify_arena_checksum;
+    const bool first = g.micro_step == 0;
+    // A RAM partition's first micro-step checks the crc inside its accumulate pass (below):
+    // nothing accumulated before needs protecting, and a refusal leaves micro_steps at 0, so
+    // the next push rewrites every byte of the sum. Otherwise the bytes are checked first.
+    if (check && (p.on_nvme() || !first)) {
+      PhaseTimer checking(phases.get(), ServicePhase::kChecksum, payload.size());
+      const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+      checking.stop();
+      check_crc(crc);
     }
     if (g.element_count != p.n()) {
       refuse(ErrorCode::malformed, id + " has " + std::to_string(p.n()) + " elements, push sends " +
@@ -91,6 +102,7 @@ struct WorkerState {
                                           " of step " + std::to_string(g.step) + ", expected " +
                                           std::to_string(p.micro_steps));
     }
+    const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
     if (p.on_nvme()) {
       const auto st = nvme_accumulate(*nvme, p, payload, g.dtype);
       return {{m.header.request_id, m.header.job_id,
@@ -100,24 +112,11 @@ struct WorkerState {
               {}};
     }
     if (!p.grad) p.grad = std::make_shared<storage::AlignedBuffer>(p.n() * 4);
-    float* acc = p.grad->as<float>();
-    const bool first = g.micro_step == 0;
-    // Accumulate as `acc = (first ? 0 : acc) + g` element by element, the trainer's own
-    // order of additions into a zeroed buffer (0 + -0 is +0), so sums stay bit-identical.
-    constexpr uint64_t kBlock = 16384;
-    std::vector<float> tmp(kBlock);
-    for (uint64_t i = 0; i < p.n(); i += kBlock) {
-      const uint64_t c = std::min(kBlock, p.n() - i);
-      detail::payload_to_floats(tmp.data(), payload, g.dtype, i, c);
-      float* a = acc + i;
-      if (first) {
-        for (uint64_t k = 0; k < c; ++k) a[k] = 0.0f + tmp[k];
-      } else {
-        for (uint64_t k = 0; k < c; ++k) a[k] += tmp[k];
-      }
-    }
+    const AccumulatedPush acc =
+        accumulate_push(p.grad->as<float>(), payload, g.dtype, p.n(), first, check && first);
+    if (check && first) check_crc(acc.crc32c);
     p.micro_steps++;
-    const auto st = kc::grad_stats(acc, p.n());
+    const auto& st = acc.stats;
     return {{m.header.request_id, m.header.job_id,
              msg::PushReply{g.partition_id, g.step, g.micro_step, st.sum_squares, st.nonfinite}},
             {},
@@ -126,12 +125,23 @@ struct WorkerState {
   }
 
   // A fetch that named an arena: the served bytes go into its range when they fit (one
-  // copy, no frame); else the reply keeps its frame.
-  void into_arena(Reply& r, const detail::Incoming& in, const msg::FetchParameters& f) {
+  // copy, no frame); else the reply keeps its frame. Bytes whose crc is not known yet are
+  // checksummed as they are copied, and `cache` (the served buffer's, if any) keeps it.
+  void into_arena(Reply& r, const detail::Incoming& in, const msg::FetchParameters& f,
+                  std::optional<uint32_t>* cache) {
     if (!f.arena || r.payload.size() > f.arena->length) return;
     const std::span<std::byte> dst = *in.arena->range(f.arena->offset, r.payload.size());
-    std::memcpy(dst.data(), r.payload.data(), r.payload.size());
-    const uint32_t crc = r.crc32c ? *r.crc32c : checksum::crc32c(dst.data(), dst.size());
+    // Counted as serving, the checksum included: it rides on the copy.
+    PhaseTimer copying(phases.get(), ServicePhase::kServe, r.payload.size());
+    uint32_t crc;
+    if (r.crc32c) {
+      std::memcpy(dst.data(), r.payload.data(), r.payload.size());
+      crc = *r.crc32c;
+    } else {
+      crc = checksum::crc32c_copy(dst.data(), r.payload.data(), r.payload.size());
+      if (cache) *cache = crc;
+    }
+    copying.stop();
     std::get<msg::FetchReply>(r.header.body).arena =
         msg::ArenaSlice{f.arena->arena_id, f.arena->offset, r.payload.size(), crc};
     r.payload = {};
@@ -139,24 +149,40 @@ struct WorkerState {
     r.crc32c.reset();
   }
 
-  Reply on_fetch(const msg::Header& h, const msg::FetchParameters& f, uint64_t version) {
+  // The checksum of served bytes that go as a frame, computed once per version (the
+  // callers cache it); into the arena it rides on the copy (into_arena).
+  uint32_t served_crc(const std::byte* data, size_t bytes) {
+    const PhaseTimer checking(phases.get(), ServicePhase::kChecksum, bytes);
+    return checksum::crc32c(data, bytes);
+  }
+
+  // The reply to a fetch; into the arena when it names one and the bytes fit.
+  Reply on_fetch(const detail::Incoming& in, const msg::FetchParameters& f, uint64_t version) {
+    const msg::Header& h = in.message->header;
     WorkerPartition& p = at(h.job_id, f.partition_id);
     Reply r;
     r.header = {h.request_id, h.job_id,
                 msg::FetchReply{f.partition_id, version, f.dtype, p.n(), {}}};
     const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
+    const bool to_arena = f.arena && bytes <= f.arena->length;
     auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {
-      if (!cache) cache = checksum::crc32c(buf->data(), bytes);
       r.payload = {buf->data(), bytes};
       r.owner = buf;
+      // Into the arena, an unknown crc is computed by the copy (into_arena keeps it).
+      if (to_arena && !cache) return into_arena(r, in, f, &cache);
+      if (!cache) cache = served_crc(buf->data(), bytes);
       r.crc32c = cache;
+      into_arena(r, in, f, nullptr);
     };
     if (p.on_nvme()) {
       // Converted as the master streams: only the reply holds these bytes.
+      PhaseTimer converting(phases.get(), ServicePhase::kServe, bytes);
       BufPtr buf = HostAllocator::plain(bytes);
       nvme_serve(*nvme, p, f.dtype, buf->data());
+      converting.stop();  // the copy into the arena counts as a pass of its own
       r.payload = {buf->data(), bytes};
       r.owner = buf;
+      into_arena(r, in, f, nullptr);
       return r;
     }
     if (is_half(f.dtype) && f.dtype == p.spec.served_dtype) {
@@ -168,6 +194,7 @@ struct WorkerState {
       return r;
     }
     // Converted on the fly: a half type other than the served one.
+    PhaseTimer converting(phases.get(), ServicePhase::kServe, bytes);
     BufPtr buf = HostAllocator::plain(bytes);
     auto emit = [&](uint64_t first, const float* src, uint64_t count) {
       if (f.dtype == DType::fp32) {
@@ -177,8 +204,10 @@ struct WorkerState {
       }
     };
     emit(0, p.master->as<float>(), p.n());
+    converting.stop();
     r.payload = {buf->data(), bytes};
     r.owner = buf;
+    into_arena(r, in, f, nullptr);
     return r;
   }
 
@@ -188,10 +217,7 @@ struct WorkerState {
       if (auto* g = std::get_if<msg::PushGradients>(&m.header.body)) {
         return on_push(*in, *g, ctx.next_step);
       }
-      const auto& f = std::get<msg::FetchParameters>(m.header.body);
-      Reply r = on_fetch(m.header, f, ctx.version);
-      into_arena(r, *in, f);
-      return r;
+      return on_fetch(*in, std::get<msg::FetchParameters>(m.header.body), ctx.version);
     });
   }
 
@@ -324,6 +350,7 @@ struct WorkerState {
         continue;
       }
       try {
+        const PhaseTimer stepping(phases.get(), ServicePhase::kAdam, p.n() * 4);
         fresh->push_back(nvme_adam(*nvme, p, detail::hyper(p.spec.optimizer, w.commit.lr),
                                    w.adam_t[i], w.multiplier));
         r.locations.push_back(fresh->back());
@@ -345,6 +372,7 @@ struct WorkerState {
 
   // Adam over a RAM partition in place (buffers a reply still holds are cloned first).
   void ram_adam(WorkerPartition& p, const CommitWork& w, size_t i) {
+    const PhaseTimer stepping(phases.get(), ServicePhase::kAdam, p.n() * 4);
     unshare(p.master);
     kc::HalfCopy hc;
     if (is_half(p.spec.served_dtype)) {
@@ -491,6 +519,7 @@ partition_worker::behavior_type worker_behavior(
   auto& st = self->state;
   st.index = cfg->index;
   st.verify_arena_checksum = cfg->verify_arena_checksum;
+  st.phases = cfg->phases;
   st.system = &self->system();
   st.memory = std::make_unique<HostAllocator>(cfg->memory);
   if (cfg->nvme) st.nvme = std::make_unique<NvmeIo>(self->system(), *cfg->nvme);

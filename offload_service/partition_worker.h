@@ -30,6 +30,7 @@
 
 #include "offload_service/host_memory.h"
 #include "offload_service/nvme_io_actor.h"
+#include "offload_service/service_phases.h"
 #include "offload_service/store_common.h"
 #include "storage/aligned_buffer.h"
 
@@ -163,6 +164,7 @@ struct WorkerConfig {
   std::optional<nvme_io_actor> nvme;           // absent without an NVMe tier
   std::shared_ptr<WorkerPartitions> reloaded;  // NVMe partitions found at startup
   bool verify_arena_checksum = true;           // StoreOptions::verify_arena_checksum
+  std::shared_ptr<ServicePhases> phases;       // pushes, fetches and Adam passes count here
 };
 
 partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig config);

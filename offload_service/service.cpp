@@ -79,6 +79,10 @@ const actors::GatewayCounters& OffloadService::gateway_counters() const {
   return impl_->gateway->counters();
 }
 
+const ServicePhases& OffloadService::phases() const {
+  return *impl_->store.phases;
+}
+
 void OffloadService::stop() {
   if (impl_->stopped) return;
   impl_->stopped = true;

@@ -13,6 +13,7 @@
 #include "actors/runtime/gateway.h"
 #include "messages/codec.h"
 #include "offload_service/partition_store.h"
+#include "offload_service/service_phases.h"
 #include "security/transport_security.h"
 
 namespace dsactor::offload {
@@ -50,6 +51,8 @@ class OffloadService {
   // requests queued before) and the gateway's request counts, for the metrics.
   StoreStats stats() const;
   const actors::GatewayCounters& gateway_counters() const;
+  // Where the store's time went, per phase, since the service started.
+  const ServicePhases& phases() const;
   // Stops accepting requests, lets the store's actors finish what they are running, and
   // shuts the actor system down; idempotent.
   void stop();

@@ -56,11 +56,34 @@ void collect_gateway(metrics::Registry& r, const actors::GatewayCounters& g) {
   }
 }
 
+void collect_phases(metrics::Registry& r, const ServicePhases& phases) {
+  for (size_t i = 0; i < kServicePhaseCount; ++i) {
+    const auto phase = static_cast<ServicePhase>(i);
+    const PhaseFigures f = phases.figures(phase);
+    const metrics::Labels labels{{"phase", phase_name(phase)}};
+    r.counter("dsactor_offload_phase_seconds_total",
+              "Wall seconds the store spent, by phase (offload_service/service_phases.h)", labels)
+        .set_total(f.seconds);
+    r.counter("dsactor_offload_phase_cpu_seconds_total",
+              "CPU seconds of the threads that ran each phase (Adam's OpenMP helpers not "
+              "included), by phase",
+              labels)
+        .set_total(f.cpu_seconds);
+    r.counter("dsactor_offload_phase_bytes_total", "Bytes the store's phases moved, by phase",
+              labels)
+        .set_total(static_cast<double>(f.bytes));
+    r.counter("dsactor_offload_phase_operations_total",
+              "Operations (partitions pushed, fetched, stepped; commits), by phase", labels)
+        .set_total(static_cast<double>(f.operations));
+  }
+}
+
 }  // namespace
 
 void add_service_metrics(metrics::Registry& registry, const OffloadService& service) {
   registry.add_collector([&service](metrics::Registry& r) {
     collect_gateway(r, service.gateway_counters());
+    collect_phases(r, service.phases());
     try {
       collect_store(r, service.stats());
     } catch (const std::exception& e) {

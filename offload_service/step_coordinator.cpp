@@ -37,6 +37,7 @@ struct CoordinatorState {
   PinningKind pinning;
   uint64_t steps_applied = 0;
   std::shared_ptr<ProgressBoard> board;
+  std::shared_ptr<ServicePhases> phases;
 
   CoordinatorState(caf::actor_system& system, CoordinatorSetup&& setup)
       : options(std::move(setup.options)),
@@ -47,9 +48,11 @@ struct CoordinatorState {
         state(resolved_state_dir(options)),
         arenas(options.max_arena_bytes, options.arena_uids),
         workers(system, std::move(setup.workers)),
-        two_phase(workers, std::move(setup.metadata), std::move(setup.file_name)),
+        two_phase(workers, std::move(setup.metadata), std::move(setup.file_name),
+                  setup.phases.get()),
         pinning(setup.pinning),
-        board(setup.progress ? setup.progress : std::make_shared<ProgressBoard>()) {
+        board(setup.progress ? setup.progress : std::make_shared<ProgressBoard>()),
+        phases(std::move(setup.phases)) {
     if (setup.nvme_io) {
       nvme = std::make_unique<NvmeIo>(system, *setup.nvme_io);
       placement.set_nvme_room([io = nvme.get()] { return io->usage().room_bytes; },
@@ -262,6 +265,9 @@ struct CoordinatorState {
     const auto* fetch = std::get_if<msg::FetchParameters>(&h.body);
     const uint64_t pid =
         fetch ? fetch->partition_id : std::get<msg::PushGradients>(h.body).partition_id;
+    const msg::ArenaSlice* pushed_slice = fetch ? nullptr : msg::arena_of(h.body);
+    PhaseTimer receiving(fetch ? nullptr : phases.get(), ServicePhase::kReceive,
+                         pushed_slice ? pushed_slice->length : in->message->payload.size());
     try {
       const PartitionEntry& p = jobs.partition(h, pid);
       detail::IncomingPtr fwd = in;
@@ -306,6 +312,7 @@ struct CoordinatorState {
           } else if constexpr (std::is_same_v<T, msg::SetParameters>) {
             return on_set(in, body);
           } else if constexpr (std::is_same_v<T, msg::CommitStep>) {
+            const PhaseTimer committing(phases.get(), ServicePhase::kCommit, 0);
             return on_commit(h, body, progress.done());
           } else if constexpr (std::is_same_v<T, msg::SkipStep>) {
             return on_skip(h, body);

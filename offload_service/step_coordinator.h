@@ -30,6 +30,7 @@
 #include "offload_service/partition_store.h"
 #include "offload_service/partition_worker.h"
 #include "offload_service/progress_board.h"
+#include "offload_service/service_phases.h"
 #include "offload_service/store_common.h"
 
 namespace dsactor::offload {
@@ -60,6 +61,7 @@ struct CoordinatorSetup {
   JobTable jobs;                           // reloaded from an NVMe directory
   PinningKind pinning = PinningKind::kNone;
   std::shared_ptr<ProgressBoard> progress;  // the operation in flight per job, for heartbeats
+  std::shared_ptr<ServicePhases> phases;    // routing, commits and metadata writes count here
 };
 
 // Spawns the coordinator (detached) in front of the workers, nvme_io and metadata actors

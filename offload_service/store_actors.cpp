@@ -136,6 +136,8 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
     setup.nvme_io = out.nvme_io;
     setup.metadata = out.metadata;
   }
+  out.phases = std::make_shared<ServicePhases>();
+  setup.phases = out.phases;
   for (unsigned i = 0; i < n_workers; ++i) {
     WorkerConfig c;
     c.index = i;
@@ -143,6 +145,7 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
     c.nvme = out.nvme_io;
     c.reloaded = per_worker[i];
     c.verify_arena_checksum = options.verify_arena_checksum;
+    c.phases = out.phases;
     out.workers.push_back(spawn_partition_worker(system, std::move(c)));
   }
   setup.workers = out.workers;

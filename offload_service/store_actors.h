@@ -26,6 +26,8 @@ struct StoreActors {
   std::string pinning_report;
   // What the coordinator has in flight per job: the gateway answers Pings from it.
   std::shared_ptr<ProgressBoard> progress;
+  // Where the service's time goes, per phase (the workers and the coordinator count).
+  std::shared_ptr<ServicePhases> phases;
 
   // Sends every actor an exit; the actor system's await then waits for them.
   void stop() const;

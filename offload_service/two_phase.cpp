@@ -9,7 +9,8 @@ namespace {
 
 // Writes one synced batch through the metadata actor; throws its error.
 void write_synced(caf::actor_system& system, const metadata_actor& metadata,
-                  storage::MetadataBatch batch) {
+                  storage::MetadataBatch batch, ServicePhases* phases) {
+  const PhaseTimer writing(phases, ServicePhase::kMetadata, 0);
   auto r = detail::call<MetadataResult>(
       system, metadata, meta_write_atom::value,
       std::make_shared<const storage::MetadataBatch>(std::move(batch)), true);
@@ -36,7 +37,7 @@ void TwoPhase::write_or_abort(storage::MetadataBatch& batch, const std::string& 
                               const std::string& what) {
   try {
     batch.put_manifest(kJobManifestPrefix + job, next.manifest().dump());
-    write_synced(workers_->system(), *metadata_, std::move(batch));
+    write_synced(workers_->system(), *metadata_, std::move(batch), phases_);
   } catch (const std::exception& e) {
     workers_->abort(workers);
     detail::refuse(messages::ErrorCode::internal, what + e.what());
@@ -49,7 +50,7 @@ void TwoPhase::erase_job(const std::string& job, const JobState& state) {
   for (uint64_t pid : state.order) batch.erase({job, pid});
   batch.erase_manifest(kJobManifestPrefix + job);
   try {
-    write_synced(workers_->system(), *metadata_, std::move(batch));
+    write_synced(workers_->system(), *metadata_, std::move(batch), phases_);
   } catch (const std::exception& e) {
     detail::refuse(messages::ErrorCode::internal, std::string("drop failed: ") + e.what());
   }

@@ -21,6 +21,7 @@
 
 #include "offload_service/job_table.h"
 #include "offload_service/metadata_actor.h"
+#include "offload_service/service_phases.h"
 #include "offload_service/worker_group.h"
 #include "storage/metadata_store.h"
 
@@ -36,8 +37,13 @@ struct Prepared {
 class TwoPhase {
  public:
   // metadata and file_name (the data file's name in the extent records) with an NVMe tier.
-  TwoPhase(WorkerGroup& workers, std::optional<metadata_actor> metadata, std::string file_name)
-      : workers_(&workers), metadata_(std::move(metadata)), file_name_(std::move(file_name)) {}
+  // phases (may be null) counts the metadata writes.
+  TwoPhase(WorkerGroup& workers, std::optional<metadata_actor> metadata, std::string file_name,
+           ServicePhases* phases = nullptr)
+      : workers_(&workers),
+        metadata_(std::move(metadata)),
+        file_name_(std::move(file_name)),
+        phases_(phases) {}
 
   // True with an NVMe tier: operations are recorded in the metadata.
   bool durable() const { return metadata_.has_value(); }
@@ -94,6 +100,7 @@ class TwoPhase {
   WorkerGroup* workers_;
   std::optional<metadata_actor> metadata_;
   std::string file_name_;
+  ServicePhases* phases_;
 };
 
 }  // namespace dsactor::offload

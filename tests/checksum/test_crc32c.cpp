@@ -1,7 +1,9 @@
 #include "checksum/crc32c.h"
+#include "checksum/crc32c_copy.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -82,6 +84,25 @@ TEST(Crc32c, DetectsSingleBitFlip) {
   const uint32_t before = crc32c(buf.data(), buf.size());
   buf[31337] ^= 0x10;
   EXPECT_NE(crc32c(buf.data(), buf.size()), before);
+}
+
+TEST(Crc32c, CopyEqualsMemcpyThenCrc) {
+  // Lengths around the 64 KiB pieces and the 4 KiB hardware lanes, odd offsets included.
+  std::mt19937 rng(7);
+  std::vector<unsigned char> src((size_t{3} << 16) + 77);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{65537},
+                   size_t{3} << 16, src.size() - 3}) {
+    std::vector<unsigned char> dst(n + 3, 0xAB);
+    const uint32_t seed = n % 2 ? 0x1234u : 0u;
+    const uint32_t crc = crc32c_copy(dst.data() + 1, src.data() + 3, n, seed);
+    EXPECT_EQ(crc, crc32c(src.data() + 3, n, seed)) << "n " << n;
+    EXPECT_TRUE(
+        std::equal(dst.begin() + 1, dst.begin() + 1 + static_cast<ptrdiff_t>(n), src.begin() + 3))
+        << "n " << n;
+    EXPECT_EQ(dst[0], 0xAB);
+    EXPECT_EQ(dst[n + 1], 0xAB) << "n " << n;
+  }
 }
 
 }  // namespace

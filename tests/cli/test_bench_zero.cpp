@@ -1,8 +1,8 @@
 // `dsactor bench zero --json` through the binary on the tiny model, with the arena and
 // with frames: the report's ratios are the quotients of the figures printed beside them,
 // every gradient is pushed once per step, the arena is used (in place, fp32) exactly when
-// it is on, and the sampled peak says how much of it was shared memory. No timing or
-// memory size is asserted.
+// it is on, the sampled peak says how much of it was shared memory, and the service's phase
+// counters hold the bytes the trainer moved. No timing or memory size is asserted.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -50,6 +50,17 @@ void expect_consistent(const nlohmann::json& j) {
   const auto& peak = on.at("sampled_peak");
   EXPECT_LE(at(peak, "anon_bytes") + at(peak, "shmem_bytes"), at(peak, "rss_bytes"));
   EXPECT_GT(at(peak, "rss_bytes"), 0);  // not compared with VmHWM: the kernel batches counters
+  // The service's phases count what the trainer moved: every pushed byte received and
+  // added once, every parameter stepped once.
+  const auto& phases = on.at("service_phases");
+  EXPECT_DOUBLE_EQ(at(phases.at("receive"), "bytes"), at(on, "bytes_pushed_per_step"));
+  EXPECT_DOUBLE_EQ(at(phases.at("accumulate"), "bytes"), at(on, "bytes_pushed_per_step"));
+  EXPECT_DOUBLE_EQ(at(phases.at("adam"), "bytes"), at(j, "model_bytes_fp32"));
+  EXPECT_GT(at(phases.at("accumulate"), "cpu_seconds"), 0);
+  const auto& b = j.at("breakdown_prefetch_on");
+  EXPECT_DOUBLE_EQ(at(b, "service_cpu_over_adam_kernel"),
+                   at(b, "service_cpu_seconds_per_step") / at(b, "adam_kernel_seconds_for_model"));
+  EXPECT_DOUBLE_EQ(at(b.at("trainer").at("push_wait"), "bytes"), at(on, "bytes_pushed_per_step"));
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
@@ -60,6 +71,11 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   EXPECT_GT(at(on, "arena_bytes"), 0);
   EXPECT_GT(at(on, "pushes_in_place"), 0);
   EXPECT_LE(at(on, "fetches_in_place"), at(on, "fetches"));
+  // Through the arena the service copies each fetched block into its slot (a fetch that
+  // found no free slot goes as a frame, zero-copy).
+  const double served = at(on.at("service_phases").at("serve"), "bytes");
+  EXPECT_GT(served, 0);
+  EXPECT_LE(served, at(on, "bytes_fetched_per_step"));
 }
 
 TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
@@ -72,6 +88,8 @@ TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
     EXPECT_EQ(at(p, "pushes_in_place"), 0) << phase;
     EXPECT_EQ(at(p, "fetches_in_place"), 0) << phase;
     EXPECT_EQ(at(p.at("sampled_peak"), "shmem_bytes"), 0) << phase;
+    // Frames of the served copies go zero-copy: the service copies nothing for them.
+    EXPECT_EQ(at(p.at("service_phases").at("serve"), "bytes"), 0) << phase;
   }
 }
 

@@ -1,0 +1,196 @@
+#include "bench/zero_breakdown.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "bench/adam_bench.h"
+#include "bench/memcpy_rate.h"
+#include "bench/stopwatch.h"
+#include "kernels/cpu/adam.h"
+#include "metrics/state_figures.h"
+
+namespace dsactor::bench {
+
+namespace {
+
+// The phases service_phases.h counts, in the order of a step.
+constexpr const char* kServicePhases[] = {"receive", "checksum", "accumulate", "adam",
+                                          "serve",   "commit",   "metadata"};
+
+double ms(const nlohmann::json& j, const char* key) {
+  return j.at(key).get<double>() * 1e-3;
+}
+
+double process_cpu_seconds_total() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
+// The Adam kernel's CPU seconds (all its threads) per parameter: on a loaded machine its
+// wall time stretches with the neighbours' load, its CPU time much less, and the service's
+// cost it is compared with is CPU time too.
+double adam_cpu_seconds_per_param() {
+  constexpr size_t n = size_t{1} << 22;
+  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f), g(n, 1e-3f);
+  kernels::cpu::AdamHyper h;
+  h.lr = 1e-4f;
+  h.weight_decay = 0.01f;
+  h.adamw_mode = true;
+  h.bias_correction = true;
+  kernels::cpu::adam_step(p.data(), m.data(), v.data(), g.data(), n, h, 1, 1.0f);  // warm
+  constexpr int kIters = 5;
+  const double cpu0 = process_cpu_seconds_total();
+  for (int t = 2; t < 2 + kIters; ++t)
+    kernels::cpu::adam_step(p.data(), m.data(), v.data(), g.data(), n, h, t, 1.0f);
+  return (process_cpu_seconds_total() - cpu0) / (static_cast<double>(n) * kIters);
+}
+
+}  // namespace
+
+nlohmann::json machine_rates() {
+  const nlohmann::json adam = run_adam_bench(size_t{1} << 22, 3);
+  return {{"memcpy_bytes_per_s", warm_memcpy_bytes_per_second()},
+          {"adam_params_per_s", adam.at("adam").at("params_per_s")},
+          {"adam_cpu_seconds_per_param", adam_cpu_seconds_per_param()},
+          {"adam_threads", adam.at("threads")},
+          {"adam_isa", adam.at("isa")}};
+}
+
+nlohmann::json scrape_service_state(const std::string& metrics_url) {
+  httplib::Client client(metrics_url);
+  client.set_read_timeout(30, 0);
+  auto res = client.Get("/api/state");
+  if (!res || res->status != 200)
+    throw std::runtime_error(fmt::format("bench zero: {}/api/state did not answer", metrics_url));
+  return nlohmann::json::parse(res->body);
+}
+
+nlohmann::json service_phases_per_step(const nlohmann::json& before, const nlohmann::json& after,
+                                       int steps) {
+  nlohmann::json out;
+  for (const char* phase : kServicePhases) {
+    auto delta = [&](const char* metric) {
+      const metrics::Labels labels{{"phase", phase}};
+      return (metrics::sum_of(after, metric, labels) - metrics::sum_of(before, metric, labels)) /
+             steps;
+    };
+    out[phase] = {{"seconds", delta("dsactor_offload_phase_seconds_total")},
+                  {"cpu_seconds", delta("dsactor_offload_phase_cpu_seconds_total")},
+                  {"bytes", delta("dsactor_offload_phase_bytes_total")},
+                  {"operations", delta("dsactor_offload_phase_operations_total")}};
+  }
+  return out;
+}
+
+nlohmann::json step_breakdown(const nlohmann::json& s3, const nlohmann::json& rates,
+                              size_t parameters) {
+  const double step = ms(s3, "ms_per_step");
+  const double memcpy_rate = rates.at("memcpy_bytes_per_s").get<double>();
+  const double adam_rate = rates.at("adam_params_per_s").get<double>();
+  auto row = [&](double seconds, double bytes) {
+    nlohmann::json r = {
+        {"seconds", seconds}, {"fraction_of_step", seconds / step}, {"bytes", bytes}};
+    if (bytes > 0 && seconds > 0) r["rate_over_memcpy"] = bytes / seconds / memcpy_rate;
+    return r;
+  };
+  nlohmann::json trainer;
+  const double fetch_wait = ms(s3, "fetch_wait_ms");
+  const double push = ms(s3, "push_wait_ms"), commit = ms(s3, "commit_wait_ms");
+  // The fetch waits happen inside the forward and the backward: compute is what is left.
+  const double compute = ms(s3, "forward_ms") + ms(s3, "backward_ms") - fetch_wait;
+  trainer["fetch_wait"] = row(fetch_wait, s3.at("bytes_fetched_per_step").get<double>());
+  trainer["forward_backward_compute"] = row(compute, 0);
+  trainer["push_wait"] = row(push, s3.at("bytes_pushed_per_step").get<double>());
+  trainer["commit_wait"] = row(commit, 0);
+  trainer["other"] = row(step - fetch_wait - compute - push - commit, 0);
+
+  const nlohmann::json& phases = s3.at("service_phases");
+  nlohmann::json service;
+  for (const char* phase : kServicePhases) {
+    const auto& p = phases.at(phase);
+    service[phase] = row(p.at("seconds").get<double>(), p.at("bytes").get<double>());
+    service[phase]["cpu_seconds"] = p.at("cpu_seconds");
+  }
+  // The commit's coordination: what the commit took besides the Adam passes and the
+  // metadata writes (both counted inside it).
+  const double commit_other = service["commit"]["seconds"].get<double>() -
+                              service["adam"]["seconds"].get<double>() -
+                              service["metadata"]["seconds"].get<double>();
+  // In CPU time the Adam passes ran on the workers' threads, not the coordinator's.
+  const double commit_other_cpu = service["commit"]["cpu_seconds"].get<double>() -
+                                  service["metadata"]["cpu_seconds"].get<double>();
+  service.erase("commit");
+  service["commit_other"] = row(commit_other, 0);
+  service["commit_other"]["cpu_seconds"] = commit_other_cpu;
+  // Its own row against the kernel's rate: the bytes of an Adam pass are its fp32 params.
+  auto& adam = service["adam"];
+  const double adam_s = adam["seconds"].get<double>();
+  if (adam_s > 0)
+    adam["rate_over_adam_kernel"] = adam["bytes"].get<double>() / 4 / adam_s / adam_rate;
+  adam.erase("rate_over_memcpy");
+  // The kernel's CPU time on the model's parameters, in this run.
+  const double kernel_s =
+      static_cast<double>(parameters) * rates.at("adam_cpu_seconds_per_param").get<double>();
+  const double cpu_s = ms(s3, "service_cpu_ms_per_step");
+  return {{"step_seconds", step},
+          {"trainer", trainer},
+          {"service", service},
+          {"service_cpu_seconds_per_step", cpu_s},
+          {"adam_kernel_seconds_for_model", kernel_s},
+          {"service_cpu_over_adam_kernel", cpu_s / kernel_s},
+          {"service_cpu_goal", 2.0},
+          {"trainer_minor_faults_per_step", s3.at("minor_faults_per_step")},
+          {"service_minor_faults_per_step", s3.at("service_minor_faults_per_step")},
+          {"memcpy_bytes_per_s", memcpy_rate},
+          {"adam_params_per_s", adam_rate}};
+}
+
+std::string breakdown_table(const nlohmann::json& b) {
+  std::string out = fmt::format(
+      "stage 3 + offload, per step ({:.1f} ms): wall ms, fraction of the step, the service "
+      "thread's CPU ms, bytes, rate over a warm memcpy ({:.2f} GB/s) or the Adam kernel "
+      "({:.2f} Gparams/s)\n",
+      b.at("step_seconds").get<double>() * 1e3, b.at("memcpy_bytes_per_s").get<double>() * 1e-9,
+      b.at("adam_params_per_s").get<double>() * 1e-9);
+  auto rows = [&](const char* side) {
+    for (const auto& [name, r] : b.at(side).items()) {
+      std::string rate;
+      if (r.contains("rate_over_memcpy"))
+        rate = fmt::format("{:.2f}x memcpy", r.at("rate_over_memcpy").get<double>());
+      if (r.contains("rate_over_adam_kernel"))
+        rate = fmt::format("{:.2f}x adam kernel", r.at("rate_over_adam_kernel").get<double>());
+      const std::string cpu =
+          r.contains("cpu_seconds")
+              ? fmt::format("{:9.1f} cpu", r.at("cpu_seconds").get<double>() * 1e3)
+              : std::string(13, ' ');
+      out +=
+          fmt::format("  {:8} {:26} {:9.1f} ms {:6.3f} {} {:10.1f} MiB  {}\n", side, name,
+                      r.at("seconds").get<double>() * 1e3, r.at("fraction_of_step").get<double>(),
+                      cpu, r.at("bytes").get<double>() / (1 << 20), rate);
+    }
+  };
+  rows("trainer");
+  rows("service");
+  out += fmt::format(
+      "  service CPU {:.1f} ms per step = {:.2f}x the Adam kernel's CPU on the model, {:.1f} ms "
+      "(goal <= {:.0f}x)\n",
+      b.at("service_cpu_seconds_per_step").get<double>() * 1e3,
+      b.at("service_cpu_over_adam_kernel").get<double>(),
+      b.at("adam_kernel_seconds_for_model").get<double>() * 1e3,
+      b.at("service_cpu_goal").get<double>());
+  out += fmt::format("  minor page faults per step: trainer {:.0f}, service {:.0f}\n",
+                     b.at("trainer_minor_faults_per_step").get<double>(),
+                     b.at("service_minor_faults_per_step").get<double>());
+  return out;
+}
+
+}  // namespace dsactor::bench

@@ -1,0 +1,39 @@
+#include "offload_service/push_accumulate.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "checksum/crc32c.h"
+#include "kernels/cpu/grad_stats_stream.h"
+#include "offload_service/store_common.h"
+
+namespace dsactor::offload {
+
+AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
+                                messages::DType dtype, uint64_t n, bool first, bool with_crc) {
+  // 64 KiB of fp32: the widened piece, the payload's bytes and the sum's piece stay in L2
+  // from the crc to the sum of squares. A multiple of grad_stats' 4096-element blocks, so
+  // the stream never carries a partial block between pieces.
+  constexpr uint64_t kPiece = 16384;
+  const size_t element = messages::dtype_size(dtype);
+  std::vector<float> widened(static_cast<size_t>(std::min(kPiece, n)));
+  kernels::cpu::GradStatsStream stats;
+  AccumulatedPush out;
+  for (uint64_t i = 0; i < n; i += kPiece) {
+    const uint64_t c = std::min(kPiece, n - i);
+    if (with_crc)
+      out.crc32c = checksum::crc32c(payload.data() + i * element, c * element, out.crc32c);
+    detail::payload_to_floats(widened.data(), payload, dtype, i, c);
+    float* s = sum + i;
+    if (first) {
+      for (uint64_t k = 0; k < c; ++k) s[k] = 0.0f + widened[k];
+    } else {
+      for (uint64_t k = 0; k < c; ++k) s[k] += widened[k];
+    }
+    stats.add(s, c);
+  }
+  out.stats = stats.finish();
+  return out;
+}
+
+}  // namespace dsactor::offload

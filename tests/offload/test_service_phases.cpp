@@ -1,0 +1,112 @@
+// The offload service's phase counters (offload_service/service_phases.h), read the way
+// `bench zero` reads them: from a real `dsactor start --role offload` process's /api/state.
+// Each phase must count exactly the bytes the client moved through it.
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <cstring>
+
+#include "actors/offload_link/offload_client.h"
+#include "metrics/state_figures.h"
+#include "tests/offload/offload_test_util.h"
+
+namespace dsactor::offload::test {
+namespace {
+
+namespace msg = dsactor::messages;
+using actors::OffloadClient;
+using msg::DType;
+using namespace std::chrono_literals;
+
+std::string metrics_url(const ServiceProcess& svc) {
+  for (int i = 0; i < 3000; ++i) {
+    const std::string log = svc.log();
+    const size_t at = log.find("metrics on ");
+    const size_t end = at == std::string::npos ? at : log.find("/metrics", at);
+    if (end != std::string::npos) return log.substr(at + 11, end - at - 11);
+    std::this_thread::sleep_for(10ms);
+  }
+  ADD_FAILURE() << "no metrics address in the log:\n" << svc.log();
+  return "";
+}
+
+struct Phase {
+  double seconds = 0, cpu_seconds = 0, bytes = 0, operations = 0;
+};
+
+Phase phase(const nlohmann::json& state, const std::string& name) {
+  const metrics::Labels labels{{"phase", name}};
+  return {metrics::sum_of(state, "dsactor_offload_phase_seconds_total", labels),
+          metrics::sum_of(state, "dsactor_offload_phase_cpu_seconds_total", labels),
+          metrics::sum_of(state, "dsactor_offload_phase_bytes_total", labels),
+          metrics::sum_of(state, "dsactor_offload_phase_operations_total", labels)};
+}
+
+void push_through_arena(OffloadClient& c, uint64_t pid, uint32_t micro,
+                        const std::vector<float>& g) {
+  actors::ArenaBuffer slot = c.arena_buffer(g.size() * 4);
+  ASSERT_TRUE(slot) << "no free arena slot";
+  std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
+  c.receive_push_reply(
+      c.send_push_gradients(pid, 1, micro, DType::fp32, g.size(), std::move(slot)));
+}
+
+TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
+  TempDir logs;
+  ServiceProcess svc({"--metrics-listen", "127.0.0.1:0"}, logs.path);
+  const std::string url = metrics_url(svc);
+  ASSERT_FALSE(url.empty());
+  OffloadClient c(svc.endpoint(), svc.client_security(), 20s, "phases");
+  constexpr uint64_t kBig = 300000, kSmall = 4097;
+  ASSERT_TRUE(c.map_arena(kBig * 4, 3));
+  c.register_partitions(0, 1, {spec(1, kBig), spec(2, kSmall)});
+  c.set_parameters(1, 0, DType::fp32, bytes_of(random_floats(kBig, 1)));
+  c.set_parameters(2, 0, DType::fp32, bytes_of(random_floats(kSmall, 2)));
+
+  // Partition 1 through the arena over two micro-steps, partition 2 as a frame.
+  push_through_arena(c, 1, 0, random_floats(kBig, 3));
+  push_through_arena(c, 1, 1, random_floats(kBig, 4));
+  c.push_gradients(2, 1, 0, DType::fp32, bytes_of(random_floats(kSmall, 5)));
+  c.commit({1, 1.0, 1.0, 1e-3});
+  // Into the arena: each partition twice as fp32 (the crc computed once), once as bf16.
+  for (uint64_t pid : {1, 2}) {
+    for (DType dt : {DType::fp32, DType::fp32, DType::bf16})
+      ASSERT_TRUE(c.fetch(pid, 1, dt).in_arena()) << "partition " << pid;
+  }
+
+  httplib::Client http(url);
+  const auto res = http.Get("/api/state");
+  ASSERT_TRUE(res && res->status == 200) << url;
+  const auto state = nlohmann::json::parse(res->body);
+  const double pushed = (2 * kBig + kSmall) * 4.0;
+  const double arena_micro_step_1 = kBig * 4.0;
+  const double params = (kBig + kSmall) * 4.0;
+  const double fetched = (kBig + kSmall) * (4.0 + 4.0 + 2.0);
+
+  const Phase receive = phase(state, "receive"), accumulate = phase(state, "accumulate");
+  EXPECT_EQ(receive.bytes, pushed);
+  EXPECT_EQ(receive.operations, 3);
+  EXPECT_EQ(accumulate.bytes, pushed);
+  EXPECT_EQ(accumulate.operations, 3);
+  EXPECT_GT(accumulate.seconds, 0);
+  EXPECT_GT(accumulate.cpu_seconds, 0);
+  // A later micro-step's arena bytes are checked before they are added, at least.
+  EXPECT_GE(phase(state, "checksum").bytes, arena_micro_step_1);
+  const Phase adam = phase(state, "adam"), commit = phase(state, "commit");
+  EXPECT_EQ(adam.bytes, params);
+  EXPECT_EQ(adam.operations, 2);
+  EXPECT_GT(adam.seconds, 0);
+  EXPECT_EQ(commit.operations, 1);
+  EXPECT_GE(commit.seconds, adam.seconds);  // the commit waits for its Adam passes
+  const Phase serve = phase(state, "serve");
+  EXPECT_EQ(serve.bytes, fetched);
+  EXPECT_EQ(serve.operations, 6);
+  EXPECT_GT(serve.seconds, 0);
+  // The RAM tier writes no metadata.
+  EXPECT_EQ(phase(state, "metadata").operations, 0);
+  svc.stop();
+}
+
+}  // namespace
+}  // namespace dsactor::offload::test
