@@ -163,6 +163,7 @@ struct WorkerConfig {
   std::optional<nvme_io_actor> nvme;           // absent without an NVMe tier
   std::shared_ptr<WorkerPartitions> reloaded;  // NVMe partitions found at startup
   bool verify_arena_checksum = true;           // StoreOptions::verify_arena_checksum
+  metrics::ActorFigures* figures = nullptr;    // StoreOptions::actors' "partition_workerN"
 };
 
 partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig config);
