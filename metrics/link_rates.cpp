@@ -32,10 +32,12 @@ void LinkRates::add(Clock::time_point at, const nlohmann::json& state) {
                            : std::nullopt);
   }
   // A restarted role counts from 0 again: its rates start over from this sample.
+  bool restarted = false;
   if (!samples_.empty())
     for (size_t i = 0; i < s.totals.size(); ++i)
-      if (s.totals[i] && samples_.back().totals[i] && *s.totals[i] < *samples_.back().totals[i])
-        samples_.clear();
+      restarted |=
+          s.totals[i] && samples_.back().totals[i] && *s.totals[i] < *samples_.back().totals[i];
+  if (restarted) samples_.clear();
   samples_.push_back(std::move(s));
   // Keep the newest sample at or beyond the window's start, so the window is spanned.
   while (samples_.size() > 2 && at - samples_[1].at >= window_) samples_.pop_front();

@@ -179,14 +179,25 @@ TEST(LinkRates, TrainerAndServiceAgreeOnTheSameBytes) {
   }
 }
 
+// Both of a trainer's counters, as one /api/state document.
+nlohmann::json trainer_state(double pushed, double fetched) {
+  nlohmann::json state = counter_state("dsactor_train_pushed_bytes_total", pushed);
+  state["metrics"].update(counter_state("dsactor_train_fetched_bytes_total", fetched)["metrics"]);
+  return state;
+}
+
+// A restarted role (`dsactor up` restarts it) counts from 0 again: the window starts over
+// at its first sample instead of showing a negative rate.
 TEST(LinkRates, ARestartedCounterStartsItsRateOver) {
   LinkRates rates("trainer", std::chrono::seconds(10));
   const auto t0 = LinkRates::Clock::time_point{};
-  rates.add(t0, counter_state("dsactor_train_fetched_bytes_total", 5000));
-  rates.add(t0 + std::chrono::seconds(1), counter_state("dsactor_train_fetched_bytes_total", 10));
+  rates.add(t0, trainer_state(5000, 7000));
+  rates.add(t0 + std::chrono::seconds(1), trainer_state(10, 20));
+  EXPECT_TRUE(rates.rates()[0]["bytes_per_second"].is_null()) << rates.rates().dump();
   EXPECT_TRUE(rates.rates()[1]["bytes_per_second"].is_null()) << rates.rates().dump();
-  rates.add(t0 + std::chrono::seconds(2), counter_state("dsactor_train_fetched_bytes_total", 50));
-  EXPECT_EQ(rates.rates()[1]["bytes_per_second"], 40.0);
+  rates.add(t0 + std::chrono::seconds(2), trainer_state(50, 80));
+  EXPECT_EQ(rates.rates()[0]["bytes_per_second"], 40.0);
+  EXPECT_EQ(rates.rates()[1]["bytes_per_second"], 60.0);
 }
 
 TEST(Dashboard, EscapesHtml) {
