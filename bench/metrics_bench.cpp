@@ -5,10 +5,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "metrics/actor_figures.h"
 #include "metrics/http_server.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
@@ -79,6 +82,13 @@ nlohmann::json run_metrics_bench(const MetricsBenchOptions& o) {
 
   metrics::Registry registry(metrics::Labels{{"role", "trainer"}});
   TrainMetrics figures(registry);
+  // The actors' own figures, as a trainer with metrics keeps them: the engine actor times
+  // each step's handler, and every scrape mirrors a deployment's worth of actors.
+  const auto actors = std::make_shared<metrics::ActorBoard>();
+  metrics::ActorBoard::publish(actors, registry);
+  metrics::ActorFigures& engine_actor = actors->actor("engine");
+  for (const char* name : {"monitor", "fetcher", "service_client", "fetch_client"})
+    actors->actor(name);
   metrics::ServerOptions so;
   so.what = "bench metrics";
   metrics::MetricsServer server(registry, so);
@@ -89,7 +99,10 @@ nlohmann::json run_metrics_bench(const MetricsBenchOptions& o) {
     // Scrapes land only beside the "with" steps: serving them is part of the cost.
     scraper.set_active(with);
     const auto t0 = Clock::now();
+    std::optional<metrics::ActorFigures::Handling> handling;
+    if (with) handling.emplace(&engine_actor, size_t{0});
     const StepResult r = engine.train_step(loader);
+    handling.reset();
     if (with) {
       const auto t1 = Clock::now();
       figures.record(r, 2 * o.steps, 0);

@@ -12,6 +12,7 @@
 #include "actors/collectives/rendezvous_store.h"
 #include "cli/commands.h"
 #include "cli/metrics_flags.h"
+#include "cli/rendezvous_metrics.h"
 #include "cli/start_trainer.h"
 #include "cli/trainer_rendezvous.h"
 #include "offload_service/service.h"
@@ -71,6 +72,8 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
   o.security = security::load_server_security(optional_path(keys.secret_key),
                                               optional_path(keys.authorized_keys), keys.insecure,
                                               "dsactor start --role offload");
+  // The actors count themselves only when someone reads the figures.
+  if (!keys.metrics.listen.empty()) o.store.actors = std::make_shared<metrics::ActorBoard>();
   // Refuses a plain listener off loopback before opening anything (check_listen_security).
   offload::OffloadService service(o);
   std::string tiers = "RAM";
@@ -98,6 +101,7 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
                service.endpoint(), tiers, service.workers(), service.pinning_report());
   metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});
   offload::add_service_metrics(registry, service);
+  if (o.store.actors) metrics::ActorBoard::publish(o.store.actors, registry);
   // The actors this service runs (store_actors.cpp), which the dashboard lists.
   std::vector<std::string> actor_names = {"gateway", "coordinator"};
   for (size_t i = 0; i < service.workers(); ++i)
@@ -122,34 +126,18 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
 int run_coordinator(const StartArgs& a, const StartTrainerArgs& keys, const std::string& name,
                     const std::string& deploy) {
   const sigset_t stop_signals = block_stop_signals();
-  actors::RendezvousServer server(a.service.listen, coordinator_security(keys, name),
-                                  coordinator_options(keys, name));
+  const auto server = std::make_shared<const actors::RendezvousServer>(
+      a.service.listen, coordinator_security(keys, name), coordinator_options(keys, name));
   spdlog::info("coordinator {}{}: rendezvous store listening on {} ({})", name,
-               deploy.empty() ? "" : " of " + deploy, server.endpoint(),
+               deploy.empty() ? "" : " of " + deploy, server->endpoint(),
                keys.insecure ? "plain, --insecure" : "CurveZMQ");
   metrics::Registry registry(metrics::Labels{{"role", "coordinator"}, {"name", name}});
-  registry.add_collector([&server](metrics::Registry& r) {
-    const actors::RendezvousStats s = server.stats();
-    r.gauge("dsactor_rendezvous_jobs", "Jobs with keys in the rendezvous store")
-        .set(static_cast<double>(s.jobs));
-    r.gauge("dsactor_rendezvous_keys", "Keys the rendezvous store holds")
-        .set(static_cast<double>(s.keys));
-    r.gauge("dsactor_rendezvous_parked_requests", "Requests waiting for a key to be set")
-        .set(static_cast<double>(s.parked));
-    r.gauge("dsactor_rendezvous_bytes", "Bytes of the values the store holds")
-        .set(static_cast<double>(s.bytes));
-    r.counter("dsactor_rendezvous_refused_requests_total",
-              "Requests the store refused (token, quota, malformed)")
-        .set_total(static_cast<double>(s.refused_requests));
-    r.counter("dsactor_rendezvous_refused_handshakes_total",
-              "Handshakes refused (no key, a stranger's key)")
-        .set_total(static_cast<double>(s.refused_handshakes));
-  });
+  add_rendezvous_metrics(registry, server);
   auto metrics_server = serve_metrics(keys.metrics, registry, "coordinator " + name, [&] {
     return nlohmann::json{{"role", "coordinator"},
                           {"name", name},
-                          {"endpoint", server.endpoint()},
-                          {"actors", {"rendezvous_store"}}};
+                          {"endpoint", server->endpoint()},
+                          {"actors", {kRendezvousActor}}};
   });
   spdlog::info("coordinator: {} received, stopping", wait_for_stop(stop_signals));
   if (metrics_server) metrics_server->stop();  // before the server it reads

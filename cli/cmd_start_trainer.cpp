@@ -21,6 +21,7 @@
 #include "actors/collectives/rendezvous_store.h"
 #include "actors/runtime/runtime.h"
 #include "cli/metrics_flags.h"
+#include "cli/rendezvous_metrics.h"
 #include "cli/start_trainer.h"
 #include "cli/trainer_rendezvous.h"
 #include "cli/trainer_world.h"
@@ -89,9 +90,10 @@ class StopSignals {
 RunOutcome run_engine_actor(caf::actor_system& system, StepEngine& engine, BatchLoader& loader,
                             const monitor_actor& monitor, int64_t target, int64_t tokens_per_step,
                             StopSignals& signals, const std::string& name,
-                            std::function<void(int64_t)> after_step) {
-  const engine_actor actor =
-      spawn_engine_actor(system, engine, loader, monitor, tokens_per_step, std::move(after_step));
+                            std::function<void(int64_t)> after_step,
+                            metrics::ActorFigures* figures) {
+  const engine_actor actor = spawn_engine_actor(system, engine, loader, monitor, tokens_per_step,
+                                                std::move(after_step), figures);
   signals.watch([actor, name](int sig) {
     spdlog::warn("{}: {} received: stopping after the current step (every rank the same step)",
                  name, sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -278,7 +280,8 @@ struct RankRun {
   Comms& comms;
   actors::Runtime& runtime;
   monitor_actor monitor;
-  CheckpointSeries* checkpoints = nullptr;  // null: this run saves no checkpoint
+  CheckpointSeries* checkpoints = nullptr;      // null: this run saves no checkpoint
+  std::shared_ptr<metrics::ActorBoard> actors = nullptr;  // where actors count themselves
 
   std::filesystem::path out() const { return std::filesystem::path(a.out); }
   int64_t tokens_per_step() const {
@@ -391,8 +394,9 @@ struct RankRun {
     auto periodic = [this, &engine, writes_checkpoints](int64_t step) {
       if (checkpoints && checkpoints->due(step)) save(engine, writes_checkpoints);
     };
-    RunOutcome outcome = run_engine_actor(runtime.system(), steps, train, monitor, target,
-                                          tokens_per_step(), signals, a.name, periodic);
+    RunOutcome outcome =
+        run_engine_actor(runtime.system(), steps, train, monitor, target, tokens_per_step(),
+                         signals, a.name, periodic, metrics::figures_of(actors, "engine"));
     if (!outcome.ok) throw std::runtime_error(outcome.error);
     return outcome;
   }
@@ -480,6 +484,7 @@ ZeroOptions zero_options(const RankRun& run) {
   o.system = &run.runtime.system();
   o.shared_memory = !a.no_shared_memory;
   if (run.init) o.initial_weights = initial_weights_from(run.init->params);
+  o.actors = run.actors;
   return o;
 }
 
@@ -579,19 +584,33 @@ int run_start_trainer(const StartTrainerArgs& a) {
   // Served from here on; the monitor actor fills it with every step's report.
   const auto registry = std::make_shared<metrics::Registry>(metrics::Labels{
       {"job", a.job}, {"role", "trainer"}, {"rank", std::to_string(place.rank)}, {"name", a.name}});
+  // The actors count themselves only when someone reads the figures.
+  const auto actors = a.metrics.listen.empty() ? nullptr : std::make_shared<metrics::ActorBoard>();
+  if (actors) metrics::ActorBoard::publish(actors, *registry);
   // The actors every trainer runs (the step engine, the monitor) and one client per offload
-  // service, which the dashboard lists.
-  std::vector<std::string> actor_names = {"engine", "monitor"};
-  for (const auto& endpoint : a.offload) actor_names.push_back("service_client " + endpoint);
-  const auto metrics_server = serve_metrics(a.metrics, *registry, a.name, [&a, place, actor_names] {
-    return nlohmann::json{{"name", a.name},
-                          {"role", "trainer"},
-                          {"actors", actor_names},
-                          {"rank", place.rank},
-                          {"world_size", place.world_size},
-                          {"config", a.config},
-                          {"offload", a.offload}};
-  });
+  // service, which the dashboard lists, with those the engine starts (stage 3's fetcher and
+  // its clients) once they count themselves.
+  std::vector<std::string> fixed_actors = {"engine", "monitor"};
+  for (const auto& endpoint : a.offload) fixed_actors.push_back("service_client " + endpoint);
+  // Rank 0 hosting the trainers' rendezvous store (--serve-coordinator): shown as its actor.
+  if (store.server) {
+    fixed_actors.push_back(kRendezvousActor);
+    add_rendezvous_metrics(*registry, store.server);
+  }
+  const auto metrics_server =
+      serve_metrics(a.metrics, *registry, a.name, [&a, place, fixed_actors, actors] {
+        std::vector<std::string> actor_names = fixed_actors;
+        for (auto& name : actors->names())
+          if (std::find(actor_names.begin(), actor_names.end(), name) == actor_names.end())
+            actor_names.push_back(std::move(name));
+        return nlohmann::json{{"name", a.name},
+                              {"role", "trainer"},
+                              {"actors", actor_names},
+                              {"rank", place.rank},
+                              {"world_size", place.world_size},
+                              {"config", a.config},
+                              {"offload", a.offload}};
+      });
   const DsConfig config = load_ds_config(a.config, place.world_size, parse_config_overrides(a.set));
   const EngineChoice engine = choose_trainer_engine(a, config, place.world_size);
   const int stage = config.zero_optimization.stage;
@@ -616,6 +635,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
   mo.write_monitors = place.rank == 0;
   mo.print_every = config.steps_per_print > 0 ? config.steps_per_print : 10;
   if (metrics_server) mo.metrics = registry;
+  mo.actors = actors;
   RankRun run{a,
               signals,
               place,
@@ -632,6 +652,7 @@ int run_start_trainer(const StartTrainerArgs& a) {
               comms,
               runtime,
               spawn_monitor(runtime.system(), config, mo)};
+  run.actors = actors;
   std::optional<CheckpointSeries> checkpoints;
   if (policy) {
     checkpoints.emplace(*policy, place.rank, comms.grad.get());

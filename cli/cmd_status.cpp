@@ -138,10 +138,32 @@ std::string service_rows(const json& roles) {
   return out;
 }
 
+// Every rendezvous store of the deployment: a coordinator role's, or the one a rank-0
+// trainer hosts (--serve-coordinator); "" when no role holds one.
+std::string rendezvous_rows(const json& roles) {
+  std::string out;
+  for (const auto& r : roles) {
+    const json& s = r["state"];
+    if (!metrics::value_of(s, "dsactor_rendezvous_keys")) continue;
+    if (out.empty())
+      out = fmt::format("{:<12} {:<12} {:>6} {:>6} {:>7} {:>9} {:>8}\n", "RENDEZVOUS", "HOST",
+                        "JOBS", "KEYS", "PARKED", "BYTES", "REFUSED");
+    out += fmt::format(
+        "{:<12} {:<12} {:>6} {:>6} {:>7} {:>9} {:>8}\n", "store", r["name"].get<std::string>(),
+        num(metrics::value_of(s, "dsactor_rendezvous_jobs"), "{:.0f}"),
+        num(metrics::value_of(s, "dsactor_rendezvous_keys"), "{:.0f}"),
+        num(metrics::value_of(s, "dsactor_rendezvous_parked_requests"), "{:.0f}"),
+        num(metrics::value_of(s, "dsactor_rendezvous_bytes"), "{:.0f}"),
+        num(metrics::value_of(s, "dsactor_rendezvous_refused_requests_total"), "{:.0f}"));
+  }
+  return out;
+}
+
 std::string status_table(const json& d) {
   std::string out =
       fmt::format("job {}: {} role(s)\n\n", d["job"].get<std::string>(), d["roles"].size());
   out += trainer_rows(d["roles"]) + "\n" + service_rows(d["roles"]);
+  if (const std::string stores = rendezvous_rows(d["roles"]); !stores.empty()) out += "\n" + stores;
   for (const auto& r : d["roles"])
     if (!r["up"].get<bool>())
       out += fmt::format("\n{} ({}): {}", r["name"].get<std::string>(),

@@ -91,7 +91,7 @@ void open_store(const StartTrainerArgs& a, Placement& p, Comms& c) {
   if (p.serve || p.world_size == 1) {
     actors::RendezvousServerOptions o;
     o.job_token = keys.token;
-    c.server = std::make_unique<actors::RendezvousServer>(endpoint, keys.server, o);
+    c.server = std::make_shared<actors::RendezvousServer>(endpoint, keys.server, o);
     if (p.world_size > 1)
       spdlog::info("{}: serving the trainers' rendezvous on {} ({})", a.name, c.server->endpoint(),
                    keys.server.insecure ? "plain, --insecure" : "CurveZMQ");

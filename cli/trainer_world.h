@@ -27,7 +27,7 @@ Placement resolve_placement(const StartTrainerArgs& a);
 
 // The rendezvous and the communicators of a world size > 1 (nothing at world size 1).
 struct Comms {
-  std::unique_ptr<actors::RendezvousServer> server;
+  std::shared_ptr<actors::RendezvousServer> server;  // shared: the metrics read it too
   std::unique_ptr<actors::RendezvousClient> store;
   std::unique_ptr<actors::Collectives> grad, param;
 };

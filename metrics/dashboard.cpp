@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "metrics/dashboard_assets.h"
+#include "metrics/link_rates.h"
 #include "metrics/state_figures.h"
 
 namespace dsactor::metrics {
@@ -19,7 +20,10 @@ namespace {
 using nlohmann::json;
 
 struct RoleView {
+  RoleView(DashboardRole r, std::chrono::milliseconds rate_window)
+      : role(std::move(r)), rates(role.kind, rate_window) {}
   DashboardRole role;
+  LinkRates rates;
   bool up = false;
   std::string error;
   json state = json::object();
@@ -95,12 +99,14 @@ void Dashboard::Impl::poll_once() {
     if (role.url.empty()) continue;
     std::string error;
     json state = fetch_state(role, options.role_token, error);
+    const auto read_at = std::chrono::steady_clock::now();
     std::lock_guard lock(mutex);
     RoleView& v = views[i];
     v.up = !state.is_null();
     v.error = error;
     if (!v.up) continue;
     v.state = std::move(state);
+    v.rates.add(read_at, v.state);
     // A step once the trainer has reported one (its gauges read 0 before that).
     const auto step = value_of(v.state, "dsactor_train_global_step");
     if (step && *step != v.last_step && value_of(v.state, "dsactor_train_steps_total") > 0) {
@@ -137,6 +143,7 @@ json Dashboard::Impl::deployment() const {
                          {"up", v.up},
                          {"error", v.role.url.empty() ? "serves no metrics" : v.error},
                          {"state", v.state},
+                         {"links", v.rates.rates()},
                          {"history", std::move(history)}});
   }
   return json{{"job", options.job}, {"updated_unix_ms", updated_unix_ms}, {"roles", roles}};
@@ -177,10 +184,8 @@ void Dashboard::Impl::route() {
 Dashboard::Dashboard(DashboardOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
-  for (const auto& r : m.options.roles) {
-    m.views.emplace_back();
-    m.views.back().role = r;
-  }
+  for (const auto& r : m.options.roles)
+    m.views.emplace_back(r, m.options.rate_window);
   const ListenAddress& at = m.options.server.listen;
   if (!is_loopback(at.host) && m.options.server.token.empty())
     throw std::invalid_argument(

@@ -35,6 +35,9 @@ struct DashboardOptions {
   std::string role_token;  // what the roles' servers want (empty: none)
   std::chrono::milliseconds poll_every{500};
   size_t history_steps = 120;  // steps kept per trainer for the timeline and charts
+  // Link rates are over this much of the last polls (metrics/link_rates.h): several steps,
+  // so a counter a trainer moves once per step reads its mean, as a service's does.
+  std::chrono::milliseconds rate_window{10000};
 };
 
 class Dashboard {
@@ -49,7 +52,8 @@ class Dashboard {
   std::string url() const;
   uint16_t port() const;
   // {"job", "updated_unix_ms", "roles": [{"name", "kind", "url", "up", "error", "state",
-  //  "history"}]}: `state` the role's last /api/state, `history` (trainers) its last steps
+  //  "links", "history"}]}: `state` the role's last /api/state, `links` its link rates
+  //  (LinkRates::rates()), `history` (trainers) its last steps
   //  [{"step", "loss", "lr", "tokens_per_second", "phases": {phase: seconds}}].
   nlohmann::json deployment() const;
   void stop();

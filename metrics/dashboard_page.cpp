@@ -6,6 +6,7 @@
 #include <set>
 
 #include "metrics/dashboard.h"
+#include "metrics/state_figures.h"
 
 namespace dsactor::metrics {
 
@@ -55,18 +56,40 @@ std::string figures_table(const json& state) {
   return out + "</tbody></table>";
 }
 
+// The role's link rates (Dashboard's "links"), as the script's "Link rates" panel shows them.
+std::string links_table(const json& role) {
+  if (!role.contains("links") || role["links"].empty()) return {};
+  std::string out =
+      "<table class=\"figures links\"><thead><tr><th>link</th><th>bytes/s</th></tr></thead>"
+      "<tbody>";
+  for (const auto& l : role["links"]) {
+    const json& rate = l["bytes_per_second"];
+    out += fmt::format("<tr><td>{}</td><td class=\"num\">{}</td></tr>",
+                       html_escape(l["link"].get<std::string>()),
+                       rate.is_number() ? fmt::format("{:.6g}", rate.get<double>()) : "&ndash;");
+  }
+  return out + "</tbody></table>";
+}
+
 std::string role_section(const json& role) {
   const json& state = role["state"];
   std::string actors;
-  for (const auto& a : actors_of(state))
-    actors += fmt::format("<li class=\"actor\" data-actor=\"{0}\">{0}</li>", html_escape(a));
+  for (const auto& a : actors_of(state)) {
+    const auto error = text_of(state, "dsactor_actor_last_error", {{"actor", a}});
+    actors += fmt::format(
+        "<li class=\"actor\" data-actor=\"{0}\">{0}{1}</li>", html_escape(a),
+        error && !error->empty()
+            ? "<span class=\"fig last-error\">last error: " + html_escape(*error) + "</span>"
+            : "");
+  }
   const std::string status =
       role["up"].get<bool>() ? "up" : "down: " + role["error"].get<std::string>();
   return fmt::format(
       "<section class=\"role\" data-role=\"{0}\" data-kind=\"{1}\"><h3>{0} <small>{1}</small>"
-      "</h3><p class=\"status\">{2} &middot; {3}</p><ul class=\"actors\">{4}</ul>{5}</section>",
+      "</h3><p class=\"status\">{2} &middot; {3}</p><ul class=\"actors\">{4}</ul>{5}{6}"
+      "</section>",
       html_escape(role["name"].get<std::string>()), html_escape(role["kind"].get<std::string>()),
-      html_escape(status), html_escape(role["url"].get<std::string>()), actors,
+      html_escape(status), html_escape(role["url"].get<std::string>()), actors, links_table(role),
       figures_table(state));
 }
 

@@ -141,6 +141,19 @@ Summary& Registry::summary(std::string_view name, std::string_view help, const L
   return series(name, help, MetricType::kSummary, labels).summary;
 }
 
+void Registry::set_text(std::string_view name, const Labels& labels, std::string text) {
+  std::lock_guard lock(mutex_);
+  auto it = texts_.find(name);
+  if (it == texts_.end()) {
+    check_name(name, MetricType::kGauge);
+    check_labels(name, labels);
+    it = texts_.emplace(std::string(name), std::map<Labels, std::string>{}).first;
+  } else if (!it->second.count(labels)) {
+    check_labels(name, labels);
+  }
+  it->second[labels] = std::move(text);
+}
+
 void Registry::add_collector(std::function<void(Registry&)> collect) {
   std::lock_guard lock(mutex_);
   collectors_.push_back(std::move(collect));
@@ -201,7 +214,11 @@ nlohmann::json Registry::snapshot() {
     }
     metrics[name] = {{"type", to_string(f->type)}, {"help", f->help}, {"series", series}};
   }
-  return {{"labels", constant_}, {"metrics", std::move(metrics)}};
+  nlohmann::json texts = nlohmann::json::object();
+  for (const auto& [name, by_labels] : texts_)
+    for (const auto& [labels, text] : by_labels)
+      texts[name].push_back({{"labels", labels}, {"text", text}});
+  return {{"labels", constant_}, {"metrics", std::move(metrics)}, {"texts", std::move(texts)}};
 }
 
 std::string escape_label_value(std::string_view value) {

@@ -81,12 +81,19 @@ class Registry {
   // figures that another part keeps (a service's store statistics) at scrape time.
   void add_collector(std::function<void(Registry&)> collect);
 
+  // A text beside the figures (an actor's last error), replacing the one of the same name
+  // and labels: in snapshot() only, never in the exposition (a text is no sample, and as
+  // a label value it would make a new series of every distinct text). `name` follows a
+  // gauge's conventions. Meant for collectors, which set it at every scrape.
+  void set_text(std::string_view name, const Labels& labels, std::string text);
+
   const Labels& constant_labels() const { return constant_; }
   // The Prometheus text exposition format, version 0.0.4: families sorted by name, each
   // with its HELP and TYPE lines.
   std::string exposition();
   // The same figures as JSON: {"labels": {...}, "metrics": {name: {"type", "help",
-  // "series": [{"labels", "value"} or {"labels", "sum", "count"}]}}}.
+  // "series": [{"labels", "value"} or {"labels", "sum", "count"}]}}, "texts": {name:
+  // [{"labels", "text"}]}}.
   nlohmann::json snapshot();
 
  private:
@@ -100,6 +107,7 @@ class Registry {
   std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Family>, std::less<>> families_;
   std::vector<std::function<void(Registry&)>> collectors_;
+  std::map<std::string, std::map<Labels, std::string>, std::less<>> texts_;
 };
 
 // Text-format helpers (exposed for the tests): a label value with `\`, `"` and line feeds

@@ -47,6 +47,15 @@ double sum_of(const json& state, const std::string& name, const Labels& labels) 
   return total;
 }
 
+std::optional<std::string> text_of(const json& state, const std::string& name,
+                                   const Labels& labels) {
+  if (!state.is_object() || !state.contains("texts") || !state["texts"].contains(name))
+    return std::nullopt;
+  for (const auto& t : state["texts"][name])
+    if (has_labels(t, labels)) return t["text"].get<std::string>();
+  return std::nullopt;
+}
+
 std::vector<std::pair<std::string, double>> label_values(const json& state, const std::string& name,
                                                          const std::string& label) {
   std::vector<std::pair<std::string, double>> out;

@@ -18,6 +18,9 @@ std::optional<double> value_of(const nlohmann::json& state, const std::string& n
                                const Labels& labels = {});
 // The sum over every series of `name` whose labels include `labels` (0 when none).
 double sum_of(const nlohmann::json& state, const std::string& name, const Labels& labels = {});
+// The text (Registry::set_text) of `name` whose labels include `labels`; none when absent.
+std::optional<std::string> text_of(const nlohmann::json& state, const std::string& name,
+                                   const Labels& labels = {});
 // (value of `label`, value) for every series of `name` that has `label`.
 std::vector<std::pair<std::string, double>> label_values(const nlohmann::json& state,
                                                          const std::string& name,

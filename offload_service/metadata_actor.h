@@ -11,6 +11,7 @@
 
 #include <caf/all.hpp>
 
+#include "metrics/actor_figures.h"
 #include "storage/metadata_store.h"
 
 namespace dsactor::offload {
@@ -38,8 +39,10 @@ using metadata_actor = caf::typed_actor<
     caf::replies_to<meta_list_atom, std::string>::with<PartitionRecordList>>;
 
 // Spawns the actor (detached) around an opened store.
+// `figures`: where the actor counts its handlers and write failures (null: not counted).
 metadata_actor spawn_metadata(caf::actor_system& system,
-                              std::unique_ptr<storage::MetadataStore> store);
+                              std::unique_ptr<storage::MetadataStore> store,
+                              metrics::ActorFigures* figures = nullptr);
 
 }  // namespace dsactor::offload
 

@@ -15,14 +15,17 @@ struct NvmeIoState {
 struct Owned {
   std::unique_ptr<NvmeTier> tier;
   std::unique_ptr<HostAllocator> memory;
+  metrics::ActorFigures* figures = nullptr;
 };
 
 nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<NvmeIoState> self,
                                               std::shared_ptr<Owned> owned) {
   self->state.memory = std::move(owned->memory);
   self->state.tier = std::move(owned->tier);
-  return {
-      [self](io_stream_atom, const ExtentPassPtr& rq) {
+  metrics::ActorFigures* figures = owned->figures;
+  return metrics::timed_behavior<nvme_io_actor::behavior_type>(
+      self, figures,
+      [self, figures](io_stream_atom, const ExtentPassPtr& rq) {
         auto& tier = *self->state.tier;
         ExtentPassResult r;
         try {
@@ -61,6 +64,7 @@ nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<Nv
           r.status = ExtentPassResult::Status::kFailed;
           r.error = e.what();
         }
+        if (figures && r.status != ExtentPassResult::Status::kOk) figures->error(r.error);
         return r;
       },
       [self](io_release_atom, uint64_t offset, uint64_t bytes) {
@@ -69,15 +73,14 @@ nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<Nv
       [self](io_usage_atom) {
         auto& t = *self->state.tier;
         return IoUsage{t.used_bytes(), t.staging_bytes(), t.file_bytes(), t.room_bytes()};
-      },
-  };
+      });
 }
 
 }  // namespace
 
 nvme_io_actor spawn_nvme_io(caf::actor_system& system, std::unique_ptr<NvmeTier> tier,
-                            std::unique_ptr<HostAllocator> memory) {
-  auto owned = std::make_shared<Owned>(Owned{std::move(tier), std::move(memory)});
+                            std::unique_ptr<HostAllocator> memory, metrics::ActorFigures* figures) {
+  auto owned = std::make_shared<Owned>(Owned{std::move(tier), std::move(memory), figures});
   return system.spawn<caf::detached>(nvme_io_behavior, owned);
 }
 

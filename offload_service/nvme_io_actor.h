@@ -15,6 +15,7 @@
 
 #include <caf/all.hpp>
 
+#include "metrics/actor_figures.h"
 #include "offload_service/nvme_tier.h"
 
 namespace dsactor::offload {
@@ -71,8 +72,10 @@ using nvme_io_actor =
                      caf::replies_to<io_usage_atom>::with<IoUsage>>;
 
 // Spawns the actor (detached) around an opened tier; reloaded extents are adopted before.
+// `figures`: where the actor counts its handlers and failed passes (null: not counted).
 nvme_io_actor spawn_nvme_io(caf::actor_system& system, std::unique_ptr<NvmeTier> tier,
-                            std::unique_ptr<HostAllocator> memory);
+                            std::unique_ptr<HostAllocator> memory,
+                            metrics::ActorFigures* figures = nullptr);
 
 // A worker's blocking view of the actor, with NvmeTier's signatures (throws ChecksumError
 // on a crc mismatch, std::runtime_error on any other failure). Only for detached callers.

@@ -23,6 +23,7 @@
 
 #include "kernels/cpu/adam.h"
 #include "messages/codec.h"
+#include "metrics/actor_figures.h"
 #include "offload_service/host_memory.h"
 #include "offload_service/nvme_tier.h"
 #include "storage/nvme_file.h"
@@ -126,6 +127,10 @@ struct StoreOptions {
   // Same-host arenas: user ids, besides the service's own, whose processes may hand over
   // an arena's fd. Default: none.
   std::vector<uint32_t> arena_uids;
+
+  // Where the store's actors (coordinator, partition workers, nvme_io, metadata) and the
+  // gateway count their messages, handler time and errors; null: not counted.
+  std::shared_ptr<metrics::ActorBoard> actors;
 };
 
 // StoreOptions::memory_limit with 0 resolved: half the machine's physical memory.

@@ -40,6 +40,7 @@ struct WorkerState {
   std::optional<Staged> staged;
   bool verify_arena_checksum = true;
   std::shared_ptr<ServicePhases> phases;
+  metrics::ActorFigures* figures = nullptr;  // null: not counted
   static inline const char* name = "partition_worker";
 
   BufPtr alloc(uint64_t bytes) { return memory->allocate(bytes); }
@@ -212,7 +213,7 @@ struct WorkerState {
   }
 
   void serve(const detail::IncomingPtr& in, const ServeContext& ctx) {
-    detail::answer(*in, [&]() -> Reply {
+    detail::answer(*in, figures, [&]() -> Reply {
       const auto& m = *in->message;
       if (auto* g = std::get_if<msg::PushGradients>(&m.header.body)) {
         return on_push(*in, *g, ctx.next_step);
@@ -520,13 +521,15 @@ partition_worker::behavior_type worker_behavior(
   st.index = cfg->index;
   st.verify_arena_checksum = cfg->verify_arena_checksum;
   st.phases = cfg->phases;
+  st.figures = cfg->figures;
   st.system = &self->system();
   st.memory = std::make_unique<HostAllocator>(cfg->memory);
   if (cfg->nvme) st.nvme = std::make_unique<NvmeIo>(self->system(), *cfg->nvme);
   if (cfg->reloaded) {
     for (auto& [key, p] : *cfg->reloaded) st.parts.insert_or_assign(key, std::move(p));
   }
-  return {
+  return metrics::timed_behavior<partition_worker::behavior_type>(
+      self, st.figures,
       [self](serve_atom, const detail::IncomingPtr& in, const ServeContext& ctx) {
         self->state.serve(in, ctx);
       },
@@ -562,8 +565,7 @@ partition_worker::behavior_type worker_behavior(
           return true;
         });
         return released;
-      },
-  };
+      });
 }
 
 }  // namespace

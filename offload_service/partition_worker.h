@@ -165,6 +165,7 @@ struct WorkerConfig {
   std::shared_ptr<WorkerPartitions> reloaded;  // NVMe partitions found at startup
   bool verify_arena_checksum = true;           // StoreOptions::verify_arena_checksum
   std::shared_ptr<ServicePhases> phases;       // pushes, fetches and Adam passes count here
+  metrics::ActorFigures* figures = nullptr;    // StoreOptions::actors' "partition_workerN"
 };
 
 partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig config);

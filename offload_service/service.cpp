@@ -34,6 +34,7 @@ OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<
   g.limits.max_payload_bytes = std::min(g.limits.max_payload_bytes, st.max_partition_bytes);
   g.security = options.security;
   g.name = "offload service";
+  g.figures = metrics::figures_of(st.actors, "gateway");
   g.inflight = {st.max_requests_in_flight, st.max_bytes_in_flight_per_client,
                 st.max_bytes_in_flight};
   // Heartbeats are answered at once, with the progress of the job's operation in flight.

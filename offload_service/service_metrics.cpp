@@ -36,9 +36,6 @@ void collect_gateway(metrics::Registry& r, const actors::GatewayCounters& g) {
   total("dsactor_offload_refused_requests_total", "Requests the gateway refused (did not decode)",
         g.refused.load());
   total("dsactor_offload_replies_total", "Replies sent", g.replies.load());
-  // The gateway's own per-actor figure, under the name every actor's messages go by.
-  total("dsactor_actor_messages_total", "Messages the actor handled", g.requests.load(),
-        {{"actor", "gateway"}});
   for (const auto& [job, f] : g.traffic.by_job()) {
     const char* bytes_help =
         "Gradient bytes pushed, by job and path (frames or shared-memory arena)";

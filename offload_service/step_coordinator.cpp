@@ -38,6 +38,7 @@ struct CoordinatorState {
   uint64_t steps_applied = 0;
   std::shared_ptr<ProgressBoard> board;
   std::shared_ptr<ServicePhases> phases;
+  metrics::ActorFigures* figures;  // StoreOptions::actors' "coordinator" (null: not counted)
 
   CoordinatorState(caf::actor_system& system, CoordinatorSetup&& setup)
       : options(std::move(setup.options)),
@@ -52,7 +53,8 @@ struct CoordinatorState {
                   setup.phases.get()),
         pinning(setup.pinning),
         board(setup.progress ? setup.progress : std::make_shared<ProgressBoard>()),
-        phases(std::move(setup.phases)) {
+        phases(std::move(setup.phases)),
+        figures(metrics::figures_of(options.actors, "coordinator")) {
     if (setup.nvme_io) {
       nvme = std::make_unique<NvmeIo>(system, *setup.nvme_io);
       placement.set_nvme_room([io = nvme.get()] { return io->usage().room_bytes; },
@@ -361,7 +363,7 @@ struct CoordinatorState {
       forward(in);
       return;
     }
-    detail::answer(*in, [&]() -> Reply {
+    detail::answer(*in, figures, [&]() -> Reply {
       return Reply{{h.request_id, h.job_id, answer_here(in)}, {}, {}, {}};
     });
   }
@@ -386,7 +388,8 @@ step_coordinator::behavior_type coordinator_behavior(
     step_coordinator::stateful_pointer<CoordinatorActorState> self,
     std::shared_ptr<CoordinatorSetup> setup) {
   self->state.c = std::make_unique<CoordinatorState>(self->system(), std::move(*setup));
-  return {
+  return metrics::timed_behavior<step_coordinator::behavior_type>(
+      self, self->state.c->figures,
       [self](actors::handle_atom, const actors::RequestPtr& req) {
         auto in = std::make_shared<detail::Incoming>();
         in->message = &req->message;
@@ -402,8 +405,7 @@ step_coordinator::behavior_type coordinator_behavior(
       },
       [self](worker_atom, const std::string& job, uint64_t pid) {
         return self->state.c->where(job, pid, false);
-      },
-  };
+      });
 }
 
 }  // namespace

@@ -131,8 +131,10 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
         std::make_unique<NvmeTier>(*options.nvme_dir, *meta, options.nvme, staging, *memory);
     setup.file_name = tier->file_name();
     reload(*meta, *tier, setup.jobs, per_worker);
-    out.nvme_io = spawn_nvme_io(system, std::move(tier), std::move(memory));
-    out.metadata = spawn_metadata(system, std::move(meta));
+    out.nvme_io = spawn_nvme_io(system, std::move(tier), std::move(memory),
+                                metrics::figures_of(options.actors, "nvme_io"));
+    out.metadata =
+        spawn_metadata(system, std::move(meta), metrics::figures_of(options.actors, "metadata"));
     setup.nvme_io = out.nvme_io;
     setup.metadata = out.metadata;
   }
@@ -146,6 +148,7 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
     c.reloaded = per_worker[i];
     c.verify_arena_checksum = options.verify_arena_checksum;
     c.phases = out.phases;
+    c.figures = metrics::figures_of(options.actors, "partition_worker" + std::to_string(i));
     out.workers.push_back(spawn_partition_worker(system, std::move(c)));
   }
   setup.workers = out.workers;

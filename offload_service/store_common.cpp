@@ -1,5 +1,6 @@
 #include "offload_service/store_common.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -121,7 +122,8 @@ void Incoming::error(ErrorCode code, const std::string& text) const {
   respond(Reply{{h.request_id, h.job_id, msg::ErrorReply{code, text}}, {}, {}, {}});
 }
 
-void answer(const Incoming& in, const std::function<Reply()>& body) {
+void answer(const Incoming& in, metrics::ActorFigures* figures,
+            const std::function<Reply()>& body) {
   const auto& h = in.header();
   Reply reply;
   try {
@@ -129,11 +131,13 @@ void answer(const Incoming& in, const std::function<Reply()>& body) {
   } catch (const Refusal& r) {
     spdlog::debug("offload: refused {} (request {}): {}", msg::kind_name(h.body), h.request_id,
                   r.what());
+    if (figures) figures->error(fmt::format("refused {}: {}", msg::kind_name(h.body), r.what()));
     in.error(r.code, r.what());
     return;
   } catch (const std::exception& e) {
     spdlog::error("offload: {} (request {}) failed: {}", msg::kind_name(h.body), h.request_id,
                   e.what());
+    if (figures) figures->error(fmt::format("{} failed: {}", msg::kind_name(h.body), e.what()));
     in.error(ErrorCode::internal, e.what());
     return;
   }

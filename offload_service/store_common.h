@@ -83,8 +83,9 @@ struct Incoming {
 using IncomingPtr = std::shared_ptr<const Incoming>;
 
 // Runs `body` and answers an Incoming with its reply, or the ErrorReply of a refusal or
-// an exception (logged); never throws.
-void answer(const Incoming& in, const std::function<Reply()>& body);
+// an exception (logged, and counted as an error of the answering actor's `figures` when
+// it has them); never throws.
+void answer(const Incoming& in, metrics::ActorFigures* figures, const std::function<Reply()>& body);
 
 // A blocking request from a detached actor (or a plain thread) to a typed actor: the
 // callers are detached, so waiting here stalls only their own thread. Throws

@@ -1,5 +1,7 @@
 #include "actors/offload_link/service_client.h"
 
+#include <optional>
+#include <string>
 #include <type_traits>
 
 namespace dsactor::actors {
@@ -11,26 +13,30 @@ namespace {
 using request_atom = caf::atom_constant<caf::atom("request")>;
 
 // A request as the actor runs it: one round trip on the client, whose result goes to the
-// poster's future.
+// poster's future; the failure's text, if it failed (the actor's last error).
 struct Request {
   virtual ~Request() = default;
-  virtual void run(OffloadClient& client) = 0;
+  virtual std::optional<std::string> run(OffloadClient& client) = 0;
 };
 using RequestPtr = std::shared_ptr<Request>;
 
 template <class T, class F>
 struct RoundTrip final : Request {
   RoundTrip(F f) : round_trip(std::move(f)) {}
-  void run(OffloadClient& client) override {
+  std::optional<std::string> run(OffloadClient& client) override {
     // Timeouts, refusals and unusable replies are values already; what still throws is a
     // local error (a failed send, memory): it becomes `failed` here, at the actor's edge.
+    ServiceResult<T> result = ServiceFailure{};
     try {
-      promise.set_value(round_trip(client));
+      result = round_trip(client);
     } catch (const std::exception& e) {
-      promise.set_value(
-          ServiceFailure{ServiceFailure::Kind::failed, msg::ErrorCode::internal,
-                         "offload client for " + client.endpoint() + ": " + e.what()});
+      result = ServiceFailure{ServiceFailure::Kind::failed, msg::ErrorCode::internal,
+                              "offload client for " + client.endpoint() + ": " + e.what()};
     }
+    std::optional<std::string> failure;
+    if (!result) failure = describe(result.error());
+    promise.set_value(std::move(result));
+    return failure;
   }
   F round_trip;  // may own the request's payload (a slot, an owner) until it runs
   std::promise<ServiceResult<T>> promise;
@@ -47,7 +53,7 @@ namespace dsactor::actors {
 ServiceClient::ServiceClient(caf::actor_system& system, std::string endpoint,
                              const security::ClientSecurity& security,
                              std::chrono::milliseconds timeout, std::string job_id,
-                             std::chrono::milliseconds heartbeat)
+                             std::chrono::milliseconds heartbeat, metrics::ActorFigures* figures)
     : endpoint_(std::move(endpoint)),
       timeout_(timeout),
       client_(std::make_unique<OffloadClient>(endpoint_, security, timeout, std::move(job_id))),
@@ -57,12 +63,15 @@ ServiceClient::ServiceClient(caf::actor_system& system, std::string endpoint,
   // a spawn argument: CAF 0.17 dereferences a null argument tuple for argument-less
   // spawns (UBSan in the sanitizer configuration).
   actor_ = system_.spawn<caf::detached>(
-      [](caf::event_based_actor*, OffloadClient* client) -> caf::behavior {
-        return {
-            [client](request_atom, const RequestPtr& request) { request->run(*client); },
-        };
+      [](caf::event_based_actor* self, OffloadClient* client,
+         metrics::ActorFigures* figures) -> caf::behavior {
+        return metrics::timed_behavior<caf::behavior>(
+            self, figures, [client, figures](request_atom, const RequestPtr& request) {
+              const auto failure = request->run(*client);
+              if (failure && figures) figures->error(*failure);
+            });
       },
-      client_.get());
+      client_.get(), figures);
 }
 
 ServiceClient::~ServiceClient() {

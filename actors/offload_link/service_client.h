@@ -29,6 +29,7 @@
 #include "actors/offload_link/offload_client.h"
 #include "actors/offload_link/service_result.h"
 #include "messages/codec.h"
+#include "metrics/actor_figures.h"
 
 namespace dsactor::actors {
 
@@ -40,11 +41,13 @@ class ServiceClient {
  public:
   // Connects (lazily, like OffloadClient, secured as `security` says) and spawns the actor
   // in `system`, which must outlive this object.
-  // `heartbeat`: OffloadClient::set_heartbeat (0: none).
+  // `heartbeat`: OffloadClient::set_heartbeat (0: none). `figures`: where the actor counts
+  // its requests, their time and the text of each failed one (null: not counted).
   ServiceClient(caf::actor_system& system, std::string endpoint,
                 const security::ClientSecurity& security, std::chrono::milliseconds timeout,
                 std::string job_id,
-                std::chrono::milliseconds heartbeat = std::chrono::milliseconds(0));
+                std::chrono::milliseconds heartbeat = std::chrono::milliseconds(0),
+                metrics::ActorFigures* figures = nullptr);
   // Stops the actor (requests still queued are dropped: their futures break) and closes
   // the client from this thread once the actor is gone.
   ~ServiceClient();

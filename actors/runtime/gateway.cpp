@@ -1,5 +1,6 @@
 #include "actors/runtime/gateway.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -127,6 +128,8 @@ struct Gateway::Shared {
   }
 
   void on_message(std::vector<zmq::message_t> frames) {
+    // Its queue is ZeroMQ's (read in batches), not a mailbox: no depth to report.
+    const metrics::ActorFigures::Handling handling(options.figures, 0);
     auto req = std::make_shared<Request>();
     req->frames = std::move(frames);
     req->sink = sink;
@@ -141,6 +144,9 @@ struct Gateway::Shared {
     auto answer = [&](const msg::DecodeError& e) {
       counters->refused++;
       spdlog::debug("gateway: refused a request: {}: {}", msg::to_string(e.code), e.message);
+      if (options.figures)
+        options.figures->error(
+            fmt::format("refused a request: {}: {}", msg::to_string(e.code), e.message));
       auto reply = msg::with_envelope(env->routing, msg::encode(msg::error_reply(0, "", e)));
       send(reply);
     };
@@ -172,6 +178,8 @@ struct Gateway::Shared {
     if (!ledger->admit(req->peer, bytes)) {
       counters->busy++;
       counters->refused++;
+      if (options.figures)
+        options.figures->error("busy: too many requests in flight from a client");
       const auto& h = req->message.header;
       auto reply = msg::with_envelope(
           env->routing,

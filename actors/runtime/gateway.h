@@ -34,6 +34,7 @@
 
 #include "actors/runtime/job_traffic.h"
 #include "messages/codec.h"
+#include "metrics/actor_figures.h"
 #include "security/transport_security.h"
 
 namespace dsactor::actors {
@@ -144,6 +145,9 @@ struct GatewayOptions {
   // not block. Unset: every request goes to the handler.
   std::function<std::optional<messages::Body>(const messages::Header&, const std::string& peer)>
       answer_inline;
+  // Where the gateway counts each message it handles and the text of each it refuses
+  // (the process's ActorBoard, "gateway"); null: not counted.
+  metrics::ActorFigures* figures = nullptr;
 };
 
 struct GatewayCounters {

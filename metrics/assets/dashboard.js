@@ -5,7 +5,6 @@
   const PHASES = [  // stacked in this order; forward/backward/optimizer less their parts
     ["fetch wait", "#d69e2e"], ["forward", "#3182ce"], ["push", "#dd6b20"],
     ["backward", "#805ad5"], ["commit", "#38a169"], ["optimizer", "#718096"]];
-  const rates = {};  // "role|figure" -> {t, v}: counters turned into per-second rates
 
   const el = (tag, attrs, ...kids) => {
     const e = document.createElementNS(
@@ -24,13 +23,6 @@
     for (const s of series(st, name))
       if (Object.entries(labels || {}).every(([k, v]) => s.labels[k] === v)) return s.value ?? s.sum;
     return null;
-  };
-  const sum = (st, name, labels) => series(st, name)
-    .filter((s) => Object.entries(labels || {}).every(([k, v]) => s.labels[k] === v))
-    .reduce((a, s) => a + (s.value ?? s.sum ?? 0), 0);
-  const rate = (key, v, now) => {
-    const last = rates[key]; rates[key] = { t: now, v: v };
-    return last && now > last.t ? Math.max(0, (v - last.v) / ((now - last.t) / 1000)) : null;
   };
 
   function chart(id, title, points) {  // points: [[x, y]]
@@ -94,21 +86,11 @@
     return box;
   }
 
-  function links(roles, now) {
-    const rows = [];
-    for (const r of roles) {
-      const st = r.state;
-      if (r.kind === "trainer") {
-        rows.push([r.name, "push to services", rate(r.name + "|push", sum(st, "dsactor_train_pushed_bytes_total"), now)]);
-        rows.push([r.name, "fetch from services", rate(r.name + "|fetch", sum(st, "dsactor_train_fetched_bytes_total"), now)]);
-      }
-      if (r.kind === "offload") for (const path of ["frames", "arena"])
-        rows.push([r.name, "pushed in (" + path + ")", rate(r.name + "|" + path,
-          sum(st, "dsactor_offload_pushed_bytes_total", { path: path }), now)]);
-    }
+  function links(roles) {  // the dashboard's rates, over its last polls (metrics/link_rates.h)
     const table = el("table", { class: "figures" }, el("tr", {}, el("th", {}, "process"), el("th", {}, "link"), el("th", {}, "rate")));
-    for (const [who, what, v] of rows)
-      table.append(el("tr", {}, el("td", {}, who), el("td", {}, what), el("td", { class: "num" }, v === null ? "–" : bytes(v) + "/s")));
+    for (const r of roles) for (const l of r.links || [])
+      table.append(el("tr", { "data-link": r.name + "|" + l.link }, el("td", {}, r.name), el("td", {}, l.link),
+        el("td", { class: "num" }, l.bytes_per_second === null ? "–" : bytes(l.bytes_per_second) + "/s")));
     return el("div", { class: "panel" }, el("h4", {}, "Link rates"), table);
   }
 
@@ -124,10 +106,13 @@
         if (!actors.has(s.labels.actor)) actors.set(s.labels.actor, []);
         actors.get(s.labels.actor).push([name.replace(/^dsactor_actor_/, ""), s.value ?? s.sum]);
       }
+    const lastError = new Map(((st.texts || {}).dsactor_actor_last_error || [])
+      .filter((t) => t.text).map((t) => [t.labels.actor, t.text]));
     const ul = el("ul", { class: "actors" });
     for (const [a, figs] of actors)
       ul.append(el("li", { class: "actor", "data-actor": a }, a,
-        ...figs.map(([n, v]) => el("span", { class: "fig" }, n + " " + fmt(v)))));
+        ...figs.map(([n, v]) => el("span", { class: "fig" }, n + " " + fmt(v))),
+        ...(lastError.has(a) ? [el("span", { class: "fig last-error" }, "last error: " + lastError.get(a))] : [])));
     sec.append(ul);
     const table = el("table", { class: "figures" });
     for (const [name, fam] of Object.entries(st.metrics || {}))
@@ -140,7 +125,6 @@
   }
 
   function draw(d) {
-    const now = Date.now();
     const trainers = d.roles.filter((r) => r.kind === "trainer");
     const charts = el("div", { class: "panel-row" });
     for (const [id, title, key] of [["loss-chart", "loss", "loss"], ["lr-chart", "learning rate", "lr"],
@@ -150,7 +134,7 @@
     }
     document.getElementById("charts").replaceChildren(charts);
     document.getElementById("timeline").replaceChildren(timeline(trainers));
-    document.getElementById("tiers").replaceChildren(el("div", { class: "panel-row" }, tiers(d.roles), links(d.roles, now)));
+    document.getElementById("tiers").replaceChildren(el("div", { class: "panel-row" }, tiers(d.roles), links(d.roles)));
     document.getElementById("links").replaceChildren();
     document.getElementById("topology").replaceChildren(...d.roles.map(roleSection));
     document.getElementById("updated").textContent = d.roles.length + " role(s), updated " + new Date(d.updated_unix_ms).toLocaleTimeString();

@@ -159,9 +159,11 @@ TEST(CoordinatorRole, ServesItsMetrics) {
   ASSERT_TRUE(res);
   EXPECT_THAT(
       res->body,
-      AllOf(
-          HasSubstr("dsactor_rendezvous_keys{"), HasSubstr("role=\"coordinator\""),
-          Not(HasSubstr("dsactor_rendezvous_keys{name=\"coordinator\",role=\"coordinator\"} 0"))));
+      AllOf(HasSubstr("dsactor_rendezvous_keys{"), HasSubstr("role=\"coordinator\""),
+            Not(HasSubstr("dsactor_rendezvous_keys{actor=\"rendezvous_store\",name=\"coordinator\","
+                          "role=\"coordinator\"} 0")),
+            HasSubstr("dsactor_rendezvous_keys{actor=\"rendezvous_store\",name=\"coordinator\","
+                      "role=\"coordinator\"} ")));
   const auto state = http.Get("/api/state");
   ASSERT_TRUE(state);
   EXPECT_THAT(state->body, HasSubstr("\"rendezvous_store\""));

@@ -5,9 +5,11 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "metrics/dashboard.h"
+#include "metrics/link_rates.h"
 #include "metrics/state_figures.h"
 
 namespace dsactor::metrics {
@@ -42,6 +44,8 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   auto& steps = trainer.counter("dsactor_train_steps_total", "steps");
   trainer.gauge("dsactor_train_last_phase_seconds", "phases", {{"phase", "fetch"}}).set(0.25);
   trainer.counter("dsactor_actor_messages_total", "messages", {{"actor", "monitor"}}).add(3);
+  trainer.set_text("dsactor_actor_last_error", {{"actor", "monitor"}}, "no <csv> file");
+  trainer.counter("dsactor_train_pushed_bytes_total", "pushed").add(4096);
   MetricsServer trainer_server(trainer, loopback("secret-of-the-roles"));
   DashboardOptions o;
   o.server = loopback();
@@ -69,6 +73,13 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   EXPECT_EQ(value_of(d["roles"][0]["state"], "dsactor_train_loss"), 4.25);
   EXPECT_FALSE(d["roles"][1]["up"].get<bool>());
   EXPECT_EQ(d["roles"][1]["error"], "serves no metrics");
+  // The trainer's link rates, from the dashboard's own polls: a counter that stood still
+  // reads 0 B/s, one the trainer does not have (fetched bytes) no rate at all.
+  ASSERT_EQ(d["roles"][0]["links"].size(), 2u) << d.dump(1);
+  EXPECT_EQ(d["roles"][0]["links"][0]["link"], "push to services");
+  EXPECT_EQ(d["roles"][0]["links"][0]["bytes_per_second"], 0.0);
+  EXPECT_TRUE(d["roles"][0]["links"][1]["bytes_per_second"].is_null());
+  EXPECT_TRUE(d["roles"][1]["links"].empty());
 
   httplib::Client client("127.0.0.1", dashboard.port());
   auto page = client.Get("/");
@@ -77,9 +88,14 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   // Without JavaScript: the roles, their actors and their figures are in the HTML itself.
   EXPECT_NE(page->body.find("data-role=\"trainer0\""), std::string::npos) << page->body;
   EXPECT_NE(page->body.find("data-actor=\"monitor\""), std::string::npos);
+  EXPECT_NE(
+      page->body.find("<span class=\"fig last-error\">last error: no &lt;csv&gt; file</span>"),
+      std::string::npos);
   EXPECT_NE(page->body.find("<td>dsactor_train_loss</td><td></td><td class=\"num\">4.25</td>"),
             std::string::npos);
   EXPECT_NE(page->body.find("<td>dsactor_train_last_phase_seconds</td><td>phase=fetch</td>"),
+            std::string::npos);
+  EXPECT_NE(page->body.find("<tr><td>push to services</td><td class=\"num\">0</td></tr>"),
             std::string::npos);
   EXPECT_NE(page->body.find("job&lt;1&gt;"), std::string::npos);
   EXPECT_NE(page->body.find("src=\"/assets/dashboard.js\""), std::string::npos);
@@ -127,6 +143,61 @@ TEST(Dashboard, RefusesOffLoopbackWithoutAToken) {
   o.server.listen.host = "0.0.0.0";
   o.server.what = "dashboard_listen";
   EXPECT_THROW(Dashboard{o}, std::invalid_argument);
+}
+
+// A /api/state document with one counter series.
+nlohmann::json counter_state(const std::string& name, double value, const Labels& labels = {}) {
+  return {{"metrics",
+           {{name, {{"type", "counter"}, {"series", {{{"labels", labels}, {"value", value}}}}}}}}};
+}
+
+// The same bytes, moved as a run moves them: the service counts each push as it comes
+// (smoothly), the trainer once per step (its monitor records the step's total). Polled
+// every 0.25 s, the two rates agree within one step's bytes over the window; over two polls
+// alone (what the page used to compute) the trainer read 0 or 4x the service's rate.
+TEST(LinkRates, TrainerAndServiceAgreeOnTheSameBytes) {
+  const auto t0 = LinkRates::Clock::time_point{};
+  const double step_bytes = 4000, window_seconds = 4.5;
+  LinkRates trainer("trainer", std::chrono::milliseconds(4500));
+  LinkRates service("offload", std::chrono::milliseconds(4500));
+  for (int poll = 0; poll <= 50; ++poll) {
+    const double t = poll * 0.25;  // one step a second
+    const auto at = t0 + std::chrono::duration_cast<LinkRates::Clock::duration>(
+                             std::chrono::duration<double>(t));
+    trainer.add(at, counter_state("dsactor_train_pushed_bytes_total", step_bytes * std::floor(t)));
+    service.add(at, counter_state("dsactor_offload_pushed_bytes_total", step_bytes * t,
+                                  {{"path", "arena"}, {"job", "j"}}));
+    if (t < window_seconds) continue;
+    const auto tr = trainer.rates(), sr = service.rates();
+    ASSERT_EQ(tr[0]["link"], "push to services");
+    ASSERT_EQ(sr[1]["link"], "pushed in (arena)");
+    EXPECT_TRUE(sr[0]["bytes_per_second"].is_null());  // no frames series: no rate
+    const double trained = tr[0]["bytes_per_second"].get<double>();
+    const double served = sr[1]["bytes_per_second"].get<double>();
+    EXPECT_NEAR(served, step_bytes, 1e-6) << "t " << t;
+    EXPECT_NEAR(trained, served, step_bytes / window_seconds + 1e-6) << "t " << t;
+  }
+}
+
+// Both of a trainer's counters, as one /api/state document.
+nlohmann::json trainer_state(double pushed, double fetched) {
+  nlohmann::json state = counter_state("dsactor_train_pushed_bytes_total", pushed);
+  state["metrics"].update(counter_state("dsactor_train_fetched_bytes_total", fetched)["metrics"]);
+  return state;
+}
+
+// A restarted role (`dsactor up` restarts it) counts from 0 again: the window starts over
+// at its first sample instead of showing a negative rate.
+TEST(LinkRates, ARestartedCounterStartsItsRateOver) {
+  LinkRates rates("trainer", std::chrono::seconds(10));
+  const auto t0 = LinkRates::Clock::time_point{};
+  rates.add(t0, trainer_state(5000, 7000));
+  rates.add(t0 + std::chrono::seconds(1), trainer_state(10, 20));
+  EXPECT_TRUE(rates.rates()[0]["bytes_per_second"].is_null()) << rates.rates().dump();
+  EXPECT_TRUE(rates.rates()[1]["bytes_per_second"].is_null()) << rates.rates().dump();
+  rates.add(t0 + std::chrono::seconds(2), trainer_state(50, 80));
+  EXPECT_EQ(rates.rates()[0]["bytes_per_second"], 40.0);
+  EXPECT_EQ(rates.rates()[1]["bytes_per_second"], 60.0);
 }
 
 TEST(Dashboard, EscapesHtml) {

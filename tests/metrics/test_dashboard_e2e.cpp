@@ -134,6 +134,38 @@ TEST_F(DashboardEndToEnd, StatusJsonShowsEveryRoleAndTheTrainersSteps) {
   EXPECT_NE(none.err.find("no dashboard answers"), std::string::npos) << none.err;
 }
 
+// The rate of `link` in a role's "links" (the dashboard's own figures), or none yet.
+std::optional<double> link_rate(const json& role, const std::string& link) {
+  for (const auto& l : role["links"])
+    if (l["link"] == link && l["bytes_per_second"].is_number())
+      return l["bytes_per_second"].get<double>();
+  return std::nullopt;
+}
+
+// The trainer pushes through the service's arena (same host): the dashboard's rate of the
+// trainer's pushes and of the service's pushed-in bytes are rates of the same bytes, so
+// they agree (within what one step's bytes make over the window), although the trainer
+// counts once per step and the service with every request.
+TEST_F(DashboardEndToEnd, TheTrainersAndTheServicesPushRatesAgree) {
+  deployment_after(2);
+  std::this_thread::sleep_for(11s);  // a whole rate window of training
+  json d;
+  std::optional<double> pushed, received;
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    d = deployment_after(2);
+    pushed = link_rate(d["roles"][1], "push to services");
+    const auto frames = link_rate(d["roles"][0], "pushed in (frames)");
+    const auto arena = link_rate(d["roles"][0], "pushed in (arena)");
+    received = frames && arena ? std::optional(*frames + *arena) : std::nullopt;
+    if (pushed && received && *pushed > 0 && *received > 0) break;
+    std::this_thread::sleep_for(500ms);
+  }
+  ASSERT_TRUE(pushed && received && *pushed > 0 && *received > 0) << d.dump(1);
+  EXPECT_GT(*received, *pushed / 2) << d["roles"][1]["links"] << d["roles"][0]["links"];
+  EXPECT_LT(*received, *pushed * 2) << d["roles"][1]["links"] << d["roles"][0]["links"];
+}
+
 // "127.0.0.1:PORT" of every role's metrics server, from the dashboard's roles.
 std::vector<std::string> scrape_targets(const json& d) {
   std::vector<std::string> targets;

@@ -6,10 +6,14 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <regex>
@@ -164,6 +168,52 @@ TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
   EXPECT_GT(std::stod(*ram), 0);
   EXPECT_GE(std::stod(*limit), std::stod(*ram));
 
+  // Every actor we own counted the messages it handled and the time it spent on them: the
+  // trainer's engine, monitor, step client and stage 3's fetcher and its client, and the
+  // service's gateway, coordinator and partition worker.
+  const auto trainer_now = scrape(trainer_port);
+  ASSERT_TRUE(trainer_now);
+  const std::vector<std::string> trainer_actors = {
+      "engine", "monitor", "service_client " + endpoint, "fetcher", "fetch_client " + endpoint};
+  for (const auto& actor : trainer_actors) {
+    const std::string label = "actor=\"" + actor + "\"";
+    const auto messages = sample(*trainer_now, "dsactor_actor_messages_total", label);
+    const auto seconds = sample(*trainer_now, "dsactor_actor_handler_seconds_total", label);
+    ASSERT_TRUE(messages && seconds) << actor << "\n" << *trainer_now;
+    EXPECT_GT(std::stod(*messages), 0) << actor;
+    EXPECT_GT(std::stod(*seconds), 0) << actor;
+  }
+  for (const std::string actor : {"gateway", "coordinator", "partition_worker0"}) {
+    const auto messages =
+        sample(*served, "dsactor_actor_messages_total", "actor=\"" + actor + "\"");
+    ASSERT_TRUE(messages) << actor << "\n" << *served;
+    EXPECT_GT(std::stod(*messages), 0) << actor;
+  }
+  // A request the gateway cannot decode: the gateway's last error says why, in /api/state.
+  {
+    zmq::context_t context;
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.connect(endpoint);
+    const std::string garbage = "not a request";
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back();
+    frames.emplace_back(garbage.data(), garbage.size());
+    (void)zmq::send_multipart(dealer, frames);
+    std::vector<zmq::message_t> reply;
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    ASSERT_GT(zmq::poll(&item, 1, std::chrono::milliseconds(60000)), 0) << service.log();
+    (void)zmq::recv_multipart(dealer, std::back_inserter(reply));
+  }
+  const auto service_state = scrape(service_port, "/api/state");
+  ASSERT_TRUE(service_state);
+  const auto sj = nlohmann::json::parse(*service_state);
+  std::string gateway_error;
+  for (const auto& t : sj["texts"]["dsactor_actor_last_error"])
+    if (t["labels"]["actor"] == "gateway") gateway_error = t["text"];
+  EXPECT_EQ(gateway_error.rfind("refused a request: ", 0), 0u) << sj["texts"].dump(1);
+  EXPECT_EQ(sample(*scrape(service_port), "dsactor_actor_errors_total", "actor=\"gateway\""), "1");
+
   trainer.signal(SIGTERM);
   EXPECT_EQ(trainer.wait(120s), 128 + SIGTERM) << trainer.log();
   // Once the run has stopped, the service has counted every byte the trainer says it pushed.
@@ -183,6 +233,58 @@ TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
   if (!have_promtool()) GTEST_SKIP() << "promtool not installed (scripts/install-deps.sh)";
   EXPECT_EQ(promtool_problems(dir.path(), "trainer", during), "") << during;
   EXPECT_EQ(promtool_problems(dir.path(), "service", *served), "") << *served;
+}
+
+// Without a coordinator role, trainer rank 0 hosts the rendezvous store: its /api/state
+// lists the store as one of its actors and carries the store's figures (what the dashboard
+// and `dsactor status` show). Rank 0 alone is enough: it waits in the store for rank 1,
+// its own address already a key there.
+TEST(MetricsEndToEnd, ARankZeroTrainerShowsTheRendezvousStoreItHosts) {
+  TempDir dir;
+  std::string corpus;
+  for (int i = 0; i < 100; ++i) corpus += "a store on rank zero " + std::to_string(i) + "\n";
+  write_file(dir / "corpus.txt", corpus);
+  write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 1})");
+  const std::string coordinator = "tcp://127.0.0.1:" + std::to_string(free_port());
+  Child rank0(dir.path(), {"start",      "--role",
+                           "trainer",    "--config",
+                           "ds.json",    "--model",
+                           "tiny",       "--data",
+                           "corpus.txt", "--seq",
+                           "16",         "--steps",
+                           "10",         "--rank",
+                           "0",          "--world-size",
+                           "2",          "--coordinator",
+                           coordinator,  "--serve-coordinator",
+                           "--insecure", "--comm-timeout-ms",
+                           "120000",     "--metrics-listen",
+                           "127.0.0.1:0"},
+              dir / "rank0.log");
+  const int port = logged_metrics_port(rank0);
+  ASSERT_GT(port, 0) << rank0.log();
+  nlohmann::json state;
+  double keys = -1;  // none yet
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (std::chrono::steady_clock::now() < deadline && keys < 1) {
+    std::this_thread::sleep_for(100ms);
+    const auto body = scrape(port, "/api/state");
+    if (!body) continue;
+    state = nlohmann::json::parse(*body);
+    keys = -1;
+    for (const auto& s : state["metrics"]
+                             .value("dsactor_rendezvous_keys", nlohmann::json{})
+                             .value("series", nlohmann::json::array()))
+      if (s["labels"].value("actor", "") == "rendezvous_store") keys = s["value"].get<double>();
+  }
+  EXPECT_GE(keys, 1) << state.dump(1) << "\n" << rank0.log();
+  const auto actors = state["process"]["actors"];
+  EXPECT_NE(std::find(actors.begin(), actors.end(), "rendezvous_store"), actors.end())
+      << actors.dump();
+  const auto text = scrape(port);
+  ASSERT_TRUE(text);
+  EXPECT_TRUE(sample(*text, "dsactor_rendezvous_jobs", "actor=\"rendezvous_store\"")) << *text;
+  rank0.signal(SIGKILL);
+  rank0.wait(60s);
 }
 
 TEST(MetricsEndToEnd, OffLoopbackWithoutTokenIsRefusedAtStart) {

@@ -125,19 +125,44 @@ TEST(MetricsRegistry, SnapshotCarriesTypesLabelsAndValues) {
 
 TEST(ActorFigures, CountMessagesHandlerTimeMailboxAndErrorsUnderTheActorLabel) {
   Registry r;
-  ActorFigures monitor(r, "monitor");
-  for (int i = 0; i < 3; ++i) ActorFigures::Handling handling(monitor);
-  monitor.mailbox_depth(5);
-  monitor.error();
+  auto board = std::make_shared<ActorBoard>();
+  ActorBoard::publish(board, r);
+  ActorFigures& monitor = board->actor("monitor");
+  for (int i = 0; i < 3; ++i) ActorFigures::Handling handling(&monitor, 5 - i);
+  { ActorFigures::Handling nobody_counts(nullptr, 7); }
+  monitor.error("first failure");
+  monitor.error("push_gradients of block h.0: service timed out\n" + std::string(400, 'x'));
+  EXPECT_EQ(&board->actor("monitor"), &monitor);
+  board->actor("engine");
   const nlohmann::json s = r.snapshot();
   const Labels actor{{"actor", "monitor"}};
   EXPECT_EQ(value_of(s, "dsactor_actor_messages_total", actor), 3);
   EXPECT_GE(value_of(s, "dsactor_actor_handler_seconds_total", actor).value_or(-1), 0);
-  EXPECT_EQ(value_of(s, "dsactor_actor_mailbox_messages", actor), 5);
-  EXPECT_EQ(value_of(s, "dsactor_actor_errors_total", actor), 1);
+  EXPECT_EQ(value_of(s, "dsactor_actor_mailbox_messages", actor), 3);
+  EXPECT_EQ(value_of(s, "dsactor_actor_errors_total", actor), 2);
   EXPECT_GT(value_of(s, "dsactor_actor_last_error_timestamp_seconds", actor).value_or(0), 1e9);
-  EXPECT_FALSE(value_of(s, "dsactor_actor_messages_total", {{"actor", "engine"}}));
+  // The newest error's text, cut to its bound, in /api/state and never in the exposition.
+  const auto text = text_of(s, "dsactor_actor_last_error", actor);
+  ASSERT_TRUE(text);
+  EXPECT_EQ(text->size(), ActorFigures::kMaxErrorText);
+  EXPECT_EQ(text->rfind("push_gradients of block h.0: service timed out\n", 0), 0u) << *text;
+  EXPECT_EQ(text_of(s, "dsactor_actor_last_error", {{"actor", "engine"}}), "");
+  EXPECT_EQ(value_of(s, "dsactor_actor_messages_total", {{"actor", "engine"}}), 0);
   EXPECT_EQ(sum_of(s, "dsactor_actor_messages_total"), 3);
+  const std::string text_form = r.exposition();
+  EXPECT_EQ(text_form.find("timed out"), std::string::npos) << text_form;
+  EXPECT_NE(text_form.find("dsactor_actor_errors_total{actor=\"monitor\"} 2"), std::string::npos)
+      << text_form;
+}
+
+TEST(Registry, TextsFollowTheNamingRules) {
+  Registry r;
+  EXPECT_THROW(r.set_text("last_error", {}, "x"), std::invalid_argument);
+  EXPECT_THROW(r.set_text("dsactor_last_error_total", {}, "x"), std::invalid_argument);
+  EXPECT_THROW(r.set_text("dsactor_last_error", {{"bad-label", "a"}}, "x"), std::invalid_argument);
+  r.set_text("dsactor_last_error", {{"actor", "a"}}, "one");
+  r.set_text("dsactor_last_error", {{"actor", "a"}}, "two");
+  EXPECT_EQ(text_of(r.snapshot(), "dsactor_last_error", {{"actor", "a"}}), "two");
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ struct EngineSetup {
   monitor_actor monitor;
   int64_t tokens_per_step;
   std::function<void(int64_t)> after_step;
+  metrics::ActorFigures* figures;
 };
 
 void finish(EngineState& s, RunOutcome o) {
@@ -44,7 +45,9 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
   self->state.monitor = setup->monitor;
   self->state.tokens_per_step = setup->tokens_per_step;
   self->state.after_step = std::move(setup->after_step);
-  return {
+  metrics::ActorFigures* figures = setup->figures;
+  return metrics::timed_behavior<engine_actor::behavior_type>(
+      self, figures,
       [self](run_atom, int64_t target) -> caf::typed_response_promise<RunOutcome> {
         auto& s = self->state;
         auto promise = self->make_response_promise<RunOutcome>();
@@ -60,7 +63,7 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
         return promise;
       },
       [self](stop_atom) { self->state.engine->request_stop(); },
-      [self](next_step_atom) {
+      [self, figures](next_step_atom) {
         auto& s = self->state;
         if (!s.promise) return;
         if (s.engine->stop_agreed()) return finish(s, RunOutcome{true, true, {}, 0, {}});
@@ -68,6 +71,7 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
         try {
           s.last = s.engine->train_step(*s.loader);
         } catch (const std::exception& e) {
+          if (figures) figures->error(e.what());
           return finish(s, RunOutcome{false, false, e.what(), 0, {}});
         }
         StepReport rep;
@@ -90,17 +94,17 @@ engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<Engin
         }
         // Through the mailbox: a stop or status request queued during the step runs first.
         self->send(self, next_step_atom::value);
-      },
-  };
+      });
 }
 
 }  // namespace
 
 engine_actor spawn_engine_actor(caf::actor_system& system, StepEngine& engine, BatchLoader& loader,
                                 monitor_actor monitor, int64_t tokens_per_step,
-                                std::function<void(int64_t)> after_step) {
+                                std::function<void(int64_t)> after_step,
+                                metrics::ActorFigures* figures) {
   auto setup = std::make_shared<EngineSetup>(
-      EngineSetup{&engine, &loader, monitor, tokens_per_step, std::move(after_step)});
+      EngineSetup{&engine, &loader, monitor, tokens_per_step, std::move(after_step), figures});
   return system.spawn<caf::detached>(engine_behavior, setup);
 }
 

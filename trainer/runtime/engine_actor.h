@@ -11,6 +11,7 @@
 
 #include <caf/all.hpp>
 
+#include "metrics/actor_figures.h"
 #include "trainer/runtime/monitor_actor.h"
 #include "trainer/runtime/step_engine.h"
 
@@ -39,10 +40,13 @@ using engine_actor =
 // `engine` and `loader` are borrowed: they must outlive the actor, and nobody else may use
 // them until the run's reply has arrived. tokens_per_step: the global batch's tokens.
 // `after_step` (optional) runs on the actor's thread after each step with its global step
-// (the periodic checkpoint); a throw ends the run as a failed step does.
+// (the periodic checkpoint); a throw ends the run as a failed step does. `figures`: where
+// the actor counts its messages, their time (a step's, for a step) and a failed step's
+// error (null: not counted).
 engine_actor spawn_engine_actor(caf::actor_system& system, StepEngine& engine, BatchLoader& loader,
                                 monitor_actor monitor, int64_t tokens_per_step,
-                                std::function<void(int64_t)> after_step = {});
+                                std::function<void(int64_t)> after_step = {},
+                                metrics::ActorFigures* figures = nullptr);
 
 }  // namespace dsactor::trainer
 

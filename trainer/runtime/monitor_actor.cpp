@@ -18,7 +18,7 @@ struct MonitorState {
   std::shared_ptr<Monitors> monitors;            // null on ranks that write none
   std::optional<WallClockBreakdown> wall_clock;  // wall_clock_breakdown, rank 0
   std::optional<TrainMetrics> metrics;           // with MonitorOptions::metrics
-  std::optional<metrics::ActorFigures> figures;  // this actor's own, beside them
+  metrics::ActorFigures* figures = nullptr;      // this actor's own (null: not counted)
   StepReport latest;
   static inline const char* name = "monitor";
 };
@@ -30,16 +30,13 @@ monitor_actor::behavior_type monitor_behavior(monitor_actor::stateful_pointer<Mo
   self->state.options = std::move(options);
   self->state.monitors = std::move(monitors);
   if (wall_clock_breakdown) self->state.wall_clock.emplace();
-  if (self->state.options.metrics) {
-    self->state.metrics.emplace(*self->state.options.metrics);
-    self->state.figures.emplace(*self->state.options.metrics, "monitor");
-  }
-  return {
+  if (self->state.options.metrics) self->state.metrics.emplace(*self->state.options.metrics);
+  if (self->state.options.actors)
+    self->state.figures = &self->state.options.actors->actor("monitor");
+  return metrics::timed_behavior<monitor_actor::behavior_type>(
+      self, self->state.figures,
       [self](report_atom, const StepReport& rep) {
         auto& s = self->state;
-        std::optional<metrics::ActorFigures::Handling> handling;
-        if (s.figures) handling.emplace(*s.figures);
-        if (s.figures) s.figures->mailbox_depth(self->mailbox().size());
         s.latest = rep;
         const StepResult& r = rep.result;
         if (s.monitors) s.monitors->write_step(r, rep.fp16);
@@ -53,8 +50,7 @@ monitor_actor::behavior_type monitor_behavior(monitor_actor::stateful_pointer<Mo
           if (const auto line = s.wall_clock->take_line())
             spdlog::info("{}: {}", s.options.name, *line);
       },
-      [self](status_atom) { return self->state.latest; },
-  };
+      [self](status_atom) { return self->state.latest; });
 }
 
 }  // namespace

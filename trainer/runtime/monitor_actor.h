@@ -10,6 +10,7 @@
 
 #include <caf/all.hpp>
 
+#include "metrics/actor_figures.h"
 #include "metrics/registry.h"
 #include "trainer/config/ds_config.h"
 #include "trainer/engine/engine.h"
@@ -39,6 +40,8 @@ struct MonitorOptions {
   int64_t print_every = 10;      // steps_per_print (and always the last step)
   // Every report is also recorded here (TrainMetrics), on every rank; null: no metrics.
   std::shared_ptr<metrics::Registry> metrics;
+  // The process's actors; the monitor counts its handler there as "monitor" (null: not).
+  std::shared_ptr<metrics::ActorBoard> actors;
 };
 
 monitor_actor spawn_monitor(caf::actor_system& system, const DsConfig& config,

@@ -75,10 +75,13 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
     for (size_t s = 0; s < z_.options.services.size(); ++s)
       fetch_clients_.push_back(std::make_unique<actors::ServiceClient>(
           system, z_.options.services[s], z_.options.service_security[s], z_.options.timeout,
-          z_.options.job_id, z_.options.heartbeat_interval));
+          z_.options.job_id, z_.options.heartbeat_interval,
+          metrics::figures_of(z_.options.actors, "fetch_client " + z_.options.services[s])));
     model.set_transient_logits(true);  // not held through the backward's peak
+    SchedulerOptions scheduling = SchedulerOptions::from(zo);
+    scheduling.figures = metrics::figures_of(z_.options.actors, "fetcher");
     scheduler_ = std::make_unique<ParamScheduler>(
-        system, block_numels(z_.layouts), params_, SchedulerOptions::from(zo),
+        system, block_numels(z_.layouts), params_, scheduling,
         [this](size_t b, uint64_t step, size_t numel) { return fetch_resident(b, step, numel); });
     // Not 0 when the engine took over the services' step (a resume, a reconnect).
     scheduler_->set_committed_step(z_.counters.committed_step);

@@ -5,6 +5,7 @@
 #include <future>
 #include <memory>
 #include <stdexcept>
+#include <string>
 
 namespace dsactor::trainer {
 
@@ -25,6 +26,17 @@ struct FetchJob {
   std::promise<FloatBuffer> promise;
 };
 using FetchJobPtr = std::shared_ptr<FetchJob>;
+
+// The text of the exception being handled (the fetcher's last error).
+std::string describe_exception() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "a fetch failed with an exception that is no std::exception";
+  }
+}
 
 }  // namespace
 
@@ -47,15 +59,15 @@ ParamScheduler::ParamScheduler(caf::actor_system& system, std::vector<size_t> bl
   // The scheduler is passed as a spawn argument: CAF 0.17 dereferences a null argument
   // tuple for argument-less spawns (UBSan in the sanitizer configuration).
   fetcher_ = system_.spawn<caf::detached>(
-      [](caf::event_based_actor*, ParamScheduler* scheduler) -> caf::behavior {
-        return scheduler->fetcher_behavior();
+      [](caf::event_based_actor* self, ParamScheduler* scheduler) -> caf::behavior {
+        return scheduler->fetcher_behavior(self);
       },
       this);
 }
 
-caf::behavior ParamScheduler::fetcher_behavior() {
-  return {
-      [this](fetch_atom, const FetchJobPtr& job) {
+caf::behavior ParamScheduler::fetcher_behavior(caf::event_based_actor* self) {
+  return metrics::timed_behavior<caf::behavior>(
+      self, options_.figures, [this](fetch_atom, const FetchJobPtr& job) {
         const auto t0 = std::chrono::steady_clock::now();
         try {
           FloatBuffer buf = fetch_(job->block, job->step, job->numel);
@@ -65,10 +77,10 @@ caf::behavior ParamScheduler::fetcher_behavior() {
           job->promise.set_value(std::move(buf));
         } catch (...) {
           add_fetch_time(t0);
+          if (options_.figures) options_.figures->error(describe_exception());
           job->promise.set_exception(std::current_exception());
         }
-      },
-  };
+      });
 }
 
 ParamScheduler::~ParamScheduler() {

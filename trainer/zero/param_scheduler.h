@@ -9,6 +9,7 @@
 
 #include <caf/all.hpp>
 
+#include "metrics/actor_figures.h"
 #include "trainer/config/ds_config.h"
 #include "trainer/model/gpt.h"
 
@@ -25,6 +26,8 @@ struct SchedulerOptions {
   int64_t max_reuse_distance;     // keep a released block whose next use in this pass comes
                                   // within this many elements of other blocks' fetches
   int64_t persistence_threshold;  // blocks smaller than this stay resident
+  // Where the fetcher actor counts its fetches, their time and failures (null: not).
+  metrics::ActorFigures* figures = nullptr;
 
   static SchedulerOptions from(const ZeroConfig& zero);
 };
@@ -101,7 +104,7 @@ class ParamScheduler final : public BlockHooks {
   void prefetch_ahead();
   bool reused_soon(size_t b) const;
   void note_live();
-  caf::behavior fetcher_behavior();
+  caf::behavior fetcher_behavior(caf::event_based_actor* self);
   void add_fetch_time(std::chrono::steady_clock::time_point t0);
 
   std::vector<size_t> numel_;

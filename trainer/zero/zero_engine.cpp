@@ -153,7 +153,8 @@ void ZeroEngine::connect_services() {
   for (size_t s = 0; s < options_.services.size(); ++s)
     services_.push_back(std::make_unique<actors::ServiceClient>(
         *system_, options_.services[s], options_.service_security[s], options_.timeout,
-        options_.job_id, options_.heartbeat_interval));
+        options_.job_id, options_.heartbeat_interval,
+        metrics::figures_of(options_.actors, "service_client " + options_.services[s])));
 }
 
 void ZeroEngine::start_parts() {

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "metrics/actor_figures.h"
 #include "security/transport_security.h"
 #include "trainer/zero/param_scheduler.h"
 
@@ -80,6 +82,9 @@ struct ZeroOptions {
   // Fills block b's initial fp32 weights (`dsactor start --role trainer --init`); unset:
   // GptWeightInit from the seed, the stage-0 engine's initial weights.
   std::function<void(size_t block, float* weights)> initial_weights;
+  // Where the engine's actors (service clients, stage 3's fetcher and its clients) count
+  // their messages, handler time and failures; null: not counted.
+  std::shared_ptr<metrics::ActorBoard> actors;
 };
 
 // ZeroOptions::initial_weights from whole weights held in memory (`--init`), which must
