@@ -390,17 +390,10 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
     if (beats) wake = std::min({wake, dead_at, pinged_at + heartbeat_});
     const auto left = std::max(std::chrono::milliseconds(1),
                                std::chrono::duration_cast<std::chrono::milliseconds>(wake - now));
-    zmq::pollitem_t items[2] = {
-        {socket_.handle(), 0, ZMQ_POLLIN, 0},
-        {beat_socket_ ? beat_socket_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-    const size_t polled = beat_socket_ ? 2 : 1;
-    if (zmq::poll(items, polled, left) == 0) continue;
-    if (polled == 2 && (items[1].revents & ZMQ_POLLIN)) {
-      const Beat beat = read_beat();
-      if (beat.heard) heard_at = Clock::now();
-      if (beat.advanced) progress_at = heard_at;
-    }
-    if (!(items[0].revents & ZMQ_POLLIN)) continue;
+    const Heard heard = poll_sockets(left);
+    if (heard.beat) heard_at = Clock::now();
+    if (heard.advanced) progress_at = heard_at;
+    if (!heard.reply) continue;
     std::vector<zmq::message_t> frames;
     if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
       continue;
@@ -464,18 +457,27 @@ zmq::socket_t& OffloadClient::beat_socket() {
   return *beat_socket_;
 }
 
-OffloadClient::Beat OffloadClient::read_beat() {
+OffloadClient::Heard OffloadClient::poll_sockets(std::chrono::milliseconds left) {
+  zmq::pollitem_t items[2] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                              {beat_socket_ ? beat_socket_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+  const size_t polled = beat_socket_ ? 2 : 1;
+  Heard heard;
+  if (zmq::poll(items, polled, left) == 0) return heard;
+  heard.reply = (items[0].revents & ZMQ_POLLIN) != 0;
   std::vector<zmq::message_t> frames;
-  if (!zmq::recv_multipart(*beat_socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
-    return {};
+  if (polled < 2 || !(items[1].revents & ZMQ_POLLIN) ||
+      !zmq::recv_multipart(*beat_socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
+    return heard;
+  // Anything the service sends on the heartbeat connection is a sign of life; only a Pong to
+  // one of this client's Pings can report progress.
+  heard.beat = true;
   auto env = msg::split_envelope(frames);
-  if (!env) return {};
+  if (!env) return heard;
   auto decoded = msg::decode(env->body);
-  // Anything the service sends on this connection is a sign of life; only a Pong to one of
-  // this client's Pings can report progress.
-  if (!decoded || pings_.erase(decoded->header.request_id) == 0) return {true, false};
+  if (!decoded || pings_.erase(decoded->header.request_id) == 0) return heard;
   const auto* pong = std::get_if<msg::Pong>(&decoded->header.body);
-  return {true, pong && pong_advanced(last_pong_, *pong)};
+  heard.advanced = pong && pong_advanced(last_pong_, *pong);
+  return heard;
 }
 
 ServiceFailure OffloadClient::silence(uint64_t id, const std::string& kind,

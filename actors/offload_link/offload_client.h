@@ -261,13 +261,15 @@ class OffloadClient {
   ServiceFailure silence(uint64_t id, const std::string& kind, std::chrono::milliseconds waited,
                          bool dead) const;
   void send_ping();
-  // What one message on the heartbeat connection told: that the service is there, and
-  // whether its operation in flight moved on.
-  struct Beat {
-    bool heard = false;
+  // What a wait of up to `left` on both connections brought: a message on the request
+  // connection to read, and from the heartbeat connection (read here) a sign of life and
+  // whether the service's operation in flight moved on.
+  struct Heard {
+    bool reply = false;
+    bool beat = false;
     bool advanced = false;
   };
-  Beat read_beat();
+  Heard poll_sockets(std::chrono::milliseconds left);
   zmq::socket_t& beat_socket();
 
   std::string endpoint_;

@@ -88,6 +88,67 @@ std::string promtool_problems(const std::filesystem::path& dir, const std::strin
   return ss.str().empty() ? "promtool failed" : ss.str();
 }
 
+// Two scrapes in a row that agree on the step (>= 3) and the loss: a step's figures, not a
+// mix of two steps' (the monitor sets them one after the other).
+struct StableScrape {
+  std::string text, step, loss;
+};
+std::optional<StableScrape> stable_scrape(int port) {
+  const auto deadline = std::chrono::steady_clock::now() + 300s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto a = scrape(port), b = scrape(port);
+    if (!a || !b) return std::nullopt;
+    const auto s1 = sample(*a, "dsactor_train_global_step"),
+               s2 = sample(*b, "dsactor_train_global_step");
+    const auto l1 = sample(*a, "dsactor_train_loss"), l2 = sample(*b, "dsactor_train_loss");
+    if (s1 && s2 && l1 && l2 && *s1 == *s2 && *l1 == *l2 && std::stoll(*s1) >= 3)
+      return StableScrape{*b, *s1, *l1};
+    std::this_thread::sleep_for(20ms);
+  }
+  return std::nullopt;
+}
+
+// Every actor we own counted the messages it handled and the time it spent on them: the
+// trainer's engine, monitor, step client and stage 3's fetcher and its client, and the
+// service's gateway, coordinator and partition worker.
+void expect_every_actor_counted(const std::string& trainer_scrape,
+                                const std::string& service_scrape, const std::string& endpoint) {
+  const std::vector<std::string> trainer_actors = {
+      "engine", "monitor", "service_client " + endpoint, "fetcher", "fetch_client " + endpoint};
+  for (const auto& actor : trainer_actors) {
+    const std::string label = "actor=\"" + actor + "\"";
+    const auto messages = sample(trainer_scrape, "dsactor_actor_messages_total", label);
+    const auto seconds = sample(trainer_scrape, "dsactor_actor_handler_seconds_total", label);
+    ASSERT_TRUE(messages && seconds) << actor << "\n" << trainer_scrape;
+    EXPECT_GT(std::stod(*messages), 0) << actor;
+    EXPECT_GT(std::stod(*seconds), 0) << actor;
+  }
+  for (const std::string actor : {"gateway", "coordinator", "partition_worker0"}) {
+    const auto messages =
+        sample(service_scrape, "dsactor_actor_messages_total", "actor=\"" + actor + "\"");
+    ASSERT_TRUE(messages) << actor << "\n" << service_scrape;
+    EXPECT_GT(std::stod(*messages), 0) << actor;
+  }
+}
+
+// A request the gateway cannot decode (its answer awaited): the gateway's last error then
+// says why, in /api/state.
+void send_undecodable_request(const std::string& endpoint) {
+  zmq::context_t context;
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(endpoint);
+  const std::string garbage = "not a request";
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back();
+  frames.emplace_back(garbage.data(), garbage.size());
+  (void)zmq::send_multipart(dealer, frames);
+  std::vector<zmq::message_t> reply;
+  zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+  ASSERT_GT(zmq::poll(&item, 1, std::chrono::milliseconds(60000)), 0) << "no answer";
+  (void)zmq::recv_multipart(dealer, std::back_inserter(reply));
+}
+
 TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
   TempDir dir;
   std::string corpus;
@@ -116,25 +177,11 @@ TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
   const int trainer_port = logged_metrics_port(trainer);
   ASSERT_GT(trainer_port, 0) << trainer.log();
 
-  // Two scrapes in a row that agree on the step and the loss: a step's figures, not a mix
-  // of two steps' (the monitor sets them one after the other).
-  std::string during, step, loss;
-  const auto deadline = std::chrono::steady_clock::now() + 300s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    const auto a = scrape(trainer_port), b = scrape(trainer_port);
-    ASSERT_TRUE(a && b) << trainer.log();
-    const auto s1 = sample(*a, "dsactor_train_global_step"),
-               s2 = sample(*b, "dsactor_train_global_step");
-    const auto l1 = sample(*a, "dsactor_train_loss"), l2 = sample(*b, "dsactor_train_loss");
-    if (s1 && s2 && l1 && l2 && *s1 == *s2 && *l1 == *l2 && std::stoll(*s1) >= 3) {
-      during = *b;
-      step = *s1;
-      loss = *l1;
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  ASSERT_FALSE(during.empty()) << "no stable scrape during the run\n" << trainer.log();
+  const auto stable = stable_scrape(trainer_port);
+  ASSERT_TRUE(stable) << "no stable scrape during the run\n" << trainer.log();
+  const std::string& during = stable->text;
+  const std::string& step = stable->step;
+  const std::string& loss = stable->loss;
   const auto csv = csv_value(dir / "monitor" / "e2e" / "Train_Samples_train_loss.csv", step);
   ASSERT_TRUE(csv) << "no CSV row for step " << step;
   EXPECT_EQ(loss, *csv) << "step " << step;
@@ -168,43 +215,10 @@ TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
   EXPECT_GT(std::stod(*ram), 0);
   EXPECT_GE(std::stod(*limit), std::stod(*ram));
 
-  // Every actor we own counted the messages it handled and the time it spent on them: the
-  // trainer's engine, monitor, step client and stage 3's fetcher and its client, and the
-  // service's gateway, coordinator and partition worker.
   const auto trainer_now = scrape(trainer_port);
   ASSERT_TRUE(trainer_now);
-  const std::vector<std::string> trainer_actors = {
-      "engine", "monitor", "service_client " + endpoint, "fetcher", "fetch_client " + endpoint};
-  for (const auto& actor : trainer_actors) {
-    const std::string label = "actor=\"" + actor + "\"";
-    const auto messages = sample(*trainer_now, "dsactor_actor_messages_total", label);
-    const auto seconds = sample(*trainer_now, "dsactor_actor_handler_seconds_total", label);
-    ASSERT_TRUE(messages && seconds) << actor << "\n" << *trainer_now;
-    EXPECT_GT(std::stod(*messages), 0) << actor;
-    EXPECT_GT(std::stod(*seconds), 0) << actor;
-  }
-  for (const std::string actor : {"gateway", "coordinator", "partition_worker0"}) {
-    const auto messages =
-        sample(*served, "dsactor_actor_messages_total", "actor=\"" + actor + "\"");
-    ASSERT_TRUE(messages) << actor << "\n" << *served;
-    EXPECT_GT(std::stod(*messages), 0) << actor;
-  }
-  // A request the gateway cannot decode: the gateway's last error says why, in /api/state.
-  {
-    zmq::context_t context;
-    zmq::socket_t dealer(context, zmq::socket_type::dealer);
-    dealer.set(zmq::sockopt::linger, 0);
-    dealer.connect(endpoint);
-    const std::string garbage = "not a request";
-    std::vector<zmq::message_t> frames;
-    frames.emplace_back();
-    frames.emplace_back(garbage.data(), garbage.size());
-    (void)zmq::send_multipart(dealer, frames);
-    std::vector<zmq::message_t> reply;
-    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
-    ASSERT_GT(zmq::poll(&item, 1, std::chrono::milliseconds(60000)), 0) << service.log();
-    (void)zmq::recv_multipart(dealer, std::back_inserter(reply));
-  }
+  expect_every_actor_counted(*trainer_now, *served, endpoint);
+  send_undecodable_request(endpoint);
   const auto service_state = scrape(service_port, "/api/state");
   ASSERT_TRUE(service_state);
   const auto sj = nlohmann::json::parse(*service_state);
