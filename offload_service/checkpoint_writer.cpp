@@ -25,7 +25,9 @@ checkpoint_writer::behavior_type writer_behavior(
         {
           const ProgressBoard::Scope shown(*self->state.board, h.job_id, job->progress,
                                            ProgressBoard::Slot::kBackground);
-          detail::answer(*job->request, [&]() -> Reply {
+          detail::Incoming kept = *job->request;  // the answer kept for the coordinator
+          kept.respond = [&job](Reply r) { job->answer = std::move(r); };
+          detail::answer(kept, [&]() -> Reply {
             storage::pause_point("background-checkpoint");
             auto reply = write_checkpoint(job->pending, self->state.nvme.get(), shown.done().get());
             return Reply{{h.request_id, h.job_id, std::move(reply)}, {}, {}, {}};

@@ -1,9 +1,10 @@
 #pragma once
 
 // The checkpoint writer: writes a checkpoint's snapshot (job_checkpoint.h) while the step
-// coordinator goes on with the job's later requests, answers the Checkpoint request once
-// the checkpoint is published, then hands the snapshot back to the coordinator, which
-// releases what it held (the memory charge, the NVMe extents). The trainer's next steps
+// coordinator goes on with the job's later requests, then hands the snapshot back to the
+// coordinator with the answer (the checkpoint published, or the refusal); the coordinator
+// releases what the snapshot held (the memory charge, the NVMe extents) and only then
+// answers, so a Stats after the reply sees the charge gone. The trainer's next steps
 // run meanwhile: a RAM partition an update touches is copied first (copy-on-write), an NVMe
 // partition's committed extent stays allocated until written. Detached: the work is file
 // I/O and fsyncs. One checkpoint at a time, in the order they were asked for.
@@ -24,10 +25,11 @@ namespace dsactor::offload {
 
 struct BackgroundCheckpoint {
   PendingCheckpoint pending;
-  detail::IncomingPtr request;    // the Checkpoint, answered once the checkpoint is published
+  detail::IncomingPtr request;    // the Checkpoint
   uint64_t ram_charge = 0;        // charged against --memory-limit until written
   ProgressBoard::Entry progress;  // what a heartbeat reports while it is written
-  // Back to the coordinator once answered (the coordinator releases what it held).
+  std::optional<Reply> answer;    // set by the writer: the CheckpointReply or the refusal
+  // Back to the coordinator once written (it releases what the snapshot held, then answers).
   std::function<void(std::shared_ptr<BackgroundCheckpoint>)> written;
 };
 using BackgroundCheckpointPtr = std::shared_ptr<BackgroundCheckpoint>;

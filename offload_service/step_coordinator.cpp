@@ -256,6 +256,7 @@ struct CoordinatorState {
   void on_written(const BackgroundCheckpointPtr& job) {
     placement.uncharge_extra(job->ram_charge);
     workers.unhold(job->pending.snapshot);
+    job->request->respond(std::move(*job->answer));
   }
 
   // DropJob: the records first (durable), then the workers forget the partitions, then

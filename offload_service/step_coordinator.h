@@ -10,7 +10,8 @@
 //  - Register, SetParameters, CommitStep and Restore run two-phase (two_phase.h), so
 //    each is all-or-nothing across workers;
 //  - a Checkpoint's snapshot is taken here, in wire order, and written by the checkpoint
-//    writer (checkpoint_writer.h), which answers it, while later requests run; written
+//    writer (checkpoint_writer.h) while later requests run, answered here once written
+//    and the snapshot released; written
 //    here before the answer when copy-on-write could need more RAM than the memory limit
 //    has left;
 //  - SkipStep, Stats, MapArena / UnmapArena (arena_table.h) and Ping are answered here.
