@@ -304,27 +304,43 @@ struct RankRun {
     return t ? tokenizer_metadata(*t) : std::map<std::string, std::string>{};
   }
 
-  // A checkpoint of this step through the series (every rank calls it; `writes`: this rank
-  // writes a part, stage 0's rank 0 only); its tag directory, or nothing without a series.
+  // A checkpoint of this step begun through the series (every rank calls it; `writes`: this
+  // rank writes a part, stage 0's rank 0 only). A ZeRO engine on offload services has the
+  // services write their parts while the next step runs; the series publishes the save at
+  // the next step boundary (finish_save), or at the end.
   template <class EngineT>
-  std::optional<std::filesystem::path> save(EngineT& engine, bool writes) const {
-    if (!checkpoints) return std::nullopt;
-    CheckpointSeries::SaveInto into;
+  void begin_save(EngineT& engine, bool writes) const {
+    if (!checkpoints) return;
+    CheckpointSeries::BeginInto into;
     if (writes)
-      into = [&](const std::filesystem::path& dir) {
-        engine.save_checkpoint(dir, checkpoint_extra());
+      into = [&engine, extra = checkpoint_extra()](const std::filesystem::path& dir) {
+        if constexpr (std::is_same_v<EngineT, ZeroEngine>) {
+          engine.begin_checkpoint(dir, extra);
+          return CheckpointSeries::Finish([&engine] { return engine.finish_checkpoint(); });
+        } else {
+          engine.save_checkpoint(dir, extra);
+          return CheckpointSeries::Finish();
+        }
       };
     CheckpointSeries::Retire retire;
     if constexpr (requires(const std::filesystem::path& dir) { engine.retire_checkpoint(dir); })
-      retire = [&](const std::filesystem::path& dir) { engine.retire_checkpoint(dir); };
-    return checkpoints->save(engine.global_step(), into, retire);
+      retire = [&engine](const std::filesystem::path& dir) { engine.retire_checkpoint(dir); };
+    checkpoints->begin(engine.global_step(), into, retire);
   }
-  // The end of a run: a save unless the last periodic one was of this step.
+  // The pending save published (its tag directory), if there is one.
+  std::optional<std::filesystem::path> finish_save() const {
+    return checkpoints ? checkpoints->finish() : std::nullopt;
+  }
+  // The end of a run: the pending save published, then a save unless the last one was of
+  // this step.
   template <class EngineT>
   std::optional<std::filesystem::path> final_save(EngineT& engine, bool writes) const {
-    if (checkpoints && checkpoints->last_saved_step() == engine.global_step())
+    if (!checkpoints) return std::nullopt;
+    finish_save();
+    if (checkpoints->last_saved_step() == engine.global_step())
       return checkpoints->policy().dir / checkpoint_tag(engine.global_step());
-    return save(engine, writes);
+    begin_save(engine, writes);
+    return finish_save();
   }
 
   // Either engine: resume (checkpoint and data cursor), then the engine actor's run with the
@@ -392,7 +408,8 @@ struct RankRun {
     const bool profile = config.flops_profiler.enabled && place.rank == 0;
     StepEngineOf<EngineT> steps(engine, profile ? &profiler : nullptr);
     auto periodic = [this, &engine, writes_checkpoints](int64_t step) {
-      if (checkpoints && checkpoints->due(step)) save(engine, writes_checkpoints);
+      finish_save();  // the save begun a step ago: its parts were written meanwhile
+      if (checkpoints && checkpoints->due(step)) begin_save(engine, writes_checkpoints);
     };
     RunOutcome outcome =
         run_engine_actor(runtime.system(), steps, train, monitor, target, tokens_per_step(),

@@ -176,11 +176,13 @@ std::filesystem::path checkpoint_dir_of(const DeployConfig& config, const RoleSp
 
 // The roles `dsactor up` restarts together with `role` when it fails (`role` included), in
 // file order: a trainer's group is every trainer (they resume from one durable step, as
-// torchelastic restarts its whole worker group), the coordinator (its store holds the
-// previous rendezvous) and the offload services the trainers use (a resumed trainer cannot
-// yet skip the gradients of the step a killed trainer left unfinished there, so those are
-// dropped with the service's memory; it then restores the services from the checkpoint); a
-// service's or coordinator's group is its own plus that of the trainers using it.
+// torchelastic restarts its whole worker group) and the coordinator (its store holds the
+// previous rendezvous), but no offload service: a resumed trainer continues from what the
+// services hold (their committed step, dropping the gradients of the step a killed trainer
+// left unfinished) or from a newer checkpoint; a service's group is itself plus every
+// trainer and the coordinator when trainers use it (they lost their step in flight there;
+// an NVMe-tier service comes back from disk, a RAM-tier one empty, and the trainers then
+// restore the checkpoint); a coordinator's is itself.
 std::vector<const RoleSpec*> restart_group(const DeployConfig& config, const RoleSpec& role);
 
 // Reads and validates a deploy file. Throws DeployConfigError.

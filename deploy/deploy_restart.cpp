@@ -61,14 +61,15 @@ std::filesystem::path checkpoint_dir_of(const DeployConfig& config, const RoleSp
 std::vector<const RoleSpec*> restart_group(const DeployConfig& config, const RoleSpec& role) {
   std::vector<bool> in(config.roles.size(), false);
   in[role.index] = true;
-  const auto trainers = config.of_kind(RoleKind::kTrainer);
-  const bool trainer_in_group = role.kind == RoleKind::kTrainer || !config.clients_of(role).empty();
-  if (trainer_in_group) {
-    for (const auto* t : trainers) {
-      in[t->index] = true;
-      for (const auto& name : t->offload)
-        if (const RoleSpec* o = config.find(name)) in[o->index] = true;
-    }
+  // A restarted trainer continues from its services' committed step (or a newer
+  // checkpoint): a trainer's failure leaves the services and their state running. A
+  // service's failure takes the step in flight of the trainers it serves: they restart with
+  // it. Either way every trainer restarts, so data-parallel ranks resume from one step, and
+  // the coordinator too, for a fresh rendezvous; other services run on.
+  const bool trainers_in_group =
+      role.kind == RoleKind::kTrainer || !config.clients_of(role).empty();
+  if (trainers_in_group) {
+    for (const auto* t : config.of_kind(RoleKind::kTrainer)) in[t->index] = true;
     for (const auto* c : config.of_kind(RoleKind::kCoordinator)) in[c->index] = true;
   }
   std::vector<const RoleSpec*> out;

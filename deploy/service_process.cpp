@@ -53,8 +53,8 @@ std::vector<std::string> ServiceProcess::keys_flags(const ServiceProcessOptions&
 
 ServiceProcess::ServiceProcess(const std::string& binary, const std::vector<std::string>& args,
                                fs::path log_file, std::chrono::milliseconds startup_timeout)
-    : ServiceProcess(binary,
-                     ServiceProcessOptions{args, std::move(log_file), startup_timeout, {}, {}}) {}
+    : ServiceProcess(
+          binary, ServiceProcessOptions{args, std::move(log_file), startup_timeout, {}, {}, {}}) {}
 
 ServiceProcess::ServiceProcess(const std::string& binary, ServiceProcessOptions options)
     : log_file_(std::move(options.log_file)) {
@@ -82,6 +82,7 @@ ServiceProcess::ServiceProcess(const std::string& binary, ServiceProcessOptions 
   child.out = Output::null();
   child.err = Output::to_file(log_file_);
   if (!std::getenv("OMP_WAIT_POLICY")) child.env.emplace_back("OMP_WAIT_POLICY", "passive");
+  child.env.insert(child.env.end(), options.env.begin(), options.env.end());
   try {
     process_ = ChildProcess::exec(argv, child);
   } catch (const ChildStartError& e) {

@@ -32,6 +32,8 @@ struct ServiceProcessOptions {
   std::filesystem::path keys_dir;
   // Public keys the service admits besides the client's (other clients of a test).
   std::vector<std::string> extra_client_keys;
+  // Added to the inherited environment (a test seam such as DSACTOR_TEST_CRASH_AT).
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 class ServiceProcess {

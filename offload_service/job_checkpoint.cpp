@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -286,11 +287,11 @@ PerWorker<RestoreWork> read_tensors(const std::shared_ptr<const storage::Checkpo
 
 }  // namespace
 
-msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers, StateDir& state,
-                                    const msg::Header& h, const msg::Checkpoint& c) {
+PendingCheckpoint start_checkpoint(const JobTable& jobs, WorkerGroup& workers, StateDir& state,
+                                   const msg::Header& h, const msg::Checkpoint& c) {
   refuse_path(c.path, "checkpoint");
   const JobState& job = jobs.job(h);
-  const ResolvedCheckpoint dir = state.for_write(job.owner, h.job_id, c.name);
+  ResolvedCheckpoint dir = state.for_write(job.owner, h.job_id, c.name);
   const security::MacKey key = state.mac_key(job.owner, h.job_id);
   const auto micro = workers.micro_steps(h.job_id, job);
   for (size_t i = 0; i < job.order.size(); ++i) {
@@ -300,51 +301,63 @@ msg::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers, 
                  std::to_string(job.step + 1) + "; commit or skip before a checkpoint");
     }
   }
-  nlohmann::json js{{"format", kCheckpointFormat},
-                    {"format_version", kCheckpointFormatVersion},
-                    {"tag", c.tag},
-                    {"job", h.job_id},
-                    {"step", job.step},
-                    {"partitions", nlohmann::json::array()}};
+  return PendingCheckpoint{workers.snapshot(h.job_id, job), c.tag, std::move(dir), key};
+}
+
+msg::CheckpointReply write_checkpoint(const PendingCheckpoint& pending, NvmeIo* nvme,
+                                      std::atomic<uint64_t>* written) {
+  const JobSnapshot& snap = pending.snapshot;
+  nlohmann::json js{{"format", kCheckpointFormat}, {"format_version", kCheckpointFormatVersion},
+                    {"tag", pending.tag},          {"job", snap.job},
+                    {"step", snap.step},           {"partitions", nlohmann::json::array()}};
   uint64_t bytes = 0;
-  security::KeyedMac mac(key);
+  security::KeyedMac mac(pending.key);
   mac.field("tensors");
   try {
-    storage::CheckpointWriter w(dir.path);
-    for (size_t i = 0; i < job.order.size(); ++i) {
-      const uint64_t pid = job.order[i];
-      const PartitionEntry& p = job.parts.at(pid);
-      // One partition at a time: an NVMe partition's state is read into RAM only while it
-      // is written out.
-      JobState one;
-      one.order = {pid};
-      one.parts.emplace(pid, p);
-      const auto opt = workers.optimizer_state(h.job_id, one);
+    storage::CheckpointWriter w(pending.dir.path);
+    for (const JobSnapshot::Part& part : snap.parts) {
+      const PartitionEntry& p = part.entry;
+      const uint64_t pid = p.spec.partition_id;
+      std::array<HostBufferPtr, 3> opt = part.ram;
+      if (part.extent) {
+        // One partition at a time: its state is in RAM only while it is written out.
+        for (auto& buf : opt) buf = HostAllocator::plain(p.n() * 4);
+        try {
+          nvme->read(*part.extent, p.n(), [&](const NvmeTier::Chunk& ch) {
+            std::memcpy(opt[0]->as<float>() + ch.first, ch.master, ch.count * 4);
+            std::memcpy(opt[1]->as<float>() + ch.first, ch.m, ch.count * 4);
+            std::memcpy(opt[2]->as<float>() + ch.first, ch.v, ch.count * 4);
+          });
+        } catch (const ChecksumError& e) {
+          refuse(ErrorCode::checksumMismatch, "partition " + std::to_string(pid) + ": " + e.what());
+        }
+      }
       const std::vector<int64_t> shape{static_cast<int64_t>(p.n())};
-      w.add_tensor(tensor_name(pid, "master"), "F32", shape, opt[0][0]->as<float>(), p.n() * 4);
-      w.add_tensor(tensor_name(pid, "m"), "F32", shape, opt[0][1]->as<float>(), p.n() * 4);
-      w.add_tensor(tensor_name(pid, "v"), "F32", shape, opt[0][2]->as<float>(), p.n() * 4);
-      add_to_mac(mac, pid, "master", opt[0][0], p.n() * 4);
-      add_to_mac(mac, pid, "m", opt[0][1], p.n() * 4);
-      add_to_mac(mac, pid, "v", opt[0][2], p.n() * 4);
+      const char* names[3] = {"master", "m", "v"};
+      for (size_t j = 0; j < 3; ++j) {
+        w.add_tensor(tensor_name(pid, names[j]), "F32", shape, opt[j]->as<float>(), p.n() * 4);
+        add_to_mac(mac, pid, names[j], opt[j], p.n() * 4);
+      }
       bytes += 3 * p.n() * 4;
       auto pj = detail::spec_json(p.spec, p.on_nvme, p.adam_steps);
       pj.erase("tier");  // placement is the restoring service's business
       pj["version"] = p.version;
       js["partitions"].push_back(std::move(pj));
+      if (written) written->fetch_add(1, std::memory_order_relaxed);
     }
     const std::string tensors_mac = security::to_hex(mac.finish());
-    js["mac"] = {{"state", security::to_hex(state_mac(key, js))}, {"tensors", tensors_mac}};
+    js["mac"] = {{"state", security::to_hex(state_mac(pending.key, js))}, {"tensors", tensors_mac}};
     w.set_state(js);
     w.commit();
   } catch (const Refusal&) {
     throw;
   } catch (const std::exception& e) {
-    refuse(ErrorCode::internal, "checkpoint to " + dir.shown.string() + " failed: " + e.what());
+    refuse(ErrorCode::internal,
+           "checkpoint to " + pending.dir.shown.string() + " failed: " + e.what());
   }
-  spdlog::info("offload: job '{}' step {} checkpointed to {} ('{}', {} bytes)", h.job_id, job.step,
-               dir.shown.string(), c.tag, bytes);
-  return msg::CheckpointReply{c.tag, job.step, bytes, dir.shown.string()};
+  spdlog::info("offload: job '{}' step {} checkpointed to {} ('{}', {} bytes)", snap.job, snap.step,
+               pending.dir.shown.string(), pending.tag, bytes);
+  return msg::CheckpointReply{pending.tag, snap.step, bytes, pending.dir.shown.string()};
 }
 
 msg::RestoreReply restore_job(JobTable& jobs, Placement& placement, const Quotas& quotas,

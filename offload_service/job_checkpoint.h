@@ -8,6 +8,7 @@
 // A checkpoint lives beneath the state directory, in its job's directory, under the name
 // the request gives (state_dir.h). Format and rules: README.md, "Checkpoints".
 
+#include <atomic>
 #include <string>
 
 #include "messages/codec.h"
@@ -20,12 +21,28 @@
 
 namespace dsactor::offload {
 
-// Writes the request's job (no gradients may be pending) to a directory published
-// atomically at the request's name. Changes nothing in the store. NVMe partitions are read
-// through their crc32c first, so a corrupt extent is refused, never copied.
-messages::CheckpointReply checkpoint_job(const JobTable& jobs, WorkerGroup& workers,
-                                         StateDir& state, const messages::Header& h,
-                                         const messages::Checkpoint& c);
+// A checkpoint asked for, with the job's snapshot it writes (worker_group.h): written by
+// the coordinator before it answers, or by the checkpoint writer while later steps run
+// (checkpoint_writer.h).
+struct PendingCheckpoint {
+  JobSnapshot snapshot;
+  std::string tag;
+  ResolvedCheckpoint dir;
+  security::MacKey key;
+};
+
+// Checks the request (no gradients may be pending; a name beneath the state directory)
+// and takes the job's snapshot. A refusal holds nothing.
+PendingCheckpoint start_checkpoint(const JobTable& jobs, WorkerGroup& workers, StateDir& state,
+                                   const messages::Header& h, const messages::Checkpoint& c);
+
+// Writes the snapshot to a directory published atomically at the request's name, one
+// partition at a time (an NVMe partition's master, m and v are read into RAM, through
+// their crc32c, only while they are written: a corrupt extent is refused, never copied).
+// Changes nothing in the store; the caller unholds the snapshot afterwards. `written`
+// counts the partitions done (the progress a heartbeat reports); may be null.
+messages::CheckpointReply write_checkpoint(const PendingCheckpoint& pending, NvmeIo* nvme,
+                                           std::atomic<uint64_t>* written);
 
 // Loads a checkpoint back into the request's job. Everything is read and verified (the
 // manifest, every tensor's size and crc32c) and staged on the workers (fresh buffers,

@@ -38,6 +38,10 @@ struct WorkerState {
   std::unique_ptr<NvmeIo> nvme;
   std::map<PartitionKey, WorkerPartition> parts;
   std::optional<Staged> staged;
+  // Extents a checkpoint's snapshot reads (by offset: how many snapshots hold each), and
+  // those of them a step switched away from meanwhile, freed when the last hold goes.
+  std::map<uint64_t, int> held;
+  std::map<uint64_t, storage::Extent> freed_when_unheld;
   bool verify_arena_checksum = true;
   std::shared_ptr<ServicePhases> phases;
   metrics::ActorFigures* figures = nullptr;  // null: not counted
@@ -58,7 +62,24 @@ struct WorkerState {
   WorkerPartition& at(const std::string& job, uint64_t pid) { return parts.at({job, pid}); }
 
   void release(const std::optional<NvmeLocation>& loc) {
-    if (loc) nvme->release(loc->extent);
+    if (!loc) return;
+    if (held.count(loc->extent.offset) > 0) {
+      freed_when_unheld[loc->extent.offset] = loc->extent;
+      return;
+    }
+    nvme->release(loc->extent);
+  }
+
+  void unhold(const std::vector<storage::Extent>& extents) {
+    for (const auto& e : extents) {
+      auto h = held.find(e.offset);
+      if (h == held.end() || --h->second > 0) continue;
+      held.erase(h);
+      if (auto f = freed_when_unheld.find(e.offset); f != freed_when_unheld.end()) {
+        nvme->release(f->second);
+        freed_when_unheld.erase(f);
+      }
+    }
   }
 
   // ---- requests answered here ----
@@ -307,6 +328,8 @@ struct WorkerState {
                    const auto& m = *in->message;
                    const auto& s = std::get<msg::SetParameters>(m.header.body);
                    unshare(p.master);
+                   unshare(p.m);  // a checkpoint's snapshot may hold them
+                   unshare(p.v);
                    detail::payload_to_floats(p.master->as<float>(), m.payload, s.dtype, 0, p.n());
                    std::memset(p.m->data(), 0, p.n() * 4);
                    std::memset(p.v->data(), 0, p.n() * 4);
@@ -371,10 +394,13 @@ struct WorkerState {
     return r;
   }
 
-  // Adam over a RAM partition in place (buffers a reply still holds are cloned first).
+  // Adam over a RAM partition in place (buffers a reply or a checkpoint's snapshot still
+  // holds are cloned first: copy-on-write).
   void ram_adam(WorkerPartition& p, const CommitWork& w, size_t i) {
     const PhaseTimer stepping(phases.get(), ServicePhase::kAdam, p.n() * 4);
     unshare(p.master);
+    unshare(p.m);
+    unshare(p.v);
     kc::HalfCopy hc;
     if (is_half(p.spec.served_dtype)) {
       unshare(p.half);
@@ -471,29 +497,13 @@ struct WorkerState {
     return r;
   }
 
-  WorkResult state_of(const PartitionQuery& q) {
+  WorkResult snapshot(const PartitionQuery& q) {
     WorkResult r;
-    for (size_t i = 0; i < q.partitions.size(); ++i) {
-      const WorkerPartition& p = at(q.job, q.partitions[i]);
-      if (!p.on_nvme()) {
-        r.state.push_back({p.master, p.m, p.v});
-        continue;
-      }
-      std::array<BufPtr, 3> keep{HostAllocator::plain(p.n() * 4), HostAllocator::plain(p.n() * 4),
-                                 HostAllocator::plain(p.n() * 4)};
-      try {
-        nvme->read(*p.loc, p.n(), [&](const NvmeTier::Chunk& c) {
-          std::memcpy(keep[0]->as<float>() + c.first, c.master, c.count * 4);
-          std::memcpy(keep[1]->as<float>() + c.first, c.m, c.count * 4);
-          std::memcpy(keep[2]->as<float>() + c.first, c.v, c.count * 4);
-        });
-      } catch (const ChecksumError& e) {
-        return failed(ErrorCode::checksumMismatch,
-                      "partition " + std::to_string(p.spec.partition_id) + ": " + e.what(), i);
-      } catch (const std::exception& e) {
-        return failed(ErrorCode::internal, e.what(), i);
-      }
-      r.state.push_back(std::move(keep));
+    for (uint64_t pid : q.partitions) {
+      const WorkerPartition& p = at(q.job, pid);
+      r.state.push_back(p.on_nvme() ? std::array<BufPtr, 3>{} : std::array{p.master, p.m, p.v});
+      r.locations.push_back(p.loc);
+      if (p.loc) held[p.loc->extent.offset]++;
     }
     return r;
   }
@@ -546,7 +556,8 @@ partition_worker::behavior_type worker_behavior(
         return true;
       },
       [self](grads_atom, const PartitionQueryPtr& q) { return self->state.grads(*q); },
-      [self](state_atom, const PartitionQueryPtr& q) { return self->state.state_of(*q); },
+      [self](snapshot_atom, const PartitionQueryPtr& q) { return self->state.snapshot(*q); },
+      [self](unhold_atom, const std::vector<storage::Extent>& e) { self->state.unhold(e); },
       [self](skip_atom, const std::string& job) {
         for (auto& [key, p] : self->state.parts) {
           if (key.first != job) continue;

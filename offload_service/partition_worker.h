@@ -67,7 +67,8 @@ struct WorkResult {
   std::vector<std::optional<NvmeLocation>> locations;
   // Per requested partition (gradients query): micro-steps accumulated.
   std::vector<uint32_t> micro_steps;
-  // Per requested partition (state query): master, m, v as fp32 arrays.
+  // Per requested partition (snapshot): a RAM partition's master, m and v buffers (empty
+  // for an NVMe partition, whose extent is in `locations`).
   std::vector<std::array<HostBufferPtr, 3>> state;
 };
 
@@ -133,9 +134,10 @@ using prepare_atom = caf::atom_constant<caf::atom("prepare")>;
 using apply_atom = caf::atom_constant<caf::atom("apply")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using grads_atom = caf::atom_constant<caf::atom("grads")>;
-using state_atom = caf::atom_constant<caf::atom("state")>;
 using skip_atom = caf::atom_constant<caf::atom("skip")>;
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
+using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
+using unhold_atom = caf::atom_constant<caf::atom("unhold")>;
 
 using partition_worker = caf::typed_actor<
     // PushGradients / FetchParameters of a partition this worker owns (the coordinator
@@ -150,8 +152,13 @@ using partition_worker = caf::typed_actor<
     caf::replies_to<apply_atom>::with<bool>, caf::replies_to<abort_atom>::with<bool>,
     // Micro-steps accumulated, per partition.
     caf::replies_to<grads_atom, PartitionQueryPtr>::with<WorkResult>,
-    // master, m, v per partition (NVMe ones read and crc-checked), for a checkpoint.
-    caf::replies_to<state_atom, PartitionQueryPtr>::with<WorkResult>,
+    // A checkpoint's snapshot of the partitions' committed state, kept while later steps
+    // run: a RAM partition's master, m and v buffers (`state`; an update clones a buffer a
+    // snapshot still holds before writing it), an NVMe partition's extent (`locations`;
+    // held: a later step's switch does not free it until unhold).
+    caf::replies_to<snapshot_atom, PartitionQueryPtr>::with<WorkResult>,
+    // The snapshot's extents written out: freed unless a partition still lives in them.
+    caf::reacts_to<unhold_atom, std::vector<storage::Extent>>,
     // SkipStep: drops the job's accumulated gradients.
     caf::reacts_to<skip_atom, std::string>,
     // DropJob: forgets the job's partitions (buffers go once no reply holds them; NVMe
@@ -179,3 +186,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::SetWorkPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::CommitWorkPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::RestoreWorkPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::offload::PartitionQueryPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<dsactor::storage::Extent>)

@@ -77,4 +77,10 @@ void Placement::uncharge(const PartitionEntry& p) {
   used -= std::min(used, opt_bytes(p.spec));
 }
 
+bool Placement::try_charge_extra(uint64_t bytes) {
+  if (ram_used_ + bytes > limit_) return false;
+  ram_used_ += bytes;
+  return true;
+}
+
 }  // namespace dsactor::offload

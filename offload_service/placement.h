@@ -46,6 +46,10 @@ class Placement {
 
   void charge(const PartitionEntry& p);
   void uncharge(const PartitionEntry& p);
+  // RAM that is not a partition's (a checkpoint's snapshot), charged only when it fits
+  // under the limit: false, charging nothing, when it does not.
+  bool try_charge_extra(uint64_t bytes);
+  void uncharge_extra(uint64_t bytes) { ram_used_ -= bytes; }
   uint64_t ram_used() const { return ram_used_; }
   uint64_t memory_limit() const { return limit_; }
   bool has_nvme() const { return has_nvme_; }

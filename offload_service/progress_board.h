@@ -3,8 +3,10 @@
 // The operation each job has in flight on the step coordinator, and how far it has got,
 // readable from the gateway's thread: a Ping is answered from here at once (the
 // coordinator may be busy with that very operation for minutes), so a trainer's timeout
-// measures silence, not work. One entry per job at most, and only while an operation runs;
-// a Ping learns the progress of its own job, and only when it comes from the key that owns it.
+// measures silence, not work. One entry per job at most, and only while an operation runs,
+// plus one for a checkpoint written in the background (checkpoint_writer.h), reported while
+// the coordinator runs nothing for the job; a Ping learns the progress of its own job, and
+// only when it comes from the key that owns it.
 
 #include <atomic>
 #include <chrono>
@@ -29,10 +31,13 @@ class ProgressBoard {
     std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
   };
 
+  // The coordinator's operation, or the checkpoint writer's.
+  enum class Slot { kForeground, kBackground };
+
   // The operation's entry for as long as it runs.
   class Scope {
    public:
-    Scope(ProgressBoard& board, std::string job, Entry entry);
+    Scope(ProgressBoard& board, std::string job, Entry entry, Slot slot = Slot::kForeground);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -42,6 +47,7 @@ class ProgressBoard {
    private:
     ProgressBoard& board_;
     std::string job_;
+    Slot slot_;
     std::shared_ptr<std::atomic<uint64_t>> done_;
   };
 
@@ -51,6 +57,7 @@ class ProgressBoard {
  private:
   mutable std::mutex mutex_;
   std::map<std::string, Entry> jobs_;
+  std::map<std::string, Entry> background_;
 };
 
 }  // namespace dsactor::offload

@@ -33,7 +33,10 @@ struct CoordinatorState {
   ArenaTable arenas;
   WorkerGroup workers;
   TwoPhase two_phase;
-  std::unique_ptr<NvmeIo> nvme;  // for Stats
+  std::unique_ptr<NvmeIo> nvme;  // for Stats and checkpoints written here
+  std::optional<checkpoint_writer> writer;
+  // Sends a checkpoint the writer has written back here (set by the actor's behavior).
+  std::function<void(BackgroundCheckpointPtr)> written;
   PinningKind pinning;
   uint64_t steps_applied = 0;
   std::shared_ptr<ProgressBoard> board;
@@ -51,6 +54,7 @@ struct CoordinatorState {
         workers(system, std::move(setup.workers)),
         two_phase(workers, std::move(setup.metadata), std::move(setup.file_name),
                   setup.phases.get()),
+        writer(std::move(setup.writer)),
         pinning(setup.pinning),
         board(setup.progress ? setup.progress : std::make_shared<ProgressBoard>()),
         phases(std::move(setup.phases)),
@@ -218,6 +222,48 @@ struct CoordinatorState {
     return msg::CommitReply{sk.step, false, jobs.find(h.job_id)->versions()};
   }
 
+  // A Checkpoint: the job's snapshot at its step, taken now (later requests wait behind
+  // it, so no later step is in it), written by the writer while they run. Copy-on-write
+  // may copy every RAM partition the snapshot holds, so that is charged against the
+  // memory limit until the checkpoint is written; when it does not fit, the checkpoint is
+  // written here, before the reply, as it always was.
+  void on_checkpoint(const detail::IncomingPtr& in, const msg::Checkpoint& c) {
+    const auto& h = in->header();
+    auto job = std::make_shared<BackgroundCheckpoint>();
+    job->pending = start_checkpoint(jobs, workers, state, h, c);
+    job->request = in;
+    job->progress = progress_entry(in);
+    const uint64_t need = job->pending.snapshot.ram_bytes();
+    if (writer && placement.try_charge_extra(need)) {
+      job->ram_charge = need;
+      job->written = written;
+      spdlog::info(
+          "offload: job '{}' step {} snapshot taken for checkpoint '{}', written while "
+          "later steps run",
+          h.job_id, job->pending.snapshot.step, c.tag);
+      caf::anon_send(*writer, write_atom::value, std::move(job));
+      return;
+    }
+    if (writer)
+      spdlog::info(
+          "offload: job '{}' checkpoint '{}' written before the reply, the trainer waiting: "
+          "copy-on-write of its RAM partitions may need {}, and the memory limit ({}) leaves {}",
+          h.job_id, c.tag, detail::fmt_bytes(need), detail::fmt_bytes(placement.memory_limit()),
+          detail::fmt_bytes(placement.memory_limit() - placement.ram_used()));
+    const ProgressBoard::Scope progress(*board, h.job_id, job->progress);
+    detail::answer(*in, [&]() -> Reply {
+      auto reply = write_checkpoint(job->pending, nvme.get(), progress.done().get());
+      return Reply{{h.request_id, h.job_id, std::move(reply)}, {}, {}, {}};
+    });
+    workers.unhold(job->pending.snapshot);
+  }
+
+  void on_written(const BackgroundCheckpointPtr& job) {
+    placement.uncharge_extra(job->ram_charge);
+    workers.unhold(job->pending.snapshot);
+    job->request->respond(std::move(*job->answer));
+  }
+
   // DropJob: the records first (durable), then the workers forget the partitions, then
   // the charges, the arenas and the job table.
   msg::Body on_drop(const detail::IncomingPtr& in) {
@@ -322,8 +368,6 @@ struct CoordinatorState {
             return stats().wire();
           } else if constexpr (std::is_same_v<T, msg::Ping>) {
             return msg::Pong{body.nonce};
-          } else if constexpr (std::is_same_v<T, msg::Checkpoint>) {
-            return checkpoint_job(jobs, workers, state, h, body);
           } else if constexpr (std::is_same_v<T, msg::Restore>) {
             return restore_job(jobs, placement, quotas, two_phase, state, in->peer, h, body);
           } else if constexpr (std::is_same_v<T, msg::MapArena>) {
@@ -363,6 +407,16 @@ struct CoordinatorState {
       forward(in);
       return;
     }
+    if (const auto* c = std::get_if<msg::Checkpoint>(&h.body)) {
+      try {
+        on_checkpoint(in, *c);
+      } catch (const Refusal& r) {
+        in->error(r.code, r.what());
+      } catch (const std::exception& e) {
+        in->error(ErrorCode::internal, std::string("checkpoint failed: ") + e.what());
+      }
+      return;
+    }
     detail::answer(*in, figures, [&]() -> Reply {
       return Reply{{h.request_id, h.job_id, answer_here(in)}, {}, {}, {}};
     });
@@ -388,6 +442,11 @@ step_coordinator::behavior_type coordinator_behavior(
     step_coordinator::stateful_pointer<CoordinatorActorState> self,
     std::shared_ptr<CoordinatorSetup> setup) {
   self->state.c = std::make_unique<CoordinatorState>(self->system(), std::move(*setup));
+  // Weak: the coordinator's own state must not keep it alive.
+  self->state.c->written = [addr = self->address()](BackgroundCheckpointPtr job) {
+    if (auto coordinator = caf::actor_cast<step_coordinator>(addr))
+      caf::anon_send(coordinator, written_atom::value, std::move(job));
+  };
   return metrics::timed_behavior<step_coordinator::behavior_type>(
       self, self->state.c->figures,
       [self](actors::handle_atom, const actors::RequestPtr& req) {
@@ -405,7 +464,8 @@ step_coordinator::behavior_type coordinator_behavior(
       },
       [self](worker_atom, const std::string& job, uint64_t pid) {
         return self->state.c->where(job, pid, false);
-      });
+      },
+      [self](written_atom, const BackgroundCheckpointPtr& job) { self->state.c->on_written(job); });
 }
 
 }  // namespace

@@ -9,8 +9,12 @@
 //    different workers run in parallel;
 //  - Register, SetParameters, CommitStep and Restore run two-phase (two_phase.h), so
 //    each is all-or-nothing across workers;
-//  - SkipStep, Stats, Checkpoint (job_checkpoint.h), MapArena / UnmapArena
-//    (arena_table.h) and Ping are answered here.
+//  - a Checkpoint's snapshot is taken here, in wire order, and written by the checkpoint
+//    writer (checkpoint_writer.h) while later requests run, answered here once written
+//    and the snapshot released; written
+//    here before the answer when copy-on-write could need more RAM than the memory limit
+//    has left;
+//  - SkipStep, Stats, MapArena / UnmapArena (arena_table.h) and Ping are answered here.
 // Detached: it blocks on its workers' replies while an operation is in flight, which
 // is what keeps later requests (a fetch right after a commit) behind that operation.
 // Where a new partition goes (tier, worker) is placement.h's.
@@ -23,6 +27,7 @@
 #include <caf/all.hpp>
 
 #include "actors/runtime/gateway.h"
+#include "offload_service/checkpoint_writer.h"
 #include "offload_service/host_memory.h"
 #include "offload_service/job_table.h"
 #include "offload_service/metadata_actor.h"
@@ -48,17 +53,20 @@ using step_coordinator = caf::typed_actor<
     // Tier of a partition: -1 not registered, 0 RAM, 1 NVMe.
     caf::replies_to<tier_atom, std::string, uint64_t>::with<int>,
     // Worker of a partition: -1 not registered.
-    caf::replies_to<worker_atom, std::string, uint64_t>::with<int>>;
+    caf::replies_to<worker_atom, std::string, uint64_t>::with<int>,
+    // From the checkpoint writer: a checkpoint written, its snapshot to release.
+    caf::reacts_to<written_atom, BackgroundCheckpointPtr>>;
 
 // Everything the coordinator starts with (store_actors.cpp gathers it).
 struct CoordinatorSetup {
   StoreOptions options;
   uint64_t memory_limit = 0;  // what partitions may be charged: the limit less the staging ring
   std::vector<partition_worker> workers;
-  std::optional<nvme_io_actor> nvme_io;    // with an NVMe tier
-  std::optional<metadata_actor> metadata;  // with an NVMe tier
-  std::string file_name;                   // the NVMe data file, as extent records name it
-  JobTable jobs;                           // reloaded from an NVMe directory
+  std::optional<nvme_io_actor> nvme_io;     // with an NVMe tier
+  std::optional<metadata_actor> metadata;   // with an NVMe tier
+  std::optional<checkpoint_writer> writer;  // absent: every checkpoint is written before its reply
+  std::string file_name;                    // the NVMe data file, as extent records name it
+  JobTable jobs;                            // reloaded from an NVMe directory
   PinningKind pinning = PinningKind::kNone;
   std::shared_ptr<ProgressBoard> progress;  // the operation in flight per job, for heartbeats
   std::shared_ptr<ServicePhases> phases;    // routing, commits and metadata writes count here

@@ -92,6 +92,7 @@ void StoreActors::stop() const {
   for (const auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   if (nvme_io) caf::anon_send_exit(*nvme_io, caf::exit_reason::user_shutdown);
   if (metadata) caf::anon_send_exit(*metadata, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(writer, caf::exit_reason::user_shutdown);
 }
 
 StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) {
@@ -154,6 +155,8 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
   setup.workers = out.workers;
   out.progress = std::make_shared<ProgressBoard>();
   setup.progress = out.progress;
+  out.writer = spawn_checkpoint_writer(system, out.nvme_io, out.progress);
+  setup.writer = out.writer;
   out.coordinator = spawn_step_coordinator(system, std::move(setup));
   return out;
 }

@@ -23,6 +23,7 @@ struct StoreActors {
   std::vector<partition_worker> workers;
   std::optional<nvme_io_actor> nvme_io;
   std::optional<metadata_actor> metadata;
+  checkpoint_writer writer;
   std::string pinning_report;
   // What the coordinator has in flight per job: the gateway answers Pings from it.
   std::shared_ptr<ProgressBoard> progress;

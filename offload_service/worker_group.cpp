@@ -49,20 +49,37 @@ std::vector<uint32_t> WorkerGroup::micro_steps(const std::string& job, const Job
   return out;
 }
 
-std::vector<std::array<HostBufferPtr, 3>> WorkerGroup::optimizer_state(const std::string& job,
-                                                                       const JobState& state) {
+uint64_t JobSnapshot::ram_bytes() const {
+  uint64_t bytes = 0;
+  for (const Part& p : parts)
+    if (!p.extent) bytes += detail::opt_bytes(p.entry.spec);
+  return bytes;
+}
+
+JobSnapshot WorkerGroup::snapshot(const std::string& job, const JobState& state) {
   const auto pw = queries(job, state);
-  auto rs = ask(state_atom::value, pw);
-  if (const WorkResult* f = first_failure(pw, rs, state.order)) detail::refuse(f->code, f->message);
-  std::map<uint64_t, std::array<HostBufferPtr, 3>> of;
+  const auto rs = ask(snapshot_atom::value, pw);
+  JobSnapshot snap;
+  snap.job = job;
+  snap.step = state.step;
+  std::map<uint64_t, JobSnapshot::Part> of;
   size_t k = 0;
   for (const auto& [w, e] : pw.by_worker) {
-    for (size_t j = 0; j < e.partitions.size(); ++j) of[e.partitions[j]] = rs[k].state[j];
+    for (size_t j = 0; j < e.partitions.size(); ++j) {
+      const uint64_t pid = e.partitions[j];
+      JobSnapshot::Part p{state.parts.at(pid), rs[k].state[j], rs[k].locations[j]};
+      if (p.extent) snap.held[w].push_back(p.extent->extent);
+      of.emplace(pid, std::move(p));
+    }
     ++k;
   }
-  std::vector<std::array<HostBufferPtr, 3>> out;
-  for (uint64_t pid : state.order) out.push_back(std::move(of.at(pid)));
-  return out;
+  for (uint64_t pid : state.order) snap.parts.push_back(std::move(of.at(pid)));
+  return snap;
+}
+
+void WorkerGroup::unhold(const JobSnapshot& snapshot) {
+  for (const auto& [w, extents] : snapshot.held)
+    caf::anon_send(workers_.at(w), unhold_atom::value, extents);
 }
 
 void WorkerGroup::skip(const std::string& job, const JobState& state) {

@@ -69,6 +69,26 @@ const WorkResult* first_failure(const PerWorker<Work>& pw, const std::vector<Wor
   return best;
 }
 
+// A job's committed state at one step, taken for a checkpoint and held while later steps
+// run: each RAM partition's master, m and v buffers (a worker clones a buffer a snapshot
+// holds before an update writes it: copy-on-write), each NVMe partition's extent (a later
+// step's switch leaves it allocated until WorkerGroup::unhold).
+struct JobSnapshot {
+  struct Part {
+    PartitionEntry entry;                // spec, tier, version and Adam step count at the step
+    std::array<HostBufferPtr, 3> ram;    // master, m, v (RAM tier)
+    std::optional<NvmeLocation> extent;  // NVMe tier
+  };
+  std::string job;
+  uint64_t step = 0;
+  std::vector<Part> parts;                              // in the job's order
+  std::map<size_t, std::vector<storage::Extent>> held;  // per worker, for unhold
+
+  // The RAM partitions' master, m and v: what copy-on-write may have to copy while the
+  // snapshot is held.
+  uint64_t ram_bytes() const;
+};
+
 class WorkerGroup {
  public:
   WorkerGroup(caf::actor_system& system, std::vector<partition_worker> workers)
@@ -96,10 +116,10 @@ class WorkerGroup {
 
   // Micro-steps accumulated per partition of the job, in the job's order.
   std::vector<uint32_t> micro_steps(const std::string& job, const JobState& state);
-  // master, m and v per partition of the job, in the job's order (NVMe ones read and
-  // crc-checked). Refuses with the first failure in the job's order.
-  std::vector<std::array<HostBufferPtr, 3>> optimizer_state(const std::string& job,
-                                                            const JobState& state);
+  // The job's committed state as it is now (no pending gradients may be mixed in: the
+  // caller checks), held until unhold(snapshot).
+  JobSnapshot snapshot(const std::string& job, const JobState& state);
+  void unhold(const JobSnapshot& snapshot);
   // SkipStep: the job's accumulated gradients dropped on every worker holding its
   // partitions, queued behind any push already forwarded, ahead of any that follows.
   void skip(const std::string& job, const JobState& state);

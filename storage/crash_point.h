@@ -17,10 +17,17 @@
 // Phases of a ZeRO step on offload services (its n-th step reaches it the n-th time):
 //   gradients-pushed      trainer/zero: every gradient of the step is on its service, no
 //                         commit or skip sent yet
+// Phases of an offload service's checkpoint written in the background:
+//   background-checkpoint the checkpoint writer has a snapshot and has not begun writing it
+//
+// DSACTOR_TEST_PAUSE_AT=<phase>:<ms> makes the process sleep that long each time it reaches
+// `phase` (a crash point's name), so a test can have a step run while a background write
+// waits, whatever the machine's speed. Unset, nothing.
 #include <string_view>
 
 namespace dsactor::storage {
 
 void crash_point(std::string_view phase);
+void pause_point(std::string_view phase);
 
 }  // namespace dsactor::storage

@@ -79,11 +79,34 @@ CheckpointSeries::CheckpointSeries(CheckpointPolicy policy, int rank, actors::Co
 }
 
 fs::path CheckpointSeries::save(int64_t step, const SaveInto& save_into, const Retire& retire) {
-  const std::string tag = checkpoint_tag(step);
-  const fs::path dir = policy_.dir / tag;
+  BeginInto into;
+  if (save_into)
+    into = [&save_into](const fs::path& dir) {
+      save_into(dir);
+      return Finish();
+    };
+  begin(step, into, retire);
+  return *finish();
+}
+
+void CheckpointSeries::begin(int64_t step, const BeginInto& begin_into, const Retire& retire) {
+  finish();
   fs::create_directories(policy_.dir);
-  if (save_into) {
-    save_into(dir);
+  Pending p{step, static_cast<bool>(begin_into), {}, retire};
+  if (begin_into) p.finish = begin_into(policy_.dir / checkpoint_tag(step));
+  pending_ = std::move(p);
+}
+
+std::optional<fs::path> CheckpointSeries::finish() {
+  if (!pending_) return std::nullopt;
+  const Pending p = std::move(*std::exchange(pending_, std::nullopt));
+  const std::string tag = checkpoint_tag(p.step);
+  const fs::path dir = policy_.dir / tag;
+  if (p.finish && !p.finish()) {
+    spdlog::warn("checkpoint {} not saved: its part was abandoned", tag);
+    return std::nullopt;
+  }
+  if (p.writes) {
     // The engine's commit made the files inside durable; the tag's own entry must be too
     // before `latest` names it.
     storage::fsync_directory(dir);
@@ -100,9 +123,9 @@ fs::path CheckpointSeries::save(int64_t step, const SaveInto& save_into, const R
   }
   // Every rank's `latest` names the new tag before any rank removes an old one.
   if (several) comm_->barrier();
-  last_saved_ = step;
+  last_saved_ = p.step;
   if (rank_ == 0) spdlog::info("checkpoint {} saved in {}", tag, policy_.dir.string());
-  remove_old_tags(step, retire);
+  remove_old_tags(p.step, p.retire);
   return dir;
 }
 

@@ -3,18 +3,20 @@
 // `<dir>/global_step<N>/` (what the engine writes: a stage-0 or ZeRO checkpoint, per rank
 // `rank-<r>/` with several trainers), and `<dir>/latest` names the newest complete tag.
 // A save is durable before it is named: the engine's own commit (files fsynced, manifest
-// last), then the tag and its parent directory fsynced, then every rank's part agreed on (a
-// barrier), then `latest` replaced atomically (temp file, fsync, rename, fsync directory),
-// then (a second barrier) the tags beyond `keep_last` removed, oldest first. A crash at
-// any point leaves `latest` naming a complete checkpoint (the old one or the new one).
-// Several ranks: each writes its part and `latest` where it sees the tag; a directory
-// shared by the ranks (DeepSpeed's assumption) has one `latest`, which moves only once
-// every part is committed. With a directory per rank, a crash between two ranks' `latest`
-// writes leaves them naming different (complete) tags.
+// last; with offload services, after every service published its part, which they write
+// while the next step runs: begin/finish), then the tag and its parent directory fsynced, then
+// every rank's part agreed on (a barrier), then `latest` replaced atomically (temp file, fsync,
+// rename, fsync directory), then (a second barrier) the tags beyond `keep_last` removed, oldest
+// first. A crash at any point leaves `latest` naming a complete checkpoint (the old one or the new
+// one). Several ranks: each writes its part and `latest` where it sees the tag; a directory shared
+// by the ranks (DeepSpeed's assumption) has one `latest`, which moves only once every part is
+// committed. With a directory per rank, a crash between two ranks' `latest` writes leaves them
+// naming different (complete) tags.
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace dsactor::actors {
@@ -54,10 +56,24 @@ class CheckpointSeries {
   // tags beyond keep_last. Every rank calls it at the same step. Returns the tag directory.
   // `retire(tag directory)`: called for each tag keep_last removes, before it goes, on
   // every rank (what lies outside the directory: the services' parts); every rank has
-  // retired its part before any rank removes a tag.
+  // retired its part before any rank removes a tag. A pending save is finished first.
   using SaveInto = std::function<void(const std::filesystem::path&)>;
   using Retire = std::function<void(const std::filesystem::path&)>;
   std::filesystem::path save(int64_t step, const SaveInto& save_into, const Retire& retire = {});
+
+  // A save whose part is written while training goes on (offload services writing theirs):
+  // begin() starts this rank's part through `begin_into(tag directory)`, which returns what
+  // finishes it (empty: nothing left to wait for); finish() waits for it, then publishes
+  // the save as save() does. Every rank calls begin() at the same step and finish() at the
+  // same later step; until then `latest` names the previous save. A Finish that returns
+  // false (its part was abandoned) leaves the save unpublished.
+  using Finish = std::function<bool()>;
+  using BeginInto = std::function<Finish(const std::filesystem::path&)>;
+  void begin(int64_t step, const BeginInto& begin_into, const Retire& retire = {});
+  bool pending() const { return pending_.has_value(); }
+  // The tag directory of the save published; nothing without a pending save (or when it
+  // was abandoned).
+  std::optional<std::filesystem::path> finish();
 
  private:
   void remove_old_tags(int64_t newest, const Retire& retire) const;
@@ -66,6 +82,13 @@ class CheckpointSeries {
   int rank_;
   actors::Collectives* comm_;
   int64_t last_saved_ = -1;
+  struct Pending {
+    int64_t step = 0;
+    bool writes = false;  // this rank writes a part
+    Finish finish;
+    Retire retire;
+  };
+  std::optional<Pending> pending_;
 };
 
 }  // namespace dsactor::trainer

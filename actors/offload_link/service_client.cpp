@@ -155,6 +155,17 @@ ServiceFuture<msg::CheckpointReply> ServiceClient::checkpoint(std::string tag, s
       });
 }
 
+ServiceFuture<uint64_t> ServiceClient::send_checkpoint(std::string tag, std::string name) {
+  return post<uint64_t>([tag = std::move(tag), name = std::move(name)](OffloadClient& c) {
+    return ServiceResult<uint64_t>(c.send(msg::Checkpoint{tag, {}, name}));
+  });
+}
+
+ServiceFuture<msg::CheckpointReply> ServiceClient::await_checkpoint(uint64_t request_id) {
+  return post<msg::CheckpointReply>(
+      [request_id](OffloadClient& c) { return c.await_as<msg::CheckpointReply>(request_id); });
+}
+
 ServiceFuture<msg::RestoreReply> ServiceClient::restore(std::string tag, std::string name) {
   return post<msg::RestoreReply>([tag = std::move(tag), name = std::move(name)](OffloadClient& c) {
     return c.await_as<msg::RestoreReply>(c.send(msg::Restore{tag, {}, name}));

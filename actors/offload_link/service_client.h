@@ -86,6 +86,12 @@ class ServiceClient {
   // `name`: where the checkpoint lives beneath the service's state directory (a relative
   // path, in this key's and job's directory; OffloadClient::checkpoint).
   ServiceFuture<messages::CheckpointReply> checkpoint(std::string tag, std::string name);
+  // The same in two halves, for a checkpoint the service writes while the trainer goes on:
+  // sent in order with the requests around it (the service snapshots the job there), the
+  // answer is the request's id; its reply (the part written and published) is awaited later
+  // by that id, while other requests come and go meanwhile.
+  ServiceFuture<uint64_t> send_checkpoint(std::string tag, std::string name);
+  ServiceFuture<messages::CheckpointReply> await_checkpoint(uint64_t request_id);
   ServiceFuture<messages::RestoreReply> restore(std::string tag, std::string name);
   // Frees the job on the service: its partitions, NVMe extents, metadata and arenas.
   ServiceFuture<messages::DropJobReply> drop_job();

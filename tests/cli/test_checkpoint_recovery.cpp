@@ -283,6 +283,112 @@ INSTANTIATE_TEST_SUITE_P(Engines, CrashDuringSave,
                                            EngineKind{"Zero3OnAService", "z3offload.json", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// With offload services a save is asynchronous: each service snapshots the job at the
+// step (RAM partitions copied on write, NVMe partitions' committed extents held) and writes
+// it while the trainer runs the next step; the save is published at the next step boundary.
+// DSACTOR_TEST_PAUSE_AT holds every background write back, so the next step's commit (which
+// updates the very partitions the snapshot holds) runs before the write, on any machine.
+class BackgroundSave : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { write_inputs(dir_.path()); }
+  bool nvme() const { return GetParam(); }
+
+  // A fresh service (its own NVMe directory with --nvme) on the shared state directory,
+  // where checkpoint parts outlive it, with `env` added.
+  std::unique_ptr<deploy::ServiceProcess> service(
+      const std::string& name, std::vector<std::pair<std::string, std::string>> env = {}) {
+    deploy::ServiceProcessOptions so;
+    so.args = {"--no-mlock", "--state-dir", (dir_.path() / "state").string()};
+    if (nvme())
+      so.args.insert(so.args.end(), {"--nvme", (dir_.path() / (name + "_nvme")).string()});
+    so.log_file = dir_.path() / (name + "_service.log");
+    so.keys_dir = dir_.path() / "keys";
+    so.env = std::move(env);
+    return std::make_unique<deploy::ServiceProcess>(DSACTOR_BINARY, so);
+  }
+  // `start --role trainer` of the tiny model on `service` to `steps`, with `more` flags.
+  int train(const deploy::ServiceProcess& service, const std::string& out, int steps,
+            const std::vector<std::string>& more, std::string* log) {
+    auto args = testing::tiny_trainer_argv("z3offload.json", out, steps);
+    args.insert(args.end(), {"--offload", service.endpoint()});
+    const auto keys = service.trainer_flags();
+    args.insert(args.end(), keys.begin(), keys.end());
+    args.insert(args.end(), more.begin(), more.end());
+    Child child(dir_.path(), args, dir_.path() / (out + ".log"));
+    const int rc = child.wait(kWait);
+    *log = child.log();
+    return rc;
+  }
+  // The final weights of an undisturbed run of `steps` steps, in `<out>/model.safetensors`.
+  void straight(const std::string& out, int steps) {
+    std::string log;
+    const auto s = service(out);
+    ASSERT_EQ(train(*s, out, steps, {}, &log), 0) << log;
+  }
+  fs::path at(const std::string& rel) const { return dir_.path() / rel; }
+
+  TempDir dir_;
+};
+
+// A checkpoint taken at step k while training went on holds exactly step k: restored on a
+// fresh service, its weights are those of an undisturbed k-step run, bit for bit.
+TEST_P(BackgroundSave, ACheckpointWrittenWhileTrainingGoesOnHoldsItsStep) {
+  straight("ref2", 2);
+  straight("ref4", 4);
+  std::string log;
+  {
+    const auto s = service("run", {{"DSACTOR_TEST_PAUSE_AT", "background-checkpoint:1500"}});
+    ASSERT_EQ(train(*s, "run", 6, {"--checkpoint-every", "2", "--keep-last", "0"}, &log), 0) << log;
+    // The background path was taken (not the synchronous one), and the save was published
+    // only after the next step.
+    EXPECT_NE(s->log().find("written while later steps run"), std::string::npos) << s->log();
+    EXPECT_LT(log.find("step 3/"), log.find("checkpoint global_step2 saved")) << log;
+  }
+  EXPECT_EQ(tags_in(at("run/checkpoint")),
+            (std::set<std::string>{"global_step2", "global_step4", "global_step6"}));
+  for (const int k : {2, 4}) {
+    SCOPED_TRACE(k);
+    const std::string out = "restored" + std::to_string(k);
+    const auto s = service(out);
+    ASSERT_EQ(
+        train(*s, out, k, {"--resume", "run/checkpoint/global_step" + std::to_string(k)}, &log), 0)
+        << log;
+    EXPECT_EQ(resumed_step(log), k) << log;
+    EXPECT_TRUE(same_safetensors(at("ref" + std::to_string(k) + "/model.safetensors"),
+                                 at(out + "/model.safetensors")));
+  }
+}
+
+// A service killed while it writes a checkpoint in the background (its temp directory
+// complete, not yet published) leaves the previous checkpoint as `latest`; a resume from it
+// on a new service saves again and ends with the undisturbed run's weights.
+TEST_P(BackgroundSave, AServiceKilledDuringTheWriteLeavesThePreviousCheckpoint) {
+  straight("ref6", 6);
+  std::string log;
+  const std::vector<std::string> ckpt = {"--checkpoint-every", "2", "--keep-last", "1"};
+  {
+    // The second checkpoint the service writes is step 4's.
+    const auto s = service("killed", {{"DSACTOR_TEST_CRASH_AT", "checkpoint-written:2"}});
+    std::vector<std::string> more = ckpt;
+    more.insert(more.end(), {"--reconnect-attempts", "0", "--heartbeat-ms", "500"});
+    EXPECT_NE(train(*s, "run", 6, more, &log), 0) << log;
+    EXPECT_EQ(s->stop(), 128 + SIGKILL) << s->log();
+  }
+  EXPECT_EQ(read_file(at("run/checkpoint/latest")), "global_step2");
+  EXPECT_FALSE(fs::exists(at("run/checkpoint/global_step4/trainer/manifest.json")));
+  const auto s = service("resumed");
+  std::vector<std::string> more = ckpt;
+  more.insert(more.end(), {"--resume", "run"});
+  ASSERT_EQ(train(*s, "run", 6, more, &log), 0) << log;
+  EXPECT_EQ(resumed_step(log), 2) << log;
+  EXPECT_EQ(read_file(at("run/checkpoint/latest")), "global_step6");
+  EXPECT_EQ(tags_in(at("run/checkpoint")), (std::set<std::string>{"global_step6"}));
+  EXPECT_TRUE(same_safetensors(at("ref6/model.safetensors"), at("run/model.safetensors")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, BackgroundSave, ::testing::Values(false, true),
+                         [](const auto& info) { return std::string(info.param ? "Nvme" : "Ram"); });
+
 // kill -9 of a trainer in the middle of a run: the resumed run starts at the newest
 // checkpoint `latest` names and ends with the undisturbed run's weights, bit for bit.
 TEST(KilledTrainer, ResumesFromLatestAndEndsWithTheUndisturbedRunsWeights) {

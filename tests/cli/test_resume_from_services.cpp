@@ -4,7 +4,9 @@
 // dropped there, also after the NVMe service itself was killed and restarted on its
 // directory; the run ends with the undisturbed run's weights bit for bit. A RAM-tier service
 // that restarted holds nothing: `--resume` alone says so, `--resume CHECKPOINT` restores. A
-// trainer whose NVMe service is killed and restarted under it reconnects and goes on.
+// trainer whose NVMe service is killed and restarted under it reconnects and goes on. Two
+// data-parallel ranks, each with its own service, killed in the middle of a step, continue
+// with `--resume` alone too.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -19,6 +21,7 @@
 #include "storage/safetensors.h"
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
+#include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor {
 namespace {
@@ -133,7 +136,10 @@ TEST_F(ResumeFromServices, ARestartedRamServiceHoldsNothingAndTheCheckpointIsRes
   auto service = start_service("ram-service", false);
   std::string log;
   ASSERT_EQ(train(*service, "straight", "straight", {}, {}, &log), 0) << log;
-  ASSERT_EQ(train(*service, "cut", "cut", {"--checkpoint-every", "2"}, kCrashAtStep5, &log),
+  // Killed in step 6: the save of step 4, which the service wrote during step 5, is
+  // published (`latest`) at the end of step 5.
+  ASSERT_EQ(train(*service, "cut", "cut", {"--checkpoint-every", "2"},
+                  {"DSACTOR_TEST_CRASH_AT=gradients-pushed:6"}, &log),
             128 + SIGKILL)
       << log;
   // The RAM service restarts: the job is gone with the process.
@@ -173,6 +179,79 @@ TEST_F(ResumeFromServices, ATrainerSurvivesARestartOfItsNvmeService) {
       << live.log();
   EXPECT_NE(live.log().find("reconnected; continuing after step"), std::string::npos) << live.log();
   EXPECT_TRUE(same_weights("live", "straight"));
+}
+
+// Data parallel, no checkpoint: two ranks, each with its own service, killed with step 5's
+// gradients pushed and its verdict reached, before either commits (a kill between one
+// rank's commit and the other's leaves the services at different steps, which only a
+// checkpoint recovers from). Both services hold step 4, so `--resume` alone continues both
+// ranks from there, the leftover gradients dropped, and the run ends with the undisturbed
+// run's weights bit for bit.
+TEST_F(ResumeFromServices, TwoDataParallelRanksContinueFromTheirServicesStep) {
+  std::vector<std::unique_ptr<deploy::ServiceProcess>> services;
+  for (int r = 0; r < 2; ++r) services.push_back(start_service("rank" + std::to_string(r), false));
+  const auto keys = dir_.path() / "keys";
+  const auto token = testing::make_job_token_file(dir_.path() / "job.token");
+  // Rank r of job `job` on service r; rank 0 serves the rendezvous.
+  const auto rank = [&](int r, const std::string& job, const std::string& port) {
+    auto a = testing::tiny_trainer_argv("z3offload.json", job, kSteps);
+    a.insert(a.end(), {"--job",
+                       job,
+                       "--offload",
+                       services[r]->endpoint(),
+                       "--offload-key",
+                       (keys / "service.key").string(),
+                       "--secret-key",
+                       (keys / "client.key_secret").string(),
+                       "--coordinator-key",
+                       (keys / "client.key").string(),
+                       "--job-token-file",
+                       token.string(),
+                       "--rank",
+                       std::to_string(r),
+                       "--world-size",
+                       "2",
+                       "--coordinator",
+                       "tcp://127.0.0.1:" + port,
+                       "--comm-timeout-ms",
+                       "5000"});
+    if (r == 0) a.push_back("--serve-coordinator");
+    return a;
+  };
+  // Both ranks of `job`, plus `more`, with `env`. Their exit codes and logs.
+  const auto run = [&](const std::string& job, const std::vector<std::string>& more,
+                       const std::vector<std::string>& env) {
+    const std::string port = std::to_string(testing::free_port());
+    std::vector<std::unique_ptr<Child>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      auto a = rank(r, job, port);
+      a.insert(a.end(), more.begin(), more.end());
+      ranks.push_back(std::make_unique<Child>(
+          dir_.path(), a,
+          dir_.path() /
+              (job + "_rank" + std::to_string(r) + "_" + std::to_string(++runs_) + ".log"),
+          env));
+    }
+    std::vector<int> rc;
+    for (auto& c : ranks) rc.push_back(c->wait(kWait));
+    return std::make_pair(rc, ranks[0]->log() + ranks[1]->log());
+  };
+  auto [straight, straight_log] = run("straight", {}, {});
+  ASSERT_EQ(straight, (std::vector<int>{0, 0})) << straight_log;
+
+  auto [cut, cut_log] = run("cut", {}, kCrashAtStep5);
+  ASSERT_EQ(cut, (std::vector<int>{128 + SIGKILL, 128 + SIGKILL})) << cut_log;
+  EXPECT_FALSE(fs::exists(dir_.path() / "cut/model.safetensors")) << "the run was not cut";
+
+  auto [resumed, resumed_log] = run("cut", {"--resume"}, {});
+  ASSERT_EQ(resumed, (std::vector<int>{0, 0})) << resumed_log;
+  EXPECT_NE(resumed_log.find("resumed from the offload services at step 4"), std::string::npos)
+      << resumed_log;
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(services[r]->log().find("job 'cut-rank" + std::to_string(r) + "' resumed at step 4"),
+              std::string::npos)
+        << services[r]->log();
+  EXPECT_TRUE(same_weights("cut", "straight"));
 }
 
 }  // namespace

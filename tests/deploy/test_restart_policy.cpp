@@ -102,16 +102,19 @@ roles:
   - {role: trainer, name: t0, config: ds.json, offload: [a]}
   - {role: trainer, name: t1, config: ds.json, offload: [b]}
 )");
-  EXPECT_THAT(names(restart_group(cfg, cfg.roles[4])),
-              ElementsAre("a", "b", "coordinator0", "t0", "t1"));
+  // A trainer's group leaves every service (and its state) running; a service's takes the
+  // trainers (and the coordinator) with it, and no other service.
+  EXPECT_THAT(names(restart_group(cfg, cfg.roles[4])), ElementsAre("coordinator0", "t0", "t1"));
   EXPECT_THAT(names(restart_group(cfg, cfg.roles[0])),
-              ElementsAre("a", "b", "coordinator0", "t0", "t1"));
+              ElementsAre("a", "coordinator0", "t0", "t1"));
+  EXPECT_THAT(names(restart_group(cfg, cfg.roles[1])),
+              ElementsAre("b", "coordinator0", "t0", "t1"));
   EXPECT_THAT(names(restart_group(cfg, cfg.roles[2])), ElementsAre("spare"));  // no clients
 
   const auto children = children_for(cfg, "dsactor", "token");
   const ChildSpec& t0 = children[4];
   EXPECT_TRUE(t0.restart.on_failure);
-  EXPECT_THAT(t0.restart_group, ElementsAre("a", "b", "coordinator0", "t1"));
+  EXPECT_THAT(t0.restart_group, ElementsAre("coordinator0", "t1"));
   ASSERT_TRUE(t0.restart_argv);
   // No checkpoint yet: it starts over, dropping what the services hold of its job.
   auto argv = t0.restart_argv();
@@ -245,6 +248,74 @@ TEST(SupervisorRestart, AServicesGroupRestartsServiceFirstAndLeavesOthersAlone) 
   EXPECT_EQ(testing::read_file(dir / "order"), "svc\nw\nsvc\nw\n");
   EXPECT_EQ(testing::read_file(dir / "others"), "other\n");
   EXPECT_THAT(r.lines, Contains("[w] finished"));
+}
+
+// The groups of a deployment (restart_group) under the Supervisor, with stand-ins for its
+// roles that record their PIDs: a failed trainer restarts the trainers and the coordinator
+// and leaves both services running (one PID each); then a failed service restarts itself,
+// the trainers and the coordinator, and leaves the other service running.
+TEST(SupervisorRestart, ATrainersFailureLeavesTheServicesAndAServicesTheOtherServices) {
+  TempDir dir;
+  write_file(dir / "ds.json", "{}");
+  write_file(dir / "deploy.yaml", R"(
+restart: on-failure
+checkpoint: {dir: ckpt}
+roles:
+  - {role: offload, name: a}
+  - {role: offload, name: b}
+  - {role: coordinator}
+  - {role: trainer, name: t0, config: ds.json, offload: [a]}
+  - {role: trainer, name: t1, config: ds.json, offload: [b]}
+)");
+  const DeployConfig cfg = load_deploy_config(dir / "deploy.yaml");
+  const auto d = [&](const std::string& f) { return (dir / f).string(); };
+  // Each stand-in appends its PID to pids_<name>. t0 fails at its first start (once t1 has
+  // started); service a ends at its first start once both trainers run again (their second
+  // generation); t1 ends in its third generation, t0 with it.
+  const auto pid = [&](const std::string& name) {
+    return "echo $$ >> " + d("pids_" + name) + "; ";
+  };
+  const auto lines = [&](const std::string& name) {
+    return "$(wc -l < " + d("pids_" + name) + ")";
+  };
+  std::vector<ChildSpec> kids;
+  for (const auto& spec : children_for(cfg, "dsactor", "token")) {
+    ChildSpec c;
+    const std::string& n = spec.name;
+    if (n == "a")
+      c = sh(n,
+             pid(n) + "echo 'listening on ipc://a'; if [ " + lines(n) +
+                 " -eq 1 ]; then until [ -f " + d("pids_t1") + " ] && [ " + lines("t1") +
+                 " -ge 2 ] && [ " + lines("t0") + " -ge 2 ]; do sleep 0.05; done; exit 9; fi; " +
+                 "exec sleep 300",
+             true, 0);
+    else if (n == "b" || n == "coordinator0")
+      c = sh(n, pid(n) + "echo 'listening on ipc://" + n + "'; exec sleep 300", true, 1);
+    else if (n == "t0")
+      c = sh(n,
+             pid(n) + "if [ " + lines(n) + " -eq 1 ]; then until [ -f " + d("pids_t1") +
+                 " ]; do sleep 0.05; done; exit 3; fi; " + "until [ " + lines("t1") +
+                 " -ge 3 ]; do sleep 0.05; done; echo finished",
+             false, 3);
+    else
+      c = sh(n, pid(n) + "if [ " + lines(n) + " -lt 3 ]; then exec sleep 300; fi; echo finished",
+             false, 4);
+    c.ready_endpoint = c.service ? "ipc://" + n : "";
+    c.restart = on_failure(3);
+    c.restart_group = spec.restart_group;
+    kids.push_back(std::move(c));
+  }
+  const auto r = run(std::move(kids));
+  EXPECT_EQ(r.result.exit_code, 0) << r.result.message;
+  const auto count = [&](const std::string& name) {
+    const std::string text = testing::read_file(dir / ("pids_" + name));
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  EXPECT_EQ(count("b"), 1) << "b was restarted";  // no failure of b's group
+  EXPECT_EQ(count("a"), 2);                       // only its own failure
+  EXPECT_EQ(count("coordinator0"), 3);
+  EXPECT_EQ(count("t0"), 3);
+  EXPECT_EQ(count("t1"), 3);
 }
 
 TEST(SupervisorRestart, ARestartGroupNamingNoChildIsRefused) {

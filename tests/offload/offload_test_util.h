@@ -70,11 +70,14 @@ class ServiceProcess : public deploy::ServiceProcess {
  public:
   ServiceProcess(const std::vector<std::string>& args, const fs::path& log_dir,
                  const fs::path& keys_dir = {}, std::vector<std::string> extra_client_keys = {})
-      : deploy::ServiceProcess(
-            DSACTOR_BINARY,
-            deploy::ServiceProcessOptions{
-                args, log_dir / ("service-" + std::to_string(counter()++) + ".log"),
-                std::chrono::seconds(20), keys_dir, std::move(extra_client_keys)}) {}
+      : deploy::ServiceProcess(DSACTOR_BINARY,
+                               deploy::ServiceProcessOptions{
+                                   args,
+                                   log_dir / ("service-" + std::to_string(counter()++) + ".log"),
+                                   std::chrono::seconds(20),
+                                   keys_dir,
+                                   std::move(extra_client_keys),
+                                   {}}) {}
 
  private:
   static int& counter() {

@@ -222,6 +222,40 @@ TEST(OffloadTiers, PinningIsReported) {
   check(h, ref, "pinned buffers");
 }
 
+// A checkpoint's snapshot of RAM partitions is charged against the memory limit while it is
+// written in the background (copy-on-write may copy all of it), and released before the
+// reply; a store whose limit cannot hold that writes the checkpoint before it answers
+// instead. Either way the checkpoint holds its step and the charge is back to the
+// partitions' own.
+TEST(OffloadTiers, ACheckpointsSnapshotIsChargedOrWrittenBeforeTheReply) {
+  for (const bool tight : {false, true}) {
+    SCOPED_TRACE(tight ? "a limit without room for the snapshot" : "room for the snapshot");
+    TempDir dir;
+    StoreOptions o;
+    o.state_dir = dir.path;
+    o.memory_limit = 64 << 20;
+    const std::vector<msg::PartitionSpec> specs = {spec(1, 3000), spec(2, 2500)};
+    if (tight) {
+      PartitionStore measure(o);
+      Harness m{measure};
+      setup(m, specs);
+      o.memory_limit = measure.stats().bytes_in_ram + opt_bytes(3000);  // not both partitions
+    }
+    PartitionStore store(o);
+    Harness h{store};
+    auto ref = setup(h, specs);
+    const uint64_t charged = store.stats().bytes_in_ram;
+    step(h, ref, 1, 1);
+    step(h, ref, 2, 2);
+    const auto at2 = ref;
+    EXPECT_EQ(h.ok<msg::CheckpointReply>(msg::Checkpoint{"t2", "", "ck"}).step, 2u);
+    EXPECT_EQ(store.stats().bytes_in_ram, charged);
+    step(h, ref, 3, 3);
+    EXPECT_EQ(h.ok<msg::RestoreReply>(msg::Restore{"t2", "", "ck"}).step, 2u);
+    check(h, at2, "restored step 2");
+  }
+}
+
 // Checkpoint after step 2, train on, restore: the state of step 2 comes back bit for bit
 // on both tiers, and training again from there repeats the first continuation exactly.
 TEST(OffloadTiers, CheckpointRestoreRoundTripOnBothTiers) {

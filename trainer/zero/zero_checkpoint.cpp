@@ -127,8 +127,33 @@ nlohmann::json ZeroCheckpoint::manifest_state(const nlohmann::json& extra, const
   return state;
 }
 
+// What begin_save() sent and what finish_save() commits.
+struct ZeroCheckpoint::PendingSave {
+  fs::path abs;
+  int64_t global_step = 0;
+  nlohmann::json manifest;  // this step's, its "services" filled in as their parts are confirmed
+  struct Part {
+    size_t service = 0;
+    std::string name;
+    uint64_t request_id = 0;
+  };
+  std::string tag;
+  std::vector<Part> parts;
+};
+
+ZeroCheckpoint::ZeroCheckpoint(const ZeroContext& z, const GptConfig& gpt) : z_(z), gpt_(gpt) {}
+ZeroCheckpoint::~ZeroCheckpoint() = default;
+
 void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
-                          const LossScaler& scaler) const {
+                          const LossScaler& scaler) {
+  begin_save(dir, extra, scaler);
+  finish_save();
+}
+
+void ZeroCheckpoint::begin_save(const fs::path& dir, const nlohmann::json& extra,
+                                const LossScaler& scaler) {
+  if (pending_) throw std::logic_error("a checkpoint save is already pending");
+  abandoned_ = false;
   const StepCounters& c = z_.counters;
   const uint32_t rank = z_.options.rank;
   const fs::path abs = rank_directory(dir, z_.plan, rank);
@@ -148,31 +173,58 @@ void ZeroCheckpoint::save(const fs::path& dir, const nlohmann::json& extra,
   // old checkpoint stays whole.
   const uint64_t nonce =
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  const std::string tag = fmt::format("{}-step-{}-{:x}", z_.options.job_id, c.global_step, nonce);
-  nlohmann::json services = nlohmann::json::array();
+  auto p = std::make_unique<PendingSave>();
+  p->abs = abs;
+  p->global_step = c.global_step;
+  p->manifest = manifest_state(extra, scaler, nlohmann::json::array());
+  p->tag = fmt::format("{}-step-{}-{:x}", z_.options.job_id, c.global_step, nonce);
   const std::string base = checkpoint_base(abs);
   for (size_t s : services_in_use(z_.plan, rank)) {
     actors::ServiceClient& service = *z_.services[s];
     const std::string name = service_part_name(base, s, nonce);
-    const auto reply =
-        await_or_throw(service, "checkpoint", c.committed_step, service.checkpoint(tag, name));
+    const uint64_t id = await_or_throw(service, "checkpoint", c.committed_step,
+                                       service.send_checkpoint(p->tag, name));
+    p->parts.push_back({s, name, id});
+  }
+  pending_ = std::move(p);
+}
+
+bool ZeroCheckpoint::finish_save() {
+  if (!pending_) return !std::exchange(abandoned_, false);
+  const std::unique_ptr<PendingSave> p = std::move(pending_);
+  nlohmann::json& services = p->manifest["services"];
+  for (const auto& part : p->parts) {
+    actors::ServiceClient& service = *z_.services[part.service];
+    const auto reply = await_or_throw(service, "checkpoint", z_.counters.committed_step,
+                                      service.await_checkpoint(part.request_id));
     // The service's job step counts skipped steps too: it is the trainer's global step.
-    if (reply.step != static_cast<uint64_t>(c.global_step))
+    if (reply.step != static_cast<uint64_t>(p->global_step))
       throw ZeroServiceError(fmt::format(
-          "offload service {} checkpointed step {} into {}, but the trainer is at step {}: "
+          "offload service {} checkpointed step {} into {}, but the trainer saved step {}: "
           "another trainer is committing to job {}?",
-          service.endpoint(), reply.step, reply.location, c.global_step, z_.options.job_id));
-    services.push_back({{"index", s},
+          service.endpoint(), reply.step, reply.location, p->global_step, z_.options.job_id));
+    services.push_back({{"index", part.service},
                         {"endpoint", service.endpoint()},
-                        {"name", name},
+                        {"name", part.name},
                         {"location", reply.location},
-                        {"tag", tag},
+                        {"tag", p->tag},
                         {"step", reply.step},
                         {"bytes", reply.bytes_written}});
   }
-  storage::CheckpointWriter w(abs / "trainer");
-  w.set_state(manifest_state(extra, scaler, std::move(services)));
+  storage::CheckpointWriter w(p->abs / "trainer");
+  w.set_state(p->manifest);
   w.commit();  // the checkpoint exists from here on
+  return true;
+}
+
+void ZeroCheckpoint::abandon_save() {
+  if (!pending_) return;
+  spdlog::warn(
+      "checkpoint of step {} in {} abandoned: its service parts were asked for on "
+      "connections that are gone; the previous checkpoint stays the newest",
+      pending_->global_step, pending_->abs.string());
+  pending_.reset();
+  abandoned_ = true;
 }
 
 void ZeroCheckpoint::retire(const fs::path& dir) const {

@@ -4,14 +4,16 @@
 // state directory, under a name derived from the checkpoint directory and unique to the save
 // (`<name>-<hash>/service-<s>-<nonce>`, in the directory of this trainer's key and job), then
 // the trainer's manifest (`trainer/`: counters, loss scaler, plan, the services' names, tags
-// and locations, `extra`) replaces the old one atomically, last, so a crash leaves the old
-// checkpoint or the new one. The parts of earlier saves stay on the services (the wire has
-// no request to delete a checkpoint). A load checks the manifest against this run before
+// and locations, `extra`) replaces the old one atomically, last, once every service has
+// published its part, so a crash leaves the old checkpoint or the new one. The services
+// write while the trainer goes on (begin_save / finish_save); retire() deletes the parts of
+// a removed checkpoint on the services. A load checks the manifest against this run before
 // any service is touched, then restores the services one by one, rolling the earlier ones
 // back from a snapshot if a later one refuses. Partitions held by the rank itself
 // (LocalPartitions) are saved beside the same manifest in one checkpoint directory.
 
 #include <filesystem>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -27,11 +29,26 @@ namespace dsactor::trainer {
 
 class ZeroCheckpoint {
  public:
-  ZeroCheckpoint(const ZeroContext& z, const GptConfig& gpt) : z_(z), gpt_(gpt) {}
+  ZeroCheckpoint(const ZeroContext& z, const GptConfig& gpt);
+  ~ZeroCheckpoint();
 
-  // Between steps only. With several trainers each rank saves `dir/rank-<r>/`.
+  // Between steps only. With several trainers each rank saves `dir/rank-<r>/`. The same as
+  // begin_save() and finish_save() at once.
   void save(const std::filesystem::path& dir, const nlohmann::json& extra,
-            const LossScaler& scaler) const;
+            const LossScaler& scaler);
+  // A save in two halves, so the services write their parts while the trainer goes on:
+  // begin_save() sends each service its checkpoint request, in order with the step traffic
+  // (the service snapshots the job's committed state there and then writes it in the
+  // background), and keeps this step's manifest; finish_save() waits for every part and
+  // commits the manifest, last. Without services begin_save() writes everything and
+  // finish_save() has nothing left to do. One save pending at a time. finish_save() is false
+  // (nothing committed) when abandon_save() dropped the save.
+  void begin_save(const std::filesystem::path& dir, const nlohmann::json& extra,
+                  const LossScaler& scaler);
+  bool finish_save();
+  // The pending save's requests went with the clients they were sent on (a reconnect):
+  // its parts are never confirmed, so it is never committed.
+  void abandon_save();
 
   // The service parts of the checkpoint in `dir` (a tag `--keep-last` retires, before the
   // trainer removes the directory) deleted from their services. A part that cannot be
@@ -63,6 +80,9 @@ class ZeroCheckpoint {
 
   const ZeroContext& z_;
   const GptConfig& gpt_;
+  struct PendingSave;
+  std::unique_ptr<PendingSave> pending_;
+  bool abandoned_ = false;
 };
 
 }  // namespace dsactor::trainer

@@ -167,6 +167,8 @@ void ZeroEngine::start_parts() {
 }
 
 void ZeroEngine::reconnect(BatchLoader& loader, const ZeroServiceError& failure) {
+  // A save's requests pending on the old clients are never answered to the new ones.
+  checkpoints_->abandon_save();
   // Slots and resident blocks go back to their clients before the clients go.
   gradients_.reset();
   residency_.reset();
@@ -579,9 +581,16 @@ BlockSet ZeroEngine::gather_params() {
   return residency_->gather(counters_.committed_step);
 }
 
-void ZeroEngine::save_checkpoint(const std::filesystem::path& dir,
-                                 const nlohmann::json& extra) const {
+void ZeroEngine::save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) {
   checkpoints_->save(dir, extra, scaler_);
+}
+
+void ZeroEngine::begin_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) {
+  checkpoints_->begin_save(dir, extra, scaler_);
+}
+
+bool ZeroEngine::finish_checkpoint() {
+  return checkpoints_->finish_save();
 }
 
 void ZeroEngine::retire_checkpoint(const std::filesystem::path& dir) const {

@@ -75,7 +75,12 @@ class ZeroEngine {
   // the same tensor names and sizes). Between steps only. With several trainers each rank
   // saves (and loads) `dir/rank-<r>/` in that layout. A checkpoint is loaded by the job (and
   // key) that saved it, from the services that hold its parts.
-  void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra) const;
+  void save_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra);
+  // The same in two halves: the services write their parts while training goes on
+  // (ZeroCheckpoint::begin_save); finish_checkpoint() waits for them and commits the
+  // manifest; false when a reconnect in between abandoned the save (nothing committed).
+  void begin_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra);
+  bool finish_checkpoint();
   // Checks the manifest against this engine (model, precision, plan, services) before any
   // service is touched, restores every service, then the trainer's state; returns `extra`.
   // A refusal (bad manifest, a service's crc/tag/size check) leaves this engine and every
