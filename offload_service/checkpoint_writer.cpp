@@ -16,34 +16,35 @@ struct WriterState {
 
 checkpoint_writer::behavior_type writer_behavior(
     checkpoint_writer::stateful_pointer<WriterState> self, std::optional<nvme_io_actor> nvme_io,
-    std::shared_ptr<ProgressBoard> progress) {
+    std::shared_ptr<ProgressBoard> progress, metrics::ActorFigures* figures) {
   if (nvme_io) self->state.nvme = std::make_unique<NvmeIo>(self->system(), *nvme_io);
   self->state.board = std::move(progress);
-  return {
-      [self](write_atom, const BackgroundCheckpointPtr& job) {
+  return metrics::timed_behavior<checkpoint_writer::behavior_type>(
+      self, figures, [self, figures](write_atom, const BackgroundCheckpointPtr& job) {
         const auto& h = job->request->header();
         {
           const ProgressBoard::Scope shown(*self->state.board, h.job_id, job->progress,
                                            ProgressBoard::Slot::kBackground);
           detail::Incoming kept = *job->request;  // the answer kept for the coordinator
           kept.respond = [&job](Reply r) { job->answer = std::move(r); };
-          detail::answer(kept, [&]() -> Reply {
+          detail::answer(kept, figures, [&]() -> Reply {
             storage::pause_point("background-checkpoint");
             auto reply = write_checkpoint(job->pending, self->state.nvme.get(), shown.done().get());
             return Reply{{h.request_id, h.job_id, std::move(reply)}, {}, {}, {}};
           });
         }
         job->written(job);
-      },
-  };
+      });
 }
 
 }  // namespace
 
 checkpoint_writer spawn_checkpoint_writer(caf::actor_system& system,
                                           std::optional<nvme_io_actor> nvme_io,
-                                          std::shared_ptr<ProgressBoard> progress) {
-  return system.spawn<caf::detached>(writer_behavior, std::move(nvme_io), std::move(progress));
+                                          std::shared_ptr<ProgressBoard> progress,
+                                          metrics::ActorFigures* figures) {
+  return system.spawn<caf::detached>(writer_behavior, std::move(nvme_io), std::move(progress),
+                                     figures);
 }
 
 }  // namespace dsactor::offload

@@ -16,6 +16,7 @@
 
 #include <caf/all.hpp>
 
+#include "metrics/actor_figures.h"
 #include "offload_service/job_checkpoint.h"
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/progress_board.h"
@@ -39,10 +40,12 @@ using written_atom = caf::atom_constant<caf::atom("ckptdone")>;
 
 using checkpoint_writer = caf::typed_actor<caf::reacts_to<write_atom, BackgroundCheckpointPtr>>;
 
-// `nvme_io`: with an NVMe tier, where NVMe partitions' extents are read from.
+// `nvme_io`: with an NVMe tier, where NVMe partitions' extents are read from. `figures`:
+// where the writer counts its work and its last error (null: not counted).
 checkpoint_writer spawn_checkpoint_writer(caf::actor_system& system,
                                           std::optional<nvme_io_actor> nvme_io,
-                                          std::shared_ptr<ProgressBoard> progress);
+                                          std::shared_ptr<ProgressBoard> progress,
+                                          metrics::ActorFigures* figures);
 
 }  // namespace dsactor::offload
 

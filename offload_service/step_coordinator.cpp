@@ -251,7 +251,7 @@ struct CoordinatorState {
           h.job_id, c.tag, detail::fmt_bytes(need), detail::fmt_bytes(placement.memory_limit()),
           detail::fmt_bytes(placement.memory_limit() - placement.ram_used()));
     const ProgressBoard::Scope progress(*board, h.job_id, job->progress);
-    detail::answer(*in, [&]() -> Reply {
+    detail::answer(*in, figures, [&]() -> Reply {
       auto reply = write_checkpoint(job->pending, nvme.get(), progress.done().get());
       return Reply{{h.request_id, h.job_id, std::move(reply)}, {}, {}, {}};
     });

@@ -155,7 +155,8 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
   setup.workers = out.workers;
   out.progress = std::make_shared<ProgressBoard>();
   setup.progress = out.progress;
-  out.writer = spawn_checkpoint_writer(system, out.nvme_io, out.progress);
+  out.writer = spawn_checkpoint_writer(system, out.nvme_io, out.progress,
+                                       metrics::figures_of(options.actors, "checkpoint_writer"));
   setup.writer = out.writer;
   out.coordinator = spawn_step_coordinator(system, std::move(setup));
   return out;
