@@ -107,6 +107,7 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
   for (size_t i = 0; i < service.workers(); ++i)
     actor_names.push_back("partition_worker" + std::to_string(i));
   if (!a.nvme.empty()) actor_names.insert(actor_names.end(), {"nvme_io", "metadata"});
+  actor_names.push_back("checkpoint_writer");
   auto metrics_server = serve_metrics(keys.metrics, registry, "offload service", [&] {
     return nlohmann::json{
         {"role", "offload"}, {"actors", actor_names},        {"endpoint", service.endpoint()},

@@ -147,6 +147,36 @@ void add_key_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "--offload)");
 }
 
+// Where a run starts from and what it leaves: weights, checkpoints, resume.
+void add_checkpoint_options(CLI::App& cmd, StartTrainerArgs& a) {
+  cmd.add_option("--init", a.init,
+                 "trainer: start from these safetensors weights (Hugging Face GPT-2 names; "
+                 "refused when they record another tokenizer)");
+  cmd.add_option("--out", a.out,
+                 "trainer: write the final weights to <out>/model.safetensors and a "
+                 "checkpoint to <out>/checkpoint");
+  cmd.add_option("--resume", a.resume,
+                 "trainer: continue a run: from the step the offload services hold (ZeRO "
+                 "with offload), or from this checkpoint: a tag dir, a dir holding `latest` (an "
+                 "earlier run's <out>/checkpoint) or that run's --out; the newest state wins; "
+                 "--steps stays the total")
+      ->expected(0, 1);
+  cmd.add_flag("--overwrite", a.overwrite,
+               "trainer: a fresh run against offload services that still hold this job's "
+               "committed steps (a run that did not end cleanly) drops the job there and "
+               "starts over; without it (and without --resume) such a run is refused");
+  cmd.add_option("--checkpoint-dir", a.checkpoint_dir,
+                 "trainer: where checkpoints go: <dir>/global_step<N>/ and <dir>/latest "
+                 "(default <out>/checkpoint)");
+  cmd.add_option("--checkpoint-every", a.checkpoint_every,
+                 "trainer: checkpoint every N steps besides the end (0: at the end only)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--keep-last", a.keep_last,
+                 "trainer: keep the newest K checkpoint tags, removing older ones once a new "
+                 "one is complete (0: keep every tag)")
+      ->check(CLI::NonNegativeNumber);
+}
+
 }  // namespace
 
 void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
@@ -226,32 +256,7 @@ void add_start_trainer_options(CLI::App& cmd, StartTrainerArgs& a) {
                  "run stops naming the missing rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd.add_option("--init", a.init,
-                 "trainer: start from these safetensors weights (Hugging Face GPT-2 names; "
-                 "refused when they record another tokenizer)");
-  cmd.add_option("--out", a.out,
-                 "trainer: write the final weights to <out>/model.safetensors and a "
-                 "checkpoint to <out>/checkpoint");
-  cmd.add_option("--resume", a.resume,
-                 "trainer: continue a run: from the step the offload services hold (ZeRO "
-                 "with offload), or from this checkpoint: a tag dir, a dir holding `latest` (an "
-                 "earlier run's <out>/checkpoint) or that run's --out; the newest state wins; "
-                 "--steps stays the total")
-      ->expected(0, 1);
-  cmd.add_flag("--overwrite", a.overwrite,
-               "trainer: a fresh run against offload services that still hold this job's "
-               "committed steps (a run that did not end cleanly) drops the job there and "
-               "starts over; without it (and without --resume) such a run is refused");
-  cmd.add_option("--checkpoint-dir", a.checkpoint_dir,
-                 "trainer: where checkpoints go: <dir>/global_step<N>/ and <dir>/latest "
-                 "(default <out>/checkpoint)");
-  cmd.add_option("--checkpoint-every", a.checkpoint_every,
-                 "trainer: checkpoint every N steps besides the end (0: at the end only)")
-      ->check(CLI::NonNegativeNumber);
-  cmd.add_option("--keep-last", a.keep_last,
-                 "trainer: keep the newest K checkpoint tags, removing older ones once a new "
-                 "one is complete (0: keep every tag)")
-      ->check(CLI::NonNegativeNumber);
+  add_checkpoint_options(cmd, a);
   add_rendezvous_options(cmd, a);
   add_metrics_options(cmd, a.metrics, "every role: ");
 }
@@ -280,7 +285,7 @@ struct RankRun {
   Comms& comms;
   actors::Runtime& runtime;
   monitor_actor monitor;
-  CheckpointSeries* checkpoints = nullptr;      // null: this run saves no checkpoint
+  CheckpointSeries* checkpoints = nullptr;                // null: this run saves no checkpoint
   std::shared_ptr<metrics::ActorBoard> actors = nullptr;  // where actors count themselves
 
   std::filesystem::path out() const { return std::filesystem::path(a.out); }
