@@ -260,7 +260,9 @@ TEST_F(LaunchCli, OneFailingRankStopsTheOthersAndIsNamed) {
               AllOf(HasSubstr("rank 1 on host localhost failed"), HasSubstr("rank 1 gives up")));
   // Rank 0 writes its pid as it starts; stopped even before that, it left none to check.
   const pid_t rank0 = pid_from(dir / "pid.0");
-  if (rank0 > 0) EXPECT_TRUE(wait_gone(rank0, 30s)) << "rank 0 survived";
+  if (rank0 > 0) {
+    EXPECT_TRUE(wait_gone(rank0, 30s)) << "rank 0 survived";
+  }
 }
 
 TEST_F(LaunchCli, RealTrainerFailureIsPropagated) {
