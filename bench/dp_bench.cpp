@@ -44,6 +44,23 @@ struct RankBuffers {
   std::vector<float> data, part, gathered;
 };
 
+// Each op's time per call (the slowest rank's) and its algorithm and bus bandwidth.
+nlohmann::json timed_ops(const std::vector<Op>& ops,
+                         const std::vector<std::vector<double>>& seconds, size_t used_bytes,
+                         int iters) {
+  nlohmann::json results = nlohmann::json::array();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const double t = *std::max_element(seconds[i].begin(), seconds[i].end()) / iters;
+    const double algbw = static_cast<double>(used_bytes) / t / 1e9;
+    results.push_back({{"op", ops[i].op},
+                       {"impl", ops[i].impl},
+                       {"seconds_per_call", t},
+                       {"algbw_gbps", algbw},
+                       {"busbw_gbps", algbw * ops[i].bus_factor}});
+  }
+  return results;
+}
+
 }  // namespace
 
 nlohmann::json run_dp_bench(int world_size, size_t bytes, int iters) {
@@ -130,16 +147,7 @@ nlohmann::json run_dp_bench(int world_size, size_t bytes, int iters) {
     ranks.push_back(std::async(std::launch::async, rank_main, r));
   for (auto& f : ranks) f.get();
 
-  nlohmann::json results = nlohmann::json::array();
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const double t = *std::max_element(seconds[i].begin(), seconds[i].end()) / iters;
-    const double algbw = static_cast<double>(used_bytes) / t / 1e9;
-    results.push_back({{"op", ops[i].op},
-                       {"impl", ops[i].impl},
-                       {"seconds_per_call", t},
-                       {"algbw_gbps", algbw},
-                       {"busbw_gbps", algbw * ops[i].bus_factor}});
-  }
+  const nlohmann::json results = timed_ops(ops, seconds, used_bytes, iters);
   nlohmann::json ratios;
   for (size_t i = 0; i + 1 < ops.size(); i += 2) {
     ratios[ops[i].op] = results[i + 1]["seconds_per_call"].get<double>() /

@@ -14,6 +14,29 @@
 
 namespace dsactor::cli {
 
+namespace {
+
+// A sample from the trained weights, decoded (nothing when the data's tokens have no
+// tokenizer to decode them).
+void print_sample(const trainer::TrainSummary& s, int tokens, uint64_t seed) {
+  // A token file read without --tokenizer: bytes, if the model's vocabulary is theirs.
+  std::shared_ptr<const trainer::Tokenizer> tokenizer = s.tokenizer;
+  if (!tokenizer && s.model.vocab_size == trainer::kByteVocabSize)
+    tokenizer = std::make_shared<trainer::ByteTokenizer>();
+  if (!tokenizer) return;
+  auto w = trainer::load_checkpoint_weights(s.checkpoint);
+  trainer::GptModel model(w.config);
+  // A new document: GPT-2's separator where the tokenizer has one, else a line break.
+  const auto separator = tokenizer->document_separator();
+  const auto start = separator ? std::vector<int32_t>{*separator} : tokenizer->encode("\n");
+  auto out = trainer::generate_tokens(model, w.params, start, tokens, 0.8f, 40, seed);
+  out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(start.size()));
+  fmt::print("--- sample ---\n{}{}\n--------------\n", separator ? "" : "\n",
+             tokenizer->decode(out));
+}
+
+}  // namespace
+
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "train", "train a GPT model in this process (ZeRO stage 0-3, no offload services)");
@@ -102,21 +125,7 @@ void add_train_command(CLI::App& app) {
         "tokens/s\n",
         s.steps, s.skipped_steps, s.last_train_loss, s.val_loss, s.tokens_per_second);
     fmt::print("unigram entropy of the training data: {:.4f} nats/token\n", s.unigram_entropy);
-    // A token file read without --tokenizer: bytes, if the model's vocabulary is theirs.
-    std::shared_ptr<const trainer::Tokenizer> tokenizer = s.tokenizer;
-    if (!tokenizer && s.model.vocab_size == trainer::kByteVocabSize)
-      tokenizer = std::make_shared<trainer::ByteTokenizer>();
-    if (*sample > 0 && tokenizer) {
-      auto w = trainer::load_checkpoint_weights(s.checkpoint);
-      trainer::GptModel model(w.config);
-      // A new document: GPT-2's separator where the tokenizer has one, else a line break.
-      const auto separator = tokenizer->document_separator();
-      const auto start = separator ? std::vector<int32_t>{*separator} : tokenizer->encode("\n");
-      auto out = trainer::generate_tokens(model, w.params, start, *sample, 0.8f, 40, o->seed);
-      out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(start.size()));
-      fmt::print("--- sample ---\n{}{}\n--------------\n", separator ? "" : "\n",
-                 tokenizer->decode(out));
-    }
+    if (*sample > 0) print_sample(s, *sample, o->seed);
     fmt::print("checkpoint: {}\n", s.checkpoint.string());
   });
 }

@@ -115,7 +115,17 @@ TEST_F(OffloadArena, FetchLargerThanTheSlotComesAsAFrame) {
   expect_bits_equal(values, big.bytes(), "fp32 fetch as a frame");
 }
 
-TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
+void expect_refused(const msg::Header& h, ErrorCode code, const std::string& field,
+                    const std::string& why) {
+  const auto& e = error(h);
+  EXPECT_EQ(e.code, code) << e.message;
+  EXPECT_NE(e.message.find(field), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find(why), std::string::npos) << e.message;
+}
+
+// Slices out of bounds, of arenas not mapped or mapped for another job, and bytes that do
+// not match their crc are refused, and the service serves the real arena on.
+TEST_F(OffloadArena, HostileArenaSlicesAreRefusedAndServiceKeepsServing) {
   OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "hostile");
   OffloadClient other(svc_->endpoint(), svc_->client_security(), 10s, "other-job");
   ASSERT_TRUE(c.map_arena(65536, 2));
@@ -124,13 +134,6 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
   other.register_partitions(0, 1, {spec(1, 1024)});
   const auto values = random_floats(1024, 5);
   c.set_parameters(1, 0, DType::fp32, bytes_of(values));
-  auto expect_refused = [](const msg::Header& h, ErrorCode code, const std::string& field,
-                           const std::string& why) {
-    const auto& e = error(h);
-    EXPECT_EQ(e.code, code) << e.message;
-    EXPECT_NE(e.message.find(field), std::string::npos) << e.message;
-    EXPECT_NE(e.message.find(why), std::string::npos) << e.message;
-  };
   const uint64_t id = c.arena_id();
   auto push = [&](msg::ArenaSlice a) {
     return msg::PushGradients{1, 1, 0, DType::fp32, a.length / 4, a};
@@ -158,6 +161,25 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
   const uint32_t crc = checksum::crc32c(slot.bytes().data(), 4096);
   expect_refused(c.call(push({id, slot.offset(), 4096, crc ^ 1})), ErrorCode::checksumMismatch,
                  "pushGradients.arena", "crc32c");
+  // Unmapping someone else's arena is refused; the service still serves the real one.
+  expect_refused(other.call(msg::UnmapArena{id}), ErrorCode::malformed, "unmapArena.arenaId",
+                 "not mapped");
+  slot = {};
+  auto f = c.fetch(1, 0, DType::fp32);
+  EXPECT_TRUE(f.in_arena());
+  expect_bits_equal(values, f.bytes(), "fetch after the refusals");
+}
+
+// MapArena by path, fds that are not a sealed memfd of the size asked, and tickets of
+// another job or spent are refused, and the service serves the real arena on.
+TEST_F(OffloadArena, HostileArenaMappingsAreRefusedAndServiceKeepsServing) {
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "hostile");
+  OffloadClient other(svc_->endpoint(), svc_->client_security(), 10s, "other-job");
+  ASSERT_TRUE(c.map_arena(65536, 2));
+  c.register_partitions(0, 1, {spec(1, 1024)});
+  other.register_partitions(0, 1, {spec(1, 1024)});
+  const auto values = random_floats(1024, 5);
+  c.set_parameters(1, 0, DType::fp32, bytes_of(values));
   // MapArena by path is refused, whatever the path names (a memfd of ours included).
   const std::string self_fd = "/proc/" + std::to_string(getpid()) + "/fd/";
   const int plain = memfd_create("unsealed", MFD_CLOEXEC);
@@ -221,10 +243,6 @@ TEST_F(OffloadArena, HostileArenaRequestsAreRefusedAndServiceKeepsServing) {
   ::close(regular);
   ::close(plain);
   ::close(sealed);
-  // Unmapping someone else's arena is refused; the service still serves the real one.
-  expect_refused(other.call(msg::UnmapArena{id}), ErrorCode::malformed, "unmapArena.arenaId",
-                 "not mapped");
-  slot = {};
   auto f = c.fetch(1, 0, DType::fp32);
   EXPECT_TRUE(f.in_arena());
   expect_bits_equal(values, f.bytes(), "fetch after the refusals");
