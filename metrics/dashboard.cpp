@@ -168,7 +168,10 @@ void Dashboard::Impl::route() {
              }));
   server.Get("/api/deployment", guarded([this](const httplib::Request&, httplib::Response& res) {
                res.set_header("Cache-Control", "no-store");
-               res.set_content(deployment().dump(), "application/json");
+               // The roles' states carry their error texts: invalid UTF-8 is replaced.
+               res.set_content(
+                   deployment().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                   "application/json");
              }));
   server.Get(R"(/assets/([a-z_.]+))",
              guarded([](const httplib::Request& req, httplib::Response& res) {
@@ -184,8 +187,7 @@ void Dashboard::Impl::route() {
 Dashboard::Dashboard(DashboardOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
-  for (const auto& r : m.options.roles)
-    m.views.emplace_back(r, m.options.rate_window);
+  for (const auto& r : m.options.roles) m.views.emplace_back(r, m.options.rate_window);
   const ListenAddress& at = m.options.server.listen;
   if (!is_loopback(at.host) && m.options.server.token.empty())
     throw std::invalid_argument(

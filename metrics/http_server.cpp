@@ -89,7 +89,10 @@ MetricsServer::MetricsServer(Registry& registry, ServerOptions options,
     }
     nlohmann::json body = registry.snapshot();
     body["process"] = state ? state() : nlohmann::json::object();
-    res.set_content(body.dump(), "application/json");
+    // Error texts may hold bytes a peer sent, or a character cut at their bound: replaced,
+    // never a refusal to serve the state.
+    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
   });
   const int port = at.port == 0 ? server.bind_to_any_port(at.host)
                                 : (server.bind_to_port(at.host, at.port) ? at.port : -1);

@@ -52,6 +52,23 @@ TEST(MetricsHttp, ServesExpositionAndStateOnLoopback) {
   EXPECT_EQ(client.Get("/")->status, 404);
 }
 
+// An error text can carry bytes a peer sent (a job name, a field), cut at a byte bound in
+// the middle of a character: /api/state still answers, as JSON, with those bytes replaced.
+TEST(MetricsHttp, StateWithInvalidUtf8TextIsStillServed) {
+  Registry r(Labels{{"role", "offload"}});
+  r.set_text("dsactor_actor_last_error", Labels{{"actor", "gateway"}},
+             "refused job '\xff\xfe' and a cut \xe2\x82");
+  MetricsServer server(r, on_loopback(), [] { return nlohmann::json{{"name", "svc"}}; });
+  ASSERT_GT(server.port(), 0);
+  httplib::Client client("127.0.0.1", server.port());
+  auto res = client.Get("/api/state");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200);
+  const auto state = nlohmann::json::parse(res->body);
+  const std::string text = state["texts"]["dsactor_actor_last_error"][0]["text"];
+  EXPECT_EQ(text.rfind("refused job '", 0), 0u) << text;
+}
+
 TEST(MetricsHttp, TokenIsRequiredWhenSet) {
   Registry r;
   r.gauge("dsactor_g", "g").set(1);
