@@ -21,6 +21,7 @@
 #include "tests/cli/child_process.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
+#include "tests/metrics/tiny_offload_run.h"
 #include "tests/metrics/webdriver.h"
 
 namespace dsactor {
@@ -47,16 +48,7 @@ class DashboardEndToEnd : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     const auto& d = *dir_;
-    std::string corpus;
-    for (int i = 0; i < 300; ++i)
-      corpus += "a dashboard shows what a run does " + std::to_string(i) + "\n";
-    write_file(d / "corpus.txt", corpus);
-    write_file(d / "ds.json", R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 100,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                            "offload_param": {"device": "cpu"}},
-      "csv_monitor": {"enabled": true, "output_path": ")" +
-                                  (d / "monitor").string() + R"(", "job_name": "dash"}})");
+    dsactor::testing::write_tiny_offload_run(d.path(), "a dashboard shows what a run does", "dash");
     dashboard_port_ = free_port();
     write_file(d / "deploy.yaml",
                "job: dash\nsecurity: {insecure: true}\nenv: {XDG_STATE_HOME: \"" +

@@ -23,6 +23,7 @@
 
 #include "tests/cli/child_process.h"
 #include "tests/deploy/deploy_test_util.h"
+#include "tests/metrics/tiny_offload_run.h"
 
 namespace dsactor {
 namespace {
@@ -151,16 +152,7 @@ void send_undecodable_request(const std::string& endpoint) {
 
 TEST(MetricsEndToEnd, TrainerAndServiceServeWhatTheRunDoes) {
   TempDir dir;
-  std::string corpus;
-  for (int i = 0; i < 300; ++i)
-    corpus += "metrics are what a run shows " + std::to_string(i) + "\n";
-  write_file(dir / "corpus.txt", corpus);
-  write_file(dir / "ds.json", R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 100,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                          "offload_param": {"device": "cpu"}},
-    "csv_monitor": {"enabled": true, "output_path": ")" +
-                                  (dir / "monitor").string() + R"(", "job_name": "e2e"}})");
+  dsactor::testing::write_tiny_offload_run(dir.path(), "metrics are what a run shows", "e2e");
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(free_port());
   Child service(dir.path(),
                 {"start", "--role", "offload", "--listen", endpoint, "--no-mlock", "--insecure",
