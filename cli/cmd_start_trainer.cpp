@@ -29,6 +29,7 @@
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/hf_weights.h"
+#include "trainer/monitor/collective_metrics.h"
 #include "trainer/optimizer_step.h"
 #include "trainer/run_plan.h"
 #include "trainer/runtime/engine_actor.h"
@@ -649,6 +650,10 @@ int run_start_trainer(const StartTrainerArgs& a) {
   // Every rank walks the same windows (same seed) and takes its own rows of each.
   BatchLoader train(&split.train, B, T, true, a.seed, place.rank, place.world_size);
   Comms comms = connect_trainers(a, place, stage == 3, std::move(store));
+  if (metrics_server) {
+    if (comms.grad) add_collective_metrics(*registry, "grad", comms.grad->counts());
+    if (comms.param) add_collective_metrics(*registry, "param", comms.param->counts());
+  }
 
   actors::Runtime runtime;
   MonitorOptions mo;

@@ -138,6 +138,27 @@ std::string service_rows(const json& roles) {
   return out;
 }
 
+// A link rate in decimal units, GB/s at the top, as network and disk rates are quoted.
+std::string rate_text(const json& bytes_per_second) {
+  if (!bytes_per_second.is_number()) return "-";
+  const double v = bytes_per_second.get<double>();
+  if (v >= 1e9) return fmt::format("{:.2f} GB/s", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f} MB/s", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.2f} kB/s", v / 1e3);
+  return fmt::format("{:.0f} B/s", v);
+}
+
+// Every role's link rates as the dashboard computes them (over its last polls): pushes,
+// fetches and collectives of trainers, a service's pushes.
+std::string link_rows(const json& roles) {
+  std::string out = fmt::format("{:<12} {:<26} {:>12}\n", "LINKS", "LINK", "RATE");
+  for (const auto& r : roles)
+    for (const auto& l : r.value("links", json::array()))
+      out += fmt::format("{:<12} {:<26} {:>12}\n", r["name"].get<std::string>(),
+                         l["link"].get<std::string>(), rate_text(l["bytes_per_second"]));
+  return out;
+}
+
 // Every rendezvous store of the deployment: a coordinator role's, or the one a rank-0
 // trainer hosts (--serve-coordinator); "" when no role holds one.
 std::string rendezvous_rows(const json& roles) {
@@ -162,7 +183,7 @@ std::string rendezvous_rows(const json& roles) {
 std::string status_table(const json& d) {
   std::string out =
       fmt::format("job {}: {} role(s)\n\n", d["job"].get<std::string>(), d["roles"].size());
-  out += trainer_rows(d["roles"]) + "\n" + service_rows(d["roles"]);
+  out += trainer_rows(d["roles"]) + "\n" + service_rows(d["roles"]) + "\n" + link_rows(d["roles"]);
   if (const std::string stores = rendezvous_rows(d["roles"]); !stores.empty()) out += "\n" + stores;
   for (const auto& r : d["roles"])
     if (!r["up"].get<bool>())

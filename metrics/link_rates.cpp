@@ -8,6 +8,8 @@ const std::vector<LinkFigure>& link_figures(const std::string& kind) {
   static const std::vector<LinkFigure> trainer = {
       {"push to services", "dsactor_train_pushed_bytes_total", {}},
       {"fetch from services", "dsactor_train_fetched_bytes_total", {}},
+      {"collectives (gradients)", "dsactor_train_collective_bytes_total", {{"comm", "grad"}}},
+      {"collectives (parameters)", "dsactor_train_collective_bytes_total", {{"comm", "param"}}},
   };
   static const std::vector<LinkFigure> offload = {
       {"pushed in (frames)", "dsactor_offload_pushed_bytes_total", {{"path", "frames"}}},

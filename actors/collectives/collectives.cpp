@@ -49,28 +49,81 @@ Collectives::Collectives(int rank, int world_size) : rank_(rank), world_size_(wo
   }
 }
 
+const char* collective_op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::kAllreduce:
+      return "allreduce";
+    case CollectiveOp::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveOp::kAllgather:
+      return "allgather";
+    case CollectiveOp::kBroadcast:
+      return "broadcast";
+    case CollectiveOp::kBarrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+void CollectiveCounts::add(CollectiveOp op, uint64_t bytes) {
+  const auto i = static_cast<size_t>(op);
+  ops_[i].fetch_add(1, std::memory_order_relaxed);
+  bytes_[i].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+CollectiveTally CollectiveCounts::of(CollectiveOp op) const {
+  const auto i = static_cast<size_t>(op);
+  return {ops_[i].load(std::memory_order_relaxed), bytes_[i].load(std::memory_order_relaxed)};
+}
+
+std::future<void> Collectives::allreduce_sum_async(float* data, size_t count) {
+  counts_->add(CollectiveOp::kAllreduce, count * sizeof(float));
+  return run_allreduce_sum(data, count);
+}
+
+std::future<void> Collectives::reduce_scatter_sum_async(const float* in, float* out,
+                                                        size_t count_per_rank) {
+  counts_->add(CollectiveOp::kReduceScatter, world_size_ * count_per_rank * sizeof(float));
+  return run_reduce_scatter_sum(in, out, count_per_rank);
+}
+
+std::future<void> Collectives::allgather_async(const float* in, float* out, size_t count_per_rank) {
+  counts_->add(CollectiveOp::kAllgather, world_size_ * count_per_rank * sizeof(float));
+  return run_allgather(in, out, count_per_rank);
+}
+
+std::future<void> Collectives::broadcast_async(float* data, size_t count, int root) {
+  counts_->add(CollectiveOp::kBroadcast, count * sizeof(float));
+  return run_broadcast(data, count, root);
+}
+
+std::future<void> Collectives::barrier_async() {
+  counts_->add(CollectiveOp::kBarrier, 0);
+  return run_barrier();
+}
+
 // ---------------------------------------------------------------------------------------
 // LocalCollectives
 
 LocalCollectives::LocalCollectives() : Collectives(0, 1) {}
 
-std::future<void> LocalCollectives::allreduce_sum_async(float*, size_t) {
+std::future<void> LocalCollectives::run_allreduce_sum(float*, size_t) {
   return ready();
 }
 
-std::future<void> LocalCollectives::reduce_scatter_sum_async(const float* in, float* out,
-                                                             size_t count_per_rank) {
+std::future<void> LocalCollectives::run_reduce_scatter_sum(const float* in, float* out,
+                                                           size_t count_per_rank) {
   if (in != out) std::memmove(out, in, count_per_rank * sizeof(float));
   return ready();
 }
 
-std::future<void> LocalCollectives::allgather_async(const float* in, float* out,
-                                                    size_t count_per_rank) {
+std::future<void> LocalCollectives::run_allgather(const float* in, float* out,
+                                                  size_t count_per_rank) {
   if (in != out) std::memmove(out, in, count_per_rank * sizeof(float));
   return ready();
 }
 
-std::future<void> LocalCollectives::broadcast_async(float*, size_t, int root) {
+std::future<void> LocalCollectives::run_broadcast(float*, size_t, int root) {
   if (root != 0) {
     std::promise<void> p;
     p.set_exception(std::make_exception_ptr(CollectiveError(
@@ -80,7 +133,7 @@ std::future<void> LocalCollectives::broadcast_async(float*, size_t, int root) {
   return ready();
 }
 
-std::future<void> LocalCollectives::barrier_async() {
+std::future<void> LocalCollectives::run_barrier() {
   return ready();
 }
 
@@ -322,7 +375,7 @@ std::future<void> GlooCollectives::submit(const char* op, std::function<void(Imp
   return impl->ops->submit(op, [impl, fn = std::move(fn)] { fn(*impl); });
 }
 
-std::future<void> GlooCollectives::allreduce_sum_async(float* data, size_t count) {
+std::future<void> GlooCollectives::run_allreduce_sum(float* data, size_t count) {
   return submit("allreduce_sum", [data, count](Impl& m) {
     const auto until = m.deadline();
     const auto off = chunk_offsets(count, m.world);
@@ -330,8 +383,8 @@ std::future<void> GlooCollectives::allreduce_sum_async(float* data, size_t count
   });
 }
 
-std::future<void> GlooCollectives::reduce_scatter_sum_async(const float* in, float* out,
-                                                            size_t count_per_rank) {
+std::future<void> GlooCollectives::run_reduce_scatter_sum(const float* in, float* out,
+                                                          size_t count_per_rank) {
   return submit("reduce_scatter_sum", [in, out, count_per_rank](Impl& m) {
     std::vector<size_t> off(m.world + 1);
     for (int p = 0; p <= m.world; ++p) off[p] = p * count_per_rank;
@@ -339,8 +392,8 @@ std::future<void> GlooCollectives::reduce_scatter_sum_async(const float* in, flo
   });
 }
 
-std::future<void> GlooCollectives::allgather_async(const float* in, float* out,
-                                                   size_t count_per_rank) {
+std::future<void> GlooCollectives::run_allgather(const float* in, float* out,
+                                                 size_t count_per_rank) {
   return submit("allgather", [in, out, count_per_rank](Impl& m) {
     std::vector<size_t> off(m.world + 1);
     for (int p = 0; p <= m.world; ++p) off[p] = p * count_per_rank;
@@ -350,7 +403,7 @@ std::future<void> GlooCollectives::allgather_async(const float* in, float* out,
   });
 }
 
-std::future<void> GlooCollectives::broadcast_async(float* data, size_t count, int root) {
+std::future<void> GlooCollectives::run_broadcast(float* data, size_t count, int root) {
   return submit("broadcast", [data, count, root](Impl& m) {
     if (root < 0 || root >= m.world) {
       // Not a communication failure, but ranks disagreeing on the root cannot continue.
@@ -370,7 +423,7 @@ std::future<void> GlooCollectives::broadcast_async(float* data, size_t count, in
   });
 }
 
-std::future<void> GlooCollectives::barrier_async() {
+std::future<void> GlooCollectives::run_barrier() {
   return submit("barrier", [](Impl& m) {
     // Everyone sends a token to everyone: nobody leaves before all have arrived.
     const uint64_t slot = m.next_slot();

@@ -28,8 +28,11 @@
 // timeout. After a failure the object tears its connections down (so the other ranks fail
 // fast too instead of waiting out their own timeouts) and every later call throws.
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
@@ -50,6 +53,31 @@ class CollectiveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What a communicator has run, per kind of operation: how many and their payload
+// bytes on this rank, counted when a call is submitted (a call that then fails counted
+// too: the run ends with it). The payload is the larger buffer of the call, as in
+// nccl-tests' "size": allreduce and broadcast 4 * count, reduce-scatter the whole input
+// and allgather the whole output (4 * world_size * count_per_rank), barrier 0. So a
+// counter's rise over time is the algorithm bandwidth, the same figure on Gloo and NCCL.
+enum class CollectiveOp { kAllreduce, kReduceScatter, kAllgather, kBroadcast, kBarrier };
+inline constexpr size_t kCollectiveOpCount = 5;
+// "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier".
+const char* collective_op_name(CollectiveOp op);
+
+struct CollectiveTally {
+  uint64_t ops = 0;
+  uint64_t bytes = 0;
+};
+
+class CollectiveCounts {
+ public:
+  void add(CollectiveOp op, uint64_t bytes);
+  CollectiveTally of(CollectiveOp op) const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kCollectiveOpCount> ops_{}, bytes_{};
+};
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -57,18 +85,19 @@ class Collectives {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
 
+  // The public calls count themselves (counts()) and hand over to the backend's run_*, so
+  // every backend counts the same way.
   // data (count floats) becomes the sum over ranks, in place.
-  virtual std::future<void> allreduce_sum_async(float* data, size_t count) = 0;
+  std::future<void> allreduce_sum_async(float* data, size_t count);
   // in: world_size * count_per_rank floats; out: count_per_rank floats, the rank-order sum
   // of every rank's slice [rank * count_per_rank, (rank + 1) * count_per_rank).
-  virtual std::future<void> reduce_scatter_sum_async(const float* in, float* out,
-                                                     size_t count_per_rank) = 0;
+  std::future<void> reduce_scatter_sum_async(const float* in, float* out, size_t count_per_rank);
   // in: count_per_rank floats; out: world_size * count_per_rank floats, rank r's input at
   // offset r * count_per_rank. in may alias out + rank * count_per_rank.
-  virtual std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank) = 0;
+  std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank);
   // root's data is copied into every rank's data.
-  virtual std::future<void> broadcast_async(float* data, size_t count, int root) = 0;
-  virtual std::future<void> barrier_async() = 0;
+  std::future<void> broadcast_async(float* data, size_t count, int root);
+  std::future<void> barrier_async();
 
   // Blocking forms: submit and wait; rethrow the CollectiveError.
   void allreduce_sum(float* data, size_t count) { allreduce_sum_async(data, count).get(); }
@@ -81,24 +110,39 @@ class Collectives {
   void broadcast(float* data, size_t count, int root) { broadcast_async(data, count, root).get(); }
   void barrier() { barrier_async().get(); }
 
+  // What this communicator ran so far. Shared, so a metrics collector may read it after
+  // the communicator is gone.
+  std::shared_ptr<const CollectiveCounts> counts() const { return counts_; }
+
  protected:
   Collectives(int rank, int world_size);
+
+  // The backend's operations, with the semantics of the public calls above.
+  virtual std::future<void> run_allreduce_sum(float* data, size_t count) = 0;
+  virtual std::future<void> run_reduce_scatter_sum(const float* in, float* out,
+                                                   size_t count_per_rank) = 0;
+  virtual std::future<void> run_allgather(const float* in, float* out, size_t count_per_rank) = 0;
+  virtual std::future<void> run_broadcast(float* data, size_t count, int root) = 0;
+  virtual std::future<void> run_barrier() = 0;
 
  private:
   int rank_;
   int world_size_;
+  std::shared_ptr<CollectiveCounts> counts_ = std::make_shared<CollectiveCounts>();
 };
 
 // World size 1: reductions are the identity, gathers are copies; futures come back ready.
 class LocalCollectives final : public Collectives {
  public:
   LocalCollectives();
-  std::future<void> allreduce_sum_async(float* data, size_t count) override;
-  std::future<void> reduce_scatter_sum_async(const float* in, float* out,
-                                             size_t count_per_rank) override;
-  std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank) override;
-  std::future<void> broadcast_async(float* data, size_t count, int root) override;
-  std::future<void> barrier_async() override;
+
+ protected:
+  std::future<void> run_allreduce_sum(float* data, size_t count) override;
+  std::future<void> run_reduce_scatter_sum(const float* in, float* out,
+                                           size_t count_per_rank) override;
+  std::future<void> run_allgather(const float* in, float* out, size_t count_per_rank) override;
+  std::future<void> run_broadcast(float* data, size_t count, int root) override;
+  std::future<void> run_barrier() override;
 };
 
 struct GlooCollectivesOptions {
@@ -128,19 +172,20 @@ class GlooCollectives final : public Collectives {
   GlooCollectives(const GlooCollectives&) = delete;
   GlooCollectives& operator=(const GlooCollectives&) = delete;
 
-  std::future<void> allreduce_sum_async(float* data, size_t count) override;
-  std::future<void> reduce_scatter_sum_async(const float* in, float* out,
-                                             size_t count_per_rank) override;
-  std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank) override;
-  std::future<void> broadcast_async(float* data, size_t count, int root) override;
-  std::future<void> barrier_async() override;
-
   // Runs fn with the Gloo context on the communication thread, in order with the
   // collectives (bench/dp_bench compares Gloo's own algorithms on the same connections).
   std::future<void> run_on_comm_thread(
       std::function<void(const std::shared_ptr<gloo::Context>&)> fn);
 
   const GlooCollectivesOptions& options() const { return options_; }
+
+ protected:
+  std::future<void> run_allreduce_sum(float* data, size_t count) override;
+  std::future<void> run_reduce_scatter_sum(const float* in, float* out,
+                                           size_t count_per_rank) override;
+  std::future<void> run_allgather(const float* in, float* out, size_t count_per_rank) override;
+  std::future<void> run_broadcast(float* data, size_t count, int root) override;
+  std::future<void> run_barrier() override;
 
  private:
   struct Impl;

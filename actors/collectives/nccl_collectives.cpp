@@ -236,7 +236,7 @@ std::future<void> NcclCollectives::submit(const char* op, std::function<void(Imp
   return impl->ops->submit(op, [impl, fn = std::move(fn)] { fn(*impl); });
 }
 
-std::future<void> NcclCollectives::allreduce_sum_async(float* data, size_t count) {
+std::future<void> NcclCollectives::run_allreduce_sum(float* data, size_t count) {
   return submit("allreduce_sum", [data, count](Impl& m) {
     if (count == 0) return;
     const char* op = "allreduce_sum";
@@ -250,8 +250,8 @@ std::future<void> NcclCollectives::allreduce_sum_async(float* data, size_t count
   });
 }
 
-std::future<void> NcclCollectives::reduce_scatter_sum_async(const float* in, float* out,
-                                                            size_t count_per_rank) {
+std::future<void> NcclCollectives::run_reduce_scatter_sum(const float* in, float* out,
+                                                          size_t count_per_rank) {
   return submit("reduce_scatter_sum", [in, out, count_per_rank](Impl& m) {
     if (count_per_rank == 0) return;
     const char* op = "reduce_scatter_sum";
@@ -266,8 +266,8 @@ std::future<void> NcclCollectives::reduce_scatter_sum_async(const float* in, flo
   });
 }
 
-std::future<void> NcclCollectives::allgather_async(const float* in, float* out,
-                                                   size_t count_per_rank) {
+std::future<void> NcclCollectives::run_allgather(const float* in, float* out,
+                                                 size_t count_per_rank) {
   return submit("allgather", [in, out, count_per_rank](Impl& m) {
     if (count_per_rank == 0) return;
     const char* op = "allgather";
@@ -283,7 +283,7 @@ std::future<void> NcclCollectives::allgather_async(const float* in, float* out,
   });
 }
 
-std::future<void> NcclCollectives::broadcast_async(float* data, size_t count, int root) {
+std::future<void> NcclCollectives::run_broadcast(float* data, size_t count, int root) {
   return submit("broadcast", [data, count, root](Impl& m) {
     if (root < 0 || root >= m.world)
       throw CollectiveError("broadcast: root " + std::to_string(root) + " is not in [0, " +
@@ -300,7 +300,7 @@ std::future<void> NcclCollectives::broadcast_async(float* data, size_t count, in
   });
 }
 
-std::future<void> NcclCollectives::barrier_async() {
+std::future<void> NcclCollectives::run_barrier() {
   return submit("barrier", [](Impl& m) {
     const char* op = "barrier";
     const auto until = m.deadline();

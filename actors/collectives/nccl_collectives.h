@@ -44,15 +44,16 @@ class NcclCollectives final : public Collectives {
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
 
-  std::future<void> allreduce_sum_async(float* data, size_t count) override;
-  std::future<void> reduce_scatter_sum_async(const float* in, float* out,
-                                             size_t count_per_rank) override;
-  std::future<void> allgather_async(const float* in, float* out, size_t count_per_rank) override;
-  std::future<void> broadcast_async(float* data, size_t count, int root) override;
-  std::future<void> barrier_async() override;
-
   int device() const { return device_; }
   const NcclCollectivesOptions& options() const { return options_; }
+
+ protected:
+  std::future<void> run_allreduce_sum(float* data, size_t count) override;
+  std::future<void> run_reduce_scatter_sum(const float* in, float* out,
+                                           size_t count_per_rank) override;
+  std::future<void> run_allgather(const float* in, float* out, size_t count_per_rank) override;
+  std::future<void> run_broadcast(float* data, size_t count, int root) override;
+  std::future<void> run_barrier() override;
 
  private:
   struct Impl;

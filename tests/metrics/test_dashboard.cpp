@@ -75,7 +75,7 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   EXPECT_EQ(d["roles"][1]["error"], "serves no metrics");
   // The trainer's link rates, from the dashboard's own polls: a counter that stood still
   // reads 0 B/s, one the trainer does not have (fetched bytes) no rate at all.
-  ASSERT_EQ(d["roles"][0]["links"].size(), 2u) << d.dump(1);
+  ASSERT_EQ(d["roles"][0]["links"].size(), 4u) << d.dump(1);
   EXPECT_EQ(d["roles"][0]["links"][0]["link"], "push to services");
   EXPECT_EQ(d["roles"][0]["links"][0]["bytes_per_second"], 0.0);
   EXPECT_TRUE(d["roles"][0]["links"][1]["bytes_per_second"].is_null());
@@ -94,6 +94,8 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   EXPECT_NE(page->body.find("<td>dsactor_train_loss</td><td></td><td class=\"num\">4.25</td>"),
             std::string::npos);
   EXPECT_NE(page->body.find("<td>dsactor_train_last_phase_seconds</td><td>phase=fetch</td>"),
+            std::string::npos);
+  EXPECT_NE(page->body.find("<tr><td>collectives (gradients)</td><td class=\"num\">&ndash;</td>"),
             std::string::npos);
   EXPECT_NE(page->body.find("<tr><td>push to services</td><td class=\"num\">0</td></tr>"),
             std::string::npos);
@@ -198,6 +200,30 @@ TEST(LinkRates, ARestartedCounterStartsItsRateOver) {
   rates.add(t0 + std::chrono::seconds(2), trainer_state(50, 80));
   EXPECT_EQ(rates.rates()[0]["bytes_per_second"], 40.0);
   EXPECT_EQ(rates.rates()[1]["bytes_per_second"], 60.0);
+}
+
+// The trainer's collectives are link figures of their own: each communicator's bytes,
+// summed over its operations.
+TEST(LinkRates, CollectivesPerCommunicator) {
+  auto trainer_at = [](double scale) {
+    nlohmann::json state = counter_state("dsactor_train_collective_bytes_total", 1000 * scale,
+                                         {{"comm", "grad"}, {"op", "allreduce"}});
+    auto& series = state["metrics"]["dsactor_train_collective_bytes_total"]["series"];
+    series.push_back({{"labels", {{"comm", "grad"}, {"op", "allgather"}}}, {"value", 500 * scale}});
+    series.push_back(
+        {{"labels", {{"comm", "param"}, {"op", "allgather"}}}, {"value", 300 * scale}});
+    return state;
+  };
+  const auto t0 = LinkRates::Clock::time_point{};
+  LinkRates trainer("trainer", std::chrono::seconds(10));
+  trainer.add(t0, trainer_at(1));
+  trainer.add(t0 + std::chrono::seconds(2), trainer_at(3));
+  const auto tr = trainer.rates();
+  ASSERT_EQ(tr.size(), 4u) << tr.dump();
+  EXPECT_EQ(tr[2]["link"], "collectives (gradients)");
+  EXPECT_EQ(tr[2]["bytes_per_second"], 1500.0);  // (1000 + 500) * 2 over 2 s
+  EXPECT_EQ(tr[3]["link"], "collectives (parameters)");
+  EXPECT_EQ(tr[3]["bytes_per_second"], 300.0);
 }
 
 TEST(Dashboard, EscapesHtml) {
