@@ -149,7 +149,7 @@ std::string rate_text(const json& bytes_per_second) {
 }
 
 // Every role's link rates as the dashboard computes them (over its last polls): pushes,
-// fetches and collectives of trainers, a service's pushes.
+// fetches and collectives of trainers, a service's pushes and NVMe reads and writes.
 std::string link_rows(const json& roles) {
   std::string out = fmt::format("{:<12} {:<26} {:>12}\n", "LINKS", "LINK", "RATE");
   for (const auto& r : roles)

@@ -14,6 +14,8 @@ const std::vector<LinkFigure>& link_figures(const std::string& kind) {
   static const std::vector<LinkFigure> offload = {
       {"pushed in (frames)", "dsactor_offload_pushed_bytes_total", {{"path", "frames"}}},
       {"pushed in (arena)", "dsactor_offload_pushed_bytes_total", {{"path", "arena"}}},
+      {"NVMe read", "dsactor_offload_nvme_read_bytes_total", {}},
+      {"NVMe written", "dsactor_offload_nvme_written_bytes_total", {}},
   };
   static const std::vector<LinkFigure> none;
   if (kind == "trainer") return trainer;

@@ -72,7 +72,8 @@ nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<Nv
       },
       [self](io_usage_atom) {
         auto& t = *self->state.tier;
-        return IoUsage{t.used_bytes(), t.staging_bytes(), t.file_bytes(), t.room_bytes()};
+        return IoUsage{t.used_bytes(), t.staging_bytes(), t.file_bytes(),
+                       t.room_bytes(), t.read_bytes(),    t.written_bytes()};
       });
 }
 

@@ -53,12 +53,16 @@ struct ExtentPassResult {
   std::string error;
 };
 
-// Sizes the store reports (Stats).
+// Sizes and traffic the store reports (Stats).
 struct IoUsage {
   uint64_t used_bytes = 0;
   uint64_t staging_bytes = 0;
   uint64_t file_bytes = 0;  // partitions.dat on disk (the footprint)
   uint64_t room_bytes = 0;  // free in partitions.dat and on its filesystem
+
+  // NvmeTier::read_bytes() and written_bytes().
+  uint64_t read_bytes = 0;
+  uint64_t written_bytes = 0;
 };
 
 using io_stream_atom = caf::atom_constant<caf::atom("iostream")>;

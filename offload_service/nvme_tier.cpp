@@ -185,6 +185,12 @@ void NvmeTier::checksum_failed(const NvmeLocation& at, uint32_t got) const {
   throw ChecksumError(text);
 }
 
+void NvmeTier::count_transfers(const Pass& pass, uint64_t chunk_bytes, uint64_t section_bytes) {
+  const uint64_t read = (pass.from ? chunk_bytes : 0) + (pass.gradient ? section_bytes : 0);
+  read_bytes_.fetch_add(read, std::memory_order_relaxed);
+  if (pass.into) written_bytes_.fetch_add(chunk_bytes, std::memory_order_relaxed);
+}
+
 NvmeLocation NvmeTier::stream(const Pass& pass, uint64_t n, const ChunkFn& fn) {
   const uint64_t C = chunk_elems_;
   const uint64_t chunks = (n + C - 1) / C;
@@ -214,6 +220,7 @@ NvmeLocation NvmeTier::stream(const Pass& pass, uint64_t n, const ChunkFn& fn) {
   try {
     read_gradient(0);
     file_->stream(steps, buffers, [&](size_t k, std::span<std::byte> bytes) {
+      count_transfers(pass, steps[k].bytes, section[k]);
       if (pass.from) {
         crc_in = checksum::crc32c(bytes.data(), bytes.size(), crc_in);
       } else {

@@ -24,6 +24,7 @@
 // it. So the tier holds at most two extents per partition (the committed state and the
 // next one) and no per-element RAM.
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -108,6 +109,13 @@ class NvmeTier {
   // its filesystem (statvfs).
   uint64_t room_bytes() const;
 
+  // Bytes this tier's passes read from and wrote to partitions.dat since it opened: every
+  // io_uring transfer of a pass (a chunk's sections, a commit's gradient read-ahead),
+  // counted as each chunk reaches its function, so a pass that fails part-way counts the
+  // chunks it got to. Readable from any thread.
+  uint64_t read_bytes() const { return read_bytes_.load(std::memory_order_relaxed); }
+  uint64_t written_bytes() const { return written_bytes_.load(std::memory_order_relaxed); }
+
   // Marks an extent from a reloaded record as used.
   void adopt(const storage::Extent& extent);
   void release(const storage::Extent& extent);
@@ -154,6 +162,9 @@ class NvmeTier {
   storage::Extent allocate(uint64_t bytes);
   // The crc32c of what was written (with that of its master sections), extent unset.
   NvmeLocation stream(const Pass& pass, uint64_t n, const ChunkFn& fn);
+  // One chunk of a pass: `chunk_bytes` read (from an extent) and written (into one), and
+  // `section_bytes` of gradient read ahead.
+  void count_transfers(const Pass& pass, uint64_t chunk_bytes, uint64_t section_bytes);
   NvmeLocation stream_into_fresh(const NvmeLocation* from, uint64_t n, const ChunkFn& fn);
   [[noreturn]] void checksum_failed(const NvmeLocation& at, uint32_t got) const;
 
@@ -165,6 +176,7 @@ class NvmeTier {
   // buffer_count chunk buffers, then two of one section (the gradient a commit reads),
   // registered with the io_uring ring.
   HostBufferPtr ring_;
+  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0};
 };
 
 }  // namespace dsactor::offload

@@ -156,6 +156,11 @@ struct StoreStats {
   uint64_t staging_bytes = 0;    // NVMe staging buffers: all the RAM NVMe partitions use
   uint64_t nvme_file_bytes = 0;  // partitions.dat's blocks on disk (the NVMe footprint)
   uint64_t memory_limit = 0;     // what bytes_in_ram may reach (the staging ring taken off)
+
+  // The NVMe tier's traffic since the service started (not on the wire).
+  uint64_t nvme_read_bytes = 0;
+  uint64_t nvme_written_bytes = 0;
+
   PinningKind pinning = PinningKind::kNone;
   std::optional<std::filesystem::path> nvme_dir;  // the NVMe tier's, when there is one
   messages::StatsReply wire() const {

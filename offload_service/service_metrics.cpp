@@ -24,6 +24,15 @@ void collect_store(metrics::Registry& r, const StoreStats& s) {
   set("dsactor_offload_partitions", partitions_help, s.partitions_on_nvme, {{"tier", "nvme"}});
   r.counter("dsactor_offload_steps_applied_total", "Optimizer steps applied (skips not counted)")
       .set_total(static_cast<double>(s.steps));
+  if (!s.nvme_dir) return;  // no NVMe tier: no traffic series rather than a flat 0
+  r.counter("dsactor_offload_nvme_read_bytes_total",
+            "Bytes the NVMe tier read from partitions.dat (master, m and v sections; a commit's "
+            "gradient)")
+      .set_total(static_cast<double>(s.nvme_read_bytes));
+  r.counter("dsactor_offload_nvme_written_bytes_total",
+            "Bytes the NVMe tier wrote to partitions.dat (new extents; a push's accumulated "
+            "gradient)")
+      .set_total(static_cast<double>(s.nvme_written_bytes));
 }
 
 void collect_gateway(metrics::Registry& r, const actors::GatewayCounters& g) {

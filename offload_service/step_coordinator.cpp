@@ -291,6 +291,8 @@ struct CoordinatorState {
       st.bytes_on_nvme = u.used_bytes;
       st.staging_bytes = u.staging_bytes;
       st.nvme_file_bytes = u.file_bytes;
+      st.nvme_read_bytes = u.read_bytes;
+      st.nvme_written_bytes = u.written_bytes;
     }
     for (const auto& [name, job] : jobs.all()) {
       for (const auto& [pid, p] : job.parts)

@@ -202,9 +202,9 @@ TEST(LinkRates, ARestartedCounterStartsItsRateOver) {
   EXPECT_EQ(rates.rates()[1]["bytes_per_second"], 60.0);
 }
 
-// The trainer's collectives are link figures of their own: each communicator's bytes,
-// summed over its operations.
-TEST(LinkRates, CollectivesPerCommunicator) {
+// The trainer's collectives (each communicator's bytes summed over its operations) and the
+// service's NVMe reads and writes are link figures of their own.
+TEST(LinkRates, CollectivesPerCommunicatorAndNvmePerDirection) {
   auto trainer_at = [](double scale) {
     nlohmann::json state = counter_state("dsactor_train_collective_bytes_total", 1000 * scale,
                                          {{"comm", "grad"}, {"op", "allreduce"}});
@@ -214,16 +214,30 @@ TEST(LinkRates, CollectivesPerCommunicator) {
         {{"labels", {{"comm", "param"}, {"op", "allgather"}}}, {"value", 300 * scale}});
     return state;
   };
+  auto service_at = [](double scale) {
+    nlohmann::json state = counter_state("dsactor_offload_nvme_read_bytes_total", 4096 * scale);
+    state["metrics"].update(
+        counter_state("dsactor_offload_nvme_written_bytes_total", 8192 * scale)["metrics"]);
+    return state;
+  };
   const auto t0 = LinkRates::Clock::time_point{};
-  LinkRates trainer("trainer", std::chrono::seconds(10));
+  LinkRates trainer("trainer", std::chrono::seconds(10)),
+      service("offload", std::chrono::seconds(10));
   trainer.add(t0, trainer_at(1));
   trainer.add(t0 + std::chrono::seconds(2), trainer_at(3));
-  const auto tr = trainer.rates();
+  service.add(t0, service_at(1));
+  service.add(t0 + std::chrono::seconds(2), service_at(3));
+  const auto tr = trainer.rates(), sr = service.rates();
   ASSERT_EQ(tr.size(), 4u) << tr.dump();
   EXPECT_EQ(tr[2]["link"], "collectives (gradients)");
   EXPECT_EQ(tr[2]["bytes_per_second"], 1500.0);  // (1000 + 500) * 2 over 2 s
   EXPECT_EQ(tr[3]["link"], "collectives (parameters)");
   EXPECT_EQ(tr[3]["bytes_per_second"], 300.0);
+  ASSERT_EQ(sr.size(), 4u) << sr.dump();
+  EXPECT_EQ(sr[2]["link"], "NVMe read");
+  EXPECT_EQ(sr[2]["bytes_per_second"], 4096.0);
+  EXPECT_EQ(sr[3]["link"], "NVMe written");
+  EXPECT_EQ(sr[3]["bytes_per_second"], 8192.0);
 }
 
 TEST(Dashboard, EscapesHtml) {
