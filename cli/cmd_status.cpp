@@ -98,8 +98,9 @@ std::string gib(double bytes) {
 
 std::string trainer_rows(const json& roles) {
   std::string out = fmt::format(
-      "{:<12} {:<5} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}\n", "TRAINER", "UP",
-      "STEP", "LOSS", "LR", "TOK/S", "FETCH", "FWD", "PUSH", "BWD", "COMMIT", "OPT");
+      "{:<12} {:<5} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}\n", "TRAINER",
+      "UP", "STEP", "LOSS", "LR", "TOK/S", "FETCH", "FWD", "REDUCE", "PUSH", "BWD", "COMMIT",
+      "OPT");
   for (const auto& r : roles) {
     if (r["kind"] != "trainer") continue;
     const json& s = r["state"];
@@ -107,14 +108,15 @@ std::string trainer_rows(const json& roles) {
       return num(metrics::value_of(s, "dsactor_train_last_phase_seconds", {{"phase", p}}),
                  "{:.3f}");
     };
-    out += fmt::format("{:<12} {:<5} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}\n",
-                       r["name"].get<std::string>(), r["up"].get<bool>() ? "yes" : "no",
-                       num(metrics::value_of(s, "dsactor_train_global_step"), "{:.0f}"),
-                       num(metrics::value_of(s, "dsactor_train_loss")),
-                       num(metrics::value_of(s, "dsactor_train_lr"), "{:.3g}"),
-                       num(metrics::value_of(s, "dsactor_train_tokens_per_second"), "{:.0f}"),
-                       phase("fetch"), phase("forward"), phase("push"), phase("backward"),
-                       phase("commit"), phase("optimizer"));
+    out += fmt::format(
+        "{:<12} {:<5} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}\n",
+        r["name"].get<std::string>(), r["up"].get<bool>() ? "yes" : "no",
+        num(metrics::value_of(s, "dsactor_train_global_step"), "{:.0f}"),
+        num(metrics::value_of(s, "dsactor_train_loss")),
+        num(metrics::value_of(s, "dsactor_train_lr"), "{:.3g}"),
+        num(metrics::value_of(s, "dsactor_train_tokens_per_second"), "{:.0f}"), phase("fetch"),
+        phase("forward"), phase("reduce"), phase("push"), phase("backward"), phase("commit"),
+        phase("optimizer"));
   }
   return out;
 }

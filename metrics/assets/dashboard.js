@@ -2,9 +2,9 @@
 "use strict";
 (function () {
   const query = location.search.includes("token=") ? location.search : "";
-  const PHASES = [  // stacked in this order; forward/backward/optimizer less their parts
-    ["fetch wait", "#d69e2e"], ["forward", "#3182ce"], ["push", "#dd6b20"],
-    ["backward", "#805ad5"], ["commit", "#38a169"], ["optimizer", "#718096"]];
+  const PHASES = [  // stacked in this order (bands()); forward/backward/optimizer less their waits
+    ["fetch wait", "#d69e2e"], ["forward", "#3182ce"], ["reduce", "#e53e3e"], ["backward", "#805ad5"],
+    ["push", "#dd6b20"], ["commit", "#38a169"], ["optimizer", "#718096"]];
 
   const el = (tag, attrs, ...kids) => {
     const e = document.createElementNS(
@@ -41,6 +41,20 @@
     return el("div", { class: "panel" }, el("h4", {}, title), svg);
   }
 
+  // A step's bands in PHASES order: each wait as measured, and forward, backward and optimizer
+  // less the waits inside them (where StepResult says each lies; what a wait has beyond its
+  // first phase, as ZeRO's last reduce-scatter in optimizer, comes off the next), so a bar is
+  // the step's time.
+  function bands(p) {
+    const left = { forward: p.forward || 0, backward: p.backward || 0, optimizer: p.optimizer || 0 };
+    const take = (wait, homes) => { let rest = wait || 0;
+      for (const h of homes) { const d = Math.min(rest, left[h]); left[h] -= d; rest -= d; }
+      return (wait || 0) - rest; };
+    const commit = take(p.commit, ["optimizer"]), push = take(p.push, ["optimizer", "backward"]);
+    const fetch = take(p.fetch, ["forward", "optimizer"]), reduce = take(p.reduce, ["backward", "optimizer"]);
+    return [fetch, left.forward, reduce, left.backward, push, commit, left.optimizer];
+  }
+
   function timeline(trainers) {  // the last steps of every rank, stacked by phase
     const box = el("div", { class: "panel" }, el("h4", {}, "Step timeline by phase (seconds, last steps per rank)"));
     const legend = el("div", { class: "legend" });
@@ -52,8 +66,7 @@
       const max = Math.max(1e-9, ...steps.map(total)), bw = W / Math.max(steps.length, 1);
       const svg = el("svg", { width: W, height: H + 12, class: "timeline", "data-role": t.name });
       steps.forEach((h, i) => {
-        const p = h.phases, parts = [p.fetch || 0, Math.max(0, (p.forward || 0) - (p.fetch || 0)), p.push || 0,
-          Math.max(0, (p.backward || 0) - (p.push || 0)), p.commit || 0, Math.max(0, (p.optimizer || 0) - (p.commit || 0))];
+        const parts = bands(h.phases);
         let y = H;
         parts.forEach((s, k) => { const hgt = s / max * H; y -= hgt;
           svg.append(el("rect", { x: i * bw, y: y, width: Math.max(1, bw - 1), height: hgt, fill: PHASES[k][1] },

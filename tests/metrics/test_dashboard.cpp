@@ -43,6 +43,7 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   auto& loss = trainer.gauge("dsactor_train_loss", "loss");
   auto& steps = trainer.counter("dsactor_train_steps_total", "steps");
   trainer.gauge("dsactor_train_last_phase_seconds", "phases", {{"phase", "fetch"}}).set(0.25);
+  trainer.gauge("dsactor_train_last_phase_seconds", "phases", {{"phase", "reduce"}}).set(0.125);
   trainer.counter("dsactor_actor_messages_total", "messages", {{"actor", "monitor"}}).add(3);
   trainer.set_text("dsactor_actor_last_error", {{"actor", "monitor"}}, "no <csv> file");
   trainer.counter("dsactor_train_pushed_bytes_total", "pushed").add(4096);
@@ -70,6 +71,7 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   EXPECT_TRUE(d["roles"][0]["up"].get<bool>());
   EXPECT_EQ(d["roles"][0]["history"][1]["loss"], 4.25);
   EXPECT_EQ(d["roles"][0]["history"][1]["phases"]["fetch"], 0.25);
+  EXPECT_EQ(d["roles"][0]["history"][1]["phases"]["reduce"], 0.125);
   EXPECT_EQ(value_of(d["roles"][0]["state"], "dsactor_train_loss"), 4.25);
   EXPECT_FALSE(d["roles"][1]["up"].get<bool>());
   EXPECT_EQ(d["roles"][1]["error"], "serves no metrics");
@@ -94,6 +96,9 @@ TEST(Dashboard, ReadsEveryRoleKeepsStepsAndServesThePage) {
   EXPECT_NE(page->body.find("<td>dsactor_train_loss</td><td></td><td class=\"num\">4.25</td>"),
             std::string::npos);
   EXPECT_NE(page->body.find("<td>dsactor_train_last_phase_seconds</td><td>phase=fetch</td>"),
+            std::string::npos);
+  EXPECT_NE(page->body.find("<td>dsactor_train_last_phase_seconds</td><td>phase=reduce</td>"
+                            "<td class=\"num\">0.125</td>"),
             std::string::npos);
   EXPECT_NE(page->body.find("<tr><td>collectives (gradients)</td><td class=\"num\">&ndash;</td>"),
             std::string::npos);

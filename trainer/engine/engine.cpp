@@ -217,7 +217,8 @@ StepResult Engine::train_step(BatchLoader& loader) {
     comm_->allreduce_sum(loss_and_stop, 2);
     r.loss = loss_and_stop[0] / static_cast<float>(world_size_);
     stop_agreed_ = loss_and_stop[1] > 0;
-    r.backward_seconds += seconds_since(t_comm);
+    r.reduce_seconds = seconds_since(t_comm);
+    r.backward_seconds += r.reduce_seconds;
   }
 
   const auto t_opt = Clock::now();

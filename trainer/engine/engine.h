@@ -41,9 +41,16 @@ struct StepResult {
   bool skipped = false;     // fp16 overflow: no parameter changed
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
   // ZeRO engines with offload services (0 otherwise), parts of the times above: waiting for
-  // parameters from the services, for the gradient pushes' replies (and the verdict), and
-  // the commit (or skip) on every service.
+  // parameters from the services (in forward, and the refetch after a commit in optimizer),
+  // for the gradient pushes' replies (in optimizer), and the commit (or skip) on every
+  // service (in optimizer).
   double fetch_seconds = 0, push_seconds = 0, commit_seconds = 0;
+  // Data parallel (0 without collectives): waiting for the gradients' reduction across the
+  // ranks, apart from push. Stage 0: the allreduces not hidden behind the backward and the
+  // loss allreduce (in backward). ZeRO: the reduce-scatters (in backward; the last one in
+  // optimizer) and the norm's allgather (in optimizer). The four waits are disjoint, so
+  // they sum to at most forward + backward + optimizer.
+  double reduce_seconds = 0;
 };
 
 // The ZeRO stage-0 engine: one process holds the whole model, its gradients and the Adam

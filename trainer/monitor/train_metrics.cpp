@@ -32,8 +32,8 @@ TrainMetrics::TrainMetrics(metrics::Registry& r)
   auto phase = [&r](const char* name) {
     const metrics::Labels l{{"phase", name}};
     return Phase{&r.summary("dsactor_train_phase_seconds",
-                            "Time per step in each phase (fetch, push and commit are parts of "
-                            "forward, backward and optimizer)",
+                            "Time per step in each phase (fetch, push, reduce and commit are "
+                            "waits inside forward, backward and optimizer)",
                             l),
                  &r.gauge("dsactor_train_last_phase_seconds", "The last step's phase times", l)};
   };
@@ -43,6 +43,7 @@ TrainMetrics::TrainMetrics(metrics::Registry& r)
   fetch_ = phase("fetch");
   push_ = phase("push");
   commit_ = phase("commit");
+  reduce_ = phase("reduce");
 }
 
 void TrainMetrics::record(const StepResult& r, int64_t target_steps, double tokens_per_second,
@@ -61,7 +62,8 @@ void TrainMetrics::record(const StepResult& r, int64_t target_steps, double toke
                             {&optimizer_, r.optimizer_seconds},
                             {&fetch_, r.fetch_seconds},
                             {&push_, r.push_seconds},
-                            {&commit_, r.commit_seconds}}) {
+                            {&commit_, r.commit_seconds},
+                            {&reduce_, r.reduce_seconds}}) {
     p->total->observe(seconds);
     p->last->set(seconds);
   }

@@ -38,7 +38,7 @@ class TrainMetrics {
   metrics::Gauge &loss_, &lr_, &grad_norm_, &loss_scale_, &tokens_per_second_, &global_step_,
       &target_steps_, &eta_;
   metrics::Counter &steps_, &skipped_;
-  Phase forward_, backward_, optimizer_, fetch_, push_, commit_;
+  Phase forward_, backward_, optimizer_, fetch_, push_, commit_, reduce_;
   double step_seconds_ = 0;  // forward + backward + optimizer over the steps recorded
 };
 

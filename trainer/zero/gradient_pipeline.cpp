@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "actors/collectives/collectives.h"
+#include "trainer/step_clock.h"
 #include "trainer/zero/arena_slots.h"
 #include "trainer/zero/service_error.h"
 
@@ -160,8 +161,10 @@ void GradientPipeline::reduce_scatter_failed(size_t b, const std::exception& e) 
 void GradientPipeline::complete_oldest_reduction() {
   PendingReduction r = std::move(reductions_.front());
   reductions_.pop_front();
+  const auto t0 = Clock::now();
   try {
     r.done.get();
+    reduce_wait_seconds_ += seconds_since(t0);
   } catch (const actors::CollectiveError& e) {
     drop_grad(r.full);
     drop_grad(r.reduced);
@@ -196,8 +199,10 @@ FloatBuffer GradientPipeline::partition_of(size_t b, FloatBuffer reduced) {
   const size_t P = z_.plan.partition_numel(b);
   FloatBuffer mine(P);
   memory_->add(mine.bytes());
+  const auto t0 = Clock::now();
   try {
     z_.options.grad_comm->reduce_scatter_sum(full.data(), mine.data(), P);
+    reduce_wait_seconds_ += seconds_since(t0);
   } catch (const actors::CollectiveError& e) {
     drop_grad(mine);
     drop_grad(full);

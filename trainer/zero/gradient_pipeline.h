@@ -72,6 +72,8 @@ class GradientPipeline {
   // Between steps every push slot is idle: their pages go back (see arena_slots.h).
   void trim_idle_slots();
   void add_stats(ZeroStats& s) const;
+  // Seconds this pipeline waited for reduce-scatters so far (W > 1).
+  double reduce_wait_seconds() const { return reduce_wait_seconds_; }
 
  private:
   struct GradMemory;
@@ -117,6 +119,7 @@ class GradientPipeline {
   BlockSet kept_;  // LocalPartitions: per block this rank's partition, until drop_kept
   std::vector<char> block_pushed_;
   uint64_t overlapped_reductions_ = 0;
+  double reduce_wait_seconds_ = 0;
   size_t max_pushes_seen_ = 0;
   size_t kept_grad_bytes_ = 0;
   uint64_t bytes_pushed_ = 0;

@@ -423,8 +423,10 @@ ZeroEngine::Verdict ZeroEngine::combine_across_ranks(const PushedGradients& push
   mine[3 * nblocks + 2] = stop_requested_ ? 1.0f : 0.0f;
   const size_t W = plan_.world_size();
   std::vector<float> all(W * per_rank);
+  const auto t_gather = Clock::now();
   try {
     options_.grad_comm->allgather(mine.data(), all.data(), per_rank);
+    r.reduce_seconds += seconds_since(t_gather);
   } catch (const actors::CollectiveError& e) {
     throw ZeroServiceError(fmt::format(
         "combining the gradient norm across {} trainers failed at step {}; last committed step "
@@ -516,15 +518,20 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
   const double fetch_waits = fetch_wait_seconds();
+  const double reduce_waits = gradients_->reduce_wait_seconds();
   gradients_->begin_step();
   run_micro_steps(loader, r);
 
   const auto t_opt = Clock::now();
+  const double reduced_in_backward = gradients_->reduce_wait_seconds() - reduce_waits;
   // The global norm and overflow verdict from every push reply, before any commit: a
   // service that failed a push stops this step here (no commit went anywhere).
   const Verdict v = reach_verdict(r);
   storage::crash_point("gradients-pushed");
-  r.push_seconds = seconds_since(t_opt);
+  // The verdict's allgather (in reach_verdict) and the last reduce-scatters (in finish())
+  // are reduce time, not push.
+  r.reduce_seconds += gradients_->reduce_wait_seconds() - reduce_waits;
+  r.push_seconds = seconds_since(t_opt) - (r.reduce_seconds - reduced_in_backward);
   r.fetch_seconds = fetch_wait_seconds() - fetch_waits;
   ++counters_.global_step;
   const auto step = static_cast<uint64_t>(counters_.global_step);
