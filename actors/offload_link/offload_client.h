@@ -115,8 +115,8 @@ class OffloadClient {
   // Bytes of the arena this client mapped (0 without one, or when it shares another's).
   size_t arena_bytes() const;
   // A free slot of at least `bytes`, or an empty buffer (no arena, too large, all taken).
-  // Of the free slots, one whose kept pages cover `bytes` (the smallest such), else the one
-  // that kept the most: a slot's pages serve the same payload size step after step.
+  // The slot is chosen by SlotPool::take's rule: a slot's pages serve the same payload
+  // size step after step.
   ArenaBuffer arena_buffer(size_t bytes);
   // Of the arena this client mapped (0 otherwise): SlotPool::resident_bytes, faulted_bytes,
   // peak_idle_bytes.

@@ -102,21 +102,25 @@ size_t SlotPool::trim_free() {
 }
 
 size_t SlotPool::pick(size_t bytes) const {
-  // A free slot whose kept pages already cover the use, the smallest such: the embedding's
-  // slot stays the embedding's, a layer's goes to a layer. Otherwise the one with the most
-  // kept pages, so the fewest are faulted in.
-  size_t best = slot_busy_.size();
+  // A free slot whose kept pages fit the use, less than twice its size (the smallest such):
+  // the embedding's slot stays the embedding's, a layer's goes to a layer. Else one that
+  // kept less than the use, the most of it (the fewest faulted in): a layer that took the
+  // embedding's kept pages would leave the embedding to fault in a slot of its own. Only
+  // when every free slot kept twice the use or more, the smallest of them.
+  const size_t none = slot_busy_.size();
+  size_t fit = none, under = none, over = none;
   for (size_t i = 0; i < slot_busy_.size(); ++i) {
     if (slot_busy_[i]) continue;
-    if (best == slot_busy_.size()) {
-      best = i;
-      continue;
+    const size_t r = slot_resident_[i];
+    if (r >= bytes && r / 2 < bytes) {
+      if (fit == none || r < slot_resident_[fit]) fit = i;
+    } else if (r < bytes) {
+      if (under == none || r > slot_resident_[under]) under = i;
+    } else if (over == none || r < slot_resident_[over]) {
+      over = i;
     }
-    const size_t have = slot_resident_[i], held = slot_resident_[best];
-    const bool covers = have >= bytes, best_covers = held >= bytes;
-    if (covers != best_covers ? covers : (covers ? have < held : have > held)) best = i;
   }
-  return best;
+  return fit != none ? fit : under != none ? under : over;
 }
 
 ArenaBuffer SlotPool::take(size_t fit_bytes, size_t used_bytes) {

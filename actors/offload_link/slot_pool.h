@@ -67,8 +67,8 @@ class SlotPool {
   size_t arena_bytes() const;
   // A free slot for a use of `fit_bytes`, taken as touched up to `used_bytes`; empty when
   // the use is larger than a slot or every slot is taken. Of the free slots, one whose kept
-  // pages cover the use (the smallest such), else the one that kept the most: a slot's
-  // pages serve the same payload size step after step.
+  // pages cover the use but not twice over (the smallest such), else the one that kept the
+  // most short of it: a slot's pages serve the same payload size step after step.
   ArenaBuffer take(size_t fit_bytes, size_t used_bytes);
   // What the current use of a taken slot touched (a fetch's reply says).
   void set_used(size_t slot, size_t bytes);
