@@ -301,7 +301,9 @@ TEST_F(ZeroEngineTest, Stage3ArenaPagesAreFaultedInOnceNotEveryStep) {
         << first.arena_faulted_bytes;
     EXPECT_GT(later.arena_resident_bytes, 0u) << "the pool keeps its pages between steps";
     EXPECT_LE(later.arena_resident_bytes, later.arena_bytes);
-    if (mode == "fp32") EXPECT_GT(later.fetches_in_place, 0u);
+    if (mode == "fp32") {
+      EXPECT_GT(later.fetches_in_place, 0u);
+    }
   }
 }
 
