@@ -210,11 +210,19 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   r["max_pushes_in_flight"] = after.max_pushes_in_flight;
   // Shared-memory arenas with the service (0: frames); resident once touched.
   r["arena_bytes"] = after.arena_bytes;
+  // Of it, pages resident at the end (kept by idle slots or held), and the bytes of slot
+  // pages faulted in per step (each use's bytes beyond what its slot had kept).
+  r["arena_resident_bytes"] = after.arena_resident_bytes;
+  r["arena_faulted_bytes_per_step"] =
+      static_cast<double>(after.arena_faulted_bytes - before.arena_faulted_bytes) / n;
   // Of the measured steps' pushes and fetches (as `fetches`), those that went in place.
   r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
   r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
-  // The two peaks need not coincide: their sum bounds the model state held at once.
-  r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes;
+  // The peaks need not coincide: their sum bounds the model state held at once, the arena
+  // pages idle slots kept included.
+  r["arena_peak_idle_bytes"] = after.arena_peak_idle_bytes;
+  r["accounted_bytes"] = after.peak_resident_param_bytes + after.peak_resident_grad_bytes +
+                         after.arena_peak_idle_bytes;
   return r;
 }
 

@@ -1,9 +1,11 @@
 #include "offload_service/push_accumulate.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "checksum/crc32c.h"
+#include "checksum/crc32c_copy.h"
 #include "kernels/cpu/grad_stats_stream.h"
 #include "offload_service/store_common.h"
 
@@ -16,11 +18,26 @@ AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
   // the stream never carries a partial block between pieces.
   constexpr uint64_t kPiece = 16384;
   const size_t element = messages::dtype_size(dtype);
-  std::vector<float> widened(static_cast<size_t>(std::min(kPiece, n)));
+  // One micro-step of fp32 (the usual case): the payload goes straight into the sum, checked
+  // as it is copied, and becomes the trainer's 0 + g (a -0 turns +0) while still in cache.
+  const bool copy_only = first && dtype == messages::DType::fp32;
+  std::vector<float> widened(copy_only ? 0 : static_cast<size_t>(std::min(kPiece, n)));
   kernels::cpu::GradStatsStream stats;
   AccumulatedPush out;
   for (uint64_t i = 0; i < n; i += kPiece) {
     const uint64_t c = std::min(kPiece, n - i);
+    if (copy_only) {
+      float* s = sum + i;
+      const std::byte* src = payload.data() + i * element;
+      if (with_crc) {
+        out.crc32c = checksum::crc32c_copy(s, src, c * element, out.crc32c);
+      } else {
+        std::memcpy(s, src, c * element);
+      }
+      for (uint64_t k = 0; k < c; ++k) s[k] = 0.0f + s[k];
+      stats.add(s, c);
+      continue;
+    }
     if (with_crc)
       out.crc32c = checksum::crc32c(payload.data() + i * element, c * element, out.crc32c);
     detail::payload_to_floats(widened.data(), payload, dtype, i, c);

@@ -2,8 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
 #include <random>
@@ -75,32 +73,6 @@ OffloadClient::~OffloadClient() {
 
 // ---- arena ----------------------------------------------------------------------------
 
-ArenaBuffer::ArenaBuffer(ArenaBuffer&& o) noexcept
-    : client_(std::exchange(o.client_, nullptr)),
-      slot_(o.slot_),
-      offset_(o.offset_),
-      bytes_(o.bytes_) {}
-
-ArenaBuffer& ArenaBuffer::operator=(ArenaBuffer&& o) noexcept {
-  if (this != &o) {
-    release();
-    client_ = std::exchange(o.client_, nullptr);
-    slot_ = o.slot_;
-    offset_ = o.offset_;
-    bytes_ = o.bytes_;
-  }
-  return *this;
-}
-
-ArenaBuffer::~ArenaBuffer() {
-  release();
-}
-
-void ArenaBuffer::release() {
-  if (client_) client_->release_slot(slot_);
-  client_ = nullptr;
-}
-
 ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots,
                                                  size_t keep_bytes) {
   if (has_arena() || slot_bytes == 0 || slots == 0 || !messages::is_local_endpoint(endpoint_))
@@ -147,25 +119,26 @@ ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots
   const auto* ok = std::get_if<msg::MapArenaReply>(body);
   if (!ok || ok->arena_id == 0 || ok->size != arena->size())
     return fallback("unexpected reply " + std::string(msg::kind_name(*body)));
-  arena_ = std::move(arena);
+  spdlog::debug("offload client: {} maps our {}-byte arena as {}", endpoint_, arena->size(),
+                ok->arena_id);
   arena_id_ = ok->arena_id;
-  slot_bytes_ = slot;
-  // Compared before rounding up: keep_bytes may be SIZE_MAX ("keep everything").
-  keep_bytes_ = keep_bytes >= slot ? slot : (keep_bytes + page - 1) / page * page;
-  slot_busy_.assign(slots, 0);
-  slot_used_.assign(slots, 0);
-  slot_resident_.assign(slots, 0);
-  spdlog::debug("offload client: {} maps our {}-byte arena as {}", endpoint_, arena_->size(),
-                arena_id_);
+  pool_ = std::make_shared<SlotPool>(std::move(arena), ok->arena_id, slot, slots, keep_bytes);
   return true;
 }
 
 size_t OffloadClient::arena_bytes() const {
-  return has_arena() ? arena_->size() : 0;
+  return arena_id_ != 0 ? pool_->arena_bytes() : 0;
+}
+
+void OffloadClient::share_arena(OffloadClient& owner) {
+  if (&owner == this || pool_ || owner.endpoint() != endpoint_ || !owner.has_arena())
+    throw std::logic_error("share_arena: " + endpoint_ + " can only use the mapped arena of " +
+                           "another client of the same service, and has none of its own");
+  pool_ = owner.pool_;
 }
 
 void OffloadClient::unmap_arena() {
-  if (!has_arena()) return;
+  if (arena_id_ == 0) return;
   // Best effort: a service that is gone unmaps everything when it stops anyway. The
   // linger lets the request leave before the socket closes, without waiting for a reply.
   try {
@@ -176,59 +149,24 @@ void OffloadClient::unmap_arena() {
   arena_id_ = 0;
 }
 
-void OffloadClient::release_slot(size_t slot) {
-  std::lock_guard lock(slots_mu_);
-  slot_busy_[slot] = 0;
-  const size_t used = std::exchange(slot_used_[slot], 0);
-  if (used <= keep_bytes_) {
-    slot_resident_[slot] = std::max(slot_resident_[slot], used);
-    return;
-  }
-  // A large payload's slot keeps nothing: what it touched is given back whole, so the
-  // slot holds no pages until its next use (the large one is rare, and its first
-  // keep_bytes would sit idle through the memory peaks between). MADV_REMOVE frees the
-  // memfd's pages (for the service's mapping too); they read back as zeros and are
-  // faulted in again by the next use that needs them.
-  const size_t page = 4096;
-  const size_t end = std::min(slot_bytes_, (used + page - 1) / page * page);
-  madvise(arena_->data() + slot * slot_bytes_, end, MADV_REMOVE);
-  slot_resident_[slot] = 0;
-}
-
-void OffloadClient::set_slot_used(size_t slot, size_t bytes) {
-  std::lock_guard lock(slots_mu_);
-  slot_used_[slot] = bytes;
+ArenaBuffer OffloadClient::arena_buffer(size_t bytes) {
+  return pool_ ? pool_->take(bytes, bytes) : ArenaBuffer{};
 }
 
 size_t OffloadClient::trim_free_slots() {
-  std::lock_guard lock(slots_mu_);
-  size_t given = 0;
-  const size_t page = 4096;
-  for (size_t i = 0; i < slot_busy_.size(); ++i) {
-    if (slot_busy_[i] || slot_resident_[i] == 0) continue;
-    const size_t bytes = (slot_resident_[i] + page - 1) / page * page;
-    madvise(arena_->data() + i * slot_bytes_, std::min(bytes, slot_bytes_), MADV_REMOVE);
-    given += slot_resident_[i];
-    slot_resident_[i] = 0;
-  }
-  return given;
+  return arena_id_ != 0 ? pool_->trim_free() : 0;
 }
 
-ArenaBuffer OffloadClient::arena_buffer(size_t bytes) {
-  ArenaBuffer b;
-  if (!has_arena() || bytes > slot_bytes_) return b;
-  std::lock_guard lock(slots_mu_);
-  for (size_t i = 0; i < slot_busy_.size(); ++i) {
-    if (slot_busy_[i]) continue;
-    slot_busy_[i] = 1;
-    slot_used_[i] = bytes;
-    b.client_ = this;
-    b.slot_ = i;
-    b.offset_ = i * slot_bytes_;
-    b.bytes_ = {arena_->data() + b.offset_, slot_bytes_};
-    return b;
-  }
-  return b;
+size_t OffloadClient::resident_slot_bytes() const {
+  return arena_id_ != 0 ? pool_->resident_bytes() : 0;
+}
+
+uint64_t OffloadClient::faulted_slot_bytes() const {
+  return arena_id_ != 0 ? pool_->faulted_bytes() : 0;
+}
+
+size_t OffloadClient::peak_idle_slot_bytes() const {
+  return arena_id_ != 0 ? pool_->peak_idle_bytes() : 0;
 }
 
 void OffloadClient::forget(uint64_t id) {
@@ -302,22 +240,27 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
                                             uint32_t micro_step, msg::DType dtype, uint64_t count,
                                             ArenaBuffer grads) {
   const uint64_t bytes = count * msg::dtype_size(dtype);
-  if (!grads || grads.client_ != this || bytes > grads.bytes().size())
+  if (!grads || grads.pool_ != pool_.get() || bytes > grads.bytes().size())
     throw std::invalid_argument("send_push_gradients: " + std::to_string(bytes) +
                                 " bytes do not fit the arena buffer given");
   const uint32_t crc = checksum::crc32c(grads.bytes().data(), bytes);
   msg::PushGradients push{partition_id, step, micro_step, dtype, count, {}};
-  push.arena = msg::ArenaSlice{arena_id_, grads.offset(), bytes, crc};
+  push.arena = msg::ArenaSlice{pool_->arena_id(), grads.offset(), bytes, crc};
   const uint64_t id = send(push);
   leases_.emplace(id, std::move(grads));
   return id;
 }
 
-uint64_t OffloadClient::send_fetch(uint64_t partition_id, uint64_t min_version, msg::DType dtype) {
+uint64_t OffloadClient::send_fetch(uint64_t partition_id, uint64_t min_version, msg::DType dtype,
+                                   size_t expected_bytes) {
   msg::FetchParameters request{partition_id, min_version, dtype, {}};
-  ArenaBuffer slot = arena_buffer(slot_bytes_);
+  if (!pool_ || expected_bytes > pool_->slot_bytes()) return send(request);  // a frame
+  // The slot is chosen for the size expected, and counted as written whole until the
+  // answer says what the service wrote (await_fetch): a late reply's slot may hold anything.
+  const size_t slot_bytes = pool_->slot_bytes();
+  ArenaBuffer slot = pool_->take(expected_bytes > 0 ? expected_bytes : slot_bytes, slot_bytes);
   if (!slot) return send(request);
-  request.arena = msg::ArenaSlice{arena_id_, slot.offset(), slot.bytes().size(), 0};
+  request.arena = msg::ArenaSlice{pool_->arena_id(), slot.offset(), slot.bytes().size(), 0};
   const uint64_t id = send(request);
   leases_.emplace(id, std::move(slot));
   return id;
@@ -530,7 +473,8 @@ ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   // The slot the request offered, before await() hands it over with the reply.
   std::optional<msg::ArenaSlice> offered;
   if (auto l = leases_.find(id); l != leases_.end())
-    offered = msg::ArenaSlice{arena_id_, l->second.offset(), l->second.bytes().size(), 0};
+    offered = msg::ArenaSlice{l->second.pool_->arena_id(), l->second.offset(),
+                              l->second.bytes().size(), 0};
   ServiceResult<Reply> reply = await(id);
   if (!reply.ok()) return std::move(reply.error());
   msg::Body& body = reply->header.body;
@@ -545,22 +489,22 @@ ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   out.arena = std::move(reply->arena);
   if (!out.reply.arena) {
     // The service answered with a frame (a partition larger than the slot): untouched.
-    if (out.arena) set_slot_used(out.arena.slot_, 0);
+    if (out.arena) out.arena.pool_->set_used(out.arena.slot_, 0);
     out.arena = {};
     return out;
   }
   const msg::ArenaSlice& a = *out.reply.arena;
-  if (!offered || a.arena_id != arena_id_ || a.offset != offered->offset ||
+  if (!offered || a.arena_id != offered->arena_id || a.offset != offered->offset ||
       a.length > offered->length)
     return failure("answered fetch of partition " + std::to_string(out.reply.partition_id) +
                    " with arena range [" + std::to_string(a.offset) + ", +" +
                    std::to_string(a.length) + ") of arena " + std::to_string(a.arena_id) +
-                   (offered
-                        ? ", asked [" + std::to_string(offered->offset) + ", +" +
-                              std::to_string(offered->length) + ") of " + std::to_string(arena_id_)
-                        : ", asked for a frame"));
+                   (offered ? ", asked [" + std::to_string(offered->offset) + ", +" +
+                                  std::to_string(offered->length) + ") of " +
+                                  std::to_string(offered->arena_id)
+                            : ", asked for a frame"));
   out.arena_bytes = out.arena.bytes().first(a.length);
-  set_slot_used(out.arena.slot_, a.length);  // what the service wrote
+  out.arena.pool_->set_used(out.arena.slot_, a.length);  // what the service wrote
   // The frame path's decode verifies the crc; the arena path keeps that guarantee.
   const uint32_t crc = checksum::crc32c(out.arena_bytes.data(), out.arena_bytes.size());
   if (crc != a.crc32c)

@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -36,39 +35,11 @@
 #include <zmq.hpp>
 
 #include "actors/offload_link/service_result.h"
+#include "actors/offload_link/slot_pool.h"
 #include "messages/codec.h"
 #include "security/transport_security.h"
 
-namespace dsactor::messages {
-class SharedArena;
-}
-
 namespace dsactor::actors {
-
-class OffloadClient;
-
-// One slot of a client's arena, held: writable bytes the caller fills for a push (or a
-// fetch reply was written to). Returns the slot when destroyed; must not outlive its
-// client. Move-only.
-class ArenaBuffer {
- public:
-  ArenaBuffer() = default;
-  ArenaBuffer(ArenaBuffer&& o) noexcept;
-  ArenaBuffer& operator=(ArenaBuffer&& o) noexcept;
-  ~ArenaBuffer();
-  explicit operator bool() const { return client_ != nullptr; }
-  // The whole slot (at least the size asked for).
-  std::span<std::byte> bytes() const { return bytes_; }
-  uint64_t offset() const { return offset_; }
-
- private:
-  friend class OffloadClient;
-  void release();
-  OffloadClient* client_ = nullptr;
-  size_t slot_ = 0;
-  uint64_t offset_ = 0;
-  std::span<std::byte> bytes_;
-};
 
 // The service answered with an ErrorReply (thrown by the throwing calls only).
 class OffloadError : public std::runtime_error {
@@ -132,13 +103,26 @@ class OffloadClient {
   // large block, an embedding, costs its memory only while it is in flight or resident,
   // as a frame would).
   ServiceResult<bool> try_map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
-  bool has_arena() const { return arena_id_ != 0; }
-  uint64_t arena_id() const { return arena_id_; }  // the service's name for it; 0 = none
-  size_t arena_slot_bytes() const { return slot_bytes_; }
-  // Bytes of the arena (0 without one).
+  // Slots come from `owner`'s pool (a client of the same service and key that mapped an
+  // arena) instead of one of this client's own: a trainer's fetch and push clients share
+  // one pool, so the pages a slot kept serve whichever comes next. Only `owner` unmaps it;
+  // the counters below stay its own.
+  void share_arena(OffloadClient& owner);
+  bool has_arena() const { return pool_ != nullptr; }
+  // The service's name for the arena slots come from; 0 = none.
+  uint64_t arena_id() const { return pool_ ? pool_->arena_id() : 0; }
+  size_t arena_slot_bytes() const { return pool_ ? pool_->slot_bytes() : 0; }
+  // Bytes of the arena this client mapped (0 without one, or when it shares another's).
   size_t arena_bytes() const;
   // A free slot of at least `bytes`, or an empty buffer (no arena, too large, all taken).
+  // The slot is chosen by SlotPool::take's rule: a slot's pages serve the same payload
+  // size step after step.
   ArenaBuffer arena_buffer(size_t bytes);
+  // Of the arena this client mapped (0 otherwise): SlotPool::resident_bytes, faulted_bytes,
+  // peak_idle_bytes.
+  size_t resident_slot_bytes() const;
+  uint64_t faulted_slot_bytes() const;
+  size_t peak_idle_slot_bytes() const;
   // Gives back the pages free slots kept (MADV_REMOVE, for the service's mapping too):
   // for a caller that knows a memory peak is coming and the slots are idle until after
   // it. Thread-safe. Returns the bytes given back.
@@ -164,11 +148,14 @@ class OffloadClient {
                                messages::DType dtype, std::span<const std::byte> grads,
                                std::shared_ptr<const void> owner = nullptr);
   // The same from an arena slot: its first count * dtype size bytes are the gradient. The
-  // slot is held until the reply is received.
+  // slot, of this client's pool (arena_buffer), is held until the reply is received.
   uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
                                messages::DType dtype, uint64_t count, ArenaBuffer grads);
   // Asks the service to write into a free arena slot when there is one, else for a frame.
-  uint64_t send_fetch(uint64_t partition_id, uint64_t min_version, messages::DType dtype);
+  // `expected_bytes` (0: unknown), the size of the reply's bytes, chooses the slot
+  // (arena_buffer's rule); larger than a slot, the reply comes as a frame.
+  uint64_t send_fetch(uint64_t partition_id, uint64_t min_version, messages::DType dtype,
+                      size_t expected_bytes = 0);
 
   // Any reply (an ErrorReply is a reply here), its payload frame, and the arena slot the
   // request held.
@@ -232,10 +219,7 @@ class OffloadClient {
                            ArenaBuffer* arena = nullptr);
 
  private:
-  friend class ArenaBuffer;
   ServiceFailure failure(const std::string& message) const;
-  void release_slot(size_t slot);
-  void set_slot_used(size_t slot, size_t bytes);
   // A request stops being outstanding without its reply: its slot stays taken until the
   // late reply comes.
   void forget(uint64_t request_id);
@@ -291,14 +275,8 @@ class OffloadClient {
   std::optional<zmq::context_t> beat_context_;
   std::optional<zmq::socket_t> beat_socket_;
   // Arena (declared after the socket: unmap_arena() in the destructor still sends on it).
-  std::unique_ptr<messages::SharedArena> arena_;
-  uint64_t arena_id_ = 0;
-  size_t slot_bytes_ = 0;
-  size_t keep_bytes_ = 0;
-  std::mutex slots_mu_;  // slot_busy_, slot_used_
-  std::vector<char> slot_busy_;
-  std::vector<size_t> slot_used_;           // bytes the current use of each slot may have touched
-  std::vector<size_t> slot_resident_;       // bytes a free slot kept from its uses (up to keep)
+  uint64_t arena_id_ = 0;                   // the arena this client mapped (0: none; unmapped here)
+  std::shared_ptr<SlotPool> pool_;          // its slots, or those of the client it shares
   std::map<uint64_t, ArenaBuffer> leases_;  // request id -> slot the service may touch
   std::map<uint64_t, ArenaBuffer> stale_;   // timed out or abandoned: held until late reply
 };

@@ -131,9 +131,9 @@ ServiceFuture<msg::PushReply> ServiceClient::push_gradients(uint64_t partition_i
 }
 
 ServiceFuture<FetchedParameters> ServiceClient::fetch(uint64_t partition_id, uint64_t min_version,
-                                                      msg::DType dtype) {
+                                                      msg::DType dtype, size_t expected_bytes) {
   return post<FetchedParameters>([=](OffloadClient& c) {
-    return c.await_fetch(c.send_fetch(partition_id, min_version, dtype));
+    return c.await_fetch(c.send_fetch(partition_id, min_version, dtype, expected_bytes));
   });
 }
 

@@ -78,9 +78,10 @@ class ServiceClient {
   ServiceFuture<messages::PushReply> push_gradients(uint64_t partition_id, uint64_t step,
                                                     uint32_t micro_step, messages::DType dtype,
                                                     uint64_t count, ArenaBuffer grads);
-  // Into a free arena slot when there is one (the result holds it), else as a frame.
+  // Into a free arena slot when there is one (the result holds it), else as a frame;
+  // `expected_bytes` as OffloadClient::send_fetch.
   ServiceFuture<FetchedParameters> fetch(uint64_t partition_id, uint64_t min_version,
-                                         messages::DType dtype);
+                                         messages::DType dtype, size_t expected_bytes = 0);
   ServiceFuture<messages::CommitReply> commit(const messages::CommitStep& commit);
   ServiceFuture<messages::CommitReply> skip(uint64_t step, std::string resume_record = {});
   // `name`: where the checkpoint lives beneath the service's state directory (a relative
@@ -105,9 +106,15 @@ class ServiceClient {
   // An empty buffer: no arena, too large, or every slot taken.
   ArenaBuffer arena_buffer(size_t bytes) { return client_->arena_buffer(bytes); }
   size_t trim_free_slots() { return client_->trim_free_slots(); }
+  // OffloadClient::share_arena: slots from `owner`'s arena (a client of the same service
+  // that outlives this one). Before the first request.
+  void share_arena(ServiceClient& owner) { client_->share_arena(*owner.client_); }
   // Set once when the arena is mapped, read by any thread after that answer.
   bool has_arena() const { return client_->has_arena(); }
   size_t arena_bytes() const { return client_->arena_bytes(); }
+  size_t resident_slot_bytes() const { return client_->resident_slot_bytes(); }
+  uint64_t faulted_slot_bytes() const { return client_->faulted_slot_bytes(); }
+  size_t peak_idle_slot_bytes() const { return client_->peak_idle_slot_bytes(); }
 
  private:
   // Runs round_trip(client) -> ServiceResult<T> on the actor after the requests posted

@@ -276,6 +276,81 @@ TEST_F(OffloadArena, SlotsKeepSmallUsesAndTrimGivesThemBack) {
   EXPECT_EQ(c.trim_free_slots(), 2 * 4096u);
 }
 
+// Slot choice: a use goes to a free slot whose kept pages already cover it (the smallest
+// such), else to the one that kept the most. So with everything kept, a repeated pattern
+// of one large and two small uses (an embedding and layers) faults its pages in once; a
+// lowest-first choice would move the large use between slots and fault it in again.
+TEST_F(OffloadArena, SlotsServeRepeatedUsesFromTheirKeptPages) {
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "reuse");
+  constexpr size_t page = 4096;
+  ASSERT_TRUE(c.map_arena(16 * page, 3));  // every use's pages kept
+  auto round = [&] {
+    actors::ArenaBuffer small = c.arena_buffer(3 * page);
+    actors::ArenaBuffer large = c.arena_buffer(12 * page);
+    ASSERT_TRUE(small && large);
+    EXPECT_LE(large.dirty_bytes(), 12 * page);
+    std::memset(large.bytes().data(), 1, 12 * page);
+    small = {};  // the layer-sized slot is free while the next small use comes
+    actors::ArenaBuffer next = c.arena_buffer(2 * page);
+    ASSERT_TRUE(next);
+  };
+  round();
+  const uint64_t first = c.faulted_slot_bytes();
+  EXPECT_EQ(first, 15 * page) << "the first round faults in its uses' pages";
+  EXPECT_EQ(c.resident_slot_bytes(), 15 * page);
+  for (int i = 0; i < 3; ++i) round();
+  EXPECT_EQ(c.faulted_slot_bytes(), first) << "later rounds reuse the kept pages";
+  EXPECT_EQ(c.resident_slot_bytes(), 15 * page);
+  // A slot that kept pages reads back what its last use wrote; one never touched, zeros.
+  actors::ArenaBuffer large = c.arena_buffer(12 * page);
+  EXPECT_EQ(large.dirty_bytes(), 12 * page);
+  actors::ArenaBuffer fresh = c.arena_buffer(16 * page);
+  actors::ArenaBuffer last = c.arena_buffer(page);
+  ASSERT_TRUE(fresh && last);
+  EXPECT_EQ(std::min(fresh.dirty_bytes(), last.dirty_bytes()), 0u) << "the untouched slot";
+  EXPECT_EQ(c.trim_free_slots(), 0u) << "every slot is taken";
+  large = {};
+  EXPECT_EQ(c.trim_free_slots(), 12 * page);
+  EXPECT_EQ(c.arena_buffer(page).dirty_bytes(), 0u) << "given back: zeros again";
+}
+
+// A second client of the same service and key shares the first one's pool (a trainer's
+// fetch and push clients): a fetch that says what size it expects lands in the slot that
+// kept that size, a push goes from the slot a fetch just freed, and the pool's owner
+// counts each size's pages faulted in once.
+TEST_F(OffloadArena, ClientsSharingAPoolReuseItsSlots) {
+  OffloadClient pushes(svc_->endpoint(), svc_->client_security(), 10s, "pool");
+  OffloadClient fetches(svc_->endpoint(), svc_->client_security(), 10s, "pool");
+  const std::vector<float> big(3000, 1.5f), small(500, -2.0f);
+  pushes.register_partitions(0, 1, {spec(1, big.size()), spec(2, small.size())});
+  pushes.set_parameters(1, 0, DType::fp32, bytes_of(big));
+  pushes.set_parameters(2, 0, DType::fp32, bytes_of(small));
+  ASSERT_TRUE(pushes.map_arena(big.size() * 4, 2));
+  fetches.share_arena(pushes);
+  EXPECT_EQ(fetches.arena_id(), pushes.arena_id());
+  EXPECT_EQ(fetches.arena_bytes(), 0u) << "counted once, by the client that mapped it";
+  auto fetch = [&](uint64_t pid, size_t bytes) {
+    return fetches.await_fetch(fetches.send_fetch(pid, 0, DType::fp32, bytes));
+  };
+  for (uint64_t step = 1; step <= 3; ++step) {
+    {
+      auto s = fetch(2, small.size() * 4);  // taken while the large one comes
+      auto b = fetch(1, big.size() * 4);
+      ASSERT_TRUE(s.ok() && b.ok());
+      ASSERT_TRUE(s.value().in_arena() && b.value().in_arena());
+      expect_bits_equal(big, b.value().bytes(), "the large fetch");
+    }
+    const std::vector<float> g(big.size(), 0.25f);
+    const auto reply = push_through_arena(pushes, 1, step, 0, DType::fp32, bytes_of(g));
+    EXPECT_EQ(reply.sum_squares, 0.0625 * static_cast<double>(g.size()));
+    pushes.skip(step);  // the parameters stay at version 0
+  }
+  EXPECT_EQ(pushes.faulted_slot_bytes(), (big.size() + small.size()) * 4)
+      << "each size faulted in once, then reused by fetches and pushes alike";
+  EXPECT_EQ(pushes.resident_slot_bytes(), (big.size() + small.size()) * 4);
+  EXPECT_THROW(pushes.share_arena(fetches), std::logic_error) << "it has an arena of its own";
+}
+
 // A client that goes sends UnmapArena for its arena on the way out, without waiting for
 // the answer (a service that is gone must not hold it up): a fake service sees it arrive.
 // The fake takes the arena the way a service does: a ticket, the fd on its Unix socket

@@ -275,6 +275,38 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
   }
 }
 
+// Stage 3 pools each service's fetch and push slots in one arena that keeps its pages: a
+// step faults in (through the trainer, and the service writing or reading them) only pages
+// the steps before never had. Giving slot pages back every step again would fault in as
+// much each step as the first one did.
+TEST_F(ZeroEngineTest, Stage3ArenaPagesAreFaultedInOnceNotEveryStep) {
+  const auto tokens = corpus(6000, 7);
+  const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
+  for (const std::string mode : {"fp32", "bf16"}) {
+    SCOPED_TRACE(mode);
+    ZeroEngine e(kTiny, config(mode, 3, "cpu", "", extra), 5, options("cpu", "pages-" + mode));
+    BatchLoader loader(&tokens, 4, 16, true, 9);
+    e.train_step(loader);
+    const ZeroStats first = e.stats();
+    e.train_step(loader);  // a slot may change hands once before the sizes settle
+    const ZeroStats second = e.stats();
+    constexpr int kLater = 4;
+    for (int i = 0; i < kLater; ++i) e.train_step(loader);
+    const ZeroStats later = e.stats();
+    ASSERT_GT(first.arena_faulted_bytes, 0u) << "the first step faults its slots' pages in";
+    const uint64_t per_later_step =
+        (later.arena_faulted_bytes - second.arena_faulted_bytes) / kLater;
+    EXPECT_LE(per_later_step * 5, first.arena_faulted_bytes)
+        << "later steps fault in " << per_later_step << " bytes each, the first "
+        << first.arena_faulted_bytes;
+    EXPECT_GT(later.arena_resident_bytes, 0u) << "the pool keeps its pages between steps";
+    EXPECT_LE(later.arena_resident_bytes, later.arena_bytes);
+    if (mode == "fp32") {
+      EXPECT_GT(later.fetches_in_place, 0u);
+    }
+  }
+}
+
 TEST_F(ZeroEngineTest, UnreachableServiceIsNamedWithWhatTheTrainerWasDoing) {
   ZeroOptions o;
   o.services = {"tcp://127.0.0.1:9"};  // discard port: nothing answers

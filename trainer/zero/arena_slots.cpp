@@ -18,6 +18,10 @@ ArenaSlots arena_slots(const ZeroContext& z, size_t service) {
   std::sort(sizes.rbegin(), sizes.rend());
   a.keep_bytes = sizes.size() > 1 ? sizes[1] : sizes[0];
   a.slot_bytes = z.in_place() ? sizes[0] : a.keep_bytes;
+  const auto max_live =
+      static_cast<size_t>(std::max<int64_t>(1, z.config.zero_optimization.max_live_parameters));
+  const size_t resident = max_live / std::max<size_t>(1, a.keep_bytes / elem);
+  a.fetch_slots = std::clamp<size_t>(resident + 1, 1, a.partitions);
   return a;
 }
 

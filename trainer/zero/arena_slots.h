@@ -11,15 +11,19 @@ struct ArenaSlots {
   size_t slot_bytes = 0;  // a payload larger than this travels as a frame
   size_t keep_bytes = 0;  // the pages a slot keeps between uses (OffloadClient::map_arena)
   size_t partitions = 0;  // this rank's partitions on the service (0: no arena needed)
+  // Stage 3: slots for fetched blocks, one per block the resident set can hold besides
+  // the one being fetched (a block fetched in place lives in its slot).
+  size_t fetch_slots = 0;
 };
 
-// In place (ZeroContext::in_place) slots hold the largest partition, the embedding, whose
-// pages beyond a layer's are given back when its slot is released. Otherwise a payload is
-// copied between a slot and a buffer, and the embedding's would exist twice at the step's
-// memory peak: slots hold the second largest, and the largest travels as frames (zero-copy
-// for pushes, copied out in chunks for fetches). Either way a slot keeps the pages of one
-// layer-sized partition (the second largest) between uses: giving them back after each
-// use costs a page fault per 4 KiB every time; the engine gives them back once a step.
+// In place (ZeroContext::in_place) slots hold the largest partition, the embedding.
+// Otherwise a payload is copied between a slot and a buffer, and the embedding's would
+// exist twice at the step's memory peak: slots hold the second largest, and the largest
+// travels as frames (zero-copy for pushes, copied out in chunks for fetches). Pushes alone
+// (stages 1/2): a slot keeps the pages of one layer-sized partition (the second largest)
+// between uses, a larger use gives them back, and the engine gives them back once a step
+// (giving them back after each use would cost a page fault per 4 KiB every time). Stage 3
+// pools its fetch and push slots in one arena that keeps every page (see ZeroEngine).
 ArenaSlots arena_slots(const ZeroContext& z, size_t service);
 
 }  // namespace dsactor::trainer

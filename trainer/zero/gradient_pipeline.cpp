@@ -59,16 +59,21 @@ GradientPipeline::~GradientPipeline() {
   grad_slots_.clear();
 }
 
-void GradientPipeline::map_arenas() {
-  // Slots are taken lowest first, so only as many are touched as are used at once.
+void GradientPipeline::map_arenas(bool with_fetches) {
+  // With the fetches, one pool whose slots keep every page: a slot freed by a block's
+  // parameters takes the next gradient or fetch of its size (the embedding's parameters,
+  // released at the LM head's backward, leave their pages to its gradient, which leaves
+  // them to the next step's fetch), so a step faults in no page the last one had. It holds
+  // what the step holds at its peak (the embedding and the layers in flight either way).
+  pool_ = with_fetches;
   for (size_t s = 0; s < z_.services.size(); ++s) {
     const ArenaSlots a = arena_slots(z_, s);
     if (a.partitions == 0) continue;
     arena_push_limit_[s] = a.slot_bytes;
     actors::ServiceClient& service = *z_.services[s];
-    await_or_throw(
-        service, "map_arena", z_.counters.committed_step,
-        service.map_arena(a.slot_bytes, z_.options.max_pushes_in_flight + 1, a.keep_bytes));
+    const size_t slots = z_.options.max_pushes_in_flight + 1 + (pool_ ? a.fetch_slots : 0);
+    await_or_throw(service, "map_arena", z_.counters.committed_step,
+                   service.map_arena(a.slot_bytes, slots, pool_ ? SIZE_MAX : a.keep_bytes));
   }
 }
 
@@ -117,7 +122,7 @@ bool GradientPipeline::begin_grad_in_slot(size_t b) {
     slot = service.arena_buffer(bytes);
   }
   if (!slot) return false;
-  std::memset(slot.bytes().data(), 0, bytes);
+  std::memset(slot.bytes().data(), 0, std::min(bytes, slot.dirty_bytes()));  // zeros past it
   auto held = std::make_shared<actors::ArenaBuffer>(std::move(slot));
   float* data = reinterpret_cast<float*>(held->bytes().data());
   grads_.blocks[b] = FloatBuffer::adopt(data, p.count, held);
@@ -126,6 +131,7 @@ bool GradientPipeline::begin_grad_in_slot(size_t b) {
 }
 
 void GradientPipeline::trim_idle_slots() {
+  if (pool_) return;  // the fetches need the pages again from the next forward on
   for (auto& service : z_.services) service->trim_free_slots();
 }
 
@@ -365,7 +371,12 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
   s.max_pushes_in_flight = max_pushes_seen_;
   s.overlapped_reductions = overlapped_reductions_;
   s.pushes_in_place = pushes_in_place_;
-  for (const auto& service : z_.services) s.arena_bytes += service->arena_bytes();
+  for (const auto& service : z_.services) {
+    s.arena_bytes += service->arena_bytes();
+    s.arena_resident_bytes += service->resident_slot_bytes();
+    s.arena_faulted_bytes += service->faulted_slot_bytes();
+    s.arena_peak_idle_bytes += service->peak_idle_slot_bytes();
+  }
 }
 
 }  // namespace dsactor::trainer

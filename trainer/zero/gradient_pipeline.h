@@ -47,8 +47,9 @@ class GradientPipeline {
   GradientPipeline& operator=(const GradientPipeline&) = delete;
 
   // Same host: each service's arena, one slot per push in flight and one for the gradient
-  // the backward is writing.
-  void map_arenas();
+  // the backward is writing; `with_fetches` (stage 3), slots for the fetch clients too
+  // (ParamResidency::share_arenas), every page kept.
+  void map_arenas(bool with_fetches);
   // What the backward accumulates into; a block exists from begin_block to its push.
   BlockSet& grads() { return grads_; }
 
@@ -69,7 +70,8 @@ class GradientPipeline {
   // kept from their block's backward until the optimizer has used them (drop_kept).
   const BlockSet& kept() const { return kept_; }
   void drop_kept();
-  // Between steps every push slot is idle: their pages go back (see arena_slots.h).
+  // Between steps every push slot is idle: their pages go back (see arena_slots.h), unless
+  // the arena is the pool the fetches share.
   void trim_idle_slots();
   void add_stats(ZeroStats& s) const;
   // Seconds this pipeline waited for reduce-scatters so far (W > 1).
@@ -124,6 +126,7 @@ class GradientPipeline {
   size_t kept_grad_bytes_ = 0;
   uint64_t bytes_pushed_ = 0;
   uint64_t pushes_in_place_ = 0;
+  bool pool_ = false;  // the arenas hold the fetches' slots too (map_arenas)
 };
 
 }  // namespace dsactor::trainer

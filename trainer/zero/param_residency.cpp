@@ -99,19 +99,9 @@ ParamResidency::~ParamResidency() {
   params_.blocks.clear();
 }
 
-void ParamResidency::map_arenas() {
-  for (size_t s = 0; s < fetch_clients_.size(); ++s) {
-    const ArenaSlots a = arena_slots(z_, s);
-    if (a.partitions == 0) continue;
-    const size_t elem = msg::dtype_size(z_.wire_dtype());
-    const auto max_live =
-        static_cast<size_t>(std::max<int64_t>(1, z_.config.zero_optimization.max_live_parameters));
-    const size_t resident = max_live / std::max<size_t>(1, a.keep_bytes / elem);
-    const size_t slots = std::clamp<size_t>(resident + 1, 1, a.partitions);
-    actors::ServiceClient& client = *fetch_clients_[s];
-    await_or_throw(client, "map_arena", z_.counters.committed_step,
-                   client.map_arena(a.slot_bytes, slots, a.keep_bytes));
-  }
+void ParamResidency::share_arenas() {
+  for (size_t s = 0; s < fetch_clients_.size(); ++s)
+    if (z_.services[s]->has_arena()) fetch_clients_[s]->share_arena(*z_.services[s]);
 }
 
 void ParamResidency::acquire(size_t b) {
@@ -132,14 +122,6 @@ void ParamResidency::end_pass() {
 
 void ParamResidency::wait_fetches() {
   if (scheduler_) scheduler_->wait_fetches();
-}
-
-void ParamResidency::backward_begins() {
-  for (auto& c : fetch_clients_) c->trim_free_slots();
-}
-
-void ParamResidency::trim_idle_slots() {
-  for (auto& c : fetch_clients_) c->trim_free_slots();
 }
 
 void ParamResidency::parameters_committed(uint64_t step) {
@@ -163,7 +145,7 @@ actors::FetchedParameters ParamResidency::receive_partition(actors::ServiceClien
       await_or_throw(client,
                      fmt::format("the fetch of block {} (partition {}) at version {}",
                                  z_.layouts[p.block].name, p.id, step),
-                     step, client.fetch(p.id, step, dtype));
+                     step, client.fetch(p.id, step, dtype, p.count * msg::dtype_size(dtype)));
   // A forward never mixes steps: the service must serve exactly the committed version.
   if (f.reply.version != step || f.reply.element_count != p.count || f.reply.dtype != dtype)
     throw ZeroServiceError(fmt::format(
@@ -237,7 +219,6 @@ void ParamResidency::add_stats(ZeroStats& s) const {
   s.bytes_fetched = bytes_fetched_.load();
   s.fetches_in_place = fetches_in_place_.load();
   s.peak_resident_param_bytes = peak_resident_bytes_;
-  for (const auto& c : fetch_clients_) s.arena_bytes += c->arena_bytes();
   if (scheduler_) {
     s.scheduler = scheduler_->stats();
     s.peak_resident_param_bytes = s.scheduler.peak_resident_bytes;

@@ -41,9 +41,12 @@ class ParamResidency {
   ParamResidency(const ParamResidency&) = delete;
   ParamResidency& operator=(const ParamResidency&) = delete;
 
-  // Same host: the fetch clients' arenas, one slot per block the resident set can hold
-  // besides the one being fetched (a block fetched in place lives in its slot).
-  void map_arenas();
+  // Whether stage 3 fetches through clients of its own (then the push clients' arenas hold
+  // slots for the fetches too: GradientPipeline::map_arenas).
+  bool fetches() const { return !fetch_clients_.empty(); }
+  // Same host: each fetch client takes its slots from the arena its service's push client
+  // mapped, so one pool of pages serves a step's fetches and pushes.
+  void share_arenas();
   // What the model computes with: every block, or the resident set.
   BlockSet& params() { return params_; }
 
@@ -55,11 +58,6 @@ class ParamResidency {
   // Stage 3: every fetch in flight has arrived (LocalPartitions commit only then: the
   // fetcher reads them).
   void wait_fetches();
-  // The backward's first block: fetch slots that hold no resident block sit idle through
-  // the backward, where the step's memory peak is, so their pages go back now.
-  void backward_begins();
-  // Between steps: every idle fetch slot gives its pages back.
-  void trim_idle_slots();
   // The services committed `step`: resident blocks go stale and are refetched as needed
   // (stage 3), or every block is refetched now (stages 1/2).
   void parameters_committed(uint64_t step);

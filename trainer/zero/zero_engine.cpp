@@ -99,13 +99,7 @@ class ZeroEngine::Hooks final : public BlockHooks {
   Hooks(ZeroEngine& e, bool last_micro_step) : e_(e), push_(last_micro_step) {}
   void acquire(size_t b) override { e_.residency_->acquire(b); }
   void release(size_t b) override { e_.residency_->release(b); }
-  void grads_begin(size_t b) override {
-    if (!backward_begun_) {
-      backward_begun_ = true;
-      e_.residency_->backward_begins();
-    }
-    e_.gradients_->begin_block(b);
-  }
+  void grads_begin(size_t b) override { e_.gradients_->begin_block(b); }
   void grads_ready(size_t b) override {
     if (push_) e_.gradients_->block_ready(b);
   }
@@ -113,7 +107,6 @@ class ZeroEngine::Hooks final : public BlockHooks {
  private:
   ZeroEngine& e_;
   bool push_;
-  bool backward_begun_ = false;
 };
 
 ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t seed,
@@ -161,8 +154,8 @@ void ZeroEngine::start_parts() {
   residency_ = std::make_unique<ParamResidency>(context_, *system_, model_);
   gradients_ = std::make_unique<GradientPipeline>(context_);
   if (options_.shared_memory) {
-    gradients_->map_arenas();
-    residency_->map_arenas();
+    gradients_->map_arenas(residency_->fetches());
+    residency_->share_arenas();
   }
 }
 
@@ -391,12 +384,10 @@ void ZeroEngine::run_micro_steps(BatchLoader& loader, StepResult& r) {
 
 ZeroEngine::Verdict ZeroEngine::reach_verdict(StepResult& r) {
   const PushedGradients& pushed = gradients_->finish();
-  // Between steps every arena slot is idle: its pages go back rather than stay through the
-  // next forward's LM head (the embedding's parameters resident, every activation held, the
-  // logits), the step's second-highest point after the backward's layers. Each step then
-  // faults those pages in once more, instead of once per use as without kept pages.
+  // Between steps every push slot is idle: without fetches sharing them (stages 1/2), their
+  // pages go back rather than stay through the next forward's peak; each step then faults
+  // them in once more, instead of once per use as without kept pages.
   gradients_->trim_idle_slots();
-  residency_->trim_idle_slots();
   if (plan_.world_size() > 1) return combine_across_ranks(pushed, r);
   Verdict v;
   v.nonfinite = pushed.rounding_overflowed;

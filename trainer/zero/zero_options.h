@@ -119,6 +119,12 @@ struct ZeroStats {
   // straight into a push slot, and stage-3 fetches whose slot became the resident block.
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
+  // Arena slot pages: resident now (kept by free slots, held by taken ones), faulted in so
+  // far (a use's bytes beyond what its slot kept: what giving pages back costs), and the
+  // most kept by free slots at once (memory beyond the peaks above).
+  size_t arena_resident_bytes = 0;
+  uint64_t arena_faulted_bytes = 0;
+  size_t arena_peak_idle_bytes = 0;
   SchedulerStats scheduler;  // stage 3 only
 };
 

@@ -1,0 +1,161 @@
+#include "actors/offload_link/slot_pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "messages/shm_arena.h"
+
+namespace dsactor::actors {
+
+namespace {
+constexpr size_t kPage = 4096;
+size_t whole_pages(size_t bytes) {
+  return (bytes + kPage - 1) / kPage * kPage;
+}
+}  // namespace
+
+ArenaBuffer::ArenaBuffer(ArenaBuffer&& o) noexcept
+    : pool_(std::exchange(o.pool_, nullptr)),
+      slot_(o.slot_),
+      offset_(o.offset_),
+      bytes_(o.bytes_),
+      dirty_bytes_(o.dirty_bytes_) {}
+
+ArenaBuffer& ArenaBuffer::operator=(ArenaBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    pool_ = std::exchange(o.pool_, nullptr);
+    slot_ = o.slot_;
+    offset_ = o.offset_;
+    bytes_ = o.bytes_;
+    dirty_bytes_ = o.dirty_bytes_;
+  }
+  return *this;
+}
+
+ArenaBuffer::~ArenaBuffer() {
+  release();
+}
+
+void ArenaBuffer::release() {
+  if (pool_) pool_->release(slot_);
+  pool_ = nullptr;
+}
+
+SlotPool::SlotPool(std::unique_ptr<messages::SharedArena> arena, uint64_t arena_id,
+                   size_t slot_bytes, size_t slots, size_t keep_bytes)
+    : arena_(std::move(arena)),
+      arena_id_(arena_id),
+      slot_bytes_(slot_bytes),
+      // Compared before rounding up: keep_bytes may be SIZE_MAX ("keep everything").
+      keep_bytes_(keep_bytes >= slot_bytes ? slot_bytes : whole_pages(keep_bytes)),
+      slot_busy_(slots, 0),
+      slot_used_(slots, 0),
+      slot_resident_(slots, 0) {}
+
+SlotPool::~SlotPool() = default;
+
+size_t SlotPool::arena_bytes() const {
+  return arena_->size();
+}
+
+void SlotPool::release(size_t slot) {
+  std::lock_guard lock(mu_);
+  slot_busy_[slot] = 0;
+  const size_t used = std::exchange(slot_used_[slot], 0);
+  if (used > slot_resident_[slot]) faulted_bytes_ += used - slot_resident_[slot];
+  if (used <= keep_bytes_) {
+    slot_resident_[slot] = std::max(slot_resident_[slot], used);
+    idle_bytes_ += slot_resident_[slot];
+    peak_idle_bytes_ = std::max(peak_idle_bytes_, idle_bytes_);
+    return;
+  }
+  // A large payload's slot keeps nothing: what it touched is given back whole, so the
+  // slot holds no pages until its next use (the large one is rare, and its first
+  // keep_bytes would sit idle through the memory peaks between). MADV_REMOVE frees the
+  // memfd's pages (for the service's mapping too); they read back as zeros and are
+  // faulted in again by the next use that needs them.
+  const size_t end = std::min(slot_bytes_, whole_pages(used));
+  madvise(arena_->data() + slot * slot_bytes_, end, MADV_REMOVE);
+  slot_resident_[slot] = 0;
+}
+
+void SlotPool::set_used(size_t slot, size_t bytes) {
+  std::lock_guard lock(mu_);
+  slot_used_[slot] = bytes;
+}
+
+size_t SlotPool::trim_free() {
+  std::lock_guard lock(mu_);
+  size_t given = 0;
+  for (size_t i = 0; i < slot_busy_.size(); ++i) {
+    if (slot_busy_[i] || slot_resident_[i] == 0) continue;
+    const size_t bytes = std::min(whole_pages(slot_resident_[i]), slot_bytes_);
+    madvise(arena_->data() + i * slot_bytes_, bytes, MADV_REMOVE);
+    given += slot_resident_[i];
+    idle_bytes_ -= slot_resident_[i];
+    slot_resident_[i] = 0;
+  }
+  return given;
+}
+
+size_t SlotPool::pick(size_t bytes) const {
+  // A free slot whose kept pages fit the use, less than twice its size (the smallest such):
+  // the embedding's slot stays the embedding's, a layer's goes to a layer. Else one that
+  // kept less than the use, the most of it (the fewest faulted in): a layer that took the
+  // embedding's kept pages would leave the embedding to fault in a slot of its own. Only
+  // when every free slot kept twice the use or more, the smallest of them.
+  const size_t none = slot_busy_.size();
+  size_t fit = none, under = none, over = none;
+  for (size_t i = 0; i < slot_busy_.size(); ++i) {
+    if (slot_busy_[i]) continue;
+    const size_t r = slot_resident_[i];
+    if (r >= bytes && r / 2 < bytes) {
+      if (fit == none || r < slot_resident_[fit]) fit = i;
+    } else if (r < bytes) {
+      if (under == none || r > slot_resident_[under]) under = i;
+    } else if (over == none || r < slot_resident_[over]) {
+      over = i;
+    }
+  }
+  return fit != none ? fit : under != none ? under : over;
+}
+
+ArenaBuffer SlotPool::take(size_t fit_bytes, size_t used_bytes) {
+  ArenaBuffer b;
+  if (fit_bytes > slot_bytes_) return b;
+  std::lock_guard lock(mu_);
+  const size_t i = pick(fit_bytes);
+  if (i == slot_busy_.size()) return b;
+  slot_busy_[i] = 1;
+  slot_used_[i] = used_bytes;
+  b.pool_ = this;
+  b.slot_ = i;
+  b.offset_ = i * slot_bytes_;
+  b.bytes_ = {arena_->data() + b.offset_, slot_bytes_};
+  b.dirty_bytes_ = slot_resident_[i];
+  idle_bytes_ -= slot_resident_[i];
+  return b;
+}
+
+size_t SlotPool::resident_bytes() const {
+  std::lock_guard lock(mu_);
+  size_t sum = 0;
+  for (size_t i = 0; i < slot_resident_.size(); ++i)
+    sum += std::max(slot_resident_[i], slot_busy_[i] ? slot_used_[i] : 0);
+  return sum;
+}
+
+uint64_t SlotPool::faulted_bytes() const {
+  std::lock_guard lock(mu_);
+  return faulted_bytes_;
+}
+
+size_t SlotPool::peak_idle_bytes() const {
+  std::lock_guard lock(mu_);
+  return peak_idle_bytes_;
+}
+
+}  // namespace dsactor::actors
