@@ -109,8 +109,11 @@ void add_chaos_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       ->add_option("--steps", o->steps, "optimizer steps (0: 30 + (checkpoint-every + 5) per kill)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  chaos->add_option("--checkpoint-every", o->checkpoint_every, "the deployment's checkpoint.every")
-      ->check(CLI::PositiveNumber)
+  chaos
+      ->add_option("--checkpoint-every", o->checkpoint_every,
+                   "the deployment's checkpoint.every (0: no checkpoints: a restarted trainer "
+                   "continues from its services' committed step)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   chaos->add_flag("--data-parallel", o->data_parallel,
                   "two trainer ranks with a service each and a coordinator role");
