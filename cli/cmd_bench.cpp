@@ -69,9 +69,14 @@ void add_metrics_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
 
 void add_checkpoint_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* ckpt = bench->add_subcommand("checkpoint",
-                                     "periodic checkpoints' cost as a fraction of stage-0 step "
-                                     "time, against the same run without checkpoints");
+                                     "periodic checkpoints' cost as a fraction of step time, "
+                                     "against the same run without checkpoints");
   auto co = std::make_shared<bench::CheckpointBenchOptions>();
+  ckpt->add_option("--path", co->path,
+                   "offload: ZeRO-3 on a RAM-tier offload service, which writes its part while "
+                   "the next step runs; stage0: the trainer writes everything before it goes on")
+      ->check(CLI::IsMember({"offload", "stage0"}))
+      ->capture_default_str();
   ckpt->add_option("--model", co->model, "model preset or YAML")->capture_default_str();
   ckpt->add_option("--micro-batch", co->micro_batch, "B")
       ->check(CLI::PositiveNumber)
