@@ -48,8 +48,9 @@ TEST_P(BenchCheckpoint, ReportsTheOverheadAgainstTheSameRunWithoutCheckpoints) {
   EXPECT_EQ(dsactor::testing::read_file(ckpt / "latest"), "global_step12");
   EXPECT_TRUE(std::filesystem::exists(ckpt / "global_step10"));
   EXPECT_FALSE(std::filesystem::exists(ckpt / "global_step8"));
-  if (path == "stage0")
+  if (path == "stage0") {
     EXPECT_TRUE(std::filesystem::exists(ckpt / "global_step10" / "manifest.json"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, BenchCheckpoint, ::testing::Values("stage0", "offload"));
