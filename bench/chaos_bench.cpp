@@ -55,7 +55,7 @@ std::string endpoint() {
 }
 
 // One deployment in `dir`: ZeRO-3 with parameters and optimizer state on each service's
-// NVMe tier, a checkpoint every few steps, and every role restarted on failure.
+// NVMe tier, a checkpoint every few steps (or none), and every role restarted on failure.
 void write_deployment(const fs::path& dir, const ChaosOptions& o, int steps) {
   fs::create_directories(dir);
   std::string corpus;
@@ -73,9 +73,12 @@ void write_deployment(const fs::path& dir, const ChaosOptions& o, int steps) {
   const int ranks = o.data_parallel ? 2 : 1;
   std::string yaml = fmt::format(
       "job: chaos\nrestart: on-failure\nmax_restarts: {}\nrestart_backoff: 0.05\n"
-      "restart_backoff_max: 0.5\nstartup_timeout: 300\nshutdown_timeout: 5\n"
-      "checkpoint: {{every: {}, keep_last: 2, dir: checkpoints}}\nroles:\n",
-      o.kills + 2, o.checkpoint_every);
+      "restart_backoff_max: 0.5\nstartup_timeout: 300\nshutdown_timeout: 5\n",
+      o.kills + 2);
+  if (o.checkpoint_every > 0)
+    yaml += fmt::format("checkpoint: {{every: {}, keep_last: 2, dir: checkpoints}}\n",
+                        o.checkpoint_every);
+  yaml += "roles:\n";
   for (int r = 0; r < ranks; ++r)
     yaml += fmt::format(
         "  - {{role: offload, name: offload{0}, listen: {1}, nvme: nvme/offload{0}, "
@@ -185,6 +188,13 @@ void disturb(UpRun& up, const ChaosOptions& o, ChaosResult& result, Clock::time_
   int wait_steps = next_wait(), steps_seen = 0;
   bool recovering = false, restarted = false;
   Clock::time_point killed_at;
+  const auto kill_role = [&](const std::string& role) {
+    ::kill(pids.at(role), SIGKILL);
+    killed_at = Clock::now();
+    result.kills.push_back({role, steps_seen, -1});
+    recovering = true;
+    restarted = false;
+  };
   while (const auto line = up.next_line(deadline)) {
     std::smatch m;
     if (!line->starts_with("[trainer") && !line->starts_with("[offload") &&
@@ -193,10 +203,13 @@ void disturb(UpRun& up, const ChaosOptions& o, ChaosResult& result, Clock::time_
       const bool target = !o.trainers_only || std::string(m[1]).starts_with("trainer");
       if (target && std::find(targets.begin(), targets.end(), m[1]) == targets.end())
         targets.push_back(m[1]);
+      if (target && o.first_kill_at_start && result.kills.empty() && o.kills > 0) kill_role(m[1]);
       continue;
     }
     if (line->starts_with("[trainer") && line->find(": resumed from ") != std::string::npos)
       ++result.resumes;
+    if (line->starts_with("[trainer") && line->find("starting at step 0") != std::string::npos)
+      ++result.fresh_starts;
     if (recovering && !line->starts_with("[trainer") &&
         line->find(" info restarted ") != std::string::npos) {
       restarted = true;
@@ -222,12 +235,7 @@ void disturb(UpRun& up, const ChaosOptions& o, ChaosResult& result, Clock::time_
     if (steps_seen < wait_steps || targets.empty()) continue;
     // Somewhere in the next step (the output is read after the line was written).
     ::usleep(static_cast<useconds_t>(rng() % 50000));
-    const std::string& role = targets[rng() % targets.size()];
-    ::kill(pids.at(role), SIGKILL);
-    killed_at = Clock::now();
-    result.kills.push_back({role, steps_seen, -1});
-    recovering = true;
-    restarted = false;
+    kill_role(targets[rng() % targets.size()]);
   }
 }
 
@@ -247,6 +255,7 @@ nlohmann::json ChaosResult::to_json() const {
           {"steps", steps},
           {"kills", kills.size()},
           {"resumes", resumes},
+          {"fresh_starts", fresh_starts},
           {"reference_exit", reference_exit},
           {"chaos_exit", chaos_exit},
           {"same_weights", same_weights},

@@ -16,14 +16,23 @@ struct CheckpointBenchOptions {
   int keep_last = 2;
   std::string dir;  // where the checkpoints go; "": a temporary directory, removed
   uint64_t seed = 1234;
+  // "offload": ZeRO-3 with parameters and optimizer state on a RAM-tier offload service (a
+  // child process), which writes its part of a save while the next step runs; "stage0":
+  // the trainer holds everything and writes it before it goes on.
+  std::string path = "offload";
 };
 
-// Periodic checkpoints' cost as a fraction of step time, in one run: the same stage-0
-// training (synthetic tokens) for `steps` steps without checkpoints, then `steps` more with
-// a save every `every` steps through the CheckpointSeries (engine commit, fsyncs, `latest`,
-// keep-last removal), as `train --checkpoint-every` does. `overhead_fraction` is the
-// measured slowdown; `save_overhead_fraction` the mean save time spread over `every` steps
-// of the plain phase, which does not depend on how many saves fell into the phase.
+// Periodic checkpoints' cost as a fraction of step time, in one run: the same training
+// (synthetic tokens) on the chosen path for `steps` steps without checkpoints, then `steps`
+// more with a save every `every` steps through the CheckpointSeries (engine commit, fsyncs,
+// `latest`, keep-last removal), as the trainer's `--checkpoint-every` does. `save_ms` is the
+// mean time a save held the trainer (stage 0: the whole save; offload: the request, and the
+// wait at the next step boundary for what the service has not written yet);
+// `overhead_fraction` is the measured slowdown; `save_overhead_fraction` the mean save time
+// spread over `every` steps of the plain phase, which does not depend on how many saves
+// fell into the phase (nor, on the offload path, on the service's writing competing with the
+// steps for the cores: overhead_fraction shows that). `checkpoint_bytes`: the newest save,
+// the trainer's part and the service's.
 nlohmann::json run_checkpoint_bench(const CheckpointBenchOptions& options);
 
 }  // namespace dsactor::bench

@@ -69,9 +69,14 @@ void add_metrics_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
 
 void add_checkpoint_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* ckpt = bench->add_subcommand("checkpoint",
-                                     "periodic checkpoints' cost as a fraction of stage-0 step "
-                                     "time, against the same run without checkpoints");
+                                     "periodic checkpoints' cost as a fraction of step time, "
+                                     "against the same run without checkpoints");
   auto co = std::make_shared<bench::CheckpointBenchOptions>();
+  ckpt->add_option("--path", co->path,
+                   "offload: ZeRO-3 on a RAM-tier offload service, which writes its part while "
+                   "the next step runs; stage0: the trainer writes everything before it goes on")
+      ->check(CLI::IsMember({"offload", "stage0"}))
+      ->capture_default_str();
   ckpt->add_option("--model", co->model, "model preset or YAML")->capture_default_str();
   ckpt->add_option("--micro-batch", co->micro_batch, "B")
       ->check(CLI::PositiveNumber)
@@ -109,8 +114,11 @@ void add_chaos_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       ->add_option("--steps", o->steps, "optimizer steps (0: 30 + (checkpoint-every + 5) per kill)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  chaos->add_option("--checkpoint-every", o->checkpoint_every, "the deployment's checkpoint.every")
-      ->check(CLI::PositiveNumber)
+  chaos
+      ->add_option("--checkpoint-every", o->checkpoint_every,
+                   "the deployment's checkpoint.every (0: no checkpoints: a restarted trainer "
+                   "continues from its services' committed step)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   chaos->add_flag("--data-parallel", o->data_parallel,
                   "two trainer ranks with a service each and a coordinator role");

@@ -18,6 +18,7 @@
 #include "deploy/service_tiers.h"
 #include "deploy/supervisor.h"
 #include "trainer/config/ds_config.h"
+#include "trainer/run_plan.h"
 
 namespace dsactor::cli {
 
@@ -90,17 +91,20 @@ std::optional<deploy::TierRequest> tier_request(const deploy::RoleSpec& t,
 }
 
 // Reads every trainer's ds_config (with its config_overrides) before anything starts, so a
-// config that cannot run is reported now, and the offload roles get the NVMe tier the
-// configs ask for.
+// config that cannot run is reported now, the offload roles get the NVMe tier the configs
+// ask for, and a trainer restarted on failure has something durable to resume from.
 void apply_trainer_configs(deploy::DeployConfig& cfg) {
   std::vector<deploy::TierRequest> requests;
-  for (const auto* t : cfg.of_kind(deploy::RoleKind::kTrainer)) {
+  for (auto& t : cfg.roles) {
+    if (t.kind != deploy::RoleKind::kTrainer) continue;
     std::vector<trainer::ConfigOverride> overrides;
-    for (const auto& [key, value] : t->config_overrides) overrides.push_back({key, value});
-    const trainer::DsConfig c = trainer::load_ds_config(t->config, t->world_size, overrides);
-    if (auto r = tier_request(*t, c)) requests.push_back(std::move(*r));
+    for (const auto& [key, value] : t.config_overrides) overrides.push_back({key, value});
+    const trainer::DsConfig c = trainer::load_ds_config(t.config, t.world_size, overrides);
+    t.state_on_services = trainer::state_on_services(c, t.offload.size());
+    if (auto r = tier_request(t, c)) requests.push_back(std::move(*r));
   }
   for (const auto& note : deploy::apply_tier_requests(cfg, requests)) spdlog::warn("{}", note);
+  deploy::check_restart_sources(cfg);
 }
 
 // `nvme` and `out` directories are created before anything starts, so a typo'd mount point

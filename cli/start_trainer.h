@@ -75,6 +75,12 @@ struct StartTrainerArgs {
   // A fresh run (no --resume) against services that still hold its job's committed steps:
   // refused, unless --overwrite drops the job there first.
   bool overwrite = false;
+  // --resume-or-start: as --resume (with or without a checkpoint), and when nothing can be
+  // resumed from (no checkpoint given, and no step every offload service of the job holds
+  // with its record: a crash before the first commit, a restarted RAM-tier service, services
+  // left at different steps) the run starts at step 0, dropping what the services hold of
+  // the job, instead of failing. `dsactor up` restarts a trainer with it.
+  bool resume_or_start = false;
   // Checkpoints (trainer/checkpoint_series.h): <checkpoint_dir>/global_step<N>/ and `latest`,
   // default <out>/checkpoint; a save every `checkpoint_every` steps besides the end (0: the
   // end only); the newest `keep_last` tags stay (0: all).

@@ -90,6 +90,11 @@ struct RoleSpec {
   std::vector<std::pair<std::string, std::string>> config_overrides;
   std::string comm_interface;  // `--comm-interface`; empty: the trainer's default
   std::string comm_address;    // `--comm-address`; empty: the trainer's default
+  // Every parameter partition and its optimizer state live on the offload services (ZeRO
+  // with offload_optimizer), so a restarted trainer can continue from their committed step
+  // without a checkpoint. Set by `dsactor up` from the ds_config (deploy/ reads no
+  // ds_config; check_restart_sources runs then); false until then.
+  bool state_on_services = false;
 
   // every role's key files (docs/security.md). Empty: not resolved yet (security.keys_dir
   // unset until `dsactor up` makes the run's directory). secret_key: its keypair, default
@@ -171,8 +176,15 @@ struct DeployConfig {
 };
 
 // Where a restarted trainer resumes from: checkpoint.dir, else <out>/checkpoint; empty when
-// the trainer has neither (then `restart: on-failure` is refused for it).
+// the trainer has neither (then `restart: on-failure` needs its state on offload services:
+// check_restart_sources).
 std::filesystem::path checkpoint_dir_of(const DeployConfig& config, const RoleSpec& trainer);
+
+// Refuses `restart: on-failure` for a trainer with no checkpoint directory whose state is not
+// on offload services (state_on_services false): nothing durable would be left to resume it
+// from. DeployConfigError "file: roles[i].restart: ...". `dsactor up` calls it once it has
+// set state_on_services from each trainer's ds_config.
+void check_restart_sources(const DeployConfig& config);
 
 // The roles `dsactor up` restarts together with `role` when it fails (`role` included), in
 // file order: a trainer's group is every trainer (they resume from one durable step, as

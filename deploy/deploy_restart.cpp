@@ -28,6 +28,16 @@ void read_restart_keys(const DeployYaml& yaml, const YAML::Node& map, const std:
     r.restart_backoff_max = yaml.seconds(n, prefix + "restart_backoff_max");
 }
 
+namespace {
+
+// Why a trainer restarted on failure needs a checkpoint directory when its services do not
+// hold its state.
+constexpr const char* kNeedsCheckpoints =
+    "value on-failure needs checkpoints to resume from: set checkpoint.dir (or this trainer's "
+    "out), and checkpoint.every to bound the work a restart redoes";
+
+}  // namespace
+
 void check_restart_policies(const DeployYaml& yaml, const DeployConfig& config,
                             const std::vector<YAML::Node>& nodes) {
   for (const auto& r : config.roles) {
@@ -39,16 +49,33 @@ void check_restart_policies(const DeployYaml& yaml, const DeployConfig& config,
                             "restart_backoff up to restart_backoff_max",
                             r.restart_backoff_max, r.restart_backoff));
     if (r.kind != RoleKind::kTrainer || r.restart != RestartMode::kOnFailure) continue;
-    if (checkpoint_dir_of(config, r).empty())
+    // With offload services the trainer may continue from their committed step: whether they
+    // hold all of its state is the ds_config's to say (check_restart_sources).
+    if (checkpoint_dir_of(config, r).empty() && r.offload.empty())
       yaml.fail(n, p + ".restart",
-                "value on-failure needs checkpoints to resume from: set checkpoint.dir (or this "
-                "trainer's out), and checkpoint.every to bound the work a restart redoes");
+                fmt::format("{} (this trainer has no offload services, whose committed step "
+                            "it could continue from instead)",
+                            kNeedsCheckpoints));
     if (r.world_size > 1 && !config.checkpoint.dir)
       yaml.fail(n, p + ".restart",
                 fmt::format("value on-failure with world_size {} needs checkpoint.dir: every "
-                            "rank must resume from the same step, which one shared checkpoint "
-                            "directory records",
+                            "rank must resume from the same step, and a rank killed between "
+                            "the ranks' commits leaves their services one step apart, which "
+                            "only a checkpoint in one shared directory restores",
                             r.world_size));
+  }
+}
+
+void check_restart_sources(const DeployConfig& config) {
+  for (const auto* r : config.of_kind(RoleKind::kTrainer)) {
+    if (r->restart != RestartMode::kOnFailure || r->state_on_services ||
+        !checkpoint_dir_of(config, *r).empty())
+      continue;
+    throw DeployConfigError(fmt::format(
+        "{}: roles[{}].restart: {} (its ds_config {} keeps the training state on the trainer, "
+        "not all of it on offload services: ZeRO stage 1-3 with offload_optimizer would let "
+        "a restart continue from the services' committed step instead)",
+        config.source.string(), r->index, kNeedsCheckpoints, r->config.string()));
   }
 }
 

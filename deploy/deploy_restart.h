@@ -18,9 +18,11 @@ namespace dsactor::deploy {
 void read_restart_keys(const DeployYaml& yaml, const YAML::Node& map, const std::string& prefix,
                        RoleSpec& r);
 
-// Refuses `restart: on-failure` for a trainer with nowhere to resume from (no checkpoint.dir
-// and no out), and for data-parallel trainers without one shared checkpoint.dir (every rank
-// must resume from the same step). `nodes[i]`: the YAML of roles[i], for the line.
+// Refuses `restart: on-failure` for a trainer with nowhere to resume from (no checkpoint.dir,
+// no out and no offload services), and for data-parallel trainers without one shared
+// checkpoint.dir (every rank must resume from the same step). `nodes[i]`: the YAML of
+// roles[i], for the line. A trainer with offload services but no checkpoint directory
+// passes here; check_restart_sources decides once its ds_config is read.
 void check_restart_policies(const DeployYaml& yaml, const DeployConfig& config,
                             const std::vector<YAML::Node>& nodes);
 

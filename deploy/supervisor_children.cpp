@@ -41,18 +41,22 @@ std::function<bool()> rendezvous_probe(const DeployConfig& config, const RoleSpe
   };
 }
 
-// A restarted trainer resumes from the newest checkpoint when there is one (the trainer
-// resolves `latest` itself), else starts over, dropping the job its services still hold.
+// A restarted trainer resumes from the newest durable state: the checkpoint `latest` names
+// (the trainer resolves it itself) or its services' committed step, whichever is newer.
+// Without a checkpoint, a trainer whose state is on its services continues from their step,
+// or starts over when they hold none (--resume-or-start); any other trainer starts over,
+// dropping the job its services still hold.
 std::function<std::vector<std::string>()> trainer_restart_argv(std::vector<std::string> argv,
                                                                const DeployConfig& config,
                                                                const RoleSpec& trainer) {
-  return [argv = std::move(argv), dir = checkpoint_dir_of(config, trainer)] {
+  return [argv = std::move(argv), dir = checkpoint_dir_of(config, trainer),
+          on_services = trainer.state_on_services] {
     std::vector<std::string> a = argv;
     std::error_code ec;
     if (!dir.empty() && std::filesystem::exists(dir / "latest", ec))
       a.insert(a.end(), {"--resume", dir.string()});
     else
-      a.emplace_back("--overwrite");
+      a.emplace_back(on_services ? "--resume-or-start" : "--overwrite");
     return a;
   };
 }

@@ -285,6 +285,34 @@ PerWorker<RestoreWork> read_tensors(const std::shared_ptr<const storage::Checkpo
   return pw;
 }
 
+// One array of an NVMe partition (0 master, 1 m, 2 v) handed to `put` chunk by chunk as the
+// tier streams the extent through its staging buffers: nothing of the partition is held
+// beyond them, so a checkpoint needs no RAM the memory limit does not already count. One
+// pass per array, since the checkpoint stores each array whole, in order (the master's
+// pass reads the master sections alone). The pass checks the extent's crc32c by its end: a
+// corrupt extent refuses the checkpoint before anything is published.
+void stream_nvme_array(NvmeIo& nvme, const JobSnapshot::Part& part, size_t array,
+                       const storage::CheckpointWriter::AppendBytes& put) {
+  const PartitionEntry& p = part.entry;
+  uint64_t next = 0;
+  const auto chunk = [&](const NvmeTier::Chunk& ch) {
+    if (ch.first != next)
+      throw std::logic_error("partition " + std::to_string(p.spec.partition_id) +
+                             ": NVMe chunks out of order");
+    put(array == 0 ? ch.master : array == 1 ? ch.m : ch.v, ch.count * 4);
+    next = ch.first + ch.count;
+  };
+  try {
+    if (array == 0)
+      nvme.read_master(*part.extent, p.n(), chunk);
+    else
+      nvme.read(*part.extent, p.n(), chunk);
+  } catch (const ChecksumError& e) {
+    refuse(ErrorCode::checksumMismatch,
+           "partition " + std::to_string(p.spec.partition_id) + ": " + e.what());
+  }
+}
+
 }  // namespace
 
 PendingCheckpoint start_checkpoint(const JobTable& jobs, WorkerGroup& workers, StateDir& state,
@@ -318,25 +346,23 @@ msg::CheckpointReply write_checkpoint(const PendingCheckpoint& pending, NvmeIo* 
     for (const JobSnapshot::Part& part : snap.parts) {
       const PartitionEntry& p = part.entry;
       const uint64_t pid = p.spec.partition_id;
-      std::array<HostBufferPtr, 3> opt = part.ram;
-      if (part.extent) {
-        // One partition at a time: its state is in RAM only while it is written out.
-        for (auto& buf : opt) buf = HostAllocator::plain(p.n() * 4);
-        try {
-          nvme->read(*part.extent, p.n(), [&](const NvmeTier::Chunk& ch) {
-            std::memcpy(opt[0]->as<float>() + ch.first, ch.master, ch.count * 4);
-            std::memcpy(opt[1]->as<float>() + ch.first, ch.m, ch.count * 4);
-            std::memcpy(opt[2]->as<float>() + ch.first, ch.v, ch.count * 4);
-          });
-        } catch (const ChecksumError& e) {
-          refuse(ErrorCode::checksumMismatch, "partition " + std::to_string(pid) + ": " + e.what());
-        }
-      }
       const std::vector<int64_t> shape{static_cast<int64_t>(p.n())};
       const char* names[3] = {"master", "m", "v"};
       for (size_t j = 0; j < 3; ++j) {
-        w.add_tensor(tensor_name(pid, names[j]), "F32", shape, opt[j]->as<float>(), p.n() * 4);
-        add_to_mac(mac, pid, names[j], opt[j], p.n() * 4);
+        if (!part.extent) {
+          w.add_tensor(tensor_name(pid, names[j]), "F32", shape, part.ram[j]->data(), p.n() * 4);
+          add_to_mac(mac, pid, names[j], part.ram[j], p.n() * 4);
+          continue;
+        }
+        mac.field(tensor_name(pid, names[j]));
+        w.add_tensor_in_pieces(
+            tensor_name(pid, names[j]), "F32", shape, p.n() * 4,
+            [&](const storage::CheckpointWriter::AppendBytes& append) {
+              stream_nvme_array(*nvme, part, j, [&](const void* piece, size_t n) {
+                append(piece, n);
+                mac.update(std::span<const std::byte>(static_cast<const std::byte*>(piece), n));
+              });
+            });
       }
       bytes += 3 * p.n() * 4;
       auto pj = detail::spec_json(p.spec, p.on_nvme, p.adam_steps);

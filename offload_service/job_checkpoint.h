@@ -37,8 +37,9 @@ PendingCheckpoint start_checkpoint(const JobTable& jobs, WorkerGroup& workers, S
                                    const messages::Header& h, const messages::Checkpoint& c);
 
 // Writes the snapshot to a directory published atomically at the request's name, one
-// partition at a time (an NVMe partition's master, m and v are read into RAM, through
-// their crc32c, only while they are written: a corrupt extent is refused, never copied).
+// partition at a time (an NVMe partition's master, m and v stream from its extent through
+// the tier's staging buffers, one array per pass, into the file: no RAM beyond what the
+// memory limit counts; a corrupt extent refuses the checkpoint, never published).
 // Changes nothing in the store; the caller unholds the snapshot afterwards. `written`
 // counts the partitions done (the progress a heartbeat reports); may be null.
 messages::CheckpointReply write_checkpoint(const PendingCheckpoint& pending, NvmeIo* nvme,

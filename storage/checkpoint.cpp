@@ -193,6 +193,18 @@ void CheckpointWriter::open_temp() {
 
 void CheckpointWriter::add_tensor(std::string name, std::string dtype, std::vector<int64_t> shape,
                                   const void* data, size_t bytes) {
+  if (bytes > 0 && data == nullptr)
+    throw CheckpointError(
+        fmt::format("checkpoint {}: tensor '{}': null data", dir_.string(), name));
+  add_tensor_in_pieces(std::move(name), std::move(dtype), std::move(shape), bytes,
+                       [&](const AppendBytes& append) {
+                         if (bytes > 0) append(data, bytes);
+                       });
+}
+
+void CheckpointWriter::add_tensor_in_pieces(
+    std::string name, std::string dtype, std::vector<int64_t> shape, size_t bytes,
+    const std::function<void(const AppendBytes&)>& produce) {
   const auto where = [&] { return fmt::format("checkpoint {}: tensor '{}'", dir_.string(), name); };
   if (done_) throw CheckpointError(where() + ": writer already committed");
   if (name.empty()) throw CheckpointError(where() + ": empty tensor name");
@@ -206,14 +218,22 @@ void CheckpointWriter::add_tensor(std::string name, std::string dtype, std::vect
   if (expect != bytes)
     throw CheckpointError(fmt::format("{}: shape [{}] of {} needs {} bytes but {} were given",
                                       where(), fmt::join(shape, ", "), dtype, expect, bytes));
-  if (bytes > 0 && data == nullptr) throw CheckpointError(where() + ": null data");
   open_temp();
 
   TensorInfo info;
   info.offset = (end_ + kCheckpointAlignment - 1) / kCheckpointAlignment * kCheckpointAlignment;
   info.bytes = bytes;
-  info.crc32c = checksum::crc32c(data, bytes);
-  write_all(fd_, data, bytes, info.offset, tmp_dir_ / kTensors);
+  uint64_t written = 0;
+  produce([&](const void* piece, size_t n) {
+    if (n > bytes - written)
+      throw CheckpointError(fmt::format("{}: more than the {} bytes announced", where(), bytes));
+    info.crc32c = checksum::crc32c(piece, n, info.crc32c);
+    write_all(fd_, piece, n, info.offset + written, tmp_dir_ / kTensors);
+    written += n;
+  });
+  if (written != bytes)
+    throw CheckpointError(
+        fmt::format("{}: {} of the {} bytes announced were given", where(), written, bytes));
   end_ = info.offset + bytes;
   info.name = std::move(name);
   info.dtype = std::move(dtype);

@@ -64,8 +64,9 @@ enum class CommitStage {
 
 // Builds a checkpoint in `<dir>.tmp-<pid>` and publishes it at `dir` on commit().
 // Tensor bytes are streamed to disk by add_tensor (the caller's buffer can be reused at
-// once), so peak memory stays one tensor. Destroying the writer without commit() removes
-// the temp dir; nothing ever appears at `dir` before commit() succeeds.
+// once), so peak memory stays one tensor, or one piece of it (add_tensor_in_pieces). Destroying the
+// writer without commit() removes the temp dir; nothing ever appears at `dir` before commit()
+// succeeds.
 class CheckpointWriter {
  public:
   explicit CheckpointWriter(std::filesystem::path dir);
@@ -76,6 +77,12 @@ class CheckpointWriter {
   // Checks dtype is known and bytes == product(shape) * dtype size; names must be unique.
   void add_tensor(std::string name, std::string dtype, std::vector<int64_t> shape, const void* data,
                   size_t bytes);
+  // The same for a tensor never held whole: `produce` hands its bytes over in order through
+  // the function it is given, in pieces of any size, `bytes` in all (more, or fewer by the
+  // time it returns, throws).
+  using AppendBytes = std::function<void(const void* data, size_t n)>;
+  void add_tensor_in_pieces(std::string name, std::string dtype, std::vector<int64_t> shape,
+                            size_t bytes, const std::function<void(const AppendBytes&)>& produce);
   void set_state(nlohmann::json state);
 
   // fsyncs tensors.bin, manifest.json and the temp dir, then swaps it into place. On

@@ -32,6 +32,10 @@ EngineChoice choose_engine(const DsConfig& c, size_t offload_endpoints) {
   return EngineChoice::kZeroOnServices;
 }
 
+bool state_on_services(const DsConfig& c, size_t offload_endpoints) {
+  return offload_endpoints > 0 && c.zero_optimization.stage >= 1 && !ranks_hold_partitions(c);
+}
+
 int sequence_length(std::optional<int> seq, const GptConfig& model) {
   const int T = seq.value_or(model.block_size);
   if (T < 1 || T > model.block_size)

@@ -52,6 +52,10 @@ enum class EngineChoice { kStage0, kZeroOnRanks, kZeroOnServices };
 // Refuses (ConfigError) offload without offload service endpoints, naming where they come
 // from; `offload_endpoints` is how many the command was given (`dsactor train`: none).
 EngineChoice choose_engine(const DsConfig& config, size_t offload_endpoints);
+// Whether the offload services hold all of a trainer's training state (every parameter
+// partition with its optimizer state: ZeRO stage 1-3 with offload_optimizer), so that their
+// committed step is enough to continue from after the trainer dies.
+bool state_on_services(const DsConfig& config, size_t offload_endpoints);
 
 // `steps` when given, else the scheduler's total_num_steps, else 100.
 int64_t target_steps(std::optional<int64_t> steps, const DsConfig& config);

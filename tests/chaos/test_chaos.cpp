@@ -58,5 +58,33 @@ TEST(Chaos, DataParallelRanksKilledRestartAsAGroupAndEndWithTheUndisturbedRunsWe
   expect_recovered(chaos(3, true, true), 3);
 }
 
+// Issue 12 item 2 under `dsactor up`: no checkpoint configured, so a restarted trainer has
+// only its services' committed step to continue from. Killed as it starts (nothing
+// committed), it starts over; killed after some commits, it continues from the services'
+// step. Either way the run ends with the undisturbed run's weights, bit for bit.
+TEST(Chaos, WithoutCheckpointsATrainerRestartsFromItsServicesStepOrFreshBeforeTheFirstCommit) {
+  ChaosOptions o;
+  o.binary = DSACTOR_BINARY;
+  o.kills = 2;
+  o.seed = seed_from_env();
+  o.trainers_only = true;
+  o.checkpoint_every = 0;
+  o.first_kill_at_start = true;
+  o.steps = 14;
+  o.report = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+  const ChaosResult r = run_chaos(o);
+  SCOPED_TRACE("seed " + std::to_string(r.seed) + " (DSACTOR_CHAOS_SEED repeats it)");
+  ASSERT_EQ(r.reference_exit, 0) << r.reference_log;
+  EXPECT_EQ(r.chaos_exit, 0) << r.chaos_log;
+  ASSERT_EQ(r.kills.size(), 2u) << "the run ended before every kill: " << r.chaos_log;
+  EXPECT_EQ(r.kills[0].after_steps, 0);
+  EXPECT_GE(r.kills[1].after_steps, 1);
+  for (const auto& k : r.kills) EXPECT_GE(k.recovery_s, 0) << k.role << " never recovered";
+  // The first restart found nothing to resume; the second continued from the services.
+  EXPECT_EQ(r.fresh_starts, 1) << r.chaos_log;
+  EXPECT_EQ(r.resumes, 1) << r.chaos_log;
+  EXPECT_TRUE(r.same_weights) << r.chaos_log;
+}
+
 }  // namespace
 }  // namespace dsactor::bench

@@ -129,6 +129,35 @@ roles:
   EXPECT_FALSE(children[0].restart_argv);  // a service comes back with the same arguments
 }
 
+TEST_F(RestartConfigTest, ATrainerWhoseStateIsOnItsServicesNeedsNoCheckpoint) {
+  // With offload services the file alone cannot say: `dsactor up` reads the ds_config...
+  auto cfg = load(R"(
+restart: on-failure
+roles:
+  - {role: offload}
+  - {role: trainer, config: ds.json}
+)");
+  EXPECT_THROW(check_restart_sources(cfg), DeployConfigError);  // ...state on the trainer
+  cfg.roles[1].state_on_services = true;
+  EXPECT_NO_THROW(check_restart_sources(cfg));
+  // ...and without a checkpoint to restore, the restart continues from the services' step,
+  // or starts over when they hold none.
+  const auto children = children_for(cfg, "dsactor", "token");
+  ASSERT_TRUE(children[1].restart_argv);
+  EXPECT_EQ(children[1].restart_argv().back(), "--resume-or-start");
+  // Ranks still need a shared checkpoint: a kill between their commits leaves their
+  // services a step apart.
+  EXPECT_THAT(
+      error_of(R"(
+restart: on-failure
+roles:
+  - {role: offload}
+  - {role: trainer, config: ds.json}
+  - {role: trainer, config: ds.json}
+)"),
+      AllOf(HasSubstr("roles[1].restart"), HasSubstr("world_size 2"), HasSubstr("checkpoint.dir")));
+}
+
 TEST(RestartPolicy, BackoffDoublesUpToItsMaximum) {
   RestartPolicy p;
   p.backoff = 100ms;

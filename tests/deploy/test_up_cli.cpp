@@ -115,6 +115,31 @@ TEST_F(UpCli, DryRunPrintsEveryCommandLineAndStartsNothing) {
   EXPECT_TRUE(up.children().empty());
 }
 
+// `restart: on-failure` without a checkpoint directory: a trainer whose ds_config puts its
+// state on the offload services may be restarted (it continues from their committed step);
+// one that keeps its optimizer state itself is refused, naming the key and the ds_config.
+TEST_F(UpCli, ARestartWithoutCheckpointsNeedsTheTrainersStateOnItsServices) {
+  write_file(dir / "zero3.json",
+             R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3,
+                 "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})");
+  write_file(dir / "zero1.json",
+             R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}})");
+  const auto on_services = deploy("restart: on-failure\nroles:\n" + offload_role() +
+                                  "  - {role: trainer, config: zero3.json, steps: 3}\n");
+  UpProcess ok(dir, {on_services.string(), "--dry-run"});
+  EXPECT_EQ(ok.wait(30s), 0) << ok.err();
+  for (const char* config : {"ds.json", "zero1.json"}) {
+    const auto on_trainer = deploy("restart: on-failure\nroles:\n" + offload_role() +
+                                   "  - {role: trainer, config: " + config + ", steps: 3}\n");
+    UpProcess refused(dir, {on_trainer.string(), "--dry-run"});
+    EXPECT_EQ(refused.wait(30s), 2) << config;
+    EXPECT_THAT(refused.err(), AllOf(HasSubstr(on_trainer.string() + ": roles[1].restart"),
+                                     HasSubstr("checkpoint.dir"), HasSubstr(config),
+                                     HasSubstr("offload_optimizer")));
+    EXPECT_TRUE(refused.children().empty());
+  }
+}
+
 TEST_F(UpCli, InvalidDeployFileExits2NamingFileKeyAndFix) {
   const auto file = deploy("roles:\n  - {role: ofload}\n");
   UpProcess up(dir, {file.string()});

@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
+#include <sys/resource.h>
 
+#include <fstream>
+#include <string>
+
+#include "offload_service/host_memory.h"
 #include "offload_service/partition_store.h"
 #include "storage/aligned_buffer.h"
 #include "tests/offload/offload_test_util.h"
@@ -254,6 +258,59 @@ TEST(OffloadTiers, ACheckpointsSnapshotIsChargedOrWrittenBeforeTheReply) {
     EXPECT_EQ(h.ok<msg::RestoreReply>(msg::Restore{"t2", "", "ck"}).step, 2u);
     check(h, at2, "restored step 2");
   }
+}
+
+// Lowers this process's address-space limit (RLIMIT_AS) to what it maps now plus `room`,
+// until destroyed: an allocation beyond that fails.
+class AddressSpaceLimit {
+ public:
+  explicit AddressSpaceLimit(uint64_t room) {
+    ::getrlimit(RLIMIT_AS, &before_);
+    rlimit lower = before_;
+    lower.rlim_cur = mapped_bytes() + room;
+    ::setrlimit(RLIMIT_AS, &lower);
+  }
+  ~AddressSpaceLimit() { ::setrlimit(RLIMIT_AS, &before_); }
+  AddressSpaceLimit(const AddressSpaceLimit&) = delete;
+  AddressSpaceLimit& operator=(const AddressSpaceLimit&) = delete;
+
+ private:
+  static uint64_t mapped_bytes() {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.starts_with("VmSize:")) return std::stoull(line.substr(7)) * 1024;
+    return 0;
+  }
+  rlimit before_{};
+};
+
+// An NVMe partition's master, m and v stream from its extent into the checkpoint through
+// the tier's staging buffers (already within the memory limit): the checkpoint of a
+// partition whose state is larger than what the process may still map is written, and
+// restores bit for bit. A copy of the state in RAM could not be made under that limit.
+TEST(OffloadTiers, ACheckpointOfAnNvmePartitionHoldsNoneOfItsStateInRam) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' shadow memory leaves RLIMIT_AS nothing to bound";
+#endif
+  TempDir dir;
+  StoreOptions o;
+  o.nvme_dir = dir.path;  // every partition on NVMe (max_in_cpu 0)
+  o.nvme.block_size = 4096;
+  PartitionStore store(o);
+  Harness h{store};
+  constexpr uint64_t n = uint64_t{2} << 20;  // 8 MiB per array, 24 MiB of state
+  auto ref = setup(h, {spec(1, n)});
+  ASSERT_EQ(store.tier_of("job", 1), Tier::kNvme);
+  step(h, ref, 1, 1);
+  const auto at1 = ref;
+  {
+    const AddressSpaceLimit limit(12 << 20);         // room for small allocations, not the state
+    EXPECT_ANY_THROW(HostAllocator::plain(12 * n));  // the limit binds: no copy of the state
+    EXPECT_EQ(h.ok<msg::CheckpointReply>(msg::Checkpoint{"t1", "", "ck"}).bytes_written, 12 * n);
+  }
+  step(h, ref, 2, 2);
+  EXPECT_EQ(h.ok<msg::RestoreReply>(msg::Restore{"t1", "", "ck"}).step, 1u);
+  check(h, at1, "restored step 1");
 }
 
 // Checkpoint after step 2, train on, restore: the state of step 2 comes back bit for bit

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -225,6 +226,39 @@ TEST_F(CheckpointTest, AddTensorValidates) {
   w.add_tensor("x", "F32", {2}, x, 8);
   msg = error_of([&] { w.add_tensor("x", "F32", {2}, x, 8); });
   EXPECT_NE(msg.find("added twice"), std::string::npos) << msg;
+}
+
+// A tensor handed over in pieces is the same tensor, crc32c included; a producer that gives
+// more or fewer bytes than announced is refused, naming the tensor.
+TEST_F(CheckpointTest, TensorInPiecesEqualsTheWholeTensor) {
+  std::vector<float> x(3000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.5f * static_cast<float>(i);
+  {
+    CheckpointWriter w(dir_);
+    w.add_tensor("before", "F32", {1}, x.data(), 4);
+    w.add_tensor_in_pieces("x", "F32", {3000}, 12000, [&](const auto& append) {
+      for (size_t at = 0; at < x.size(); at += 1024)
+        append(x.data() + at, 4 * std::min<size_t>(1024, x.size() - at));
+    });
+    std::string msg = error_of([&] {
+      w.add_tensor_in_pieces("short", "F32", {2}, 8,
+                             [&](const auto& append) { append(x.data(), 4); });
+    });
+    EXPECT_NE(msg.find("'short'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("4 of the 8 bytes"), std::string::npos) << msg;
+    msg = error_of([&] {
+      w.add_tensor_in_pieces("long", "F32", {1}, 4,
+                             [&](const auto& append) { append(x.data(), 8); });
+    });
+    EXPECT_NE(msg.find("more than the 4 bytes"), std::string::npos) << msg;
+    w.commit();
+  }
+  CheckpointReader r(dir_);
+  EXPECT_EQ(r.tensor_names(), (std::vector<std::string>{"before", "x"}));
+  EXPECT_EQ(r.info("x").crc32c, checksum::crc32c(x.data(), 12000));
+  std::vector<float> got(3000);
+  r.read_tensor("x", got.data(), 12000, "F32");
+  EXPECT_EQ(got, x);
 }
 
 // A crash at each commit stage must leave <dir> holding one complete checkpoint: the old

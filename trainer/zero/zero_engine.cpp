@@ -136,6 +136,7 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
   reuse_block_mappings();
   register_partitions(options_.existing_job);
   resumed_from_services_ = take_over_durable_step();
+  if (!resumed_from_services_ && options_.existing_job == ExistingJob::kResumeOrStart) start_over();
   if (!resumed_from_services_) initialise_parameters(seed);
   checkpoints_ = std::make_unique<ZeroCheckpoint>(context_, gpt_);
   start_parts();
@@ -235,7 +236,7 @@ void ZeroEngine::reuse_block_mappings() {
   if (before > limit) FloatBuffer::set_cache_limit(before, layer_bytes);
 }
 
-void ZeroEngine::register_partitions(ExistingJob existing) {
+std::vector<msg::PartitionSpec> ZeroEngine::partition_specs(size_t s) const {
   msg::OptimizerConfig opt;
   opt.kind = adam_.adamw_mode ? msg::OptimizerKind::adamw : msg::OptimizerKind::adam;
   opt.lr = adam_.lr;  // floats widened exactly: the service narrows them back bit for bit
@@ -244,16 +245,27 @@ void ZeroEngine::register_partitions(ExistingJob existing) {
   opt.eps = adam_.eps;
   opt.weight_decay = adam_.weight_decay;
   opt.bias_correction = adam_.bias_correction;
-  const auto owned = plan_.owned_by(options_.rank);
+  std::vector<msg::PartitionSpec> specs;
+  for (const auto& p : plan_.owned_by(options_.rank))  // block order: updated in forward order
+    if (p.service == s)
+      specs.push_back(
+          msg::PartitionSpec{p.id, p.count, msg::DType::fp32, context_.wire_dtype(), opt});
+  return specs;
+}
+
+void ZeroEngine::register_afresh(size_t s, const std::vector<msg::PartitionSpec>& specs) {
+  await_or_throw(*services_[s], "drop_job", 0, services_[s]->drop_job());
+  await_or_throw(*services_[s], "register", 0,
+                 services_[s]->register_partitions(options_.rank, options_.world_size, specs));
+}
+
+void ZeroEngine::register_partitions(ExistingJob existing) {
   // Continuing the job: gradients a dead trainer pushed for its next step are dropped.
-  const bool resume = existing == ExistingJob::kContinue || existing == ExistingJob::kResume;
+  const bool resume = existing == ExistingJob::kContinue || existing == ExistingJob::kResume ||
+                      existing == ExistingJob::kResumeOrStart;
   std::vector<HeldStep> held_steps;
   for (size_t s = 0; s < services_.size(); ++s) {
-    std::vector<msg::PartitionSpec> specs;
-    for (const auto& p : owned)  // block order: the services update in forward order
-      if (p.service == s)
-        specs.push_back(
-            msg::PartitionSpec{p.id, p.count, msg::DType::fp32, context_.wire_dtype(), opt});
+    const auto specs = partition_specs(s);
     if (specs.empty()) continue;
     auto reply = await_or_throw(
         *services_[s], "register", 0,
@@ -271,9 +283,7 @@ void ZeroEngine::register_partitions(ExistingJob existing) {
           services_[s]->endpoint(), options_.job_id, held));
     spdlog::warn("offload service {}: job '{}' held step {}; dropped for a fresh run (--overwrite)",
                  services_[s]->endpoint(), options_.job_id, held);
-    await_or_throw(*services_[s], "drop_job", 0, services_[s]->drop_job());
-    await_or_throw(*services_[s], "register", 0,
-                   services_[s]->register_partitions(options_.rank, options_.world_size, specs));
+    register_afresh(s, specs);
     held_steps.back() = HeldStep{services_[s]->endpoint(), 0, {}, false};
   }
   durable_ = agree_on_step(held_steps, options_.job_id);
@@ -306,7 +316,9 @@ void ZeroEngine::agree_across_ranks() {
 }
 
 bool ZeroEngine::take_over_durable_step() {
-  if (options_.existing_job != ExistingJob::kResume) return false;
+  if (options_.existing_job != ExistingJob::kResume &&
+      options_.existing_job != ExistingJob::kResumeOrStart)
+    return false;
   if (plan_.world_size() > 1) agree_across_ranks();
   if (durable_.kind != DurableStep::Kind::kResumable) return false;
   counters_ = durable_.record.counters;
@@ -315,6 +327,14 @@ bool ZeroEngine::take_over_durable_step() {
                options_.job_id, durable_.step,
                durable_.durable ? " durably (NVMe)" : " in RAM (they stayed up)");
   return true;
+}
+
+void ZeroEngine::start_over() {
+  // Every rank comes here together: agree_across_ranks left none of them resumable.
+  spdlog::warn("job '{}': nothing to resume from ({}); starting at step 0 (--resume-or-start)",
+               options_.job_id, durable_.why);
+  for (size_t s = 0; s < services_.size(); ++s)
+    if (const auto specs = partition_specs(s); !specs.empty()) register_afresh(s, specs);
 }
 
 std::string ZeroEngine::resume_record(const StepCounters& c, const LossScaler& scaler,

@@ -145,6 +145,12 @@ class ZeroEngine {
   // its durable step taken over (loader rewound to its cursor); throws when that fails.
   void reconnect(BatchLoader& loader, const ZeroServiceError& failure);
   void register_partitions(ExistingJob existing);
+  // What this rank registers on service s (its partitions there, in block order).
+  std::vector<messages::PartitionSpec> partition_specs(size_t s) const;
+  // Drops the job on service s and registers `specs` afresh (step 0, no optimizer state).
+  void register_afresh(size_t s, const std::vector<messages::PartitionSpec>& specs);
+  // kResumeOrStart with no step to continue from: every service of this rank afresh.
+  void start_over();
   // kResume with a resumable step: takes its counters and loss scaler; true when it did.
   bool take_over_durable_step();
   // Several ranks: a step only every rank can continue from, or kNotResumable naming each.

@@ -34,6 +34,10 @@ enum class ExistingJob {
   // (resume_record.h, agree_on_step), taking the counters, loss scaler and data cursor from
   // it; where they hold none (or disagree), as kContinue (the caller restores a checkpoint).
   kResume,
+  // `--resume-or-start` without a checkpoint: as kResume, and where there is no step to
+  // continue from, the job is dropped on every service and registered afresh (as
+  // kOverwrite): the run starts at step 0 instead of failing.
+  kResumeOrStart,
 };
 
 struct ZeroOptions {
