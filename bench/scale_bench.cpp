@@ -160,7 +160,12 @@ nlohmann::json run_scale_bench(const ScaleBenchOptions& o) {
       service.stop();
     }
     // fio and our own io_uring at the service's block size and queue depth, same directory.
-    out["nvme_reference"] = run_nvme_bench(dir, o.reference_bytes, o.aio);
+    NvmeBenchOptions reference;
+    reference.total_bytes = o.reference_bytes;
+    reference.block_sizes = {o.aio.block_size};
+    reference.pairs = 1;
+    reference.aio = o.aio;
+    out["nvme_reference"] = run_nvme_bench(dir, reference);
   } catch (...) {
     std::error_code ec;
     if (own_dir) fs::remove_all(dir, ec);

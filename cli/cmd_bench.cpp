@@ -233,23 +233,26 @@ void add_adam_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
 
 void add_nvme_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto* nvme = bench->add_subcommand(
-      "nvme", "the offload service's io_uring read/write GB/s against fio in the same run");
+      "nvme",
+      "the offload service's io_uring read/write GB/s against fio in the same run, alternated "
+      "in pairs at each block size");
   auto nvme_dir = std::make_shared<std::filesystem::path>();
-  auto nvme_bytes = std::make_shared<size_t>(size_t{1} << 30);
-  auto nvme_opts = std::make_shared<storage::NvmeOptions>();
+  auto o = std::make_shared<bench::NvmeBenchOptions>();
   nvme->add_option("--dir", *nvme_dir, "directory on the device to measure")
       ->required()
       ->check(CLI::ExistingDirectory);
-  nvme->add_option("--bytes", *nvme_bytes, "file size")->capture_default_str();
-  nvme->add_option("--block-size", nvme_opts->block_size,
-                   "bytes per request (ds_config aio.block_size)")
+  nvme->add_option("--bytes", o->total_bytes, "file size")->capture_default_str();
+  nvme->add_option("--block-size", o->block_sizes,
+                   "bytes per request (ds_config aio.block_size); repeat for several")
       ->capture_default_str();
-  nvme->add_option("--queue-depth", nvme_opts->queue_depth, "requests in flight (aio.queue_depth)")
+  nvme->add_option("--queue-depth", o->aio.queue_depth, "requests in flight (aio.queue_depth)")
+      ->capture_default_str();
+  nvme->add_option("--pairs", o->pairs, "ours-then-fio pairs per block size")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   nvme->add_flag("--json", *json, "print one JSON object");
-  nvme->callback([nvme_dir, nvme_bytes, nvme_opts, json] {
-    print_result(bench::run_nvme_bench(*nvme_dir, *nvme_bytes, *nvme_opts), *json);
-  });
+  nvme->callback(
+      [nvme_dir, o, json] { print_result(bench::run_nvme_bench(*nvme_dir, *o), *json); });
 }
 
 void add_transport_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
