@@ -35,8 +35,10 @@ uint64_t bytes_under(const fs::path& dir, const std::string& tag = {}) {
 }
 
 // Two phases of one run: `steps` steps without checkpoints, then `steps` with
-// `after_step(step)` after each (a save when one is due) and `end()` once (the last save
-// finished): each returns how long it held the trainer.
+// `after_step(i)` after the phase's i-th step (a save when i is a multiple of `every`, so
+// the phase's first step saves and each save has its interval's later steps to overlap, as
+// in a long run) and `end()` once (the last save finished): each returns how long it held
+// the trainer.
 struct PhaseTimes {
   double plain_s = 0, with_s = 0;  // per step
   double held_s = 0;               // in saves, all of them
@@ -53,7 +55,7 @@ PhaseTimes time_phases(EngineT& engine, BatchLoader& loader, int warmup, int ste
   t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
     engine.train_step(loader);
-    t.held_s += after_step(engine.global_step());
+    t.held_s += after_step(i);
   }
   t.held_s += end();
   t.with_s = seconds_since(t0) / steps;
@@ -80,8 +82,9 @@ Measured run_stage0(const CheckpointBenchOptions& o, const GptConfig& gpt, const
   std::optional<fs::path> newest;
   m.times = time_phases(
       engine, loader, o.warmup_steps, steps,
-      [&](int64_t step) {
-        if (!series.due(step)) return 0.0;
+      [&](int64_t i) {
+        if (i % o.every != 0) return 0.0;
+        const int64_t step = engine.global_step();
         ++m.saves;
         return timed([&] {
           newest = series.save(step, [&](const fs::path& d) {
@@ -125,9 +128,10 @@ Measured run_offloaded(const CheckpointBenchOptions& o, const GptConfig& gpt, nl
   };
   m.times = time_phases(
       engine, loader, o.warmup_steps, steps,
-      [&](int64_t step) {
+      [&](int64_t i) {
         double held = finish();
-        if (!series.due(step)) return held;
+        if (i % o.every != 0) return held;
+        const int64_t step = engine.global_step();
         ++m.saves;
         held += timed([&] {
           series.begin(
