@@ -6,11 +6,13 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <unordered_map>
 
 #include "checksum/crc32c.h"
 #include "checksum/crc32c_copy.h"
 #include "offload_service/nvme_partition.h"
 #include "offload_service/push_accumulate.h"
+#include "storage/crash_point.h"
 
 namespace dsactor::offload {
 
@@ -31,6 +33,33 @@ struct Staged {
   std::function<void()> abort;
 };
 
+// A commit being published, one partition per message (partition_worker.h), and the
+// pushes and fetches waiting for a partition it has not updated yet, in arrival order.
+struct Publishing {
+  Publishing(CommitWorkPtr w, std::shared_ptr<const std::vector<NvmeLocation>> f)
+      : work(std::move(w)), fresh(std::move(f)) {
+    for (size_t i = 0; i < work->partitions.size(); ++i) position.emplace(work->partitions[i], i);
+  }
+  Publishing(const Publishing&) = delete;
+  Publishing& operator=(const Publishing&) = delete;
+  // Done, or the worker stopped: whoever waits for the step goes on.
+  ~Publishing() {
+    if (work->publication) work->publication->worker_finished();
+  }
+  bool updated(const std::string& job, uint64_t pid) const {
+    if (job != work->job) return true;
+    auto it = position.find(pid);
+    return it == position.end() || it->second < next;
+  }
+
+  CommitWorkPtr work;
+  std::shared_ptr<const std::vector<NvmeLocation>> fresh;  // the NVMe partitions', in order
+  size_t next = 0;        // the next partition to update (index into work->partitions)
+  size_t next_fresh = 0;  // its fresh extent, when it is an NVMe partition
+  std::unordered_map<uint64_t, size_t> position;  // partition id -> index
+  std::map<uint64_t, std::vector<std::pair<detail::IncomingPtr, ServeContext>>> waiting;
+};
+
 struct WorkerState {
   size_t index = 0;
   caf::actor_system* system = nullptr;
@@ -38,6 +67,8 @@ struct WorkerState {
   std::unique_ptr<NvmeIo> nvme;
   std::map<PartitionKey, WorkerPartition> parts;
   std::optional<Staged> staged;
+  std::optional<Publishing> publishing;
+  std::function<void()> publish_later;  // sends this worker a publish message
   // Extents a checkpoint's snapshot reads (by offset: how many snapshots hold each), and
   // those of them a step switched away from meanwhile, freed when the last hold goes.
   std::map<uint64_t, int> held;
@@ -234,6 +265,14 @@ struct WorkerState {
   }
 
   void serve(const detail::IncomingPtr& in, const ServeContext& ctx) {
+    const auto& h = in->message->header;
+    const auto* push = std::get_if<msg::PushGradients>(&h.body);
+    const uint64_t pid =
+        push ? push->partition_id : std::get<msg::FetchParameters>(h.body).partition_id;
+    if (publishing && !publishing->updated(h.job_id, pid)) {
+      publishing->waiting[pid].emplace_back(in, ctx);
+      return;
+    }
     detail::answer(*in, figures, [&]() -> Reply {
       const auto& m = *in->message;
       if (auto* g = std::get_if<msg::PushGradients>(&m.header.body)) {
@@ -356,7 +395,7 @@ struct WorkerState {
   //    the step (the trainer pushes again or skips);
   //  - a RAM partition is updated in place at apply, once nothing can fail any more;
   //    running it here would need a second copy of its master, m and v (README.md, "Why
-  //    Adam runs at two points").
+  //    Adam runs at two points"). Apply publishes the partitions one by one (below).
   WorkResult prepare(const CommitWork& w) {
     WorkResult r;
     auto fresh = std::make_shared<std::vector<NvmeLocation>>();  // the NVMe partitions', in order
@@ -390,7 +429,10 @@ struct WorkerState {
         return failed(ErrorCode::internal, "partition " + std::to_string(pid) + ": " + e.what(), i);
       }
     }
-    staged = Staged{[this, fresh, w] { apply_commit(w, *fresh); }, drop};
+    staged = Staged{[this, fresh, work = std::make_shared<const CommitWork>(w)] {
+                      begin_publishing(work, fresh);
+                    },
+                    drop};
     return r;
   }
 
@@ -411,22 +453,45 @@ struct WorkerState {
                   hc);
   }
 
-  void apply_commit(const CommitWork& w, const std::vector<NvmeLocation>& fresh) {
-    size_t k = 0;
-    for (size_t i = 0; i < w.partitions.size(); ++i) {
-      WorkerPartition& p = at(w.job, w.partitions[i]);
-      if (p.on_nvme()) {
-        release(p.loc);
-        p.loc = fresh[k++];
-        p.next.reset();  // it is p.loc now
-      } else {
-        ram_adam(p, w, i);
-        if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
-      }
-      p.micro_steps = 0;
-      p.half_crc.reset();
-      p.master_crc.reset();
+  // ---- publishing a commit ----
+
+  void begin_publishing(CommitWorkPtr work,
+                        std::shared_ptr<const std::vector<NvmeLocation>> fresh) {
+    finish_publishing();  // another job's step, still going: done first, one at a time
+    publishing.emplace(std::move(work), std::move(fresh));
+    publish_later();
+  }
+
+  // Updates the commit's next partition, then answers what waited for it.
+  void publish_one() {
+    Publishing& pub = *publishing;
+    const CommitWork& w = *pub.work;
+    const size_t i = pub.next;
+    const uint64_t pid = w.partitions[i];
+    WorkerPartition& p = at(w.job, pid);
+    if (p.on_nvme()) {
+      release(p.loc);
+      p.loc = (*pub.fresh)[pub.next_fresh++];
+      p.next.reset();  // it is p.loc now
+    } else {
+      ram_adam(p, w, i);
+      if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
     }
+    p.micro_steps = 0;
+    p.half_crc.reset();
+    p.master_crc.reset();
+    ++pub.next;
+    if (auto it = pub.waiting.find(pid); it != pub.waiting.end()) {
+      const auto waited = std::move(it->second);
+      pub.waiting.erase(it);
+      for (const auto& [in, ctx] : waited) serve(in, ctx);
+    }
+    storage::pause_point("partition-updated");
+    if (pub.next == w.partitions.size()) publishing.reset();
+  }
+
+  void finish_publishing() {
+    while (publishing) publish_one();
   }
 
   WorkResult prepare(const RestoreWork& w) {
@@ -533,6 +598,10 @@ partition_worker::behavior_type worker_behavior(
   st.phases = cfg->phases;
   st.figures = cfg->figures;
   st.system = &self->system();
+  // Behind whatever is queued already: the requests that came meanwhile go first.
+  st.publish_later = [self] {
+    caf::anon_send(caf::actor_cast<partition_worker>(self), publish_atom::value);
+  };
   st.memory = std::make_unique<HostAllocator>(cfg->memory);
   if (cfg->nvme) st.nvme = std::make_unique<NvmeIo>(self->system(), *cfg->nvme);
   if (cfg->reloaded) {
@@ -550,6 +619,12 @@ partition_worker::behavior_type worker_behavior(
       [self](apply_atom) {
         if (auto s = std::exchange(self->state.staged, std::nullopt)) s->apply();
         return true;
+      },
+      [self](publish_atom) {
+        auto& st = self->state;
+        if (!st.publishing) return;  // finished meanwhile by the next step's start
+        st.publish_one();
+        if (st.publishing) st.publish_later();
       },
       [self](abort_atom) {
         if (auto s = std::exchange(self->state.staged, std::nullopt)) s->abort();

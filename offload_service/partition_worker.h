@@ -13,6 +13,12 @@
 // served, then apply swaps the staged state in, or abort drops it (fresh extents
 // released). The coordinator sends one prepare at a time per worker.
 //
+// A commit's apply publishes the step partition by partition in the job's order (RAM
+// partitions run their Adam pass there): a push or fetch of a partition already updated
+// is answered at once, one of a partition not yet updated waits for that update, so the
+// next forward's first fetches are served while later partitions are still updated, and
+// nothing is ever served stale or half-updated.
+//
 // A worker keeps no step numbers: the coordinator's job table (job_table.h) owns the job's
 // step and each partition's version and Adam step count, and passes what a request needs
 // (the next step and the version to serve; Adam's t of a commit) in its message.
@@ -31,6 +37,7 @@
 #include "offload_service/host_memory.h"
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/service_phases.h"
+#include "offload_service/step_publication.h"
 #include "offload_service/store_common.h"
 #include "storage/aligned_buffer.h"
 
@@ -96,6 +103,8 @@ struct CommitWork {
   float multiplier = 1.0f;
   // Partitions updated so far, across the job's workers (the progress a heartbeat reports).
   std::shared_ptr<std::atomic<uint64_t>> done;
+  // Told when this worker has updated its last partition of the step (null: nobody waits).
+  StepPublicationPtr publication;
 };
 // Where an NVMe partition's restored state comes from, chunk by chunk, so a restore holds
 // no whole partition in RAM. Called in element order on the nvme_io thread.
@@ -138,6 +147,7 @@ using skip_atom = caf::atom_constant<caf::atom("skip")>;
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using unhold_atom = caf::atom_constant<caf::atom("unhold")>;
+using publish_atom = caf::atom_constant<caf::atom("publish")>;
 
 using partition_worker = caf::typed_actor<
     // PushGradients / FetchParameters of a partition this worker owns (the coordinator
@@ -148,8 +158,11 @@ using partition_worker = caf::typed_actor<
     caf::replies_to<prepare_atom, SetWorkPtr>::with<WorkResult>,
     caf::replies_to<prepare_atom, CommitWorkPtr>::with<WorkResult>,
     caf::replies_to<prepare_atom, RestoreWorkPtr>::with<WorkResult>,
-    // Swaps in / drops what the last prepare staged.
+    // Swaps in / drops what the last prepare staged. A commit's apply only starts its
+    // updates and answers: the worker then updates one partition per `publish` message it
+    // sends itself, answering the requests queued meanwhile in between.
     caf::replies_to<apply_atom>::with<bool>, caf::replies_to<abort_atom>::with<bool>,
+    caf::reacts_to<publish_atom>,
     // Micro-steps accumulated, per partition.
     caf::replies_to<grads_atom, PartitionQueryPtr>::with<WorkResult>,
     // A checkpoint's snapshot of the partitions' committed state, kept while later steps

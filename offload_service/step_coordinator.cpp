@@ -11,6 +11,7 @@
 #include "offload_service/placement.h"
 #include "offload_service/quotas.h"
 #include "offload_service/state_dir.h"
+#include "offload_service/step_publication.h"
 #include "offload_service/two_phase.h"
 #include "offload_service/worker_group.h"
 
@@ -39,6 +40,8 @@ struct CoordinatorState {
   std::function<void(BackgroundCheckpointPtr)> written;
   PinningKind pinning;
   uint64_t steps_applied = 0;
+  // Per job, its last committed step while the workers publish it (step_publication.h).
+  std::map<std::string, StepPublicationPtr> publishing;
   std::shared_ptr<ProgressBoard> board;
   std::shared_ptr<ServicePhases> phases;
   metrics::ActorFigures* figures;  // StoreOptions::actors' "coordinator" (null: not counted)
@@ -177,8 +180,11 @@ struct CoordinatorState {
     return msg::SetParametersReply{sp.partition_id, sp.version};
   }
 
+  // Answered once the step is decided and durable (its metadata batch written): the
+  // workers then publish it partition by partition (partition_worker.h) while the trainer
+  // goes on, and the job's next request other than a push or fetch waits for all of it.
   msg::Body on_commit(const msg::Header& h, const msg::CommitStep& c,
-                      const std::shared_ptr<std::atomic<uint64_t>>& done) {
+                      const std::shared_ptr<const ProgressBoard::Scope>& progress) {
     const JobState& job = jobs.job_for_step(h, c.step, "commit");
     if (!(std::isfinite(c.clip_coef) && c.clip_coef > 0 && std::isfinite(c.loss_scale) &&
           c.loss_scale > 0 && std::isfinite(c.lr) && c.lr >= 0)) {
@@ -202,11 +208,18 @@ struct CoordinatorState {
       w.adam_t.push_back(next.parts.at(pid).adam_steps);
       w.commit = c;
       w.multiplier = multiplier;
-      w.done = done;
+      w.done = progress->done();
     }
+    auto publication = std::make_shared<StepPublication>(pw.by_worker.size(), board, progress);
+    for (auto& [w, e] : pw.by_worker) e.work->publication = publication;
     const Prepared prepared = two_phase.prepare(pw, job.order);
     if (prepared.failure) refuse(prepared.failure->code, prepared.failure->message);
     two_phase.commit(h.job_id, next, pw, prepared, "metadata write failed: ");
+    if (options.reply_after_update) {
+      publication->wait();
+    } else {
+      publishing[h.job_id] = std::move(publication);
+    }
     jobs.put(h.job_id, std::move(next));
     steps_applied++;
     return msg::CommitReply{c.step, true, jobs.find(h.job_id)->versions()};
@@ -353,7 +366,9 @@ struct CoordinatorState {
   // Any other request, answered here.
   msg::Body answer_here(const detail::IncomingPtr& in) {
     const auto& h = in->header();
-    const ProgressBoard::Scope progress(*board, h.job_id, progress_entry(in));
+    // Shared: a commit's entry stays while its workers publish it.
+    const auto progress =
+        std::make_shared<const ProgressBoard::Scope>(*board, h.job_id, progress_entry(in));
     return std::visit(
         [&](const auto& body) -> msg::Body {
           using T = std::decay_t<decltype(body)>;
@@ -363,7 +378,7 @@ struct CoordinatorState {
             return on_set(in, body);
           } else if constexpr (std::is_same_v<T, msg::CommitStep>) {
             const PhaseTimer committing(phases.get(), ServicePhase::kCommit, 0);
-            return on_commit(h, body, progress.done());
+            return on_commit(h, body, progress);
           } else if constexpr (std::is_same_v<T, msg::SkipStep>) {
             return on_skip(h, body);
           } else if constexpr (std::is_same_v<T, msg::Stats>) {
@@ -392,6 +407,19 @@ struct CoordinatorState {
         h.body);
   }
 
+  // Blocks until the job's last committed step is published on every worker (all jobs:
+  // Stats), so what a request reads or changes next holds the whole step.
+  void await_published(const std::string& job) {
+    if (auto it = publishing.find(job); it != publishing.end()) {
+      it->second->wait();
+      publishing.erase(it);
+    }
+  }
+  void await_all_published() {
+    for (auto& [job, publication] : publishing) publication->wait();
+    publishing.clear();
+  }
+
   void handle(const detail::IncomingPtr& in) {
     const auto& h = in->header();
     // A job is served to the key that registered it only; the check comes before anything
@@ -408,6 +436,11 @@ struct CoordinatorState {
         std::holds_alternative<msg::FetchParameters>(h.body)) {
       forward(in);
       return;
+    }
+    if (std::holds_alternative<msg::Stats>(h.body)) {
+      await_all_published();
+    } else {
+      await_published(h.job_id);
     }
     if (const auto* c = std::get_if<msg::Checkpoint>(&h.body)) {
       try {
@@ -460,7 +493,10 @@ step_coordinator::behavior_type coordinator_behavior(
         self->state.c->handle(in);
       },
       [self](call_atom, const detail::IncomingPtr& in) { self->state.c->handle(in); },
-      [self](stats_atom) { return self->state.c->stats(); },
+      [self](stats_atom) {
+        self->state.c->await_all_published();
+        return self->state.c->stats();
+      },
       [self](tier_atom, const std::string& job, uint64_t pid) {
         return self->state.c->where(job, pid, true);
       },

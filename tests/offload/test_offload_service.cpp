@@ -1,7 +1,8 @@
 // The real `dsactor start --role offload` process on 127.0.0.1, driven by OffloadClient
 // and by a raw DEALER sending hostile messages: results against the scalar Adam
 // reference, skip on overflow, restart on the same --nvme directory, a flipped byte in an
-// extent, the memory limit, and a clean stop on SIGTERM.
+// extent, the memory limit, a commit published partition by partition after its reply,
+// and a clean stop on SIGTERM.
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -164,6 +165,42 @@ TEST(OffloadService, TwoWorkersTrainBitIdenticalToOneWorkerAndTheReference) {
     }
     EXPECT_EQ(svc.stop(), 0);
   }
+}
+
+// A commit is answered once it is decided and durable; the worker then updates the job's
+// partitions one by one in registration order and answers requests in between.
+// DSACTOR_TEST_PAUSE_AT holds each update back, so on any machine: the first partition's
+// fetch is answered while later ones are still being updated (a Ping after it still shows
+// the commit's update in flight, fewer partitions done than the job has); a fetch or a push
+// of a partition not updated yet waits for its update (never stale, never half-updated:
+// the bytes equal the reference's); Stats sees the whole step.
+TEST(OffloadService, CommitIsPublishedPartitionByPartitionAfterItsReply) {
+  TempDir tmp;
+  deploy::ServiceProcessOptions so;
+  so.args = {"--workers", "1"};
+  so.log_file = tmp.path / "service.log";
+  so.env = {{"DSACTOR_TEST_PAUSE_AT", "partition-updated:700"}};
+  deploy::ServiceProcess svc(DSACTOR_BINARY, so);
+  OffloadClient c(svc.endpoint(), svc.client_security(), 30s);
+  auto ref = setup(c, {spec(20, 50000), spec(21, 4097), spec(22, 3000), spec(23, 20000)});
+  train(c, ref, 1, 1, 7);
+  expect_bits_equal(ref[0].master, c.fetch(20, 1, DType::fp32).bytes(), "first partition");
+  auto answer = c.await(c.send(msg::Ping{42}));
+  ASSERT_TRUE(answer.ok());
+  const auto* pong = std::get_if<msg::Pong>(&answer->header.body);
+  ASSERT_NE(pong, nullptr);
+  EXPECT_EQ(pong->operation, "commitStep");
+  EXPECT_EQ(pong->step, 1u);
+  EXPECT_EQ(pong->total, 4u);
+  EXPECT_GE(pong->done, 1u);
+  EXPECT_LT(pong->done, pong->total) << "the first partition was served only after the last update";
+  expect_bits_equal(ref[3].master, c.fetch(23, 1, DType::fp32).bytes(), "last partition");
+  // Step 2's pushes come while step 1 is still being published; its commit (and Stats)
+  // only after all of it.
+  train(c, ref, 2, 2, 70);
+  EXPECT_EQ(c.stats().steps, 2u);
+  check(c, ref, 2);
+  EXPECT_EQ(svc.stop(), 0);
 }
 
 // A commit where one partition of worker 1 has a corrupt extent is refused as a whole:

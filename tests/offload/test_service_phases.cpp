@@ -98,7 +98,9 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
   EXPECT_EQ(adam.operations, 2);
   EXPECT_GT(adam.seconds, 0);
   EXPECT_EQ(commit.operations, 1);
-  EXPECT_GE(commit.seconds, adam.seconds);  // the commit waits for its Adam passes
+  // Answered once decided: the RAM tier's Adam passes run after it (as the step is
+  // published), so the commit's own time need not hold them.
+  EXPECT_GT(commit.seconds, 0);
   const Phase serve = phase(state, "serve");
   EXPECT_EQ(serve.bytes, fetched);
   EXPECT_EQ(serve.operations, 6);
