@@ -13,12 +13,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "actors/offload_link/offload_client.h"
 #include "bench/forked_child.h"
 #include "bench/stopwatch.h"
 #include "bench/zero_breakdown.h"
@@ -162,8 +164,11 @@ double own_minor_faults() {
   return static_cast<double>(u.ru_minflt);
 }
 
+// `settle` (with a service) returns once the service has published the last step, so the
+// window holds whole steps: a commit is answered before its Adam passes end.
 template <class E>
-Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t service = -1) {
+Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t service = -1,
+                  const std::function<void()>& settle = {}) {
   Timing t;
   const auto [u0, s0] = own_cpu_seconds();
   const double svc0 = process_cpu_seconds(service);
@@ -178,6 +183,7 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
     t.push_wait += r.push_seconds / steps;
     t.commit_wait += r.commit_seconds / steps;
   }
+  if (settle) settle();
   t.step_s = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
   const auto [u1, s1] = own_cpu_seconds();
   t.user_s = (u1 - u0) / steps;
@@ -229,7 +235,7 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
 // The ratios of the stage-3 phases to stage 0, with every phase's own figures.
 nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptConfig& gpt,
                                   const nlohmann::json& stage0, const nlohmann::json& on,
-                                  const nlohmann::json& off) {
+                                  const nlohmann::json& off, const nlohmann::json& after_update) {
   const size_t params = trainer::parameter_count(gpt);
   const double model_bytes = static_cast<double>(params) * 4;
   auto ratio = [](const nlohmann::json& a, const nlohmann::json& b, const char* k) {
@@ -249,6 +255,13 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
       {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
+      // Prefetch on, the service answering each commit only after every partition's
+      // update (--reply-after-update): what publishing the step block by block saves.
+      {"step_time_ratio_reply_after_update", ratio(after_update, stage0, "ms_per_step")},
+      {"commit_wait_ms_prefetch_on", on["commit_wait_ms"]},
+      {"commit_wait_ms_reply_after_update", after_update["commit_wait_ms"]},
+      {"fetch_wait_ms_prefetch_on", on["fetch_wait_ms"]},
+      {"fetch_wait_ms_reply_after_update", after_update["fetch_wait_ms"]},
       {"step_time_goal", 1.25},
       {"cpu_ratio_prefetch_on", ratio(on, stage0, "total_cpu_ms_per_step")},
       {"cpu_ratio_prefetch_off", ratio(off, stage0, "total_cpu_ms_per_step")},
@@ -268,7 +281,8 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"fetch_hidden_fraction_prefetch_off", off["fetch_hidden_fraction"]},
       {"stage0", stage0},
       {"stage3_prefetch_on", on},
-      {"stage3_prefetch_off", off}};
+      {"stage3_prefetch_off", off},
+      {"stage3_reply_after_update", after_update}};
 }
 
 // The service's metrics address, from its log's "metrics on <url>/metrics" line (written
@@ -312,15 +326,16 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   const Stage3Knobs lean = lean_stage3_knobs(o.model);
   const int64_t bucket_on = o.prefetch_bucket > 0 ? o.prefetch_bucket : lean.prefetch_bucket;
   const int64_t max_live = o.max_live > 0 ? o.max_live : lean.max_live;
-  auto stage3 = [&](const char* name, int64_t bucket) {
+  auto stage3 = [&](const char* name, int64_t bucket, std::vector<std::string> service_args) {
     char tmpl[] = "/tmp/dsactor-benchzero-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     const fs::path dir = tmpl;
     nlohmann::json j;
     try {
       // A fresh service per phase: the phases do not share its memory or its jobs.
-      deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(),
-                                     {"--metrics-listen", "127.0.0.1:0"}, dir / "offload.log");
+      service_args.insert(service_args.begin(), {"--metrics-listen", "127.0.0.1:0"});
+      deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(), service_args,
+                                     dir / "offload.log");
       const std::string metrics = metrics_url(service);
       j = in_child(name, [&] {
         nlohmann::json cfg = base_config(o);
@@ -338,10 +353,14 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.shared_memory = o.shared_memory;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
         ZeroEngine engine(gpt, parse_ds_config(cfg, "bench zero"), o.seed, zo);
+        // Stats is answered once every committed step is published on the service.
+        actors::OffloadClient probe(service.endpoint(), service.client_security(), zo.timeout);
+        const auto settle = [&probe] { probe.stats(); };
         for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
+        settle();
         const ZeroStats before = engine.stats();
         const nlohmann::json phases_before = scrape_service_state(metrics);
-        nlohmann::json r = time_steps(engine, loader, o.steps, service.pid()).to_json();
+        nlohmann::json r = time_steps(engine, loader, o.steps, service.pid(), settle).to_json();
         const ZeroStats after = engine.stats();
         r["service_phases"] =
             service_phases_per_step(phases_before, scrape_service_state(metrics), o.steps);
@@ -359,12 +378,14 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     fs::remove_all(dir, ec);
     return j;
   };
-  const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on);
-  const nlohmann::json off = stage3("stage3_prefetch_off", 0);
+  const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on, {});
+  const nlohmann::json off = stage3("stage3_prefetch_off", 0, {});
+  const nlohmann::json after_update =
+      stage3("stage3_reply_after_update", bucket_on, {"--reply-after-update"});
   const nlohmann::json rates =
       ForkedChild("bench zero rates", [] { return machine_rates(); }).result();
 
-  nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off);
+  nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off, after_update);
   out["rates"] = rates;
   out["breakdown_prefetch_on"] = step_breakdown(on, rates, params);
   return out;

@@ -2,7 +2,8 @@
 // with frames: the report's ratios are the quotients of the figures printed beside them,
 // every gradient is pushed once per step, the arena is used (in place, fp32) exactly when
 // it is on, the sampled peak says how much of it was shared memory, and the service's phase
-// counters hold the bytes the trainer moved. No timing or memory size is asserted.
+// counters hold the bytes the trainer moved (also when the service answers commits only
+// after every update). No timing or memory size is asserted.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +58,14 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_DOUBLE_EQ(at(phases.at("accumulate"), "bytes"), at(on, "bytes_pushed_per_step"));
   EXPECT_DOUBLE_EQ(at(phases.at("adam"), "bytes"), at(j, "model_bytes_fp32"));
   EXPECT_GT(at(phases.at("accumulate"), "cpu_seconds"), 0);
+  // The same with the service answering each commit only after every update: its ratio
+  // and waits are those of its own phase, which stepped every parameter once too.
+  const auto& after = j.at("stage3_reply_after_update");
+  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_reply_after_update"),
+                   at(after, "ms_per_step") / at(s0, "ms_per_step"));
+  EXPECT_DOUBLE_EQ(at(j, "commit_wait_ms_prefetch_on"), at(on, "commit_wait_ms"));
+  EXPECT_DOUBLE_EQ(at(j, "commit_wait_ms_reply_after_update"), at(after, "commit_wait_ms"));
+  EXPECT_DOUBLE_EQ(at(after.at("service_phases").at("adam"), "bytes"), at(j, "model_bytes_fp32"));
   const auto& b = j.at("breakdown_prefetch_on");
   EXPECT_DOUBLE_EQ(at(b, "service_cpu_over_adam_kernel"),
                    at(b, "service_cpu_seconds_per_step") / at(b, "adam_kernel_seconds_for_model"));
