@@ -136,6 +136,8 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;
+  // dsactor's own key: ZeRO-Offload's one-step delayed parameter update (not bit-exact).
+  bool delayed_parameter_update = false;
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

@@ -879,6 +879,18 @@ const std::vector<DsKey>& ds_keys() {
                .support = key_table::Support::kNoEffect,
                .support_note = "all of the optimizer state is offloaded"},
        .set = DS_SET(zero_optimization.offload_optimizer.ratio)},
+      {.key = {.path = "zero_optimization.offload_optimizer.delayed_parameter_update",
+               .type = ValueType::kBool,
+               .def = bool_value(false),
+               .doc = "ZeRO-Offload's one-step delayed parameter update: step t+1's forward and "
+                      "backward run on the parameters of step t-1 while the offload services "
+                      "apply step t, so their optimizer step overlaps the next step's compute. "
+                      "Not bit-exact with the run without it. Stages 1 and 2 with "
+                      "offload_optimizer only (refused elsewhere).",
+               .support = key_table::Support::kDiffers,
+               .support_note = "dsactor's own key: DeepSpeed's config has none (the ZeRO-Offload "
+                               "paper's DPU)"},
+       .set = DS_SET(zero_optimization.offload_optimizer.delayed_parameter_update)},
       {.key = {.path = "zero_optimization.offload_optimizer.super_offload",
                .type = ValueType::kBool,
                .def = bool_value(false),

@@ -88,6 +88,11 @@ void check_supported(const DsConfig& c, int world_size) {
         "{}: zero_optimization.offload_optimizer / offload_param needs ZeRO stage 1, 2 or 3 "
         "(stage is 0): set \"stage\", or \"device\": \"none\" to train without offload.",
         c.source));
+  if (z.offload_optimizer.delayed_parameter_update)
+    throw ConfigError(fmt::format(
+        "{}: zero_optimization.offload_optimizer.delayed_parameter_update needs ZeRO stage 1 or "
+        "2 with offload_optimizer (stage is 0): there is no offloaded optimizer step to delay",
+        c.source));
   if (c.world_size != world_size)
     throw ConfigError(fmt::format(
         "{}: the batch sizes were resolved for world_size {}, but the engine runs {} rank(s) "

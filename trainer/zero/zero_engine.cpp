@@ -56,6 +56,14 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
         "off, so the ranks hold their optimizer partitions themselves: set "
         "offload_optimizer.device to \"cpu\" or \"nvme\" to use the services",
         c.source));
+  if (z.offload_optimizer.delayed_parameter_update &&
+      (z.stage == 3 || !z.offload_optimizer.enabled()))
+    throw ConfigError(fmt::format(
+        "{}: zero_optimization.offload_optimizer.delayed_parameter_update needs stage 1 or 2 with "
+        "offload_optimizer.device \"cpu\" or \"nvme\" (stage is {}, offload_optimizer.device "
+        "is {}): only there does the trainer hold every block between steps, so that the next "
+        "step can run on the parameters it has while the services update them",
+        c.source, z.stage, to_string(z.offload_optimizer.device)));
   if (o.max_pushes_in_flight < 1)
     throw ConfigError("ZeroOptions::max_pushes_in_flight must be at least 1");
   if (o.service_security.size() != o.services.size())
@@ -152,6 +160,7 @@ void ZeroEngine::connect_services() {
 }
 
 void ZeroEngine::start_parts() {
+  delayed_refresh_.reset();  // the residency fetches at the committed step
   residency_ = std::make_unique<ParamResidency>(context_, *system_, model_);
   gradients_ = std::make_unique<GradientPipeline>(context_);
   if (options_.shared_memory) {
@@ -539,6 +548,7 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   // service that failed a push stops this step here (no commit went anywhere).
   const Verdict v = reach_verdict(r);
   storage::crash_point("gradients-pushed");
+  refresh_delayed_parameters(r);
   // The verdict's allgather (in reach_verdict) and the last reduce-scatters (in finish())
   // are reduce time, not push.
   r.reduce_seconds += gradients_->reduce_wait_seconds() - reduce_waits;
@@ -573,15 +583,28 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   r.commit_seconds += seconds_since(t_apply);
   ++counters_.optimizer_steps;
   counters_.committed_step = step;
-  const auto t_refetch = Clock::now();
-  residency_->parameters_committed(step);
-  r.fetch_seconds += seconds_since(t_refetch);
+  if (config_.zero_optimization.offload_optimizer.delayed_parameter_update) {
+    delayed_refresh_ = step;  // the next step runs on the parameters it has
+  } else {
+    const auto t_refetch = Clock::now();
+    residency_->parameters_committed(step);
+    r.fetch_seconds += seconds_since(t_refetch);
+  }
   r.optimizer_seconds = seconds_since(t_opt);
   r.global_step = counters_.global_step;
 }
 
+void ZeroEngine::refresh_delayed_parameters(StepResult& r) {
+  if (!delayed_refresh_) return;
+  const auto t_refetch = Clock::now();
+  residency_->parameters_committed(*std::exchange(delayed_refresh_, std::nullopt));
+  r.fetch_seconds += seconds_since(t_refetch);
+}
+
 float ZeroEngine::evaluate(BatchLoader& loader, int batches) {
   if (batches < 1) throw std::invalid_argument("evaluate: the number of batches must be >= 1");
+  StepResult unused;
+  refresh_delayed_parameters(unused);  // evaluated at the committed step
   const int B = loader.micro_batch(), T = loader.seq_len();
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   Hooks hooks(*this, false);
@@ -620,6 +643,7 @@ nlohmann::json ZeroEngine::load_checkpoint(const std::filesystem::path& dir) {
   ZeroCheckpoint::Loaded loaded = checkpoints_->load(dir, scaler_);
   scaler_ = loaded.scaler;
   counters_ = loaded.counters;
+  delayed_refresh_.reset();
   residency_->parameters_committed(counters_.committed_step);
   return std::move(loaded.extra);
 }

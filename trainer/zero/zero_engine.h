@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -165,6 +166,10 @@ class ZeroEngine {
   Verdict combine_across_ranks(const PushedGradients& pushed, StepResult& r);
   void skip_everywhere(uint64_t step, std::string record);
   void commit_everywhere(const messages::CommitStep& commit);
+  // Delayed parameter update: the parameters of the step committed last, fetched once this
+  // step's pushes are all answered (each waited for its partition's update), before this
+  // step's commit or skip. A no-op without a delayed step.
+  void refresh_delayed_parameters(StepResult& r);
 
   GptConfig gpt_;
   DsConfig config_;
@@ -178,6 +183,8 @@ class ZeroEngine {
   bool stop_requested_ = false, stop_agreed_ = false;
   DurableStep durable_;
   bool resumed_from_services_ = false;
+  // Delayed parameter update: the committed step the resident blocks do not hold yet.
+  std::optional<uint64_t> delayed_refresh_;
   // Declared before the clients: their actors run in this system.
   std::unique_ptr<actors::Runtime> own_runtime_;  // when options_.system is null
   caf::actor_system* system_ = nullptr;
