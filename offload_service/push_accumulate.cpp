@@ -13,10 +13,11 @@ namespace dsactor::offload {
 
 AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
                                 messages::DType dtype, uint64_t n, bool first, bool with_crc) {
-  // 64 KiB of fp32: the widened piece, the payload's bytes and the sum's piece stay in L2
+  // 96 KiB of fp32: the widened piece, the payload's bytes and the sum's piece stay in L2
   // from the crc to the sum of squares. A multiple of grad_stats' 4096-element blocks, so
-  // the stream never carries a partial block between pieces.
-  constexpr uint64_t kPiece = 16384;
+  // the stream never carries a partial block between pieces, and of crc32c's three 4 KiB
+  // lanes, so no piece ends in a lane checksummed as one slow stream.
+  constexpr uint64_t kPiece = 24576;
   const size_t element = messages::dtype_size(dtype);
   // One micro-step of fp32 (the usual case): the payload goes straight into the sum, checked
   // as it is copied, and becomes the trainer's 0 + g (a -0 turns +0) while still in cache.
