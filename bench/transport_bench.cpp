@@ -137,7 +137,8 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
       return;
     }
     actors::ArenaBuffer slot = client.arena_buffer(buf->size());
-    std::memcpy(slot.bytes().data(), buf->data(), buf->size());
+    // The trainer's copy into the slot, its crc taken as it copies (what a trainer does).
+    slot.copy_in(buf->data(), buf->size());
     client.receive_push_reply(
         client.send_push_gradients(1, 1, micro++, msg::DType::fp32, n, std::move(slot)));
   };

@@ -141,12 +141,17 @@ nlohmann::json step_breakdown(const nlohmann::json& s3, const nlohmann::json& ra
   const double kernel_s =
       static_cast<double>(parameters) * rates.at("adam_cpu_seconds_per_param").get<double>();
   const double cpu_s = ms(s3, "service_cpu_ms_per_step");
+  // The service's CPU that no phase counted (its threads besides the workers' and the
+  // coordinator's: the gateway, ZeroMQ's I/O, the actor system), by difference.
+  double counted_cpu_s = 0;
+  for (const auto& [name, r] : service.items()) counted_cpu_s += r.at("cpu_seconds").get<double>();
   return {{"step_seconds", step},
           {"trainer", trainer},
           {"service", service},
           {"service_cpu_seconds_per_step", cpu_s},
           {"adam_kernel_seconds_for_model", kernel_s},
           {"service_cpu_over_adam_kernel", cpu_s / kernel_s},
+          {"service_cpu_outside_phases_seconds", cpu_s - counted_cpu_s},
           {"service_cpu_goal", 2.0},
           {"trainer_minor_faults_per_step", s3.at("minor_faults_per_step")},
           {"service_minor_faults_per_step", s3.at("service_minor_faults_per_step")},
@@ -156,8 +161,9 @@ nlohmann::json step_breakdown(const nlohmann::json& s3, const nlohmann::json& ra
 
 std::string breakdown_table(const nlohmann::json& b) {
   std::string out = fmt::format(
-      "stage 3 + offload, per step ({:.1f} ms): wall ms, fraction of the step, the service "
-      "thread's CPU ms, bytes, rate over a warm memcpy ({:.2f} GB/s) or the Adam kernel "
+      "stage 3 + offload, per step ({:.1f} ms): wall ms, fraction of the step, the counting "
+      "threads' CPU ms (Adam's with its OpenMP helpers), bytes, rate over a warm memcpy ({:.2f} "
+      "GB/s) or the Adam kernel "
       "({:.2f} Gparams/s)\n",
       b.at("step_seconds").get<double>() * 1e3, b.at("memcpy_bytes_per_s").get<double>() * 1e-9,
       b.at("adam_params_per_s").get<double>() * 1e-9);
@@ -187,6 +193,8 @@ std::string breakdown_table(const nlohmann::json& b) {
       b.at("service_cpu_over_adam_kernel").get<double>(),
       b.at("adam_kernel_seconds_for_model").get<double>() * 1e3,
       b.at("service_cpu_goal").get<double>());
+  out += fmt::format("  of it outside every phase: {:.1f} ms (its other threads)\n",
+                     b.at("service_cpu_outside_phases_seconds").get<double>() * 1e3);
   out += fmt::format("  minor page faults per step: trainer {:.0f}, service {:.0f}\n",
                      b.at("trainer_minor_faults_per_step").get<double>(),
                      b.at("service_minor_faults_per_step").get<double>());

@@ -5,11 +5,22 @@
 
 namespace dsactor::checksum {
 
-// memcpy(dst, src, n) that returns crc32c(src, n, crc), in one pass: each 64 KiB piece is
+// memcpy(dst, src, n) that returns crc32c(src, n, crc), in one pass: each 96 KiB piece is
 // checksummed right after it is copied, while it is still in cache, so the copy and the
 // checksum read memory once instead of twice. The crc is the source's (the memory the
 // caller owns; the destination may be shared with a process that changes it). The ranges
-// must not overlap.
+// must not overlap. For a destination this thread reads next (it stays in cache).
 uint32_t crc32c_copy(void* dst, const void* src, size_t n, uint32_t crc = 0);
+
+// memcpy(dst, src, n) with non-temporal stores, for a destination this thread does not
+// read again (another process does, later: a fetch's bytes in the shared arena). A cached
+// store first reads each destination line from memory and then evicts useful lines for
+// it; a streamed one writes the line without reading it, so a large copy moves two thirds
+// of the bytes. Plain memcpy where the CPU has no such stores.
+void stream_copy(void* dst, const void* src, size_t n);
+
+// crc32c_copy into such a destination: each piece checksummed first (which brings it into
+// cache), then streamed out from the cache.
+uint32_t crc32c_stream_copy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 
 }  // namespace dsactor::checksum

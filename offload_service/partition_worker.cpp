@@ -186,12 +186,14 @@ struct WorkerState {
     const std::span<std::byte> dst = *in.arena->range(f.arena->offset, r.payload.size());
     // Counted as serving, the checksum included: it rides on the copy.
     PhaseTimer copying(phases.get(), ServicePhase::kServe, r.payload.size());
+    // Streamed stores: the trainer reads these bytes, this thread never does, so they are
+    // written without reading the slot's lines first or evicting the cache for them.
     uint32_t crc;
     if (r.crc32c) {
-      std::memcpy(dst.data(), r.payload.data(), r.payload.size());
+      checksum::stream_copy(dst.data(), r.payload.data(), r.payload.size());
       crc = *r.crc32c;
     } else {
-      crc = checksum::crc32c_copy(dst.data(), r.payload.data(), r.payload.size());
+      crc = checksum::crc32c_stream_copy(dst.data(), r.payload.data(), r.payload.size());
       if (cache) *cache = crc;
     }
     copying.stop();

@@ -13,7 +13,8 @@
 namespace dsactor::offload {
 
 struct OffloadService::Impl {
-  actors::Runtime runtime;
+  // Every actor of the service is detached (own thread): the scheduler only idles.
+  actors::Runtime runtime{{.block_when_idle = true}};
   // Two I/O threads: CurveZMQ encrypts a whole reply on the I/O thread of its connection,
   // and a trainer's heartbeat connection, placed on the other thread, is answered meanwhile.
   zmq::context_t context{2};

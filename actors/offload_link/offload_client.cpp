@@ -243,7 +243,10 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
   if (!grads || grads.pool_ != pool_.get() || bytes > grads.bytes().size())
     throw std::invalid_argument("send_push_gradients: " + std::to_string(bytes) +
                                 " bytes do not fit the arena buffer given");
-  const uint32_t crc = checksum::crc32c(grads.bytes().data(), bytes);
+  // Known from the copy into the slot when the caller copied exactly these bytes in.
+  const uint32_t crc = grads.copied_ && grads.copied_->first == bytes
+                           ? grads.copied_->second
+                           : checksum::crc32c(grads.bytes().data(), bytes);
   msg::PushGradients push{partition_id, step, micro_step, dtype, count, {}};
   push.arena = msg::ArenaSlice{pool_->arena_id(), grads.offset(), bytes, crc};
   const uint64_t id = send(push);

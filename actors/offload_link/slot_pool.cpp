@@ -3,8 +3,11 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
+#include "checksum/crc32c_copy.h"
 #include "messages/shm_arena.h"
 
 namespace dsactor::actors {
@@ -17,7 +20,8 @@ size_t whole_pages(size_t bytes) {
 }  // namespace
 
 ArenaBuffer::ArenaBuffer(ArenaBuffer&& o) noexcept
-    : pool_(std::exchange(o.pool_, nullptr)),
+    : copied_(std::exchange(o.copied_, std::nullopt)),
+      pool_(std::exchange(o.pool_, nullptr)),
       slot_(o.slot_),
       offset_(o.offset_),
       bytes_(o.bytes_),
@@ -31,6 +35,7 @@ ArenaBuffer& ArenaBuffer::operator=(ArenaBuffer&& o) noexcept {
     offset_ = o.offset_;
     bytes_ = o.bytes_;
     dirty_bytes_ = o.dirty_bytes_;
+    copied_ = std::exchange(o.copied_, std::nullopt);
   }
   return *this;
 }
@@ -42,6 +47,14 @@ ArenaBuffer::~ArenaBuffer() {
 void ArenaBuffer::release() {
   if (pool_) pool_->release(slot_);
   pool_ = nullptr;
+  copied_.reset();
+}
+
+void ArenaBuffer::copy_in(const void* src, size_t n) {
+  if (n > bytes_.size())
+    throw std::invalid_argument("ArenaBuffer::copy_in: " + std::to_string(n) +
+                                " bytes do not fit a slot of " + std::to_string(bytes_.size()));
+  copied_ = std::pair{n, checksum::crc32c_copy(bytes_.data(), src, n)};
 }
 
 SlotPool::SlotPool(std::unique_ptr<messages::SharedArena> arena, uint64_t arena_id,

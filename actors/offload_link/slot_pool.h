@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace dsactor::messages {
@@ -38,11 +40,18 @@ class ArenaBuffer {
   // (its pages were never touched, or given back), so a caller that needs zeros clears
   // only these.
   size_t dirty_bytes() const { return dirty_bytes_; }
+  // memcpy(bytes().data(), src, n) that keeps the crc32c of those n bytes, taken from
+  // `src` as they are copied (one pass over memory): a push from this slot declares it
+  // instead of reading the slot again. A later write into the slot spoils only that push
+  // (the service refuses it: checksumMismatch), never the service's memory.
+  void copy_in(const void* src, size_t n);
 
  private:
   friend class SlotPool;
   friend class OffloadClient;
   void release();
+  // The bytes copy_in wrote at the slot's start and their crc32c.
+  std::optional<std::pair<size_t, uint32_t>> copied_;
   SlotPool* pool_ = nullptr;
   size_t slot_ = 0;
   uint64_t offset_ = 0;

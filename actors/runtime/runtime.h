@@ -16,6 +16,11 @@ namespace dsactor::actors {
 struct RuntimeOptions {
   // Scheduler worker threads for event-based actors. Default: 2.
   size_t scheduler_threads = 2;
+  // Idle scheduler threads block until work comes (CAF's work sharing) instead of polling
+  // their queues (work stealing: each thread wakes about 100 times a second, forever). For
+  // a role whose actors are all detached, whose scheduler only ever idles: the offload
+  // service, where that polling was CPU outside every phase it counts.
+  bool block_when_idle = false;
 };
 
 // An actor system and the config it was built from (CAF needs the config to outlive it).

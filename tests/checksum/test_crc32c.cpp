@@ -87,7 +87,7 @@ TEST(Crc32c, DetectsSingleBitFlip) {
 }
 
 TEST(Crc32c, CopyEqualsMemcpyThenCrc) {
-  // Lengths around the 64 KiB pieces and the 4 KiB hardware lanes, odd offsets included.
+  // Lengths around the 96 KiB pieces and the 4 KiB hardware lanes, odd offsets included.
   std::mt19937 rng(7);
   std::vector<unsigned char> src((size_t{3} << 16) + 77);
   for (auto& b : src) b = static_cast<unsigned char>(rng());
@@ -102,6 +102,37 @@ TEST(Crc32c, CopyEqualsMemcpyThenCrc) {
         << "n " << n;
     EXPECT_EQ(dst[0], 0xAB);
     EXPECT_EQ(dst[n + 1], 0xAB) << "n " << n;
+  }
+}
+
+TEST(Crc32c, StreamCopiesEqualMemcpy) {
+  // Lengths around the 96 KiB pieces, the 64-byte lines and the 16-byte store alignment,
+  // at every destination misalignment the streamed stores must step over.
+  std::mt19937 rng(11);
+  std::vector<unsigned char> src((size_t{3} << 16) + 777);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  for (size_t offset : {size_t{0}, size_t{1}, size_t{7}, size_t{15}}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{63}, size_t{64}, size_t{65},
+                     size_t{4097}, size_t{96} << 10, (size_t{96} << 10) + 1, src.size() - 5}) {
+      const uint32_t seed = n % 2 ? 0x5678u : 0u;
+      for (const bool with_crc : {false, true}) {
+        std::vector<unsigned char> dst(n + 32, 0xCD);
+        unsigned char* at = dst.data() + offset;
+        if (with_crc) {
+          EXPECT_EQ(crc32c_stream_copy(at, src.data() + 5, n, seed),
+                    crc32c(src.data() + 5, n, seed))
+              << "n " << n << " offset " << offset;
+        } else {
+          stream_copy(at, src.data() + 5, n);
+        }
+        EXPECT_TRUE(std::equal(at, at + n, src.begin() + 5)) << "n " << n << " offset " << offset;
+        EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + static_cast<ptrdiff_t>(offset),
+                                [](unsigned char b) { return b == 0xCD; }));
+        EXPECT_TRUE(std::all_of(dst.begin() + static_cast<ptrdiff_t>(offset + n), dst.end(),
+                                [](unsigned char b) { return b == 0xCD; }))
+            << "n " << n << " offset " << offset;
+      }
+    }
   }
 }
 

@@ -70,6 +70,11 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_DOUBLE_EQ(at(b, "service_cpu_over_adam_kernel"),
                    at(b, "service_cpu_seconds_per_step") / at(b, "adam_kernel_seconds_for_model"));
   EXPECT_DOUBLE_EQ(at(b.at("trainer").at("push_wait"), "bytes"), at(on, "bytes_pushed_per_step"));
+  // What no phase counted is the service's CPU less every phase's.
+  double counted = 0;
+  for (const auto& [name, row] : b.at("service").items()) counted += at(row, "cpu_seconds");
+  EXPECT_NEAR(at(b, "service_cpu_outside_phases_seconds"),
+              at(b, "service_cpu_seconds_per_step") - counted, 1e-12);
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {

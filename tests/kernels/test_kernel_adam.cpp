@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/grad_stats_stream.h"
+#include "kernels/cpu/team_cpu.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace dsactor::kernels::cpu {
@@ -260,6 +262,29 @@ TEST(KernelGradStats, FlagsInfAndNaN) {
   EXPECT_TRUE(grad_stats(g.data(), g.size()).nonfinite);
   g[5] = 3.0e38f;  // finite, large: its square fits a double
   EXPECT_FALSE(grad_stats(g.data(), g.size()).nonfinite);
+}
+
+uint64_t own_cpu_nanoseconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_nsec);
+}
+
+TEST(AdamCpu, TeamClockCountsTheHelperThreads) {
+  // On two threads each runs half of the pass, so the calling thread's own clock sees
+  // about half of the kernel's CPU and the team's clock all of it (the service's Adam
+  // phase counts it so).
+  State s = make_state(size_t{1} << 23, 41);
+  AdamHyper h;
+  with_threads(2, [&] {
+    adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.size(), h, 1, 1.0f);  // warm
+    const uint64_t own0 = own_cpu_nanoseconds(), team0 = team_cpu_nanoseconds();
+    for (int t = 2; t < 6; ++t)
+      adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.size(), h, t, 1.0f);
+    const uint64_t team = team_cpu_nanoseconds() - team0, own = own_cpu_nanoseconds() - own0;
+    EXPECT_GT(static_cast<double>(team), 1.4 * static_cast<double>(own))
+        << "team " << team << " ns, own thread " << own << " ns";
+  });
 }
 
 }  // namespace

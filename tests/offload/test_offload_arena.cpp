@@ -18,6 +18,7 @@
 
 #include "actors/offload_link/offload_client.h"
 #include "checksum/crc32c.h"
+#include "kernels/cpu/adam.h"
 #include "messages/arena_handoff.h"
 #include "messages/shm_arena.h"
 #include "tests/offload/fake_service.h"
@@ -355,6 +356,35 @@ TEST_F(OffloadArena, ClientsSharingAPoolReuseItsSlots) {
 // the answer (a service that is gone must not hold it up): a fake service sees it arrive.
 // The fake takes the arena the way a service does: a ticket, the fd on its Unix socket
 // with that ticket, then the MapArena that carries the ticket.
+TEST_F(OffloadArena, ACopiedInPushDeclaresTheCrcOfWhatWasCopied) {
+  // copy_in keeps the crc of the bytes it copied, so the push declares it without reading
+  // the slot again: the service accepts those bytes, and refuses the slot's bytes when they
+  // changed after the copy (the crc is the source's, not recomputed from the slot).
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "copy-in");
+  ASSERT_TRUE(c.map_arena(65536, 2));
+  c.register_partitions(0, 1, {spec(1, 1024)});
+  const auto g = random_floats(1024, 8);
+  actors::ArenaBuffer slot = c.arena_buffer(4096);
+  ASSERT_TRUE(slot);
+  slot.copy_in(g.data(), 4096);
+  expect_bits_equal(g, slot.bytes().first(4096), "the slot after copy_in");
+  const msg::PushReply r =
+      c.receive_push_reply(c.send_push_gradients(1, 1, 0, DType::fp32, 1024, std::move(slot)));
+  EXPECT_EQ(r.sum_squares, kernels::cpu::grad_stats(g.data(), g.size()).sum_squares);
+  actors::ArenaBuffer changed = c.arena_buffer(4096);
+  ASSERT_TRUE(changed);
+  changed.copy_in(g.data(), 4096);
+  changed.bytes()[100] ^= std::byte{1};
+  try {
+    (void)c.receive_push_reply(
+        c.send_push_gradients(1, 1, 1, DType::fp32, 1024, std::move(changed)));
+    ADD_FAILURE() << "a slot changed after copy_in was pushed";
+  } catch (const actors::OffloadError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::checksumMismatch) << e.what();
+  }
+  EXPECT_THROW(c.arena_buffer(4096).copy_in(g.data(), 65536 + 4), std::invalid_argument);
+}
+
 TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
   FakeService fake;
   const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));

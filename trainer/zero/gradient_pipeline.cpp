@@ -320,7 +320,7 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
       k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
                         z_.half_kind());
     } else {
-      std::memcpy(slot.bytes().data(), part.data(), bytes);
+      slot.copy_in(part.data(), bytes);  // its crc taken as it copies: one pass
     }
     memory_->add(bytes);  // the slot's bytes are this push's gradient until the answer
     drop_grad(part);
