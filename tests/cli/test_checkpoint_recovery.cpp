@@ -359,6 +359,28 @@ TEST_P(BackgroundSave, ACheckpointWrittenWhileTrainingGoesOnHoldsItsStep) {
   }
 }
 
+// A save the service writes slowly does not hold the trainer: it is published at a later
+// step boundary, the first at which the service's part is written (until then `latest`
+// names the previous save), and restored it holds its step, bit for bit.
+TEST_P(BackgroundSave, ASlowSaveIsPublishedAtALaterStepWithoutHoldingTheTrainer) {
+  straight("ref4", 4);
+  std::string log;
+  {
+    const auto s = service("slow", {{"DSACTOR_TEST_PAUSE_AT", "background-checkpoint:3000"}});
+    ASSERT_EQ(train(*s, "slow", 8, {"--checkpoint-every", "4", "--keep-last", "0"}, &log), 0)
+        << log;
+  }
+  const int published = testing::published_at_step(log, "global_step4");
+  EXPECT_GT(published, 5) << "the save held the trainer at the next boundary: " << log;
+  EXPECT_LE(published, 8) << log;  // at the latest when the next save is due
+  EXPECT_EQ(read_file(at("slow/checkpoint/latest")), "global_step8");
+  const auto s = service("restored4");
+  ASSERT_EQ(train(*s, "restored4", 4, {"--resume", "slow/checkpoint/global_step4"}, &log), 0)
+      << log;
+  EXPECT_EQ(resumed_step(log), 4) << log;
+  EXPECT_TRUE(same_safetensors(at("ref4/model.safetensors"), at("restored4/model.safetensors")));
+}
+
 // A service killed while it writes a checkpoint in the background (its temp directory
 // complete, not yet published) leaves the previous checkpoint as `latest`; a resume from it
 // on a new service saves again and ends with the undisturbed run's weights.
