@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "bench/process_stats.h"
 #include "bench/stopwatch.h"
 #include "bench/zero_bench.h"
 #include "deploy/service_process.h"
@@ -42,16 +43,27 @@ uint64_t bytes_under(const fs::path& dir, const std::string& tag = {}) {
 struct PhaseTimes {
   double plain_s = 0, with_s = 0;  // per step
   double held_s = 0;               // in saves, all of them
+  // CPU seconds per phase: this process (the trainer), and the service (0 without one).
+  double plain_cpu_s = 0, with_cpu_s = 0;
+  double service_plain_cpu_s = 0, service_with_cpu_s = 0;
 };
 template <class EngineT>
 PhaseTimes time_phases(EngineT& engine, BatchLoader& loader, int warmup, int steps,
                        const std::function<double(int64_t)>& after_step,
-                       const std::function<double()>& end) {
+                       const std::function<double()>& end, pid_t service = -1) {
   for (int i = 0; i < warmup; ++i) engine.train_step(loader);
   PhaseTimes t;
+  const auto cpu = [] {
+    const auto [user, sys] = own_cpu_seconds();
+    return user + sys;
+  };
+  double cpu0 = cpu(), service0 = process_cpu_seconds(service);
   auto t0 = Clock::now();
   for (int i = 0; i < steps; ++i) engine.train_step(loader);
   t.plain_s = seconds_since(t0) / steps;
+  t.plain_cpu_s = cpu() - cpu0;
+  t.service_plain_cpu_s = process_cpu_seconds(service) - service0;
+  cpu0 = cpu(), service0 = process_cpu_seconds(service);
   t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
     engine.train_step(loader);
@@ -59,6 +71,8 @@ PhaseTimes time_phases(EngineT& engine, BatchLoader& loader, int warmup, int ste
   }
   t.held_s += end();
   t.with_s = seconds_since(t0) / steps;
+  t.with_cpu_s = cpu() - cpu0;
+  t.service_with_cpu_s = process_cpu_seconds(service) - service0;
   return t;
 }
 
@@ -72,6 +86,8 @@ struct Measured {
   PhaseTimes times;
   int saves = 0;
   uint64_t checkpoint_bytes = 0;  // of the newest save, every part
+  // Summed over the saves published: steps and seconds from begin to publication.
+  double publish_steps = 0, publish_s = 0;
 };
 
 // Stage 0: the trainer writes everything, synchronously, as `train --checkpoint-every` does.
@@ -121,15 +137,18 @@ Measured run_offloaded(const CheckpointBenchOptions& o, const GptConfig& gpt, nl
   ZeroEngine engine(gpt, parse_ds_config(cfg, "bench checkpoint"), o.seed, zo);
   Measured m;
   std::optional<fs::path> newest;
-  const auto finish = [&] {
-    return timed([&] {
-      if (auto tag = series.finish()) newest = std::move(tag);
-    });
+  // Each publication: the save's interval from begin to publish, in steps and seconds.
+  const auto published = [&](std::optional<fs::path> tag) {
+    if (!tag) return;
+    newest = std::move(tag);
+    const auto& p = series.last_publication();
+    m.publish_steps += static_cast<double>(p.published_at_step - p.saved_step);
+    m.publish_s += p.seconds;
   };
   m.times = time_phases(
       engine, loader, o.warmup_steps, steps,
       [&](int64_t i) {
-        double held = finish();
+        double held = timed([&] { published(series.publish_if_written(engine.global_step())); });
         if (i % o.every != 0) return held;
         const int64_t step = engine.global_step();
         ++m.saves;
@@ -138,13 +157,15 @@ Measured run_offloaded(const CheckpointBenchOptions& o, const GptConfig& gpt, nl
               step,
               [&](const fs::path& d) {
                 engine.begin_checkpoint(d, {{"train_cursor", loader.cursor()}});
-                return CheckpointSeries::Finish([&] { return engine.finish_checkpoint(); });
+                return CheckpointSeries::PartInFlight{[&] { return engine.checkpoint_written(); },
+                                                      [&] { return engine.finish_checkpoint(); }};
               },
               [&](const fs::path& d) { engine.retire_checkpoint(d); });
         });
         return held;
       },
-      finish);
+      [&] { return timed([&] { published(series.finish(engine.global_step())); }); },
+      service.pid());
   if (newest)
     m.checkpoint_bytes = bytes_under(*newest) + bytes_under(state, newest->filename().string());
   engine.drop_jobs();
@@ -175,6 +196,7 @@ nlohmann::json run_checkpoint_bench(const CheckpointBenchOptions& o) {
   const fs::path work = tmpl;
   const fs::path dir = o.dir.empty() ? work / "checkpoints" : fs::path(o.dir);
   CheckpointSeries series(CheckpointPolicy{dir, o.every, o.keep_last}, 0, nullptr);
+  const double load_begin = load_average();
   Measured m;
   try {
     m = o.path == "stage0"
@@ -187,6 +209,7 @@ nlohmann::json run_checkpoint_bench(const CheckpointBenchOptions& o) {
   fs::remove_all(work);
   const PhaseTimes& t = m.times;
   const double mean_save = m.saves > 0 ? t.held_s / m.saves : 0;
+  const double per_save = m.saves > 0 ? 1.0 / m.saves : 0;
   return {{"model", o.model},
           {"path", o.path},
           {"parameters", parameter_count(gpt)},
@@ -201,6 +224,17 @@ nlohmann::json run_checkpoint_bench(const CheckpointBenchOptions& o) {
           {"save_ms", mean_save * 1e3},
           {"overhead_fraction", (t.with_s - t.plain_s) / t.plain_s},
           {"save_overhead_fraction", mean_save / (o.every * t.plain_s)},
+          {"publish_steps", m.publish_steps * per_save},
+          {"publish_ms", m.publish_s * per_save * 1e3},
+          {"trainer_cpu_ms_per_step_without", t.plain_cpu_s / steps * 1e3},
+          {"trainer_cpu_ms_per_step_with", t.with_cpu_s / steps * 1e3},
+          {"service_cpu_ms_per_step_without", t.service_plain_cpu_s / steps * 1e3},
+          {"service_cpu_ms_per_step_with", t.service_with_cpu_s / steps * 1e3},
+          // What a save added to the service's CPU: its write, and the copy-on-write of the
+          // steps while it was written.
+          {"service_save_cpu_s", (t.service_with_cpu_s - t.service_plain_cpu_s) * per_save},
+          {"load_average_begin", load_begin},
+          {"load_average_end", load_average()},
           {"goal_fraction", 0.03}};
 }
 

@@ -22,6 +22,7 @@
 
 #include "actors/offload_link/offload_client.h"
 #include "bench/forked_child.h"
+#include "bench/process_stats.h"
 #include "bench/stopwatch.h"
 #include "bench/zero_breakdown.h"
 #include "deploy/service_process.h"
@@ -123,46 +124,6 @@ struct Timing {
             {"total_cpu_ms_per_step", (user_s + sys_s + service_cpu_s) * 1e3}};
   }
 };
-
-std::pair<double, double> own_cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
-  return {sec(u.ru_utime), sec(u.ru_stime)};
-}
-
-// The sum of fields [first, last] (1-based, as proc(5) numbers them) of another process's
-// /proc/<pid>/stat; 0 when unknown.
-double process_stat_sum(pid_t pid, int first, int last) {
-  if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  const size_t close = stat.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(stat.substr(close + 2));
-  std::string field;
-  double sum = 0;
-  for (int i = 3; i <= last && rest >> field; ++i)
-    if (i >= first) sum += std::stod(field);
-  return sum;
-}
-
-// utime + stime (fields 14 and 15, in clock ticks).
-double process_cpu_seconds(pid_t pid) {
-  return process_stat_sum(pid, 14, 15) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// Minor page faults (field 10): the arena's pages the service touches after the trainer
-// gave them back each cost one.
-double process_minor_faults(pid_t pid) {
-  return process_stat_sum(pid, 10, 10);
-}
-
-double own_minor_faults() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_minflt);
-}
 
 // `settle` (with a service) returns once the service has published the last step, so the
 // window holds whole steps: a commit is answered before its Adam passes end.

@@ -181,8 +181,8 @@ struct RankRun {
 
   // A checkpoint of this step begun through the series (every rank calls it; `writes`: this
   // rank writes a part, stage 0's rank 0 only). A ZeRO engine on offload services has the
-  // services write their parts while the next step runs; the series publishes the save at
-  // the next step boundary (finish_save), or at the end.
+  // services write their parts while the next steps run; the series publishes the save at
+  // the first step boundary where every part is written (publish_save), or at the end.
   template <class EngineT>
   void begin_save(EngineT& engine, bool writes) const {
     if (!checkpoints) return;
@@ -191,10 +191,11 @@ struct RankRun {
       into = [&engine, extra = checkpoint_extra()](const std::filesystem::path& dir) {
         if constexpr (std::is_same_v<EngineT, ZeroEngine>) {
           engine.begin_checkpoint(dir, extra);
-          return CheckpointSeries::Finish([&engine] { return engine.finish_checkpoint(); });
+          return CheckpointSeries::PartInFlight{[&engine] { return engine.checkpoint_written(); },
+                                                [&engine] { return engine.finish_checkpoint(); }};
         } else {
           engine.save_checkpoint(dir, extra);
-          return CheckpointSeries::Finish();
+          return CheckpointSeries::PartInFlight();
         }
       };
     CheckpointSeries::Retire retire;
@@ -202,20 +203,21 @@ struct RankRun {
       retire = [&engine](const std::filesystem::path& dir) { engine.retire_checkpoint(dir); };
     checkpoints->begin(engine.global_step(), into, retire);
   }
-  // The pending save published (its tag directory), if there is one.
-  std::optional<std::filesystem::path> finish_save() const {
-    return checkpoints ? checkpoints->finish() : std::nullopt;
+  // At a step boundary: the pending save published if every part of it is written; never
+  // waits for one.
+  void publish_save(int64_t step) const {
+    if (checkpoints) checkpoints->publish_if_written(step);
   }
-  // The end of a run: the pending save published, then a save unless the last one was of
-  // this step.
+  // The end of a run (its target, or a stop): the pending save published, waiting for it,
+  // then a save unless the last one was of this step.
   template <class EngineT>
   std::optional<std::filesystem::path> final_save(EngineT& engine, bool writes) const {
     if (!checkpoints) return std::nullopt;
-    finish_save();
+    checkpoints->finish(engine.global_step());
     if (checkpoints->last_saved_step() == engine.global_step())
       return checkpoints->policy().dir / checkpoint_tag(engine.global_step());
     begin_save(engine, writes);
-    return finish_save();
+    return checkpoints->finish(engine.global_step());
   }
 
   // Either engine: resume (checkpoint and data cursor), then the engine actor's run with the
@@ -292,7 +294,7 @@ struct RankRun {
     const bool profile = config.flops_profiler.enabled && place.rank == 0;
     StepEngineOf<EngineT> steps(engine, profile ? &profiler : nullptr);
     auto periodic = [this, &engine, writes_checkpoints](int64_t step) {
-      finish_save();  // the save begun a step ago: its parts were written meanwhile
+      publish_save(step);  // a save begun earlier, once its parts are written
       if (checkpoints && checkpoints->due(step)) begin_save(engine, writes_checkpoints);
     };
     RunOutcome outcome =

@@ -285,6 +285,14 @@ PerWorker<RestoreWork> read_tensors(const std::shared_ptr<const storage::Checkpo
   return pw;
 }
 
+// A RAM partition's array handed to `put` in pieces small enough to stay in the cache
+// between the passes over them.
+void put_in_pieces(const std::byte* data, uint64_t bytes,
+                   const storage::CheckpointWriter::AppendBytes& put) {
+  constexpr uint64_t kPiece = 1 << 20;
+  for (uint64_t at = 0; at < bytes; at += kPiece) put(data + at, std::min(kPiece, bytes - at));
+}
+
 // One array of an NVMe partition (0 master, 1 m, 2 v) handed to `put` chunk by chunk as the
 // tier streams the extent through its staging buffers: nothing of the partition is held
 // beyond them, so a checkpoint needs no RAM the memory limit does not already count. One
@@ -349,19 +357,20 @@ msg::CheckpointReply write_checkpoint(const PendingCheckpoint& pending, NvmeIo* 
       const std::vector<int64_t> shape{static_cast<int64_t>(p.n())};
       const char* names[3] = {"master", "m", "v"};
       for (size_t j = 0; j < 3; ++j) {
-        if (!part.extent) {
-          w.add_tensor(tensor_name(pid, names[j]), "F32", shape, part.ram[j]->data(), p.n() * 4);
-          add_to_mac(mac, pid, names[j], part.ram[j], p.n() * 4);
-          continue;
-        }
+        // One pass over the bytes, piece by piece: the crc32c and the write (append) and
+        // the MAC each read a piece while it is still in the cache.
         mac.field(tensor_name(pid, names[j]));
         w.add_tensor_in_pieces(
             tensor_name(pid, names[j]), "F32", shape, p.n() * 4,
             [&](const storage::CheckpointWriter::AppendBytes& append) {
-              stream_nvme_array(*nvme, part, j, [&](const void* piece, size_t n) {
+              const auto put = [&](const void* piece, size_t n) {
                 append(piece, n);
                 mac.update(std::span<const std::byte>(static_cast<const std::byte*>(piece), n));
-              });
+              };
+              if (part.extent)
+                stream_nvme_array(*nvme, part, j, put);
+              else
+                put_in_pieces(part.ram[j]->data(), p.n() * 4, put);
             });
       }
       bytes += 3 * p.n() * 4;

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <sodium.h>
 
 #include <cerrno>
 #include <cstring>
@@ -25,14 +28,26 @@ void init_sodium() {
 
 }  // namespace
 
+void KeyedMac::Free::operator()(evp_mac_ctx_st* ctx) const {
+  EVP_MAC_CTX_free(ctx);
+}
+
 KeyedMac::KeyedMac(const MacKey& key) {
-  init_sodium();
-  crypto_auth_hmacsha256_init(&state_, key.data(), key.size());
+  // Fetched once: a fetch looks the algorithm up among OpenSSL's providers.
+  static EVP_MAC* const hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (!hmac) throw std::runtime_error("OpenSSL provides no HMAC");
+  ctx_.reset(EVP_MAC_CTX_new(hmac));
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                               OSSL_PARAM_construct_end()};
+  if (!ctx_ || EVP_MAC_init(ctx_.get(), key.data(), key.size(), params) != 1)
+    throw std::runtime_error("OpenSSL could not start an HMAC-SHA256");
 }
 
 KeyedMac& KeyedMac::update(std::span<const std::byte> bytes) {
-  crypto_auth_hmacsha256_update(&state_, reinterpret_cast<const unsigned char*>(bytes.data()),
-                                bytes.size());
+  if (EVP_MAC_update(ctx_.get(), reinterpret_cast<const unsigned char*>(bytes.data()),
+                     bytes.size()) != 1)
+    throw std::runtime_error("OpenSSL HMAC-SHA256 update failed");
   return *this;
 }
 
@@ -48,7 +63,9 @@ KeyedMac& KeyedMac::field(std::string_view text) {
 
 MacTag KeyedMac::finish() {
   MacTag tag{};
-  crypto_auth_hmacsha256_final(&state_, tag.data());
+  size_t length = 0;
+  if (EVP_MAC_final(ctx_.get(), tag.data(), &length, tag.size()) != 1 || length != tag.size())
+    throw std::runtime_error("OpenSSL HMAC-SHA256 final failed");
   return tag;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Keyed MACs (HMAC-SHA256, libsodium) for files a service writes and must later recognize as
+// Keyed MACs (HMAC-SHA256) for files a service writes and must later recognize as
 // its own, unchanged: a checkpoint's manifest and tensors. A MAC proves that whoever made it
 // held the key; a service derives one key per owner and job from a secret only it reads
 // (`derive_key`), so a file is accepted back only by the job that wrote it.
@@ -8,11 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 
-#include <sodium.h>
+struct evp_mac_ctx_st;  // OpenSSL's EVP_MAC_CTX
 
 namespace dsactor::security {
 
@@ -20,7 +21,10 @@ namespace dsactor::security {
 using MacKey = std::array<uint8_t, 32>;
 using MacTag = std::array<uint8_t, 32>;
 
-// HMAC-SHA256 over what update() is given, in pieces.
+// HMAC-SHA256 over what update() is given, in pieces. OpenSSL's, which hashes with the
+// CPU's SHA extensions where there are some: a checkpoint's MAC covers every byte of its
+// tensors, and libsodium's portable SHA-256 made that pass the largest CPU cost of a save
+// (the tags are the same, so checkpoints MACed before verify).
 class KeyedMac {
  public:
   explicit KeyedMac(const MacKey& key);
@@ -31,7 +35,10 @@ class KeyedMac {
   MacTag finish();
 
  private:
-  crypto_auth_hmacsha256_state state_;
+  struct Free {
+    void operator()(evp_mac_ctx_st* ctx) const;
+  };
+  std::unique_ptr<evp_mac_ctx_st, Free> ctx_;
 };
 
 // HMAC(secret, context || 0 || each part || 0): a key for one purpose and one holder.

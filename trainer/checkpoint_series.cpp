@@ -14,6 +14,7 @@
 #include "actors/collectives/collectives.h"
 #include "storage/checkpoint.h"
 #include "storage/crash_point.h"
+#include "trainer/step_clock.h"
 
 namespace dsactor::trainer {
 
@@ -83,26 +84,52 @@ fs::path CheckpointSeries::save(int64_t step, const SaveInto& save_into, const R
   if (save_into)
     into = [&save_into](const fs::path& dir) {
       save_into(dir);
-      return Finish();
+      return PartInFlight();
     };
   begin(step, into, retire);
-  return *finish();
+  return *finish(step);
 }
 
 void CheckpointSeries::begin(int64_t step, const BeginInto& begin_into, const Retire& retire) {
-  finish();
+  if (pending_) {
+    // The previous save is not published yet, so its part is not written: the interval is
+    // shorter than a save, and the trainer waits for it here (once said at info).
+    const double took = seconds_since(pending_->begun);
+    const std::string what = fmt::format(
+        "checkpoint {} is not written yet when {} is due, {:.1f} s and {} steps after it began: "
+        "the trainer waits for it (a save takes longer than --checkpoint-every {} steps)",
+        checkpoint_tag(pending_->step), checkpoint_tag(step), took, step - pending_->step,
+        policy_.every);
+    if (rank_ == 0 && !std::exchange(held_logged_, true))
+      spdlog::info("{}", what);
+    else
+      spdlog::debug("{}", what);
+    finish(step);
+  }
   fs::create_directories(policy_.dir);
-  Pending p{step, static_cast<bool>(begin_into), {}, retire};
-  if (begin_into) p.finish = begin_into(policy_.dir / checkpoint_tag(step));
+  Pending p{step, static_cast<bool>(begin_into), {}, retire, Clock::now()};
+  if (begin_into) p.part = begin_into(policy_.dir / checkpoint_tag(step));
   pending_ = std::move(p);
 }
 
-std::optional<fs::path> CheckpointSeries::finish() {
+std::optional<fs::path> CheckpointSeries::publish_if_written(int64_t step) {
+  if (!pending_) return std::nullopt;
+  float written = !pending_->part.written || pending_->part.written() ? 1.0f : 0.0f;
+  // Every rank publishes at the same step: the first boundary where every part is written.
+  if (comm_ && comm_->world_size() > 1) {
+    comm_->allreduce_sum(&written, 1);
+    written = written == static_cast<float>(comm_->world_size()) ? 1.0f : 0.0f;
+  }
+  if (written == 0.0f) return std::nullopt;
+  return finish(step);
+}
+
+std::optional<fs::path> CheckpointSeries::finish(int64_t step) {
   if (!pending_) return std::nullopt;
   const Pending p = std::move(*std::exchange(pending_, std::nullopt));
   const std::string tag = checkpoint_tag(p.step);
   const fs::path dir = policy_.dir / tag;
-  if (p.finish && !p.finish()) {
+  if (p.part.finish && !p.part.finish()) {
     spdlog::warn("checkpoint {} not saved: its part was abandoned", tag);
     return std::nullopt;
   }
@@ -124,7 +151,10 @@ std::optional<fs::path> CheckpointSeries::finish() {
   // Every rank's `latest` names the new tag before any rank removes an old one.
   if (several) comm_->barrier();
   last_saved_ = p.step;
-  if (rank_ == 0) spdlog::info("checkpoint {} saved in {}", tag, policy_.dir.string());
+  last_publication_ = {p.step, step, seconds_since(p.begun)};
+  // Every rank says so: its log shows at which step it published (the same on every rank).
+  spdlog::info("checkpoint {} saved in {} (published at step {}, {:.1f} s after it began)", tag,
+               policy_.dir.string(), step, last_publication_.seconds);
   remove_old_tags(p.step, p.retire);
   return dir;
 }

@@ -4,7 +4,7 @@
 // `rank-<r>/` with several trainers), and `<dir>/latest` names the newest complete tag.
 // A save is durable before it is named: the engine's own commit (files fsynced, manifest
 // last; with offload services, after every service published its part, which they write
-// while the next step runs: begin/finish), then the tag and its parent directory fsynced, then
+// while the next steps run: begin, then publish_if_written at each step boundary), then the tag and its parent directory fsynced, then
 // every rank's part agreed on (a barrier), then `latest` replaced atomically (temp file, fsync,
 // rename, fsync directory), then (a second barrier) the tags beyond `keep_last` removed, oldest
 // first. A crash at any point leaves `latest` naming a complete checkpoint (the old one or the new
@@ -13,6 +13,7 @@
 // committed. With a directory per rank, a crash between two ranks' `latest` writes leaves them
 // naming different (complete) tags.
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -63,17 +64,37 @@ class CheckpointSeries {
 
   // A save whose part is written while training goes on (offload services writing theirs):
   // begin() starts this rank's part through `begin_into(tag directory)`, which returns what
-  // finishes it (empty: nothing left to wait for); finish() waits for it, then publishes
-  // the save as save() does. Every rank calls begin() at the same step and finish() at the
-  // same later step; until then `latest` names the previous save. A Finish that returns
-  // false (its part was abandoned) leaves the save unpublished.
-  using Finish = std::function<bool()>;
-  using BeginInto = std::function<Finish(const std::filesystem::path&)>;
+  // is still in flight; publish_if_written() publishes the save at a step boundary once
+  // every rank's part is written, and otherwise leaves it pending without waiting; finish()
+  // waits for it and publishes. Every rank calls begin(), publish_if_written() and finish()
+  // at the same steps; until the save is published `latest` names the previous one. A part
+  // whose `finish` returns false (it was abandoned) leaves the save unpublished. One save
+  // is pending at a time: begin() finishes the previous one first (logged, once, when it
+  // holds the trainer).
+  struct PartInFlight {
+    std::function<bool()> written;  // true once finish() would not wait; empty: written
+    std::function<bool()> finish;   // waits for the part and commits it; empty: nothing left
+  };
+  using BeginInto = std::function<PartInFlight(const std::filesystem::path&)>;
+  // `step`: the global step the trainer is at (for the log, and the publication record).
   void begin(int64_t step, const BeginInto& begin_into, const Retire& retire = {});
   bool pending() const { return pending_.has_value(); }
+  // The tag directory of the save published at this step boundary: the pending one when
+  // every rank's part is written (with several ranks one allreduce of "mine is written"
+  // decides, so that every rank publishes at the same step); nothing otherwise.
+  std::optional<std::filesystem::path> publish_if_written(int64_t step);
   // The tag directory of the save published; nothing without a pending save (or when it
-  // was abandoned).
-  std::optional<std::filesystem::path> finish();
+  // was abandoned). Waits for the part.
+  std::optional<std::filesystem::path> finish(int64_t step);
+
+  // The last save published: its step, the step at which it was published and the time
+  // from its begin() to its publication.
+  struct Publication {
+    int64_t saved_step = -1;
+    int64_t published_at_step = -1;
+    double seconds = 0;
+  };
+  const Publication& last_publication() const { return last_publication_; }
 
  private:
   void remove_old_tags(int64_t newest, const Retire& retire) const;
@@ -85,10 +106,13 @@ class CheckpointSeries {
   struct Pending {
     int64_t step = 0;
     bool writes = false;  // this rank writes a part
-    Finish finish;
+    PartInFlight part;
     Retire retire;
+    std::chrono::steady_clock::time_point begun;  // Clock (step_clock.h)
   };
   std::optional<Pending> pending_;
+  Publication last_publication_;
+  bool held_logged_ = false;  // begin() said once that a pending save held the trainer
 };
 
 }  // namespace dsactor::trainer

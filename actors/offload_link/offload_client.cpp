@@ -340,44 +340,69 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
     if (heard.beat) heard_at = Clock::now();
     if (heard.advanced) progress_at = heard_at;
     if (!heard.reply) continue;
-    std::vector<zmq::message_t> frames;
-    if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
-      continue;
-    auto env = msg::split_envelope(frames);
-    if (!env) continue;
-    auto decoded = msg::decode(env->body);
-    if (!decoded) {
-      forget(id);
-      return failure("sent an undecodable reply: " + decoded.error().message);
-    }
-    const uint64_t rid = decoded->header.request_id;
-    heard_at = Clock::now();
-    // The gateway's answer to a request it could not read (id 0) is taken as this one's,
-    // the request being waited for.
-    const bool mine =
-        rid == id || (rid == 0 && std::holds_alternative<msg::ErrorReply>(decoded->header.body));
-    const bool other = !mine && outstanding_.count(rid) > 0;
-    if (!mine && !other) {  // a late reply to a request that timed out: skip it
-      stale_.erase(rid);    // the service is done with its slot
-      continue;
-    }
-    if (const auto* e = std::get_if<msg::ErrorReply>(&decoded->header.body);
-        e && e->code == msg::ErrorCode::busy && rid != 0 && retry_busy(rid)) {
-      continue;  // sent again; its answer is still to come
-    }
-    Reply r{std::move(decoded->header), {}, {}};
-    if (msg::has_payload(r.header.body) && env->body.size() == 2) {
-      // The decoded payload views the last frame; keep the frame itself.
-      r.payload = std::move(frames.back());
-    }
-    if (other) {  // a pipelined request's reply: its own await() takes it
-      outstanding_.erase(rid);
-      arrived_.emplace(rid, std::move(r));
-      continue;
-    }
-    outstanding_.erase(waiting);
-    return take(std::move(r));
+    Taken got = take_reply(id);
+    if (got.heard) heard_at = Clock::now();
+    if (!got.answer) continue;
+    if (!got.answer->ok()) return std::move(*got.answer);
+    return take(std::move(got.answer->value()));
   }
+}
+
+OffloadClient::Taken OffloadClient::take_reply(std::optional<uint64_t> waiting) {
+  Taken got;
+  std::vector<zmq::message_t> frames;
+  if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
+    return got;
+  got.message = true;
+  auto env = msg::split_envelope(frames);
+  if (!env) return got;
+  auto decoded = msg::decode(env->body);
+  if (!decoded) {
+    if (waiting) {
+      forget(*waiting);
+      got.answer = failure("sent an undecodable reply: " + decoded.error().message);
+    }
+    return got;
+  }
+  const uint64_t rid = decoded->header.request_id;
+  got.heard = true;
+  // The gateway's answer to a request it could not read (id 0) is taken as this one's,
+  // the request being waited for.
+  const bool mine =
+      waiting && (rid == *waiting ||
+                  (rid == 0 && std::holds_alternative<msg::ErrorReply>(decoded->header.body)));
+  const bool other = !mine && outstanding_.count(rid) > 0;
+  if (!mine && !other) {  // a late reply to a request that timed out: skip it
+    stale_.erase(rid);    // the service is done with its slot
+    return got;
+  }
+  if (const auto* e = std::get_if<msg::ErrorReply>(&decoded->header.body);
+      e && e->code == msg::ErrorCode::busy && rid != 0 && retry_busy(rid)) {
+    return got;  // sent again; its answer is still to come
+  }
+  Reply r{std::move(decoded->header), {}, {}};
+  if (msg::has_payload(r.header.body) && env->body.size() == 2) {
+    // The decoded payload views the last frame; keep the frame itself.
+    r.payload = std::move(frames.back());
+  }
+  if (other) {  // a pipelined request's reply: its own await() takes it
+    outstanding_.erase(rid);
+    arrived_.emplace(rid, std::move(r));
+    return got;
+  }
+  outstanding_.erase(*waiting);
+  got.answer = ServiceResult<Reply>(std::move(r));
+  return got;
+}
+
+bool OffloadClient::arrived(uint64_t id) {
+  if (arrived_.count(id)) return true;
+  if (!outstanding_.count(id))
+    throw std::logic_error("offload client for " + endpoint_ + ": request " + std::to_string(id) +
+                           " is not outstanding");
+  while (take_reply(std::nullopt).message) {
+  }
+  return arrived_.count(id) > 0;
 }
 
 void OffloadClient::send_ping() {

@@ -171,6 +171,10 @@ class OffloadClient {
   // A fetch's reply with its bytes (a frame, or the arena slot, crc checked as the frame
   // path's decode does).
   ServiceResult<FetchedParameters> await_fetch(uint64_t request_id);
+  // Whether request `request_id`'s reply is in, without waiting: the replies already at the
+  // socket are taken (each kept for its own await), so a caller can poll a long request (a
+  // checkpoint written in the background) between others. True: await() answers at once.
+  bool arrived(uint64_t request_id);
   // Stops waiting for a request: its reply, if it ever comes, is discarded.
   void abandon(uint64_t request_id);
   // Requests sent whose replies have not been received yet.
@@ -245,6 +249,15 @@ class OffloadClient {
   ServiceFailure silence(uint64_t id, const std::string& kind, std::chrono::milliseconds waited,
                          bool dead) const;
   void send_ping();
+  // One message from the request connection, if one is there: a reply to `waiting`
+  // becomes the answer (or its failure, undecodable), one to another outstanding request
+  // is kept in arrived_, a late one or a `busy` answer (sent again) is consumed.
+  struct Taken {
+    bool message = false;  // a message was read
+    bool heard = false;    // it was a reply: the service is alive
+    std::optional<ServiceResult<Reply>> answer;
+  };
+  Taken take_reply(std::optional<uint64_t> waiting);
   // What a wait of up to `left` on both connections brought: a message on the request
   // connection to read, and from the heartbeat connection (read here) a sign of life and
   // whether the service's operation in flight moved on.

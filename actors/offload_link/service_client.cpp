@@ -166,6 +166,11 @@ ServiceFuture<msg::CheckpointReply> ServiceClient::await_checkpoint(uint64_t req
       [request_id](OffloadClient& c) { return c.await_as<msg::CheckpointReply>(request_id); });
 }
 
+ServiceFuture<bool> ServiceClient::checkpoint_arrived(uint64_t request_id) {
+  return post<bool>(
+      [request_id](OffloadClient& c) { return ServiceResult<bool>(c.arrived(request_id)); });
+}
+
 ServiceFuture<msg::RestoreReply> ServiceClient::restore(std::string tag, std::string name) {
   return post<msg::RestoreReply>([tag = std::move(tag), name = std::move(name)](OffloadClient& c) {
     return c.await_as<msg::RestoreReply>(c.send(msg::Restore{tag, {}, name}));

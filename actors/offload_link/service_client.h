@@ -93,6 +93,9 @@ class ServiceClient {
   // by that id, while other requests come and go meanwhile.
   ServiceFuture<uint64_t> send_checkpoint(std::string tag, std::string name);
   ServiceFuture<messages::CheckpointReply> await_checkpoint(uint64_t request_id);
+  // Whether that reply is in, without waiting for it (OffloadClient::arrived): true, and
+  // await_checkpoint answers at once.
+  ServiceFuture<bool> checkpoint_arrived(uint64_t request_id);
   ServiceFuture<messages::RestoreReply> restore(std::string tag, std::string name);
   // Frees the job on the service: its partitions, NVMe extents, metadata and arenas.
   ServiceFuture<messages::DropJobReply> drop_job();

@@ -60,6 +60,18 @@ inline std::vector<std::string> tiny_trainer_argv(const std::string& config, con
           out};
 }
 
+// The step at which a trainer's log says checkpoint `tag` was published ("checkpoint <tag>
+// saved in <dir> (published at step <n>, ..."); -1 when it says none.
+inline int published_at_step(const std::string& log, const std::string& tag) {
+  const std::string saved = "checkpoint " + tag + " saved in ";
+  const size_t at = log.find(saved);
+  if (at == std::string::npos) return -1;
+  const std::string published = "(published at step ";
+  const size_t p = log.find(published, at);
+  if (p == std::string::npos || log.find('\n', at) < p) return -1;
+  return std::stoi(log.substr(p + published.size()));
+}
+
 inline std::string repo_path(const std::string& rel) {
   return std::string(DSACTOR_SOURCE_DIR) + "/" + rel;
 }

@@ -7,12 +7,14 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <ostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,21 @@ bool same_safetensors(const fs::path& x, const fs::path& y) {
   for (const auto& [name, t] : a.tensors)
     if (!b.tensors.count(name) || t.bytes != b.tensors.at(name).bytes) return false;
   return true;
+}
+
+// The niceness of each thread of process `pid` (field 19 of /proc/<pid>/task/<tid>/stat).
+std::vector<int> thread_nice_values(pid_t pid) {
+  std::vector<int> nice;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    const std::string stat = read_file(task.path() / "stat");
+    const size_t close = stat.rfind(')');  // the thread's name may hold spaces
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    for (int i = 3; i <= 19 && rest >> field; ++i)
+      if (i == 19) nice.push_back(std::stoi(field));
+  }
+  return nice;
 }
 
 // "resumed from ... at step N" in a log, or -1.
@@ -343,6 +360,14 @@ TEST_P(BackgroundSave, ACheckpointWrittenWhileTrainingGoesOnHoldsItsStep) {
     // only after the next step.
     EXPECT_NE(s->log().find("written while later steps run"), std::string::npos) << s->log();
     EXPECT_LT(log.find("step 3/"), log.find("checkpoint global_step2 saved")) << log;
+    // The writer's thread yields to the steps' (checkpoint_writer.cpp): 10 nicer than the
+    // service's other threads, alone.
+    const auto nice = thread_nice_values(s->pid());
+    const int base = *std::min_element(nice.begin(), nice.end());
+    EXPECT_EQ(std::count(nice.begin(), nice.end(), std::min(base + 10, 19)), 1)
+        << ::testing::PrintToString(nice);
+    EXPECT_EQ(std::count(nice.begin(), nice.end(), base), static_cast<long>(nice.size()) - 1)
+        << ::testing::PrintToString(nice);
   }
   EXPECT_EQ(tags_in(at("run/checkpoint")),
             (std::set<std::string>{"global_step2", "global_step4", "global_step6"}));
@@ -357,6 +382,28 @@ TEST_P(BackgroundSave, ACheckpointWrittenWhileTrainingGoesOnHoldsItsStep) {
     EXPECT_TRUE(same_safetensors(at("ref" + std::to_string(k) + "/model.safetensors"),
                                  at(out + "/model.safetensors")));
   }
+}
+
+// A save the service writes slowly does not hold the trainer: it is published at a later
+// step boundary, the first at which the service's part is written (until then `latest`
+// names the previous save), and restored it holds its step, bit for bit.
+TEST_P(BackgroundSave, ASlowSaveIsPublishedAtALaterStepWithoutHoldingTheTrainer) {
+  straight("ref4", 4);
+  std::string log;
+  {
+    const auto s = service("slow", {{"DSACTOR_TEST_PAUSE_AT", "background-checkpoint:3000"}});
+    ASSERT_EQ(train(*s, "slow", 8, {"--checkpoint-every", "4", "--keep-last", "0"}, &log), 0)
+        << log;
+  }
+  const int published = testing::published_at_step(log, "global_step4");
+  EXPECT_GT(published, 5) << "the save held the trainer at the next boundary: " << log;
+  EXPECT_LE(published, 8) << log;  // at the latest when the next save is due
+  EXPECT_EQ(read_file(at("slow/checkpoint/latest")), "global_step8");
+  const auto s = service("restored4");
+  ASSERT_EQ(train(*s, "restored4", 4, {"--resume", "slow/checkpoint/global_step4"}, &log), 0)
+      << log;
+  EXPECT_EQ(resumed_step(log), 4) << log;
+  EXPECT_TRUE(same_safetensors(at("ref4/model.safetensors"), at("restored4/model.safetensors")));
 }
 
 // A service killed while it writes a checkpoint in the background (its temp directory

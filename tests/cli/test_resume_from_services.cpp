@@ -52,9 +52,11 @@ class ResumeFromServices : public ::testing::Test {
   // A service keeping its state in `name`/ (with `nvme`: its NVMe tier there too), with the
   // keys every service of the test shares (the job's owner is the one client key).
   // `listen`: the endpoint of the service it replaces.
-  std::unique_ptr<deploy::ServiceProcess> start_service(const std::string& name, bool nvme,
-                                                        const std::string& listen = "") {
+  std::unique_ptr<deploy::ServiceProcess> start_service(
+      const std::string& name, bool nvme, const std::string& listen = "",
+      std::vector<std::pair<std::string, std::string>> env = {}) {
     deploy::ServiceProcessOptions so;
+    so.env = std::move(env);
     so.args = {"--no-mlock", "--state-dir", (dir_.path() / name / "state").string()};
     if (!listen.empty()) so.args.insert(so.args.end(), {"--listen", listen});
     if (nvme) so.args.insert(so.args.end(), {"--nvme", (dir_.path() / name / "nvme").string()});
@@ -93,6 +95,59 @@ class ResumeFromServices : public ::testing::Test {
     for (const auto& [name, t] : x.tensors)
       if (!y.tensors.count(name) || t.bytes != y.tensors.at(name).bytes) return false;
     return true;
+  }
+
+  // Rank r of job `job` on services[r], to kSteps; rank 0 serves the rendezvous on `port`.
+  std::vector<std::string> rank_args(
+      const std::vector<std::unique_ptr<deploy::ServiceProcess>>& services, int r,
+      const std::string& job, const std::string& port) const {
+    const auto keys = dir_.path() / "keys";
+    auto a = testing::tiny_trainer_argv("z3offload.json", job, kSteps);
+    a.insert(a.end(), {"--job",
+                       job,
+                       "--offload",
+                       services[r]->endpoint(),
+                       "--offload-key",
+                       (keys / "service.key").string(),
+                       "--secret-key",
+                       (keys / "client.key_secret").string(),
+                       "--coordinator-key",
+                       (keys / "client.key").string(),
+                       "--job-token-file",
+                       (dir_.path() / "job.token").string(),
+                       "--rank",
+                       std::to_string(r),
+                       "--world-size",
+                       "2",
+                       "--coordinator",
+                       "tcp://127.0.0.1:" + port,
+                       "--comm-timeout-ms",
+                       "5000"});
+    if (r == 0) a.push_back("--serve-coordinator");
+    return a;
+  }
+  // Both ranks of `job`, plus `more`, with `env`: their exit codes and logs (rank 0's, rank 1's).
+  std::pair<std::vector<int>, std::vector<std::string>> run_two_ranks(
+      const std::vector<std::unique_ptr<deploy::ServiceProcess>>& services, const std::string& job,
+      const std::vector<std::string>& more, const std::vector<std::string>& env) {
+    testing::make_job_token_file(dir_.path() / "job.token");
+    const std::string port = std::to_string(testing::free_port());
+    std::vector<std::unique_ptr<Child>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      auto a = rank_args(services, r, job, port);
+      a.insert(a.end(), more.begin(), more.end());
+      ranks.push_back(std::make_unique<Child>(
+          dir_.path(), a,
+          dir_.path() /
+              (job + "_rank" + std::to_string(r) + "_" + std::to_string(++runs_) + ".log"),
+          env));
+    }
+    std::pair<std::vector<int>, std::vector<std::string>> out;
+    for (auto& c : ranks) {
+      out.first.push_back(c->wait(kWait));
+      out.second.push_back(c->log());
+    }
+    return out;
   }
 
   TempDir dir_;
@@ -190,60 +245,19 @@ TEST_F(ResumeFromServices, ATrainerSurvivesARestartOfItsNvmeService) {
 TEST_F(ResumeFromServices, TwoDataParallelRanksContinueFromTheirServicesStep) {
   std::vector<std::unique_ptr<deploy::ServiceProcess>> services;
   for (int r = 0; r < 2; ++r) services.push_back(start_service("rank" + std::to_string(r), false));
-  const auto keys = dir_.path() / "keys";
-  const auto token = testing::make_job_token_file(dir_.path() / "job.token");
-  // Rank r of job `job` on service r; rank 0 serves the rendezvous.
-  const auto rank = [&](int r, const std::string& job, const std::string& port) {
-    auto a = testing::tiny_trainer_argv("z3offload.json", job, kSteps);
-    a.insert(a.end(), {"--job",
-                       job,
-                       "--offload",
-                       services[r]->endpoint(),
-                       "--offload-key",
-                       (keys / "service.key").string(),
-                       "--secret-key",
-                       (keys / "client.key_secret").string(),
-                       "--coordinator-key",
-                       (keys / "client.key").string(),
-                       "--job-token-file",
-                       token.string(),
-                       "--rank",
-                       std::to_string(r),
-                       "--world-size",
-                       "2",
-                       "--coordinator",
-                       "tcp://127.0.0.1:" + port,
-                       "--comm-timeout-ms",
-                       "5000"});
-    if (r == 0) a.push_back("--serve-coordinator");
-    return a;
-  };
-  // Both ranks of `job`, plus `more`, with `env`. Their exit codes and logs.
   const auto run = [&](const std::string& job, const std::vector<std::string>& more,
                        const std::vector<std::string>& env) {
-    const std::string port = std::to_string(testing::free_port());
-    std::vector<std::unique_ptr<Child>> ranks;
-    for (int r = 0; r < 2; ++r) {
-      auto a = rank(r, job, port);
-      a.insert(a.end(), more.begin(), more.end());
-      ranks.push_back(std::make_unique<Child>(
-          dir_.path(), a,
-          dir_.path() /
-              (job + "_rank" + std::to_string(r) + "_" + std::to_string(++runs_) + ".log"),
-          env));
-    }
-    std::vector<int> rc;
-    for (auto& c : ranks) rc.push_back(c->wait(kWait));
-    return std::make_pair(rc, ranks[0]->log() + ranks[1]->log());
+    return run_two_ranks(services, job, more, env);
   };
-  auto [straight, straight_log] = run("straight", {}, {});
-  ASSERT_EQ(straight, (std::vector<int>{0, 0})) << straight_log;
+  auto [straight, straight_logs] = run("straight", {}, {});
+  ASSERT_EQ(straight, (std::vector<int>{0, 0})) << straight_logs[0] << straight_logs[1];
 
-  auto [cut, cut_log] = run("cut", {}, kCrashAtStep5);
-  ASSERT_EQ(cut, (std::vector<int>{128 + SIGKILL, 128 + SIGKILL})) << cut_log;
+  auto [cut, cut_logs] = run("cut", {}, kCrashAtStep5);
+  ASSERT_EQ(cut, (std::vector<int>{128 + SIGKILL, 128 + SIGKILL})) << cut_logs[0] << cut_logs[1];
   EXPECT_FALSE(fs::exists(dir_.path() / "cut/model.safetensors")) << "the run was not cut";
 
-  auto [resumed, resumed_log] = run("cut", {"--resume"}, {});
+  auto [resumed, resumed_logs] = run("cut", {"--resume"}, {});
+  const std::string resumed_log = resumed_logs[0] + resumed_logs[1];
   ASSERT_EQ(resumed, (std::vector<int>{0, 0})) << resumed_log;
   EXPECT_NE(resumed_log.find("resumed from the offload services at step 4"), std::string::npos)
       << resumed_log;
@@ -252,6 +266,28 @@ TEST_F(ResumeFromServices, TwoDataParallelRanksContinueFromTheirServicesStep) {
               std::string::npos)
         << services[r]->log();
   EXPECT_TRUE(same_weights("cut", "straight"));
+}
+
+// Data parallel, a periodic save one rank's service writes slowly (its background write
+// held back): the trainers go on stepping, and both ranks publish the save (their part
+// committed, `latest` replaced) at the same later step, the first boundary at which both
+// parts are written, so `latest` never names a tag one rank has not finished.
+TEST_F(ResumeFromServices, TwoDataParallelRanksPublishASlowSaveAtTheSameStep) {
+  std::vector<std::unique_ptr<deploy::ServiceProcess>> services;
+  services.push_back(start_service("rank0", false));
+  services.push_back(
+      start_service("rank1", false, "", {{"DSACTOR_TEST_PAUSE_AT", "background-checkpoint:3000"}}));
+  auto [rc, logs] =
+      run_two_ranks(services, "dp", {"--checkpoint-every", "4", "--keep-last", "0"}, {});
+  ASSERT_EQ(rc, (std::vector<int>{0, 0})) << logs[0] << logs[1];
+  const int at0 = testing::published_at_step(logs[0], "global_step4");
+  EXPECT_EQ(at0, testing::published_at_step(logs[1], "global_step4")) << logs[0] << logs[1];
+  EXPECT_GT(at0, 5) << "the save held the trainers at the next boundary: " << logs[0];
+  EXPECT_LE(at0, 8) << logs[0];  // at the latest when the next save is due
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(fs::exists(dir_.path() / "dp/checkpoint/global_step4" /
+                           ("rank-" + std::to_string(r)) / "trainer/manifest.json"));
+  EXPECT_EQ(testing::read_file(dir_.path() / "dp/checkpoint/latest"), "global_step10");
 }
 
 }  // namespace

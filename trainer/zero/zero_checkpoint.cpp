@@ -136,6 +136,7 @@ struct ZeroCheckpoint::PendingSave {
     size_t service = 0;
     std::string name;
     uint64_t request_id = 0;
+    bool arrived = false;  // its reply is in (save_written)
   };
   std::string tag;
   std::vector<Part> parts;
@@ -215,6 +216,21 @@ bool ZeroCheckpoint::finish_save() {
   w.set_state(p->manifest);
   w.commit();  // the checkpoint exists from here on
   return true;
+}
+
+bool ZeroCheckpoint::save_written() {
+  if (!pending_) return true;
+  std::vector<std::pair<PendingSave::Part*, actors::ServiceFuture<bool>>> asked;
+  for (auto& part : pending_->parts)
+    if (!part.arrived)
+      asked.emplace_back(&part, z_.services[part.service]->checkpoint_arrived(part.request_id));
+  bool all = true;
+  for (auto& [part, answer] : asked) {
+    part->arrived = value_or_throw(*z_.services[part->service], "checkpoint",
+                                   z_.counters.committed_step, answer.get());
+    all = all && part->arrived;
+  }
+  return all;
 }
 
 void ZeroCheckpoint::abandon_save() {

@@ -46,6 +46,11 @@ class ZeroCheckpoint {
   void begin_save(const std::filesystem::path& dir, const nlohmann::json& extra,
                   const LossScaler& scaler);
   bool finish_save();
+  // Whether finish_save() would not wait: every service's part written and published (its
+  // reply in), or no save pending. Asks each service client without waiting for the
+  // service, so a trainer can check at every step boundary and publish the save at the
+  // first one where it is written.
+  bool save_written();
   // The pending save's requests went with the clients they were sent on (a reconnect):
   // its parts are never confirmed, so it is never committed.
   void abandon_save();

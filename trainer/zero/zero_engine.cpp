@@ -634,6 +634,10 @@ bool ZeroEngine::finish_checkpoint() {
   return checkpoints_->finish_save();
 }
 
+bool ZeroEngine::checkpoint_written() {
+  return checkpoints_->save_written();
+}
+
 void ZeroEngine::retire_checkpoint(const std::filesystem::path& dir) const {
   checkpoints_->retire(dir);
 }

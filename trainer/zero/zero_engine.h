@@ -82,6 +82,8 @@ class ZeroEngine {
   // manifest; false when a reconnect in between abandoned the save (nothing committed).
   void begin_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra);
   bool finish_checkpoint();
+  // Whether finish_checkpoint() would not wait (ZeroCheckpoint::save_written).
+  bool checkpoint_written();
   // Checks the manifest against this engine (model, precision, plan, services) before any
   // service is touched, restores every service, then the trainer's state; returns `extra`.
   // A refusal (bad manifest, a service's crc/tag/size check) leaves this engine and every

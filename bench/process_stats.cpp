@@ -1,0 +1,56 @@
+#include "bench/process_stats.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+
+namespace dsactor::bench {
+
+std::pair<double, double> own_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return {sec(u.ru_utime), sec(u.ru_stime)};
+}
+
+double process_stat_sum(pid_t pid, int first, int last) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const size_t close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  double sum = 0;
+  for (int i = 3; i <= last && rest >> field; ++i)
+    if (i >= first) sum += std::stod(field);
+  return sum;
+}
+
+// Fields 14 and 15, in clock ticks.
+double process_cpu_seconds(pid_t pid) {
+  return process_stat_sum(pid, 14, 15) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double process_minor_faults(pid_t pid) {
+  return process_stat_sum(pid, 10, 10);
+}
+
+double own_minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_minflt);
+}
+
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one = -1;
+  in >> one;
+  return in ? one : -1;
+}
+
+}  // namespace dsactor::bench

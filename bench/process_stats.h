@@ -1,0 +1,25 @@
+#pragma once
+// CPU time and page faults of this process and of another (a service child), from
+// getrusage and /proc/<pid>/stat: what the benches report per step beside wall time, which
+// is far noisier on a shared machine.
+#include <sys/types.h>
+
+#include <utility>
+
+namespace dsactor::bench {
+
+// This process's user and system CPU seconds.
+std::pair<double, double> own_cpu_seconds();
+// The sum of fields [first, last] (1-based, as proc(5) numbers them) of another process's
+// /proc/<pid>/stat; 0 when unknown.
+double process_stat_sum(pid_t pid, int first, int last);
+// utime + stime of another process, in seconds; 0 when unknown.
+double process_cpu_seconds(pid_t pid);
+// Minor page faults (field 10): the arena's pages the service touches after the trainer
+// gave them back each cost one.
+double process_minor_faults(pid_t pid);
+double own_minor_faults();
+// The 1-minute load average (/proc/loadavg); -1 when unknown.
+double load_average();
+
+}  // namespace dsactor::bench
