@@ -11,7 +11,7 @@ packages=(
   # math
   libopenblas-openmp-dev
   # runtime glue and wire
-  libcaf-dev libzmq3-dev cppzmq-dev libsodium-dev capnproto libcapnp-dev
+  libcaf-dev libzmq3-dev cppzmq-dev libsodium-dev libssl-dev capnproto libcapnp-dev
   # storage
   librocksdb-dev liburing-dev
   # collectives
