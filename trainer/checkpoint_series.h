@@ -4,14 +4,14 @@
 // `rank-<r>/` with several trainers), and `<dir>/latest` names the newest complete tag.
 // A save is durable before it is named: the engine's own commit (files fsynced, manifest
 // last; with offload services, after every service published its part, which they write
-// while the next steps run: begin, then publish_if_written at each step boundary), then the tag and its parent directory fsynced, then
-// every rank's part agreed on (a barrier), then `latest` replaced atomically (temp file, fsync,
-// rename, fsync directory), then (a second barrier) the tags beyond `keep_last` removed, oldest
-// first. A crash at any point leaves `latest` naming a complete checkpoint (the old one or the new
-// one). Several ranks: each writes its part and `latest` where it sees the tag; a directory shared
-// by the ranks (DeepSpeed's assumption) has one `latest`, which moves only once every part is
-// committed. With a directory per rank, a crash between two ranks' `latest` writes leaves them
-// naming different (complete) tags.
+// while the next steps run: begin, then publish_if_written at each step boundary), then the tag and
+// its parent directory fsynced, then every rank's part agreed on (a barrier), then `latest`
+// replaced atomically (temp file, fsync, rename, fsync directory), then (a second barrier) the tags
+// beyond `keep_last` removed, oldest first. A crash at any point leaves `latest` naming a complete
+// checkpoint (the old one or the new one). Several ranks: each writes its part and `latest` where
+// it sees the tag; a directory shared by the ranks (DeepSpeed's assumption) has one `latest`, which
+// moves only once every part is committed. With a directory per rank, a crash between two ranks'
+// `latest` writes leaves them naming different (complete) tags.
 
 #include <chrono>
 #include <cstdint>
