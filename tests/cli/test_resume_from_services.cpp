@@ -191,10 +191,12 @@ TEST_F(ResumeFromServices, ARestartedRamServiceHoldsNothingAndTheCheckpointIsRes
   auto service = start_service("ram-service", false);
   std::string log;
   ASSERT_EQ(train(*service, "straight", "straight", {}, {}, &log), 0) << log;
-  // Killed in step 6: the save of step 4, which the service wrote during step 5, is
-  // published (`latest`) at the end of step 5.
+  // Killed in step 7: the save of step 4 is published (`latest`) by the end of step 6 at
+  // the latest (when the save of step 6 is due, the trainer waits for the one before), and
+  // the save of step 6 cannot be published before the end of step 7, whenever its write
+  // ends: so `latest` names step 4 however fast the service writes.
   ASSERT_EQ(train(*service, "cut", "cut", {"--checkpoint-every", "2"},
-                  {"DSACTOR_TEST_CRASH_AT=gradients-pushed:6"}, &log),
+                  {"DSACTOR_TEST_CRASH_AT=gradients-pushed:7"}, &log),
             128 + SIGKILL)
       << log;
   // The RAM service restarts: the job is gone with the process.
