@@ -9,7 +9,34 @@
 #include "kernels/cpu/grad_stats_stream.h"
 #include "offload_service/store_common.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>  // SSE2: in every x86-64 CPU, so no dispatch
+#endif
+
 namespace dsactor::offload {
+
+namespace {
+
+// sum[k] = 0.0f + g[k] (the trainer's first micro-step: a -0 turns +0) with non-temporal
+// stores: this pass never reads the sum again (the commit's Adam pass does, long after it
+// left the cache), so its lines are written without first being read from memory.
+void stream_first_micro_step(float* sum, const float* g, uint64_t n) {
+  uint64_t k = 0;
+#if defined(__x86_64__)
+  if (reinterpret_cast<uintptr_t>(sum) % 16 == 0) {
+    const __m128 zero = _mm_setzero_ps();
+    for (; k + 16 <= n; k += 16) {
+      for (uint64_t j = 0; j < 16; j += 4)
+        _mm_stream_ps(sum + k + j, _mm_add_ps(zero, _mm_loadu_ps(g + k + j)));
+    }
+    // Streamed stores are weakly ordered: fenced before the reply can be seen after them.
+    _mm_sfence();
+  }
+#endif
+  for (; k < n; ++k) sum[k] = 0.0f + g[k];
+}
+
+}  // namespace
 
 AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
                                 messages::DType dtype, uint64_t n, bool first, bool with_crc) {
@@ -21,19 +48,30 @@ AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
   const size_t element = messages::dtype_size(dtype);
   // One micro-step of fp32 (the usual case): the payload goes straight into the sum, checked
   // as it is copied, and becomes the trainer's 0 + g (a -0 turns +0) while still in cache.
+  // When its bytes are aligned for floats (an arena slice) the piece is checksummed and its
+  // squares summed where it lies (the squares of g and of 0 + g are the same bits), then
+  // streamed into the sum as 0 + g.
   const bool fp32 = dtype == messages::DType::fp32;
   const bool copy_only = first && fp32;
+  const bool float_aligned = reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0;
   // Later micro-steps of fp32 add the payload's floats where they lie, with no copy into a
   // piece between, when the bytes are aligned for floats (a frame or an arena slice need
   // not be: those still go through the piece).
-  const bool add_in_place =
-      !first && fp32 && reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0;
+  const bool add_in_place = !first && fp32 && float_aligned;
   std::vector<float> widened(copy_only || add_in_place ? 0
                                                        : static_cast<size_t>(std::min(kPiece, n)));
   kernels::cpu::GradStatsStream stats;
   AccumulatedPush out;
   for (uint64_t i = 0; i < n; i += kPiece) {
     const uint64_t c = std::min(kPiece, n - i);
+    if (copy_only && float_aligned) {
+      const std::byte* src = payload.data() + i * element;
+      if (with_crc) out.crc32c = checksum::crc32c(src, c * element, out.crc32c);
+      const auto* g = reinterpret_cast<const float*>(src);
+      stats.add(g, c);
+      stream_first_micro_step(sum + i, g, c);
+      continue;
+    }
     if (copy_only) {
       float* s = sum + i;
       const std::byte* src = payload.data() + i * element;

@@ -102,5 +102,27 @@ TEST(PushAccumulate, FirstMicroStepTurnsNegativeZeroPositiveAndFlagsNonFinite) {
   EXPECT_EQ(r.crc32c, 0u);  // not asked for
 }
 
+// The first fp32 micro-step streams 0 + g into the sum; a sum that starts off a 16-byte
+// boundary (and a count that is not a multiple of the stores' width) gets the same bits.
+TEST(PushAccumulate, FirstMicroStepIntoASumOfAnyAlignment) {
+  for (size_t shift : {size_t{0}, size_t{1}, size_t{3}}) {
+    for (size_t n : {size_t{15}, size_t{24576}, size_t{50001}}) {
+      auto g = random_floats(n, 3);
+      g[n / 2] = -0.0f;
+      const auto bytes = payload_of(g, DType::fp32, false);
+      std::vector<float> buffer(n + shift, 9.0f), want(n);
+      for (size_t i = 0; i < n; ++i) want[i] = 0.0f + g[i];
+      const AccumulatedPush r =
+          accumulate_push(buffer.data() + shift, std::span<const std::byte>(bytes.data(), n * 4),
+                          DType::fp32, n, true, true);
+      const std::string what = "shift " + std::to_string(shift) + " n " + std::to_string(n);
+      EXPECT_EQ(std::memcmp(want.data(), buffer.data() + shift, n * 4), 0) << what;
+      EXPECT_FALSE(std::signbit(buffer[shift + n / 2])) << what;
+      EXPECT_EQ(r.stats.sum_squares, kc::grad_stats(want.data(), n).sum_squares) << what;
+      EXPECT_EQ(r.crc32c, checksum::crc32c(bytes.data(), n * 4)) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsactor::offload
