@@ -26,6 +26,7 @@
 #include "bench/stopwatch.h"
 #include "bench/zero_breakdown.h"
 #include "deploy/service_process.h"
+#include "metrics/state_figures.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/param_blocks.h"
@@ -196,7 +197,7 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
 // The ratios of the stage-3 phases to stage 0, with every phase's own figures.
 nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptConfig& gpt,
                                   const nlohmann::json& stage0, const nlohmann::json& on,
-                                  const nlohmann::json& off, const nlohmann::json& after_update) {
+                                  const nlohmann::json& off, const nlohmann::json& behind_reply) {
   const size_t params = trainer::parameter_count(gpt);
   const double model_bytes = static_cast<double>(params) * 4;
   auto ratio = [](const nlohmann::json& a, const nlohmann::json& b, const char* k) {
@@ -216,13 +217,15 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
       {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
-      // Prefetch on, the service answering each commit only after every partition's
-      // update (--reply-after-update): what publishing the step block by block saves.
-      {"step_time_ratio_reply_after_update", ratio(after_update, stage0, "ms_per_step")},
+      // Prefetch on, the service answering each commit once decided, the update published
+      // block by block behind the reply (update_publication behind_reply), against the
+      // default on this same-host CPU trainer (by_host: before_reply): what the overlap gains
+      // or loses here.
+      {"step_time_ratio_behind_reply", ratio(behind_reply, stage0, "ms_per_step")},
       {"commit_wait_ms_prefetch_on", on["commit_wait_ms"]},
-      {"commit_wait_ms_reply_after_update", after_update["commit_wait_ms"]},
+      {"commit_wait_ms_behind_reply", behind_reply["commit_wait_ms"]},
       {"fetch_wait_ms_prefetch_on", on["fetch_wait_ms"]},
-      {"fetch_wait_ms_reply_after_update", after_update["fetch_wait_ms"]},
+      {"fetch_wait_ms_behind_reply", behind_reply["fetch_wait_ms"]},
       {"step_time_goal", 1.25},
       {"cpu_ratio_prefetch_on", ratio(on, stage0, "total_cpu_ms_per_step")},
       {"cpu_ratio_prefetch_off", ratio(off, stage0, "total_cpu_ms_per_step")},
@@ -243,7 +246,7 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"stage0", stage0},
       {"stage3_prefetch_on", on},
       {"stage3_prefetch_off", off},
-      {"stage3_reply_after_update", after_update}};
+      {"stage3_behind_reply", behind_reply}};
 }
 
 // The service's metrics address, from its log's "metrics on <url>/metrics" line (written
@@ -287,25 +290,25 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   const Stage3Knobs lean = lean_stage3_knobs(o.model);
   const int64_t bucket_on = o.prefetch_bucket > 0 ? o.prefetch_bucket : lean.prefetch_bucket;
   const int64_t max_live = o.max_live > 0 ? o.max_live : lean.max_live;
-  auto stage3 = [&](const char* name, int64_t bucket, std::vector<std::string> service_args) {
+  auto stage3 = [&](const char* name, int64_t bucket, const char* publication) {
     char tmpl[] = "/tmp/dsactor-benchzero-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     const fs::path dir = tmpl;
     nlohmann::json j;
     try {
       // A fresh service per phase: the phases do not share its memory or its jobs.
-      service_args.insert(service_args.begin(), {"--metrics-listen", "127.0.0.1:0"});
-      deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(), service_args,
-                                     dir / "offload.log");
+      deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(),
+                                     {"--metrics-listen", "127.0.0.1:0"}, dir / "offload.log");
       const std::string metrics = metrics_url(service);
       j = in_child(name, [&] {
         nlohmann::json cfg = base_config(o);
-        cfg["zero_optimization"] = {{"stage", 3},
-                                    {"offload_optimizer", {{"device", "cpu"}}},
-                                    {"offload_param", {{"device", "cpu"}}},
-                                    {"stage3_prefetch_bucket_size", bucket},
-                                    {"stage3_max_live_parameters", max_live},
-                                    {"stage3_max_reuse_distance", o.reuse_distance}};
+        cfg["zero_optimization"] = {
+            {"stage", 3},
+            {"offload_optimizer", {{"device", "cpu"}, {"update_publication", publication}}},
+            {"offload_param", {{"device", "cpu"}}},
+            {"stage3_prefetch_bucket_size", bucket},
+            {"stage3_max_live_parameters", max_live},
+            {"stage3_max_reuse_distance", o.reuse_distance}};
         ZeroOptions zo;
         zo.services = {service.endpoint()};
         zo.service_security = {service.client_security()};
@@ -323,8 +326,14 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         const nlohmann::json phases_before = scrape_service_state(metrics);
         nlohmann::json r = time_steps(engine, loader, o.steps, service.pid(), settle).to_json();
         const ZeroStats after = engine.stats();
-        r["service_phases"] =
-            service_phases_per_step(phases_before, scrape_service_state(metrics), o.steps);
+        const nlohmann::json phases_after = scrape_service_state(metrics);
+        r["service_phases"] = service_phases_per_step(phases_before, phases_after, o.steps);
+        // Which way the commits went: the service counts those asking before_reply.
+        r["commits_before_reply_per_step"] =
+            (metrics::sum_of(phases_after, "dsactor_offload_commits_before_reply_total", {}) -
+             metrics::sum_of(phases_before, "dsactor_offload_commits_before_reply_total", {})) /
+            o.steps;
+        r["update_publication"] = publication;
         r.update(stage3_figures(before, after, o.steps));
         r["prefetch_bucket_size"] = bucket;
         r["max_live_parameters"] = max_live;
@@ -339,14 +348,13 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     fs::remove_all(dir, ec);
     return j;
   };
-  const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on, {});
-  const nlohmann::json off = stage3("stage3_prefetch_off", 0, {});
-  const nlohmann::json after_update =
-      stage3("stage3_reply_after_update", bucket_on, {"--reply-after-update"});
+  const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on, "by_host");
+  const nlohmann::json off = stage3("stage3_prefetch_off", 0, "by_host");
+  const nlohmann::json behind_reply = stage3("stage3_behind_reply", bucket_on, "behind_reply");
   const nlohmann::json rates =
       ForkedChild("bench zero rates", [] { return machine_rates(); }).result();
 
-  nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off, after_update);
+  nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off, behind_reply);
   out["rates"] = rates;
   out["breakdown_prefetch_on"] = step_breakdown(on, rates, params);
   return out;

@@ -241,8 +241,8 @@ void add_start_command(CLI::App& app) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   cmd->add_flag("--reply-after-update", a->service.store.reply_after_update,
-                "offload: answer a commit only once every partition is updated (as before the "
-                "step was published partition by partition; for comparison)");
+                "offload: answer every commit only once every partition is updated, whatever "
+                "the trainer asks (zero_optimization.offload_optimizer.update_publication)");
   cmd->add_flag("--no-mlock", a->no_mlock,
                 "offload: do not pin RAM buffers at all (neither cudaHostAlloc nor mlock)");
   cmd->add_flag("--no-cuda-pinning", a->no_cuda_pinning,

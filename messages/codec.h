@@ -152,6 +152,9 @@ struct CommitStep {
   // Opaque bytes the service keeps with the step (at most Limits::max_record_bytes) and
   // hands back in RegisterReply: what the trainer needs to continue after it.
   std::string resume_record = {};
+  // Answered once every partition is updated (true) or once decided and durable, the
+  // update published block by block behind the reply (false).
+  bool publish_before_reply = false;
   bool operator==(const CommitStep&) const = default;
 };
 struct SkipStep {

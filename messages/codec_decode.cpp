@@ -166,8 +166,12 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
     }
     case wire::Header::Kind::COMMIT_STEP: {
       auto r = k.getCommitStep();
-      return CommitStep{r.getStep(), r.getClipCoef(), r.getLossScale(), r.getLr(),
-                        record(r.getResumeRecord(), limits, "commitStep.resumeRecord")};
+      return CommitStep{r.getStep(),
+                        r.getClipCoef(),
+                        r.getLossScale(),
+                        r.getLr(),
+                        record(r.getResumeRecord(), limits, "commitStep.resumeRecord"),
+                        r.getPublishBeforeReply()};
     }
     case wire::Header::Kind::SKIP_STEP: {
       auto r = k.getSkipStep();

@@ -136,6 +136,7 @@ void set_body(wire::Header::Kind::Builder k, const CommitStep& r) {
   b.setLossScale(r.loss_scale);
   b.setLr(r.lr);
   b.setResumeRecord(data_ptr(r.resume_record));
+  b.setPublishBeforeReply(r.publish_before_reply);
 }
 
 void set_body(wire::Header::Kind::Builder k, const SkipStep& r) {

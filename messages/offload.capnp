@@ -130,6 +130,10 @@ struct CommitStep {
   # counters): opaque to the service, at most Limits::max_record_bytes, stored in the same
   # metadata batch as the step and handed back in RegisterReply.
   resumeRecord @4 :Data;
+  # Answer only once every partition of the step is updated, instead of once the step is
+  # decided and durable with the update published block by block behind the reply: for a
+  # trainer that computes on the cores the service's update would otherwise share.
+  publishBeforeReply @5 :Bool;
 }
 
 struct SkipStep {

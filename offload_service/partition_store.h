@@ -87,10 +87,11 @@ struct StoreOptions {
   // Check the crc32c of pushed arena bytes, as the gateway checks frames (the service
   // sets it from its decode Limits::verify_checksum). Default: true.
   bool verify_arena_checksum = true;
-  // Answer a CommitStep only once every partition of the step is updated, instead of once
-  // it is decided and durable (README.md, "State machine": the workers then publish the
-  // step partition by partition while the trainer's next forward fetches). For comparing
-  // the two (`bench zero`); results are the same either way. Default: false.
+  // Answer every CommitStep only once every partition of the step is updated, instead of
+  // once it is decided and durable (README.md, "State machine": the workers then publish
+  // the step partition by partition while the trainer's next forward fetches), whatever
+  // the commit's own publish_before_reply asks. Results are the same either way.
+  // Default: false (each commit says).
   bool reply_after_update = false;
 
   // Name in RegisterReply.service_id.

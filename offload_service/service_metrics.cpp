@@ -58,6 +58,10 @@ void collect_gateway(metrics::Registry& r, const actors::GatewayCounters& g) {
           {{"job", job}});
     total("dsactor_offload_commits_total", "CommitStep requests, by job", f.commits,
           {{"job", job}});
+    total("dsactor_offload_commits_before_reply_total",
+          "CommitStep requests answered only after the whole update (publish_before_reply), "
+          "by job",
+          f.commits_before_reply, {{"job", job}});
     total("dsactor_offload_skips_total", "SkipStep requests, by job", f.skips, {{"job", job}});
   }
 }

@@ -215,7 +215,7 @@ struct CoordinatorState {
     const Prepared prepared = two_phase.prepare(pw, job.order);
     if (prepared.failure) refuse(prepared.failure->code, prepared.failure->message);
     two_phase.commit(h.job_id, next, pw, prepared, "metadata write failed: ");
-    if (options.reply_after_update) {
+    if (options.reply_after_update || c.publish_before_reply) {
       publication->wait();
     } else {
       publishing[h.job_id] = std::move(publication);

@@ -24,6 +24,7 @@ void JobTraffic::count(const messages::Message& request) {
   }
   f.fetches += fetch;
   f.commits += commit;
+  if (commit) f.commits_before_reply += std::get<messages::CommitStep>(body).publish_before_reply;
   f.skips += skip;
 }
 

@@ -14,11 +14,12 @@ namespace dsactor::actors {
 
 struct JobTrafficFigures {
   uint64_t pushes = 0;
-  uint64_t pushed_frame_bytes = 0;  // payload frames
-  uint64_t pushed_arena_bytes = 0;  // arena slices
-  uint64_t fetches = 0;             // FetchParameters requests
-  uint64_t commits = 0;             // CommitStep requests
-  uint64_t skips = 0;               // SkipStep requests
+  uint64_t pushed_frame_bytes = 0;    // payload frames
+  uint64_t pushed_arena_bytes = 0;    // arena slices
+  uint64_t fetches = 0;               // FetchParameters requests
+  uint64_t commits = 0;               // CommitStep requests
+  uint64_t commits_before_reply = 0;  // of them, publish_before_reply
+  uint64_t skips = 0;                 // SkipStep requests
 };
 
 class JobTraffic {

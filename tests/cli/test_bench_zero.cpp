@@ -2,8 +2,10 @@
 // with frames: the report's ratios are the quotients of the figures printed beside them,
 // every gradient is pushed once per step, the arena is used (in place, fp32) exactly when
 // it is on, the sampled peak says how much of it was shared memory, and the service's phase
-// counters hold the bytes the trainer moved (also when the service answers commits only
-// after every update). No timing or memory size is asserted.
+// counters hold the bytes the trainer moved (also when the service answers commits before
+// the update, behind_reply), and update_publication's by_host asks a same-host service (one
+// with an arena) to answer after the whole update and one without to answer before it, as
+// the service counted the commits. No timing or memory size is asserted.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -58,14 +60,18 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_DOUBLE_EQ(at(phases.at("accumulate"), "bytes"), at(on, "bytes_pushed_per_step"));
   EXPECT_DOUBLE_EQ(at(phases.at("adam"), "bytes"), at(j, "model_bytes_fp32"));
   EXPECT_GT(at(phases.at("accumulate"), "cpu_seconds"), 0);
-  // The same with the service answering each commit only after every update: its ratio
-  // and waits are those of its own phase, which stepped every parameter once too.
-  const auto& after = j.at("stage3_reply_after_update");
-  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_reply_after_update"),
-                   at(after, "ms_per_step") / at(s0, "ms_per_step"));
+  // The same with the service answering each commit once decided, the update published
+  // behind the reply: its ratio and waits are those of its own phase, which stepped every
+  // parameter once too, and none of its commits asked for the update before the reply.
+  const auto& behind = j.at("stage3_behind_reply");
+  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_behind_reply"),
+                   at(behind, "ms_per_step") / at(s0, "ms_per_step"));
   EXPECT_DOUBLE_EQ(at(j, "commit_wait_ms_prefetch_on"), at(on, "commit_wait_ms"));
-  EXPECT_DOUBLE_EQ(at(j, "commit_wait_ms_reply_after_update"), at(after, "commit_wait_ms"));
-  EXPECT_DOUBLE_EQ(at(after.at("service_phases").at("adam"), "bytes"), at(j, "model_bytes_fp32"));
+  EXPECT_DOUBLE_EQ(at(j, "commit_wait_ms_behind_reply"), at(behind, "commit_wait_ms"));
+  EXPECT_DOUBLE_EQ(at(behind.at("service_phases").at("adam"), "bytes"), at(j, "model_bytes_fp32"));
+  EXPECT_EQ(behind.at("update_publication"), "behind_reply");
+  EXPECT_EQ(at(behind, "commits_before_reply_per_step"), 0);
+  EXPECT_EQ(on.at("update_publication"), "by_host");
   const auto& b = j.at("breakdown_prefetch_on");
   EXPECT_DOUBLE_EQ(at(b, "service_cpu_over_adam_kernel"),
                    at(b, "service_cpu_seconds_per_step") / at(b, "adam_kernel_seconds_for_model"));
@@ -82,6 +88,10 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   expect_consistent(j);
   EXPECT_EQ(j.at("payloads"), "shared-memory arena");
   const auto& on = j.at("stage3_prefetch_on");
+  // by_host: the service shares this CPU trainer's host, so every commit asked for the whole
+  // update before the reply.
+  EXPECT_EQ(at(on, "commits_before_reply_per_step"), 1);
+  EXPECT_EQ(at(j.at("stage3_prefetch_off"), "commits_before_reply_per_step"), 1);
   EXPECT_GT(at(on, "arena_bytes"), 0);
   EXPECT_GT(at(on, "pushes_in_place"), 0);
   EXPECT_LE(at(on, "fetches_in_place"), at(on, "fetches"));
@@ -96,6 +106,8 @@ TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
   const auto j = bench_zero("--no-shared-memory");
   expect_consistent(j);
   EXPECT_EQ(j.at("payloads"), "frames over tcp");
+  // by_host without an arena (as for a service on another host): behind the reply.
+  EXPECT_EQ(at(j.at("stage3_prefetch_on"), "commits_before_reply_per_step"), 0);
   for (const char* phase : {"stage3_prefetch_on", "stage3_prefetch_off"}) {
     const auto& p = j.at(phase);
     EXPECT_EQ(at(p, "arena_bytes"), 0) << phase;

@@ -263,6 +263,28 @@ TEST(KeyErrors, EnumListsAllowedValues) {
                          HasSubstr("\"gpu\""), HasSubstr("\"none\", \"cpu\", \"nvme\"")));
 }
 
+// dsactor's own key: by_host by default; either other value is taken as given, and a
+// wrong one names the key and the allowed values.
+TEST(DsConfigDefaults, UpdatePublicationDefaultsToByHost) {
+  EXPECT_EQ(
+      parse_ds_config(with_batch({}), kSrc).zero_optimization.offload_optimizer.update_publication,
+      UpdatePublication::kByHost);
+  auto with = [](const char* v) {
+    return with_batch(
+        {{"zero_optimization",
+          {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}, {"update_publication", v}}}}}});
+  };
+  EXPECT_EQ(parse_ds_config(with("behind_reply"), kSrc)
+                .zero_optimization.offload_optimizer.update_publication,
+            UpdatePublication::kBehindReply);
+  EXPECT_EQ(parse_ds_config(with("before_reply"), kSrc)
+                .zero_optimization.offload_optimizer.update_publication,
+            UpdatePublication::kBeforeReply);
+  EXPECT_THAT(error_of(with("after")),
+              AllOf(HasSubstr("zero_optimization.offload_optimizer.update_publication"),
+                    HasSubstr("\"by_host\", \"behind_reply\", \"before_reply\"")));
+}
+
 TEST(KeyErrors, AutoValuesAskForConcreteValues) {
   for (const json& j :
        {json{{"train_batch_size", "auto"}},

@@ -61,6 +61,7 @@ std::vector<Header> every_kind() {
   add(PushGradients{11, 5, 2, DType::bf16, 512, {}});
   add(PushReply{11, 5, 2, 12.5, true});
   add(CommitStep{5, 0.5, 65536.0, 1e-4, "{\"v\":1}"});
+  add(CommitStep{7, 1.0, 1.0, 1e-3, "", true});
   add(SkipStep{6, "skip-record"});
   add(CommitReply{5, false, versions});
   add(FetchParameters{11, 4, DType::fp16, {}});

@@ -31,6 +31,33 @@ std::string metrics_url(const ServiceProcess& svc) {
   return "";
 }
 
+// The service's /api/state; null (and a failure) when it does not answer.
+nlohmann::json api_state(const std::string& url) {
+  httplib::Client http(url);
+  const auto res = http.Get("/api/state");
+  if (!res || res->status != 200) {
+    ADD_FAILURE() << url << "/api/state did not answer";
+    return nullptr;
+  }
+  return nlohmann::json::parse(res->body);
+}
+
+// A service with its metrics on, its metrics address and a client of it for `job`.
+struct MeteredService {
+  MeteredService(std::vector<std::string> args, const std::filesystem::path& dir,
+                 const std::string& job)
+      : svc(with_metrics(std::move(args)), dir),
+        url(metrics_url(svc)),
+        client(svc.endpoint(), svc.client_security(), 20s, job) {}
+  static std::vector<std::string> with_metrics(std::vector<std::string> args) {
+    args.insert(args.end(), {"--metrics-listen", "127.0.0.1:0"});
+    return args;
+  }
+  ServiceProcess svc;
+  std::string url;
+  OffloadClient client;
+};
+
 struct Phase {
   double seconds = 0, cpu_seconds = 0, bytes = 0, operations = 0;
 };
@@ -54,10 +81,10 @@ void push_through_arena(OffloadClient& c, uint64_t pid, uint32_t micro,
 
 TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
   TempDir logs;
-  ServiceProcess svc({"--metrics-listen", "127.0.0.1:0"}, logs.path);
-  const std::string url = metrics_url(svc);
-  ASSERT_FALSE(url.empty());
-  OffloadClient c(svc.endpoint(), svc.client_security(), 20s, "phases");
+  MeteredService m({}, logs.path, "phases");
+  ASSERT_FALSE(m.url.empty());
+  OffloadClient& c = m.client;
+  const std::string& url = m.url;
   constexpr uint64_t kBig = 300000, kSmall = 4097;
   ASSERT_TRUE(c.map_arena(kBig * 4, 3));
   c.register_partitions(0, 1, {spec(1, kBig), spec(2, kSmall)});
@@ -75,10 +102,8 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
       ASSERT_TRUE(c.fetch(pid, 1, dt).in_arena()) << "partition " << pid;
   }
 
-  httplib::Client http(url);
-  const auto res = http.Get("/api/state");
-  ASSERT_TRUE(res && res->status == 200) << url;
-  const auto state = nlohmann::json::parse(res->body);
+  const auto state = api_state(url);
+  ASSERT_FALSE(state.is_null()) << url;
   const double pushed = (2 * kBig + kSmall) * 4.0;
   const double arena_micro_step_1 = kBig * 4.0;
   const double params = (kBig + kSmall) * 4.0;
@@ -108,7 +133,36 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
   // The RAM tier writes no metadata, and has no NVMe traffic to show.
   EXPECT_EQ(phase(state, "metadata").operations, 0);
   EXPECT_FALSE(metrics::value_of(state, "dsactor_offload_nvme_read_bytes_total"));
-  svc.stop();
+  EXPECT_EQ(metrics::sum_of(state, "dsactor_offload_commits_before_reply_total"), 0);
+  m.svc.stop();
+}
+
+// A commit asking publish_before_reply is answered only after every partition's Adam
+// pass: the commit phase's time holds them (the default answer above need not).
+TEST(ServicePhases, ACommitPublishedBeforeTheReplyHoldsItsAdamPasses) {
+  TempDir logs;
+  MeteredService m({}, logs.path, "before-reply");
+  ASSERT_FALSE(m.url.empty());
+  OffloadClient& c = m.client;
+  const std::string& url = m.url;
+  constexpr uint64_t kN = 1 << 20;
+  c.register_partitions(0, 1, {spec(1, kN), spec(2, kN)});
+  for (uint64_t pid : {1, 2}) {
+    c.set_parameters(pid, 0, DType::fp32, bytes_of(random_floats(kN, pid)));
+    c.push_gradients(pid, 1, 0, DType::fp32, bytes_of(random_floats(kN, 10 + pid)));
+  }
+  msg::CommitStep commit{1, 1.0, 1.0, 1e-3};
+  commit.publish_before_reply = true;
+  EXPECT_TRUE(c.commit(commit).applied);
+
+  const auto state = api_state(url);
+  ASSERT_FALSE(state.is_null()) << url;
+  const Phase adam = phase(state, "adam"), commit_phase = phase(state, "commit");
+  EXPECT_EQ(adam.operations, 2);
+  EXPECT_EQ(commit_phase.operations, 1);
+  EXPECT_GE(commit_phase.seconds, adam.seconds);
+  EXPECT_EQ(metrics::sum_of(state, "dsactor_offload_commits_before_reply_total"), 1);
+  m.svc.stop();
 }
 
 // The NVMe tier counts every byte its io_uring passes move (NvmeTier::read_bytes /
@@ -126,11 +180,10 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
 // protocol cannot do without, so read is exactly 5S today and written 10S.
 TEST(ServicePhases, TheNvmeTierCountsTheBytesItReadsAndWrites) {
   TempDir tmp;
-  ServiceProcess svc({"--nvme", (tmp.path / "nvme").string(), "--metrics-listen", "127.0.0.1:0"},
-                     tmp.path);
-  const std::string url = metrics_url(svc);
-  ASSERT_FALSE(url.empty());
-  OffloadClient c(svc.endpoint(), svc.client_security(), 20s, "nvme-traffic");
+  MeteredService m({"--nvme", (tmp.path / "nvme").string()}, tmp.path, "nvme-traffic");
+  ASSERT_FALSE(m.url.empty());
+  OffloadClient& c = m.client;
+  const std::string& url = m.url;
   constexpr uint64_t kN = 98 * 1024;
   constexpr double S = 4.0 * kN;
   c.register_partitions(0, 1, {spec(1, kN)});
@@ -140,18 +193,16 @@ TEST(ServicePhases, TheNvmeTierCountsTheBytesItReadsAndWrites) {
   c.commit({1, 1.0, 1.0, 1e-3});
   c.fetch(1, 1, DType::fp32);
 
-  httplib::Client http(url);
-  const auto res = http.Get("/api/state");
-  ASSERT_TRUE(res && res->status == 200) << url;
-  const auto state = nlohmann::json::parse(res->body);
+  const auto state = api_state(url);
+  ASSERT_FALSE(state.is_null()) << url;
   const auto read = metrics::value_of(state, "dsactor_offload_nvme_read_bytes_total");
   const auto written = metrics::value_of(state, "dsactor_offload_nvme_written_bytes_total");
-  ASSERT_TRUE(read && written) << res->body;
+  ASSERT_TRUE(read && written) << state.dump();
   EXPECT_GE(*written, 7 * S) << "S = " << S;
   EXPECT_GE(*read, 5 * S) << "S = " << S;
   std::printf("n = %llu: NVMe read %.0f bytes (%.2f S), written %.0f bytes (%.2f S)\n",
               static_cast<unsigned long long>(kN), *read, *read / S, *written, *written / S);
-  svc.stop();
+  m.svc.stop();
 }
 
 }  // namespace

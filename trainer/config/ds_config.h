@@ -36,6 +36,10 @@ enum class SchedulerType {
 };
 enum class WarmupType { kLog, kLinear };
 enum class OffloadDevice { kNone, kCpu, kNvme };
+// When an offload service answers a commit: once the step is decided and durable, its
+// update published block by block behind the reply (kBehindReply), or once every block is
+// updated (kBeforeReply); kByHost picks per service by where it runs against the trainer.
+enum class UpdatePublication { kByHost, kBehindReply, kBeforeReply };
 // "none" in DeepSpeed = not set (the engine picks the default for the precision in use).
 enum class DataType { kNone, kFp16, kBf16, kFp32 };
 enum class TagValidation { kWarn, kIgnore, kFail };
@@ -138,6 +142,8 @@ struct OffloadOptimizerConfig {
   double ratio = 1.0;
   // dsactor's own key: ZeRO-Offload's one-step delayed parameter update (not bit-exact).
   bool delayed_parameter_update = false;
+  // dsactor's own key: when the services answer a commit (see UpdatePublication).
+  UpdatePublication update_publication = UpdatePublication::kByHost;
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

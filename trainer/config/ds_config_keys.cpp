@@ -77,6 +77,12 @@ void assign(OffloadDevice& d, const Value& v) {
   const auto& s = std::get<std::string>(v);
   d = s == "cpu" ? OffloadDevice::kCpu : s == "nvme" ? OffloadDevice::kNvme : OffloadDevice::kNone;
 }
+void assign(UpdatePublication& d, const Value& v) {
+  const auto& s = std::get<std::string>(v);
+  d = s == "behind_reply"   ? UpdatePublication::kBehindReply
+      : s == "before_reply" ? UpdatePublication::kBeforeReply
+                            : UpdatePublication::kByHost;
+}
 void assign(DataType& d, const Value& v) {
   if (std::holds_alternative<std::monostate>(v)) {
     d = DataType::kNone;
@@ -891,6 +897,24 @@ const std::vector<DsKey>& ds_keys() {
                .support_note = "dsactor's own key: DeepSpeed's config has none (the ZeRO-Offload "
                                "paper's DPU)"},
        .set = DS_SET(zero_optimization.offload_optimizer.delayed_parameter_update)},
+      {.key = {.path = "zero_optimization.offload_optimizer.update_publication",
+               .type = ValueType::kEnum,
+               .def = string_value("by_host"),
+               .choices = {"by_host", "behind_reply", "before_reply"},
+               .doc = "When an offload service answers a commit. behind_reply: once the step "
+                      "is decided and durable, the update then published block by block, so "
+                      "the next forward's first fetches overlap the later blocks' optimizer "
+                      "step (for a trainer computing elsewhere than the service's cores: a "
+                      "GPU, another host). before_reply: once every block is updated (for a "
+                      "trainer computing on the CPU the service shares: its update would take "
+                      "the forward's cores). by_host: before_reply for a service on the trainer's "
+                      "host (one it shares an arena with) while the trainer computes on the "
+                      "CPU, behind_reply otherwise. Bit-identical results either way; "
+                      "`--reply-after-update` on a service makes it before_reply for every "
+                      "trainer.",
+               .support = key_table::Support::kDiffers,
+               .support_note = "dsactor's own key: DeepSpeed's config has none"},
+       .set = DS_SET(zero_optimization.offload_optimizer.update_publication)},
       {.key = {.path = "zero_optimization.offload_optimizer.super_offload",
                .type = ValueType::kBool,
                .def = bool_value(false),

@@ -491,7 +491,18 @@ void ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
   // Every service commits at once (each on its client); the verdict is the same for all,
   // so they apply the same step.
   std::vector<actors::ServiceFuture<msg::CommitReply>> commits;
-  for (auto& service : services_) commits.push_back(service->commit(commit));
+  const auto& offload = config_.zero_optimization.offload_optimizer;
+  for (auto& service : services_) {
+    msg::CommitStep c = commit;
+    // This trainer computes on the CPU: a service on its host (an arena between them)
+    // shares its cores, so updating behind the reply would take the next forward's cores
+    // rather than overlap it (bench zero measures both). The delayed parameter update
+    // exists to overlap the update, so by_host leaves it behind the reply.
+    c.publish_before_reply = offload.update_publication == UpdatePublication::kBeforeReply ||
+                             (offload.update_publication == UpdatePublication::kByHost &&
+                              service->has_arena() && !offload.delayed_parameter_update);
+    commits.push_back(service->commit(c));
+  }
   std::vector<actors::ServiceResult<msg::CommitReply>> answers;
   size_t committed = 0;
   for (auto& c : commits) {
