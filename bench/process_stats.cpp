@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -34,6 +35,27 @@ double process_stat_sum(pid_t pid, int first, int last) {
 // Fields 14 and 15, in clock ticks.
 double process_cpu_seconds(pid_t pid) {
   return process_stat_sum(pid, 14, 15) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+std::map<std::string, double> thread_cpu_seconds(pid_t pid) {
+  std::map<std::string, double> out;
+  if (pid <= 0) return out;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream comm_in(task.path() / "comm"), stat_in(task.path() / "stat");
+    std::string comm, stat((std::istreambuf_iterator<char>(stat_in)), {});
+    std::getline(comm_in, comm);
+    const size_t close = stat.rfind(')');
+    if (comm.empty() || close == std::string::npos) continue;  // the thread just ended
+    std::istringstream rest(stat.substr(close + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i)
+      if (i >= 14) ticks += std::stod(field);
+    out[comm] += ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  return out;
 }
 
 double process_minor_faults(pid_t pid) {

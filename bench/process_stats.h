@@ -4,6 +4,8 @@
 // is far noisier on a shared machine.
 #include <sys/types.h>
 
+#include <map>
+#include <string>
 #include <utility>
 
 namespace dsactor::bench {
@@ -15,6 +17,9 @@ std::pair<double, double> own_cpu_seconds();
 double process_stat_sum(pid_t pid, int first, int last);
 // utime + stime of another process, in seconds; 0 when unknown.
 double process_cpu_seconds(pid_t pid);
+// utime + stime of another process's live threads in seconds, summed by thread name
+// (/proc/<pid>/task/*/comm): which of its threads the CPU went to. Empty when unknown.
+std::map<std::string, double> thread_cpu_seconds(pid_t pid);
 // Minor page faults (field 10): the arena's pages the service touches after the trainer
 // gave them back each cost one.
 double process_minor_faults(pid_t pid);

@@ -121,8 +121,9 @@ nlohmann::json step_breakdown(const nlohmann::json& s3, const nlohmann::json& ra
     service[phase]["cpu_seconds"] = p.at("cpu_seconds");
   }
   // The commit's coordination: what the commit took besides the metadata writes (counted
-  // inside it). The RAM tier's Adam passes (this bench's) run after the commit's reply, as
-  // the workers publish the step, so they are not inside it.
+  // inside it). Answered behind the reply, the RAM tier's Adam passes run after it, as the
+  // workers publish the step; answered before it (by_host here), its wall time holds them
+  // while its coordinator thread waits, so its CPU still does not.
   const double commit_other =
       service["commit"]["seconds"].get<double>() - service["metadata"]["seconds"].get<double>();
   // In CPU time the Adam passes ran on the workers' threads, not the coordinator's.
@@ -152,6 +153,7 @@ nlohmann::json step_breakdown(const nlohmann::json& s3, const nlohmann::json& ra
           {"adam_kernel_seconds_for_model", kernel_s},
           {"service_cpu_over_adam_kernel", cpu_s / kernel_s},
           {"service_cpu_outside_phases_seconds", cpu_s - counted_cpu_s},
+          {"service_cpu_ms_per_step_by_thread", s3.at("service_cpu_ms_per_step_by_thread")},
           {"service_cpu_goal", 2.0},
           {"trainer_minor_faults_per_step", s3.at("minor_faults_per_step")},
           {"service_minor_faults_per_step", s3.at("service_minor_faults_per_step")},
@@ -195,6 +197,11 @@ std::string breakdown_table(const nlohmann::json& b) {
       b.at("service_cpu_goal").get<double>());
   out += fmt::format("  of it outside every phase: {:.1f} ms (its other threads)\n",
                      b.at("service_cpu_outside_phases_seconds").get<double>() * 1e3);
+  std::string threads;
+  for (const auto& [name, ms] : b.at("service_cpu_ms_per_step_by_thread").items())
+    threads += fmt::format(" {} {:.0f},", name, ms.get<double>());
+  if (!threads.empty()) threads.pop_back();
+  out += fmt::format("  service CPU ms per step by thread:{}\n", threads);
   out += fmt::format("  minor page faults per step: trainer {:.0f}, service {:.0f}\n",
                      b.at("trainer_minor_faults_per_step").get<double>(),
                      b.at("service_minor_faults_per_step").get<double>());

@@ -81,6 +81,9 @@ void expect_consistent(const nlohmann::json& j) {
   for (const auto& [name, row] : b.at("service").items()) counted += at(row, "cpu_seconds");
   EXPECT_NEAR(at(b, "service_cpu_outside_phases_seconds"),
               at(b, "service_cpu_seconds_per_step") - counted, 1e-12);
+  // Where the rest went, by the service's thread names: its actor threads among them.
+  EXPECT_TRUE(b.at("service_cpu_ms_per_step_by_thread").contains("caf.actor"));
+  EXPECT_EQ(b.at("service_cpu_ms_per_step_by_thread"), on.at("service_cpu_ms_per_step_by_thread"));
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
