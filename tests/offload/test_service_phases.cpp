@@ -84,7 +84,6 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
   MeteredService m({}, logs.path, "phases");
   ASSERT_FALSE(m.url.empty());
   OffloadClient& c = m.client;
-  const std::string& url = m.url;
   constexpr uint64_t kBig = 300000, kSmall = 4097;
   ASSERT_TRUE(c.map_arena(kBig * 4, 3));
   c.register_partitions(0, 1, {spec(1, kBig), spec(2, kSmall)});
@@ -102,8 +101,8 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
       ASSERT_TRUE(c.fetch(pid, 1, dt).in_arena()) << "partition " << pid;
   }
 
-  const auto state = api_state(url);
-  ASSERT_FALSE(state.is_null()) << url;
+  const auto state = api_state(m.url);
+  ASSERT_FALSE(state.is_null()) << m.url;
   const double pushed = (2 * kBig + kSmall) * 4.0;
   const double arena_micro_step_1 = kBig * 4.0;
   const double params = (kBig + kSmall) * 4.0;
@@ -144,7 +143,6 @@ TEST(ServicePhases, ACommitPublishedBeforeTheReplyHoldsItsAdamPasses) {
   MeteredService m({}, logs.path, "before-reply");
   ASSERT_FALSE(m.url.empty());
   OffloadClient& c = m.client;
-  const std::string& url = m.url;
   constexpr uint64_t kN = 1 << 20;
   c.register_partitions(0, 1, {spec(1, kN), spec(2, kN)});
   for (uint64_t pid : {1, 2}) {
@@ -155,8 +153,8 @@ TEST(ServicePhases, ACommitPublishedBeforeTheReplyHoldsItsAdamPasses) {
   commit.publish_before_reply = true;
   EXPECT_TRUE(c.commit(commit).applied);
 
-  const auto state = api_state(url);
-  ASSERT_FALSE(state.is_null()) << url;
+  const auto state = api_state(m.url);
+  ASSERT_FALSE(state.is_null()) << m.url;
   const Phase adam = phase(state, "adam"), commit_phase = phase(state, "commit");
   EXPECT_EQ(adam.operations, 2);
   EXPECT_EQ(commit_phase.operations, 1);
@@ -183,7 +181,6 @@ TEST(ServicePhases, TheNvmeTierCountsTheBytesItReadsAndWrites) {
   MeteredService m({"--nvme", (tmp.path / "nvme").string()}, tmp.path, "nvme-traffic");
   ASSERT_FALSE(m.url.empty());
   OffloadClient& c = m.client;
-  const std::string& url = m.url;
   constexpr uint64_t kN = 98 * 1024;
   constexpr double S = 4.0 * kN;
   c.register_partitions(0, 1, {spec(1, kN)});
@@ -193,8 +190,8 @@ TEST(ServicePhases, TheNvmeTierCountsTheBytesItReadsAndWrites) {
   c.commit({1, 1.0, 1.0, 1e-3});
   c.fetch(1, 1, DType::fp32);
 
-  const auto state = api_state(url);
-  ASSERT_FALSE(state.is_null()) << url;
+  const auto state = api_state(m.url);
+  ASSERT_FALSE(state.is_null()) << m.url;
   const auto read = metrics::value_of(state, "dsactor_offload_nvme_read_bytes_total");
   const auto written = metrics::value_of(state, "dsactor_offload_nvme_written_bytes_total");
   ASSERT_TRUE(read && written) << state.dump();
