@@ -280,6 +280,15 @@ TEST(DsConfigDefaults, UpdatePublicationDefaultsToByHost) {
   EXPECT_EQ(parse_ds_config(with("before_reply"), kSrc)
                 .zero_optimization.offload_optimizer.update_publication,
             UpdatePublication::kBeforeReply);
+  EXPECT_TRUE(parse_ds_config(with("before_reply"), kSrc).warnings.empty());
+  // Without offload services it would do nothing: said at parse time.
+  const DsConfig none = parse_ds_config(
+      with_batch(
+          {{"zero_optimization",
+            {{"stage", 2}, {"offload_optimizer", {{"update_publication", "behind_reply"}}}}}}),
+      kSrc);
+  ASSERT_EQ(none.warnings.size(), 1u);
+  EXPECT_THAT(none.warnings[0], AllOf(HasSubstr("update_publication"), HasSubstr("no effect")));
   EXPECT_THAT(error_of(with("after")),
               AllOf(HasSubstr("zero_optimization.offload_optimizer.update_publication"),
                     HasSubstr("\"by_host\", \"behind_reply\", \"before_reply\"")));

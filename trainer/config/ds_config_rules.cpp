@@ -170,6 +170,13 @@ void resolve_zero(ParseState& state) {
         fmt::format("value {} (partial offload) is only allowed with zero_optimization.stage 3, "
                     "stage is {}",
                     z.offload_optimizer.ratio, z.stage));
+  // Only offload services answer commits: given without them, the key would do nothing.
+  if (!z.offload_optimizer.enabled() &&
+      state.has("zero_optimization.offload_optimizer.update_publication"))
+    state.cfg.warnings.push_back(
+        fmt::format("{}: zero_optimization.offload_optimizer.update_publication has no effect: "
+                    "offload_optimizer.device is \"none\", so no offload service answers commits",
+                    state.source));
   z.zeropp_loco_param.present = state.has("zero_optimization.zeropp_loco_param");
 }
 
