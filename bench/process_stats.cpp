@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -18,18 +19,28 @@ std::pair<double, double> own_cpu_seconds() {
   return {sec(u.ru_utime), sec(u.ru_stime)};
 }
 
-double process_stat_sum(pid_t pid, int first, int last) {
-  if (pid <= 0) return 0;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+namespace {
+
+// The sum of fields [first, last] of a stat file (a process's or one of its threads');
+// nothing when it cannot be read (the process or thread ended).
+std::optional<double> stat_file_sum(const std::filesystem::path& path, int first, int last) {
+  std::ifstream in(path);
   std::string stat((std::istreambuf_iterator<char>(in)), {});
   const size_t close = stat.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
+  if (close == std::string::npos) return std::nullopt;
   std::istringstream rest(stat.substr(close + 2));
   std::string field;
   double sum = 0;
   for (int i = 3; i <= last && rest >> field; ++i)
     if (i >= first) sum += std::stod(field);
   return sum;
+}
+
+}  // namespace
+
+double process_stat_sum(pid_t pid, int first, int last) {
+  if (pid <= 0) return 0;
+  return stat_file_sum("/proc/" + std::to_string(pid) + "/stat", first, last).value_or(0);
 }
 
 // Fields 14 and 15, in clock ticks.
@@ -43,17 +54,12 @@ std::map<std::string, double> thread_cpu_seconds(pid_t pid) {
   const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
   std::error_code ec;
   for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-    std::ifstream comm_in(task.path() / "comm"), stat_in(task.path() / "stat");
-    std::string comm, stat((std::istreambuf_iterator<char>(stat_in)), {});
+    std::ifstream comm_in(task.path() / "comm");
+    std::string comm;
     std::getline(comm_in, comm);
-    const size_t close = stat.rfind(')');
-    if (comm.empty() || close == std::string::npos) continue;  // the thread just ended
-    std::istringstream rest(stat.substr(close + 2));
-    std::string field;
-    double ticks = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i)
-      if (i >= 14) ticks += std::stod(field);
-    out[comm] += ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+    const auto ticks = stat_file_sum(task.path() / "stat", 14, 15);  // utime, stime
+    if (comm.empty() || !ticks) continue;                            // the thread just ended
+    out[comm] += *ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
   }
   return out;
 }
