@@ -348,6 +348,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         r.update(stage3_figures(before, after, o.steps));
         r["prefetch_bucket_size"] = bucket;
         r["max_live_parameters"] = max_live;
+        r["max_reuse_distance"] = o.reuse_distance;
         return r;
       });
     } catch (...) {

@@ -22,8 +22,11 @@ struct ZeroBenchOptions {
   // prefetched while a layer runs, rather than DeepSpeed's 1e9 (which holds all of gpt2).
   int64_t prefetch_bucket = 0;
   int64_t max_live = 0;
-  int64_t reuse_distance = 0;  // keep a released block only when it is needed next
-  int timeout_seconds = 120;   // per service request
+  // DeepSpeed's default: a released block stays while the live bound has room for it,
+  // which keeps the tied embedding from the lookup to the LM head and the last layers
+  // across the forward-to-backward turn. 0: every use of a block fetches it.
+  int64_t reuse_distance = 1000000000;
+  int timeout_seconds = 120;  // per service request
   // Payloads through the same-host shared-memory arena (ZeroOptions::shared_memory);
   // false: frames over loopback tcp, as before the arena existed.
   bool shared_memory = true;

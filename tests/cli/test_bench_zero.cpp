@@ -91,6 +91,10 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   expect_consistent(j);
   EXPECT_EQ(j.at("payloads"), "shared-memory arena");
   const auto& on = j.at("stage3_prefetch_on");
+  // DeepSpeed's default reuse distance keeps the tied embedding from the lookup to the LM
+  // head: less than the forward's and the backward's two fetches of every block.
+  EXPECT_EQ(at(on, "max_reuse_distance"), 1000000000);
+  EXPECT_LT(at(j, "fetched_per_step_over_model"), 2.0);
   // by_host: the service shares this CPU trainer's host, so every commit asked for the whole
   // update before the reply.
   EXPECT_EQ(at(on, "commits_before_reply_per_step"), 1);

@@ -150,10 +150,34 @@ void ParamScheduler::drop(size_t b) {
   live_ -= numel_[b];
 }
 
-void ParamScheduler::make_room(size_t numel) {
-  for (size_t b = 0;
-       b < slots_.size() && static_cast<int64_t>(live_ + numel) > options_.max_live_parameters; ++b)
-    if (slots_[b].resident && slots_[b].in_use == 0 && !persistent(b)) drop(b);
+size_t ParamScheduler::next_use(size_t b) const {
+  if (!following_) return kNoUse;
+  for (size_t j = cursor_; j < trace_.size(); ++j)
+    if (trace_[j] == b) return j;
+  return kNoUse;
+}
+
+bool ParamScheduler::make_room(size_t numel, size_t needed_at) {
+  // Belady's rule on the recorded order: the block kept for the furthest use goes first,
+  // and none that is needed before position `needed_at` (a prefetch must not evict what
+  // compute needs sooner). Outside a followed pass every block's next use is unknown
+  // (kNoUse): any idle block may go, lowest index first.
+  while (static_cast<int64_t>(live_ + numel) > options_.max_live_parameters) {
+    size_t victim = slots_.size(), victim_use = 0;
+    for (size_t b = 0; b < slots_.size(); ++b) {
+      const Slot& s = slots_[b];
+      if (!s.resident || s.in_use > 0 || persistent(b)) continue;
+      const size_t use = next_use(b);
+      if (use < needed_at) continue;
+      if (victim == slots_.size() || use > victim_use) {
+        victim = b;
+        victim_use = use;
+      }
+    }
+    if (victim == slots_.size()) return false;
+    drop(victim);
+  }
+  return true;
 }
 
 void ParamScheduler::wait_fetches() {
@@ -211,7 +235,7 @@ void ParamScheduler::acquire(size_t b) {
       drop(b);
     }
     if (!s.pending) {
-      make_room(numel_[b]);
+      make_room(numel_[b], cursor_);  // needed now: any idle block may go
       start_fetch(b, false);
     } else if (s.prefetched) {
       ++stats_.prefetch_hits;
@@ -253,7 +277,7 @@ void ParamScheduler::prefetch_ahead() {
     // a pass.
     if (in_flight_ > 0 && static_cast<int64_t>(in_flight_) + n > options_.prefetch_bucket_size)
       break;
-    if (static_cast<int64_t>(live_) + n > options_.max_live_parameters) break;
+    if (!make_room(numel_[c], j)) break;
     start_fetch(c, true);
   }
 }

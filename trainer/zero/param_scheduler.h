@@ -100,7 +100,14 @@ class ParamScheduler final : public BlockHooks {
   void start_fetch(size_t b, bool prefetch);
   void wait_pending(size_t b);
   void drop(size_t b);
-  void make_room(size_t numel);
+  // Drops idle cached blocks until `numel` more elements fit under max_live_parameters,
+  // sparing those whose next use comes before trace position `needed_at`. False when they
+  // do not fit.
+  bool make_room(size_t numel, size_t needed_at);
+  // Position in the recorded order of b's next acquire in this pass; kNoUse when none is
+  // known (not following the order, or not used again).
+  size_t next_use(size_t b) const;
+  static constexpr size_t kNoUse = SIZE_MAX;
   void prefetch_ahead();
   bool reused_soon(size_t b) const;
   void note_live();

@@ -1,0 +1,154 @@
+// The stage-3 resident set on its own: which blocks a pass fetches, and what it holds,
+// given the knobs. The fetch function stands in for the services (the ZeRO engine tests
+// run the same scheduler against real ones); it records every fetch and fills the block
+// with a value that names the block and the step, so a stale or misplaced block shows.
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "actors/runtime/runtime.h"
+#include "trainer/zero/param_scheduler.h"
+
+namespace dsactor::trainer {
+namespace {
+
+// GPT-2's shape in miniature: the tied embedding (block 0, the largest), kLayers layers,
+// a final norm small enough to persist.
+constexpr size_t kEmb = 60, kLayer = 10, kFinal = 2, kLayers = 6;
+
+class ParamSchedulerTest : public ::testing::Test {
+ protected:
+  std::vector<size_t> numel() const {
+    std::vector<size_t> n{kEmb};
+    for (size_t l = 0; l < kLayers; ++l) n.push_back(kLayer);
+    n.push_back(kFinal);
+    return n;
+  }
+  static float value(size_t block, uint64_t step) {
+    return static_cast<float>(block * 1000 + step);
+  }
+
+  std::unique_ptr<ParamScheduler> make(int64_t bucket, int64_t max_live, int64_t reuse) {
+    SchedulerOptions o{bucket, max_live, reuse, /*persistence_threshold=*/5};
+    return std::make_unique<ParamScheduler>(runtime_.system(), numel(), params_, o,
+                                            [this](size_t b, uint64_t step, size_t n) {
+                                              std::lock_guard lock(mu_);
+                                              ++fetched_[b];
+                                              FloatBuffer buf(n);
+                                              for (size_t i = 0; i < n; ++i)
+                                                buf[i] = value(b, step);
+                                              return buf;
+                                            });
+  }
+
+  // One training pass in the order GptModel::forward_backward acquires: the embedding
+  // for the lookup, the layers, the final norm and the embedding again for the tied LM
+  // head (held into its backward), then the layers backwards. Checks that every block
+  // in use holds the committed step's values, and the live bound after each acquire.
+  void pass(ParamScheduler& s, uint64_t step, int64_t max_live) {
+    const size_t final_block = kLayers + 1;
+    auto use = [&](size_t b) {
+      s.acquire(b);
+      ASSERT_EQ(params_.blocks[b].size(), numel()[b]);
+      EXPECT_EQ(params_.blocks[b][0], value(b, step)) << "block " << b;
+      EXPECT_LE(s.resident_bytes(), static_cast<size_t>(max_live) * sizeof(float));
+    };
+    s.begin_pass(true);
+    use(0);
+    s.release(0);
+    for (size_t l = 1; l <= kLayers; ++l) {
+      use(l);
+      s.release(l);
+    }
+    use(final_block);
+    use(0);
+    s.release(0);
+    s.release(final_block);
+    for (size_t l = kLayers; l >= 1; --l) {
+      use(l);
+      s.release(l);
+    }
+    s.end_pass();
+  }
+
+  std::map<size_t, int> fetches_of_pass(ParamScheduler& s, uint64_t step, int64_t max_live) {
+    {
+      std::lock_guard lock(mu_);
+      fetched_.clear();
+    }
+    s.set_committed_step(step);
+    pass(s, step, max_live);
+    s.wait_fetches();
+    std::lock_guard lock(mu_);
+    return fetched_;
+  }
+
+  actors::Runtime runtime_;
+  BlockSet params_;
+  std::mutex mu_;
+  std::map<size_t, int> fetched_;
+};
+
+// Room for the embedding and two layers: without reuse every use is a fetch, the
+// embedding twice a pass (the lookup and the LM head).
+TEST_F(ParamSchedulerTest, WithoutReuseEveryUseFetches) {
+  const int64_t max_live = kEmb + 2 * kLayer + kFinal;
+  auto s = make(kLayer, max_live, 0);
+  fetches_of_pass(*s, 1, max_live);  // records the order
+  const auto f = fetches_of_pass(*s, 2, max_live);
+  EXPECT_EQ(f.at(0), 2);
+  for (size_t l = 1; l <= kLayers; ++l) EXPECT_EQ(f.at(l), 2) << "layer " << l;
+  EXPECT_EQ(f.count(kLayers + 1), 1u) << "the final norm persists; fetched once, at step 2";
+  EXPECT_GT(s->stats().prefetch_hits, 0u);
+}
+
+// DeepSpeed's default reuse distance under the same live bound: a released block stays
+// while it fits, and making room drops the one whose next use is furthest (never one
+// needed before the block being fetched). So the embedding stays from the lookup to the
+// LM head, and the last two layers (what fits beside it) from the forward into the
+// backward: each fetched once a pass, the others twice; the bound holds and the prefetch
+// still runs ahead.
+TEST_F(ParamSchedulerTest, ReuseKeepsTheTiedEmbeddingAndTheTurnWithinTheLiveBound) {
+  const int64_t max_live = kEmb + 2 * kLayer + kFinal;
+  auto s = make(kLayer, max_live, 1000000000);
+  fetches_of_pass(*s, 1, max_live);
+  const uint64_t hits_before = s->stats().prefetch_hits;
+  const auto f = fetches_of_pass(*s, 2, max_live);
+  EXPECT_EQ(f.at(0), 1) << "the embedding is kept from the lookup to the LM head";
+  EXPECT_EQ(f.at(kLayers), 1) << "the last layers are kept from the forward into the backward";
+  EXPECT_EQ(f.at(kLayers - 1), 1);
+  for (size_t l = 1; l < kLayers - 1; ++l) EXPECT_EQ(f.at(l), 2) << "layer " << l;
+  EXPECT_GT(s->stats().prefetch_hits, hits_before) << "the prefetch is not starved";
+  EXPECT_LE(s->stats().peak_resident_bytes, static_cast<size_t>(max_live) * sizeof(float));
+  // The next step starts over from the services' new version: nothing stale is kept.
+  const auto g = fetches_of_pass(*s, 3, max_live);
+  EXPECT_EQ(g.at(0), 1);
+}
+
+// With room for everything, reuse holds each block from its first fetch to its last use:
+// one fetch per block a pass.
+TEST_F(ParamSchedulerTest, ReuseWithRoomForAllFetchesEachBlockOnce) {
+  const int64_t max_live = 1000000000;
+  auto s = make(kLayer, max_live, 1000000000);
+  fetches_of_pass(*s, 1, max_live);
+  const auto f = fetches_of_pass(*s, 2, max_live);
+  for (size_t b = 0; b <= kLayers; ++b) EXPECT_EQ(f.at(b), 1) << "block " << b;
+}
+
+// A reuse distance shorter than the embedding: it is not kept from the lookup to the
+// LM head, and the last layer (whose next use lies behind the embedding's fetch) neither,
+// though there is room for all.
+TEST_F(ParamSchedulerTest, ReuseDistanceBoundsWhatIsKept) {
+  const int64_t max_live = 1000000000;
+  auto s = make(kLayer, max_live, 2 * kLayer);
+  fetches_of_pass(*s, 1, max_live);
+  const auto f = fetches_of_pass(*s, 2, max_live);
+  EXPECT_EQ(f.at(0), 2);
+  EXPECT_EQ(f.at(kLayers), 2);
+}
+
+}  // namespace
+}  // namespace dsactor::trainer
