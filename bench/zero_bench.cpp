@@ -112,11 +112,18 @@ struct Timing {
   double minor_faults = 0, service_minor_faults = 0;  // per step
   // The service's CPU per step by thread name: what its phases do not count shows here.
   std::map<std::string, double> service_cpu_by_thread;
+  // This process's (the trainer's) the same way: its compute threads beside its fetcher,
+  // pusher and ZeroMQ threads.
+  std::map<std::string, double> trainer_cpu_by_thread;
   nlohmann::json to_json() const {
-    nlohmann::json by_thread = nlohmann::json::object();
-    for (const auto& [name, s] : service_cpu_by_thread) by_thread[name] = s * 1e3;
+    auto ms = [](const std::map<std::string, double>& by_thread) {
+      nlohmann::json j = nlohmann::json::object();
+      for (const auto& [name, s] : by_thread) j[name] = s * 1e3;
+      return j;
+    };
     return {{"ms_per_step", step_s * 1e3},
-            {"service_cpu_ms_per_step_by_thread", by_thread},
+            {"service_cpu_ms_per_step_by_thread", ms(service_cpu_by_thread)},
+            {"trainer_cpu_ms_per_step_by_thread", ms(trainer_cpu_by_thread)},
             {"forward_ms", fwd * 1e3},
             {"backward_ms", bwd * 1e3},
             {"optimizer_ms", opt * 1e3},
@@ -141,6 +148,7 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
   const auto [u0, s0] = own_cpu_seconds();
   const double svc0 = process_cpu_seconds(service);
   const auto threads0 = thread_cpu_seconds(service);
+  const auto own_threads0 = thread_cpu_seconds(getpid());
   const double faults0 = own_minor_faults(), svc_faults0 = process_minor_faults(service);
   const auto t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
@@ -158,10 +166,17 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
   t.user_s = (u1 - u0) / steps;
   t.sys_s = (s1 - s0) / steps;
   t.service_cpu_s = (process_cpu_seconds(service) - svc0) / steps;
-  for (const auto& [name, s] : thread_cpu_seconds(service)) {
-    const auto before = threads0.find(name);
-    t.service_cpu_by_thread[name] = (s - (before == threads0.end() ? 0 : before->second)) / steps;
-  }
+  auto per_step = [steps](const std::map<std::string, double>& before,
+                          const std::map<std::string, double>& after) {
+    std::map<std::string, double> out;
+    for (const auto& [name, s] : after) {
+      const auto b = before.find(name);
+      out[name] = (s - (b == before.end() ? 0 : b->second)) / steps;
+    }
+    return out;
+  };
+  t.service_cpu_by_thread = per_step(threads0, thread_cpu_seconds(service));
+  t.trainer_cpu_by_thread = per_step(own_threads0, thread_cpu_seconds(getpid()));
   t.minor_faults = (own_minor_faults() - faults0) / steps;
   t.service_minor_faults = (process_minor_faults(service) - svc_faults0) / steps;
   return t;

@@ -154,6 +154,7 @@ nlohmann::json step_breakdown(const nlohmann::json& s3, const nlohmann::json& ra
           {"service_cpu_over_adam_kernel", cpu_s / kernel_s},
           {"service_cpu_outside_phases_seconds", cpu_s - counted_cpu_s},
           {"service_cpu_ms_per_step_by_thread", s3.at("service_cpu_ms_per_step_by_thread")},
+          {"trainer_cpu_ms_per_step_by_thread", s3.at("trainer_cpu_ms_per_step_by_thread")},
           {"service_cpu_goal", 2.0},
           {"trainer_minor_faults_per_step", s3.at("minor_faults_per_step")},
           {"service_minor_faults_per_step", s3.at("service_minor_faults_per_step")},
@@ -197,11 +198,13 @@ std::string breakdown_table(const nlohmann::json& b) {
       b.at("service_cpu_goal").get<double>());
   out += fmt::format("  of it outside every phase: {:.1f} ms (its other threads)\n",
                      b.at("service_cpu_outside_phases_seconds").get<double>() * 1e3);
-  std::string threads;
-  for (const auto& [name, ms] : b.at("service_cpu_ms_per_step_by_thread").items())
-    threads += fmt::format(" {} {:.0f},", name, ms.get<double>());
-  if (!threads.empty()) threads.pop_back();
-  out += fmt::format("  service CPU ms per step by thread:{}\n", threads);
+  for (const char* side : {"service", "trainer"}) {
+    std::string threads;
+    for (const auto& [name, ms] : b.at(std::string(side) + "_cpu_ms_per_step_by_thread").items())
+      threads += fmt::format(" {} {:.0f},", name, ms.get<double>());
+    if (!threads.empty()) threads.pop_back();
+    out += fmt::format("  {} CPU ms per step by thread:{}\n", side, threads);
+  }
   out += fmt::format("  minor page faults per step: trainer {:.0f}, service {:.0f}\n",
                      b.at("trainer_minor_faults_per_step").get<double>(),
                      b.at("service_minor_faults_per_step").get<double>());

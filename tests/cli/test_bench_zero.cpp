@@ -84,6 +84,15 @@ void expect_consistent(const nlohmann::json& j) {
   // Where the rest went, by the service's thread names: its actor threads among them.
   EXPECT_TRUE(b.at("service_cpu_ms_per_step_by_thread").contains("caf.actor"));
   EXPECT_EQ(b.at("service_cpu_ms_per_step_by_thread"), on.at("service_cpu_ms_per_step_by_thread"));
+  // The trainer's own CPU by thread: its compute threads worked, and no thread's share
+  // exceeds the process's CPU per step.
+  double trainer_threads = 0;
+  for (const auto& [name, ms] : on.at("trainer_cpu_ms_per_step_by_thread").items()) {
+    EXPECT_LE(ms.get<double>(), at(on, "cpu_user_ms_per_step") + at(on, "cpu_sys_ms_per_step") + 1)
+        << name;
+    trainer_threads += ms.get<double>();
+  }
+  EXPECT_GT(trainer_threads, 0);
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
