@@ -1,5 +1,7 @@
 #include "checksum/crc32c.h"
 
+#include "checksum/crc32c_lanes.h"
+
 #include <array>
 #include <cstring>
 
@@ -57,7 +59,8 @@ uint32_t raw_software(const unsigned char* p, size_t n, uint32_t c) {
 // The hardware crc32 instruction has a 3-cycle latency but 1-cycle throughput, so three
 // independent streams over adjacent lanes run ~3x faster than one; the lane results are
 // then merged with a "shift by kLane zero bytes" operator (CRC is linear over GF(2)).
-constexpr size_t kLane = 4096;  // must be a power of two (the operator is built by squaring)
+constexpr size_t kLane = detail::kCrcLane;  // a power of two: the operator is built by squaring
+static_assert((kLane & (kLane - 1)) == 0);
 
 using Matrix = std::array<uint32_t, 32>;  // column i = image of register bit i
 
@@ -129,6 +132,12 @@ bool detect_hardware() {
 #endif
 
 }  // namespace
+
+#ifdef DSACTOR_CRC32C_X86
+uint32_t detail::crc32c_shift_lane(uint32_t raw) {
+  return shift_lane(raw);
+}
+#endif
 
 bool crc32c_hardware_available() {
 #ifdef DSACTOR_CRC32C_X86

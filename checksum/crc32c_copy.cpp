@@ -4,9 +4,11 @@
 #include <cstring>
 
 #include "checksum/crc32c.h"
+#include "checksum/crc32c_lanes.h"
 
 #if defined(__x86_64__)
 #include <emmintrin.h>  // SSE2: in every x86-64 CPU, so no dispatch
+#include <nmmintrin.h>  // SSE4.2's crc32: dispatched on crc32c_hardware_available()
 #endif
 
 namespace dsactor::checksum {
@@ -16,6 +18,48 @@ namespace {
 // A multiple of crc32c's three 4 KiB hardware lanes (a piece with a lane left over runs it
 // as one slow stream), and small enough to stay in L2 between the copy and the checksum.
 constexpr size_t kPiece = size_t{96} << 10;
+
+#if defined(__x86_64__)
+constexpr size_t kLane = detail::kCrcLane;
+
+// One 64-byte line of a lane: its eight words into the lane's crc, its four 16-byte
+// pieces streamed out from the same registers.
+__attribute__((target("sse4.2"), always_inline)) inline uint64_t line(unsigned char* d,
+                                                                      const unsigned char* s,
+                                                                      uint64_t c) {
+  const auto* in = reinterpret_cast<const __m128i*>(s);
+  auto* out = reinterpret_cast<__m128i*>(d);
+  for (int k = 0; k < 4; ++k) {
+    const __m128i v = _mm_loadu_si128(in + k);
+    c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_cvtsi128_si64(v)));
+    c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v))));
+    _mm_stream_si128(out + k, v);
+  }
+  return c;
+}
+
+// The streamed copy and the checksum in one pass over the source: three lanes of kLane
+// bytes at a time, a line of each in turn, so the three crc32 chains interleave as the
+// checksum's own hardware path runs them. Moves d, s and n past the whole blocks of
+// 3 * kLane bytes it did; returns the raw register. d must be 16-byte aligned.
+__attribute__((target("sse4.2"))) uint32_t stream_lanes(unsigned char*& d, const unsigned char*& s,
+                                                        size_t& n, uint32_t raw) {
+  while (n >= 3 * kLane) {
+    uint64_t c0 = raw, c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kLane; i += 64) {
+      c0 = line(d + i, s + i, c0);
+      c1 = line(d + kLane + i, s + kLane + i, c1);
+      c2 = line(d + 2 * kLane + i, s + 2 * kLane + i, c2);
+    }
+    raw = detail::crc32c_shift_lane(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1);
+    raw = detail::crc32c_shift_lane(raw) ^ static_cast<uint32_t>(c2);
+    d += 3 * kLane;
+    s += 3 * kLane;
+    n -= 3 * kLane;
+  }
+  return raw;
+}
+#endif
 
 }  // namespace
 
@@ -64,6 +108,22 @@ void stream_copy(void* dst, const void* src, size_t n) {
 uint32_t crc32c_stream_copy(void* dst, const void* src, size_t n, uint32_t crc) {
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
+#if defined(__x86_64__)
+  if (crc32c_hardware_available()) {
+    // The bytes before the first 16-byte aligned destination address go plainly.
+    const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+    std::memcpy(d, s, head);
+    crc = crc32c(s, head, crc);
+    d += head;
+    s += head;
+    n -= head;
+    crc = ~stream_lanes(d, s, n, ~crc);
+    _mm_sfence();  // streamed stores are weakly ordered (see stream_copy)
+    crc = crc32c(s, n, crc);
+    stream_copy(d, s, n);  // the last bytes short of three lanes
+    return crc;
+  }
+#endif
   for (size_t at = 0; at < n; at += kPiece) {
     const size_t len = std::min(kPiece, n - at);
     crc = crc32c(s + at, len, crc);
