@@ -157,27 +157,39 @@ size_t ParamScheduler::next_use(size_t b) const {
   return kNoUse;
 }
 
-bool ParamScheduler::make_room(size_t numel, size_t needed_at) {
+bool ParamScheduler::make_room(size_t numel, size_t needed_at, bool needed_now) {
   // Belady's rule on the recorded order: the block kept for the furthest use goes first,
   // and none that is needed before position `needed_at` (a prefetch must not evict what
   // compute needs sooner). Outside a followed pass every block's next use is unknown
   // (kNoUse): any idle block may go, lowest index first.
-  while (static_cast<int64_t>(live_ + numel) > options_.max_live_parameters) {
+  auto may_go = [&](size_t b) {
+    const Slot& s = slots_[b];
+    return s.resident && s.in_use == 0 && !persistent(b) && next_use(b) >= needed_at;
+  };
+  auto fits = [&](size_t live) {
+    return static_cast<int64_t>(live + numel) <= options_.max_live_parameters;
+  };
+  // A prefetch that would not fit even then drops nothing; a block needed now is fetched
+  // anyway, after as much room as there is.
+  size_t could_go = 0;
+  for (size_t b = 0; b < slots_.size(); ++b)
+    if (may_go(b)) could_go += numel_[b];
+  if (!needed_now && !fits(live_ - std::min(live_, could_go))) return false;
+  while (!fits(live_) && could_go > 0) {
     size_t victim = slots_.size(), victim_use = 0;
     for (size_t b = 0; b < slots_.size(); ++b) {
-      const Slot& s = slots_[b];
-      if (!s.resident || s.in_use > 0 || persistent(b)) continue;
+      if (!may_go(b)) continue;
       const size_t use = next_use(b);
-      if (use < needed_at) continue;
       if (victim == slots_.size() || use > victim_use) {
         victim = b;
         victim_use = use;
       }
     }
-    if (victim == slots_.size()) return false;
+    if (victim == slots_.size()) break;
+    could_go -= numel_[victim];
     drop(victim);
   }
-  return true;
+  return fits(live_);
 }
 
 void ParamScheduler::wait_fetches() {
@@ -235,7 +247,7 @@ void ParamScheduler::acquire(size_t b) {
       drop(b);
     }
     if (!s.pending) {
-      make_room(numel_[b], cursor_);  // needed now: any idle block may go
+      make_room(numel_[b], cursor_, true);  // needed now: any idle block may go
       start_fetch(b, false);
     } else if (s.prefetched) {
       ++stats_.prefetch_hits;
@@ -277,7 +289,7 @@ void ParamScheduler::prefetch_ahead() {
     // a pass.
     if (in_flight_ > 0 && static_cast<int64_t>(in_flight_) + n > options_.prefetch_bucket_size)
       break;
-    if (!make_room(numel_[c], j)) break;
+    if (!make_room(numel_[c], j, false)) break;
     start_fetch(c, true);
   }
 }

@@ -102,8 +102,8 @@ class ParamScheduler final : public BlockHooks {
   void drop(size_t b);
   // Drops idle cached blocks until `numel` more elements fit under max_live_parameters,
   // sparing those whose next use comes before trace position `needed_at`. False when they
-  // do not fit.
-  bool make_room(size_t numel, size_t needed_at);
+  // do not fit: having dropped nothing, unless `needed_now` (then as many as may go).
+  bool make_room(size_t numel, size_t needed_at, bool needed_now);
   // Position in the recorded order of b's next acquire in this pass; kNoUse when none is
   // known (not following the order, or not used again).
   size_t next_use(size_t b) const;
