@@ -335,6 +335,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
             {"stage3_prefetch_bucket_size", bucket},
             {"stage3_max_live_parameters", max_live},
             {"stage3_max_reuse_distance", o.reuse_distance}};
+        if (o.persistence_threshold)
+          cfg["zero_optimization"]["stage3_param_persistence_threshold"] = *o.persistence_threshold;
+        const DsConfig ds = parse_ds_config(cfg, "bench zero");
         ZeroOptions zo;
         zo.services = {service.endpoint()};
         zo.service_security = {service.client_security()};
@@ -342,7 +345,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.job_id = std::string("bench-zero-") + name;
         zo.shared_memory = o.shared_memory;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
-        ZeroEngine engine(gpt, parse_ds_config(cfg, "bench zero"), o.seed, zo);
+        ZeroEngine engine(gpt, ds, o.seed, zo);
         // Stats is answered once every committed step is published on the service.
         actors::OffloadClient probe(service.endpoint(), service.client_security(), zo.timeout);
         const auto settle = [&probe] { probe.stats(); };
@@ -364,6 +367,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         r["prefetch_bucket_size"] = bucket;
         r["max_live_parameters"] = max_live;
         r["max_reuse_distance"] = o.reuse_distance;
+        r["param_persistence_threshold"] = ds.zero_optimization.param_persistence_threshold;
         return r;
       });
     } catch (...) {

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +27,9 @@ struct ZeroBenchOptions {
   // which keeps the tied embedding from the lookup to the LM head and the last layers
   // across the forward-to-backward turn. 0: every use of a block fetches it.
   int64_t reuse_distance = 1000000000;
+  // stage3_param_persistence_threshold; unset: DeepSpeed's default (1e5 elements), under
+  // which every block of the tiny test model stays resident after its first fetch.
+  std::optional<int64_t> persistence_threshold;
   int timeout_seconds = 120;  // per service request
   // Payloads through the same-host shared-memory arena (ZeroOptions::shared_memory);
   // false: frames over loopback tcp, as before the arena existed.

@@ -22,6 +22,12 @@ constexpr size_t kPiece = size_t{96} << 10;
 #if defined(__x86_64__)
 constexpr size_t kLane = detail::kCrcLane;
 
+// The bytes from d to the first 16-byte aligned address (at most n): streamed stores need
+// that alignment, so those go plainly.
+size_t to_stream_alignment(const void* d, size_t n) {
+  return std::min(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+}
+
 // One 64-byte line of a lane: its eight words into the lane's crc, its four 16-byte
 // pieces streamed out from the same registers.
 __attribute__((target("sse4.2"), always_inline)) inline uint64_t line(unsigned char* d,
@@ -78,9 +84,8 @@ void stream_copy(void* dst, const void* src, size_t n) {
 #if defined(__x86_64__)
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
-  // Streamed stores need a 16-byte aligned destination: the bytes before it are copied
-  // plainly, as is a tail shorter than one 64-byte line.
-  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  // A tail shorter than one 64-byte line is copied plainly too.
+  const size_t head = to_stream_alignment(d, n);
   std::memcpy(d, s, head);
   d += head;
   s += head;
@@ -110,8 +115,7 @@ uint32_t crc32c_stream_copy(void* dst, const void* src, size_t n, uint32_t crc) 
   const auto* s = static_cast<const unsigned char*>(src);
 #if defined(__x86_64__)
   if (crc32c_hardware_available()) {
-    // The bytes before the first 16-byte aligned destination address go plainly.
-    const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+    const size_t head = to_stream_alignment(d, n);
     std::memcpy(d, s, head);
     crc = crc32c(s, head, crc);
     d += head;

@@ -163,6 +163,9 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       ->capture_default_str();
   zero->add_option("--reuse-distance", zo->reuse_distance, "stage3_max_reuse_distance")
       ->capture_default_str();
+  zero->add_option("--persistence-threshold", zo->persistence_threshold,
+                   "stage3_param_persistence_threshold (default: DeepSpeed's, 1e5 elements)")
+      ->check(CLI::NonNegativeNumber);
   zero->add_flag(
       "--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; },
       "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");

@@ -6,6 +6,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dsactor::trainer {
 
@@ -158,38 +160,34 @@ size_t ParamScheduler::next_use(size_t b) const {
 }
 
 bool ParamScheduler::make_room(size_t numel, size_t needed_at, bool needed_now) {
-  // Belady's rule on the recorded order: the block kept for the furthest use goes first,
-  // and none that is needed before position `needed_at` (a prefetch must not evict what
-  // compute needs sooner). Outside a followed pass every block's next use is unknown
-  // (kNoUse): any idle block may go, lowest index first.
-  auto may_go = [&](size_t b) {
+  auto fits = [&] { return static_cast<int64_t>(live_ + numel) <= options_.max_live_parameters; };
+  if (fits()) return true;
+  // Belady's rule on the recorded order: of the idle blocks not needed before position
+  // `needed_at` (a prefetch must not evict what compute needs sooner), the one kept for the
+  // furthest use goes first. Outside a followed pass every next use is unknown (kNoUse):
+  // lowest index first.
+  std::vector<std::pair<size_t, size_t>> idle;  // next use, block
+  size_t could_go = 0;
+  for (size_t b = 0; b < slots_.size(); ++b) {
     const Slot& s = slots_[b];
-    return s.resident && s.in_use == 0 && !persistent(b) && next_use(b) >= needed_at;
-  };
-  auto fits = [&](size_t live) {
-    return static_cast<int64_t>(live + numel) <= options_.max_live_parameters;
-  };
+    if (!s.resident || s.in_use > 0 || persistent(b)) continue;
+    const size_t use = next_use(b);
+    if (use < needed_at) continue;
+    idle.emplace_back(use, b);
+    could_go += numel_[b];
+  }
   // A prefetch that would not fit even then drops nothing; a block needed now is fetched
   // anyway, after as much room as there is.
-  size_t could_go = 0;
-  for (size_t b = 0; b < slots_.size(); ++b)
-    if (may_go(b)) could_go += numel_[b];
-  if (!needed_now && !fits(live_ - std::min(live_, could_go))) return false;
-  while (!fits(live_) && could_go > 0) {
-    size_t victim = slots_.size(), victim_use = 0;
-    for (size_t b = 0; b < slots_.size(); ++b) {
-      if (!may_go(b)) continue;
-      const size_t use = next_use(b);
-      if (victim == slots_.size() || use > victim_use) {
-        victim = b;
-        victim_use = use;
-      }
-    }
-    if (victim == slots_.size()) break;
-    could_go -= numel_[victim];
-    drop(victim);
+  if (!needed_now && static_cast<int64_t>(live_ - std::min(live_, could_go) + numel) >
+                         options_.max_live_parameters)
+    return false;
+  std::stable_sort(idle.begin(), idle.end(),
+                   [](const auto& x, const auto& y) { return x.first > y.first; });
+  for (const auto& [use, b] : idle) {
+    if (fits()) break;
+    drop(b);
   }
-  return fits(live_);
+  return fits();
 }
 
 void ParamScheduler::wait_fetches() {
