@@ -1,36 +1,18 @@
 #include "cli/up_dashboard.h"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
+#include <set>
 #include <stdexcept>
 
 #include "actors/collectives/job_token.h"
+#include "deploy/free_port.h"
 
 namespace dsactor::cli {
 
 namespace {
-
-// A port the kernel calls free on 127.0.0.1 now; the role binds it a moment later (the
-// same window every "port 0, then tell the others" scheme has).
-uint16_t free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("dsactor up: no socket to find a free metrics port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  if (!ok) throw std::runtime_error("dsactor up: cannot find a free loopback port for metrics");
-  return ntohs(addr.sin_port);
-}
 
 // Where the dashboard reads a role: its metrics address, a wildcard host read on loopback.
 std::string role_url(const deploy::RoleSpec& r) {
@@ -48,19 +30,28 @@ std::string role_url(const deploy::RoleSpec& r) {
 std::string prepare_role_metrics(deploy::DeployConfig& cfg) {
   bool off_loopback = false;
   if (!cfg.dashboard_listen.empty()) {
-    off_loopback = !metrics::is_loopback(
-        metrics::parse_listen_address(cfg.dashboard_listen, "dashboard_listen").host);
+    const auto dashboard_at =
+        metrics::parse_listen_address(cfg.dashboard_listen, "dashboard_listen");
+    off_loopback = !metrics::is_loopback(dashboard_at.host);
+    // A role that names a port binds it only when it starts, after these picks: a pick
+    // must not be one of them (the kernel calls it free until then).
+    std::set<int> taken = deploy::named_ports(cfg);
+    const auto with_port = [&](const std::string& host) {
+      const int port = deploy::pick_free_port(taken);
+      return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
+                                                 : fmt::format("{}:{}", host, port);
+    };
     for (auto& r : cfg.roles) {
       if (r.metrics_listen.empty()) {
-        r.metrics_listen = fmt::format("127.0.0.1:{}", free_loopback_port());
+        r.metrics_listen = with_port("127.0.0.1");
         continue;
       }
       auto at = metrics::parse_listen_address(r.metrics_listen, r.name + ".metrics_listen");
-      if (at.port == 0)
-        r.metrics_listen = at.host.find(':') != std::string::npos
-                               ? fmt::format("[{}]:{}", at.host, free_loopback_port())
-                               : fmt::format("{}:{}", at.host, free_loopback_port());
+      if (at.port == 0) r.metrics_listen = with_port(at.host);
     }
+    // The dashboard binds before the roles start; left to port 0 it could be given a port
+    // just picked for a role's metrics.
+    if (dashboard_at.port == 0) cfg.dashboard_listen = with_port(dashboard_at.host);
   }
   for (const auto& r : cfg.roles)
     if (!r.metrics_listen.empty() &&
