@@ -150,5 +150,43 @@ TEST_F(ParamSchedulerTest, ReuseDistanceBoundsWhatIsKept) {
   EXPECT_EQ(f.at(kLayers), 2);
 }
 
+// A prefetch that cannot fit even after dropping every idle block drops none of them: the
+// blocks held for a later use stay. Here layers 2-4 are in use at once while layer 1 is
+// kept for the pass's end; the embedding's prefetch needs 60 beside their 30 under a bound
+// of 82, and dropping layer 1 would free only 10, so it stays and is not fetched again.
+TEST_F(ParamSchedulerTest, APrefetchThatCannotFitDropsNothing) {
+  const int64_t max_live = kEmb + 2 * kLayer + kFinal;
+  auto s = make(kLayer, max_live, 1000000000);
+  const auto custom_pass = [&](uint64_t step) {
+    {
+      std::lock_guard lock(mu_);
+      fetched_.clear();
+    }
+    s->set_committed_step(step);
+    s->begin_pass(true);
+    auto use = [&](size_t b) {
+      s->acquire(b);
+      EXPECT_EQ(params_.blocks[b][0], value(b, step)) << "block " << b;
+      EXPECT_LE(s->resident_bytes(), static_cast<size_t>(max_live) * sizeof(float));
+    };
+    use(1);
+    s->release(1);
+    for (size_t l = 2; l <= 4; ++l) use(l);  // three layers in use together
+    for (size_t l = 2; l <= 4; ++l) s->release(l);
+    use(0);
+    s->release(0);
+    use(1);
+    s->release(1);
+    s->end_pass();
+    s->wait_fetches();
+    std::lock_guard lock(mu_);
+    return fetched_;
+  };
+  custom_pass(1);  // records the order
+  const auto f = custom_pass(2);
+  EXPECT_EQ(f.at(1), 1) << "layer 1 was dropped for a prefetch that could not fit";
+  EXPECT_EQ(f.at(0), 1);
+}
+
 }  // namespace
 }  // namespace dsactor::trainer
