@@ -29,16 +29,19 @@ size_t to_stream_alignment(const void* d, size_t n) {
 }
 
 // One 64-byte line of a lane: its eight words into the lane's crc, its four 16-byte
-// pieces streamed out from the same registers.
+// pieces streamed out from the same registers, each as 0.0f + its four floats when
+// kAddZero (the checksum is of the bytes loaded, before the add).
+template <bool kAddZero>
 __attribute__((target("sse4.2"), always_inline)) inline uint64_t line(unsigned char* d,
                                                                       const unsigned char* s,
                                                                       uint64_t c) {
   const auto* in = reinterpret_cast<const __m128i*>(s);
   auto* out = reinterpret_cast<__m128i*>(d);
   for (int k = 0; k < 4; ++k) {
-    const __m128i v = _mm_loadu_si128(in + k);
+    __m128i v = _mm_loadu_si128(in + k);
     c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_cvtsi128_si64(v)));
     c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v))));
+    if constexpr (kAddZero) v = _mm_castps_si128(_mm_add_ps(_mm_setzero_ps(), _mm_castsi128_ps(v)));
     _mm_stream_si128(out + k, v);
   }
   return c;
@@ -48,14 +51,15 @@ __attribute__((target("sse4.2"), always_inline)) inline uint64_t line(unsigned c
 // bytes at a time, a line of each in turn, so the three crc32 chains interleave as the
 // checksum's own hardware path runs them. Moves d, s and n past the whole blocks of
 // 3 * kLane bytes it did; returns the raw register. d must be 16-byte aligned.
+template <bool kAddZero>
 __attribute__((target("sse4.2"))) uint32_t stream_lanes(unsigned char*& d, const unsigned char*& s,
                                                         size_t& n, uint32_t raw) {
   while (n >= 3 * kLane) {
     uint64_t c0 = raw, c1 = 0, c2 = 0;
     for (size_t i = 0; i < kLane; i += 64) {
-      c0 = line(d + i, s + i, c0);
-      c1 = line(d + kLane + i, s + kLane + i, c1);
-      c2 = line(d + 2 * kLane + i, s + 2 * kLane + i, c2);
+      c0 = line<kAddZero>(d + i, s + i, c0);
+      c1 = line<kAddZero>(d + kLane + i, s + kLane + i, c1);
+      c2 = line<kAddZero>(d + 2 * kLane + i, s + 2 * kLane + i, c2);
     }
     raw = detail::crc32c_shift_lane(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1);
     raw = detail::crc32c_shift_lane(raw) ^ static_cast<uint32_t>(c2);
@@ -121,7 +125,7 @@ uint32_t crc32c_stream_copy(void* dst, const void* src, size_t n, uint32_t crc) 
     d += head;
     s += head;
     n -= head;
-    crc = ~stream_lanes(d, s, n, ~crc);
+    crc = ~stream_lanes<false>(d, s, n, ~crc);
     _mm_sfence();  // streamed stores are weakly ordered (see stream_copy)
     crc = crc32c(s, n, crc);
     stream_copy(d, s, n);  // the last bytes short of three lanes
@@ -132,6 +136,31 @@ uint32_t crc32c_stream_copy(void* dst, const void* src, size_t n, uint32_t crc) 
     const size_t len = std::min(kPiece, n - at);
     crc = crc32c(s + at, len, crc);
     stream_copy(d + at, s + at, len);
+  }
+  return crc;
+}
+
+uint32_t crc32c_stream_add_zero(float* dst, const float* src, size_t count, uint32_t crc) {
+  size_t done = 0;
+#if defined(__x86_64__)
+  if (crc32c_hardware_available() && reinterpret_cast<uintptr_t>(dst) % sizeof(float) == 0) {
+    const size_t head = to_stream_alignment(dst, count * sizeof(float)) / sizeof(float);
+    crc = crc32c(src, head * sizeof(float), crc);
+    for (size_t k = 0; k < head; ++k) dst[k] = 0.0f + src[k];
+    auto* d = reinterpret_cast<unsigned char*>(dst + head);
+    const auto* s = reinterpret_cast<const unsigned char*>(src + head);
+    size_t n = (count - head) * sizeof(float);
+    crc = ~stream_lanes<true>(d, s, n, ~crc);
+    _mm_sfence();  // streamed stores are weakly ordered (see stream_copy)
+    done = count - n / sizeof(float);
+  }
+#endif
+  // The rest (short of three lanes, or every element without SSE4.2): checksummed, then
+  // added, a piece at a time while it is in cache.
+  for (size_t at = done; at < count; at += kPiece / sizeof(float)) {
+    const size_t c = std::min(kPiece / sizeof(float), count - at);
+    crc = crc32c(src + at, c * sizeof(float), crc);
+    for (size_t k = at; k < at + c; ++k) dst[k] = 0.0f + src[k];
   }
   return crc;
 }

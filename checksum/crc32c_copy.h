@@ -24,4 +24,9 @@ void stream_copy(void* dst, const void* src, size_t n);
 // them): 1.3x the rate of checksumming each piece and then streaming it out of the cache.
 uint32_t crc32c_stream_copy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 
+// dst[k] = 0.0f + src[k] for count floats (a -0 becomes +0: the first micro-step's sum as
+// the trainer forms it, into a zeroed buffer), streamed out like crc32c_stream_copy, and
+// returns crc32c of src's bytes, in the same one pass over src.
+uint32_t crc32c_stream_add_zero(float* dst, const float* src, size_t count, uint32_t crc = 0);
+
 }  // namespace dsactor::checksum

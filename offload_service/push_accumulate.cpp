@@ -65,11 +65,16 @@ AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
   for (uint64_t i = 0; i < n; i += kPiece) {
     const uint64_t c = std::min(kPiece, n - i);
     if (copy_only && float_aligned) {
-      const std::byte* src = payload.data() + i * element;
-      if (with_crc) out.crc32c = checksum::crc32c(src, c * element, out.crc32c);
-      const auto* g = reinterpret_cast<const float*>(src);
+      const auto* g = reinterpret_cast<const float*>(payload.data() + i * element);
+      // The checksum rides on the streamed 0 + g (one pass from memory: a 64 MiB push took
+      // 0.7-0.75x the time of checksumming each piece and then streaming it, same run); the
+      // squares are then summed from the piece in cache.
+      if (with_crc) {
+        out.crc32c = checksum::crc32c_stream_add_zero(sum + i, g, c, out.crc32c);
+      } else {
+        stream_first_micro_step(sum + i, g, c);
+      }
       stats.add(g, c);
-      stream_first_micro_step(sum + i, g, c);
       continue;
     }
     if (copy_only) {

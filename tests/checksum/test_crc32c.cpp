@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -135,6 +138,41 @@ TEST(Crc32c, StreamCopiesEqualMemcpy) {
                                 [](unsigned char b) { return b == 0xCD; }))
             << "n " << n << " offset " << offset;
       }
+    }
+  }
+}
+
+// The first micro-step's streamed 0 + g: every float as the scalar 0.0f + g gives it (a -0
+// turns +0, NaN stays NaN), the crc of the source's bytes, at lengths around the three 4 KiB
+// lanes and the 16-byte store alignment, from every float-aligned destination offset.
+TEST(Crc32c, StreamAddZeroIsZeroPlusEachFloat) {
+  std::mt19937 rng(13);
+  std::vector<float> src((size_t{3} << 14) + 777);
+  for (auto& f : src) f = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+  for (size_t k = 0; k < src.size(); k += 97) src[k] = -0.0f;
+  src[5] = -0.0f;
+  src[6] = std::numeric_limits<float>::quiet_NaN();
+  for (size_t offset : {size_t{0}, size_t{1}, size_t{2}, size_t{3}}) {
+    for (size_t count :
+         {size_t{0}, size_t{1}, size_t{3}, size_t{16}, size_t{17}, size_t{3072}, size_t{3072} + 3,
+          size_t{6144} + 15, size_t{24576}, size_t{24577}, src.size() - 5}) {
+      const uint32_t seed = count % 2 ? 0x1234u : 0u;
+      std::vector<float> dst(count + 8, 7.0f);
+      float* at = dst.data() + offset;
+      EXPECT_EQ(crc32c_stream_add_zero(at, src.data() + 5, count, seed),
+                crc32c_software(src.data() + 5, count * sizeof(float), seed))
+          << "count " << count << " offset " << offset;
+      bool same = true;
+      for (size_t k = 0; k < count; ++k) {
+        const float want = 0.0f + src[5 + k];
+        same &= std::memcmp(&at[k], &want, sizeof(float)) == 0;
+      }
+      EXPECT_TRUE(same) << "count " << count << " offset " << offset;
+      if (count > 0) {
+        EXPECT_FALSE(std::signbit(at[0])) << "a -0 stays -0";
+      }
+      for (size_t k = 0; k < offset; ++k) EXPECT_EQ(dst[k], 7.0f);
+      for (size_t k = offset + count; k < dst.size(); ++k) EXPECT_EQ(dst[k], 7.0f);
     }
   }
 }
