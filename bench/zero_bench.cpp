@@ -292,6 +292,35 @@ std::string metrics_url(const deploy::ServiceProcess& service) {
 
 }  // namespace
 
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+}  // namespace
+
+nlohmann::json paired_ratios(
+    const std::vector<std::pair<nlohmann::json, nlohmann::json>>& stage0_stage3) {
+  nlohmann::json each = nlohmann::json::array();
+  std::vector<double> step, cpu;
+  for (const auto& [s0, s3] : stage0_stage3) {
+    const double st0 = s0["ms_per_step"].get<double>(), st3 = s3["ms_per_step"].get<double>();
+    const double c0 = s0["total_cpu_ms_per_step"].get<double>(),
+                 c3 = s3["total_cpu_ms_per_step"].get<double>();
+    step.push_back(st3 / st0);
+    cpu.push_back(c3 / c0);
+    each.push_back({{"stage0_ms_per_step", st0},
+                    {"stage3_ms_per_step", st3},
+                    {"step_time_ratio", st3 / st0},
+                    {"cpu_ratio", c3 / c0}});
+  }
+  return {
+      {"each", each}, {"step_time_ratio_median", median(step)}, {"cpu_ratio_median", median(cpu)}};
+}
+
 nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   using namespace dsactor::trainer;
   const GptConfig gpt = resolve_model(o.model);
@@ -303,15 +332,18 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   for (auto& t : tokens)
     t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(gpt.vocab_size));
 
-  const nlohmann::json stage0 = in_child("stage0", [&] {
-    BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
-    Engine engine(gpt, parse_ds_config(base_config(o), "bench zero"), o.seed);
-    for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
-    nlohmann::json j = time_steps(engine, loader, o.steps).to_json();
-    // Stage 0 in fp32 holds parameters, gradients and Adam's two moments: 16 bytes each.
-    j["accounted_bytes"] = params * 16;
-    return j;
-  });
+  const auto run_stage0 = [&] {
+    return in_child("stage0", [&] {
+      BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
+      Engine engine(gpt, parse_ds_config(base_config(o), "bench zero"), o.seed);
+      for (int i = 0; i < o.warmup_steps; ++i) engine.train_step(loader);
+      nlohmann::json j = time_steps(engine, loader, o.steps).to_json();
+      // Stage 0 in fp32 holds parameters, gradients and Adam's two moments: 16 bytes each.
+      j["accounted_bytes"] = params * 16;
+      return j;
+    });
+  };
+  const nlohmann::json stage0 = run_stage0();
 
   const Stage3Knobs lean = lean_stage3_knobs(o.model);
   const int64_t bucket_on = o.prefetch_bucket > 0 ? o.prefetch_bucket : lean.prefetch_bucket;
@@ -386,6 +418,16 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
       ForkedChild("bench zero rates", [] { return machine_rates(); }).result();
 
   nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off, behind_reply);
+  if (o.pairs > 1) {
+    // The first pair is the phases above (stage 0 first, stage 3 prefetch on second).
+    std::vector<std::pair<nlohmann::json, nlohmann::json>> pairs{{stage0, on}};
+    for (int i = 1; i < o.pairs; ++i) {
+      nlohmann::json s0 = run_stage0();
+      nlohmann::json s3 = stage3("stage3_prefetch_on", bucket_on, "by_host");
+      pairs.emplace_back(std::move(s0), std::move(s3));
+    }
+    out["pairs"] = paired_ratios(pairs);
+  }
   out["rates"] = rates;
   out["breakdown_prefetch_on"] = step_breakdown(on, rates, params);
   return out;

@@ -2,6 +2,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -34,6 +36,11 @@ struct ZeroBenchOptions {
   // Payloads through the same-host shared-memory arena (ZeroOptions::shared_memory);
   // false: frames over loopback tcp, as before the arena existed.
   bool shared_memory = true;
+  // Stage 0 and stage 3 (prefetch on) run this many times, alternating, after the first
+  // pair of the usual phases; the step-time and CPU ratios are then also given pair by
+  // pair and as their median. On a shared box whose speed drifts between phases, a pair
+  // measured back to back is steadier than one stage-0 phase against later ones.
+  int pairs = 1;
 };
 
 // The stage-3 resident set the ZeRO benches run with by default: prefetch one transformer
@@ -51,5 +58,10 @@ Stage3Knobs lean_stage3_knobs(const std::string& model);
 // RSS ratios, the engines' own accounting of resident bytes, bytes pushed/fetched per step
 // against the model size, and the fraction of fetch time hidden behind compute.
 nlohmann::json run_zero_bench(const ZeroBenchOptions& options);
+
+// Ratios of interleaved (stage 0, stage 3) phase pairs: each pair's step-time and CPU
+// ratio (`each`), and the medians over the pairs.
+nlohmann::json paired_ratios(
+    const std::vector<std::pair<nlohmann::json, nlohmann::json>>& stage0_stage3);
 
 }  // namespace dsactor::bench

@@ -166,6 +166,11 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   zero->add_option("--persistence-threshold", zo->persistence_threshold,
                    "stage3_param_persistence_threshold (default: DeepSpeed's, 1e5 elements)")
       ->check(CLI::NonNegativeNumber);
+  zero->add_option("--pairs", zo->pairs,
+                   "run stage 0 and stage 3 (prefetch on) this many times, alternating, and "
+                   "report each pair's ratios and their median")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   zero->add_flag(
       "--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; },
       "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");

@@ -98,8 +98,24 @@ void expect_consistent(const nlohmann::json& j) {
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
-  const auto j = bench_zero("");
+  const auto j = bench_zero("--pairs 2");
   expect_consistent(j);
+  // Two interleaved (stage 0, stage 3) pairs: the first is the report's own phases, each
+  // pair's ratios are its quotients, the medians those of the pairs.
+  const auto& pairs = j.at("pairs").at("each");
+  ASSERT_EQ(pairs.size(), 2u);
+  EXPECT_DOUBLE_EQ(at(pairs[0], "stage0_ms_per_step"), at(j.at("stage0"), "ms_per_step"));
+  EXPECT_DOUBLE_EQ(at(pairs[0], "stage3_ms_per_step"),
+                   at(j.at("stage3_prefetch_on"), "ms_per_step"));
+  EXPECT_DOUBLE_EQ(at(pairs[0], "step_time_ratio"), at(j, "step_time_ratio_prefetch_on"));
+  EXPECT_DOUBLE_EQ(at(pairs[0], "cpu_ratio"), at(j, "cpu_ratio_prefetch_on"));
+  for (const auto& p : pairs)
+    EXPECT_DOUBLE_EQ(at(p, "step_time_ratio"),
+                     at(p, "stage3_ms_per_step") / at(p, "stage0_ms_per_step"));
+  EXPECT_DOUBLE_EQ(at(j.at("pairs"), "step_time_ratio_median"),
+                   (at(pairs[0], "step_time_ratio") + at(pairs[1], "step_time_ratio")) / 2);
+  EXPECT_DOUBLE_EQ(at(j.at("pairs"), "cpu_ratio_median"),
+                   (at(pairs[0], "cpu_ratio") + at(pairs[1], "cpu_ratio")) / 2);
   EXPECT_EQ(j.at("payloads"), "shared-memory arena");
   const auto& on = j.at("stage3_prefetch_on");
   // The bench runs DeepSpeed's default reuse distance (what it keeps: below).
@@ -149,6 +165,7 @@ TEST(BenchZero, ReuseKeepsBlocksThatEveryUseWouldFetchAgain) {
 TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
   const auto j = bench_zero("--no-shared-memory");
   expect_consistent(j);
+  EXPECT_FALSE(j.contains("pairs")) << "one pair (the default): no pairs section";
   EXPECT_EQ(j.at("payloads"), "frames over tcp");
   // by_host without an arena (as for a service on another host): behind the reply.
   EXPECT_EQ(at(j.at("stage3_prefetch_on"), "commits_before_reply_per_step"), 0);
