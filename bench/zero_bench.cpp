@@ -290,10 +290,6 @@ std::string metrics_url(const deploy::ServiceProcess& service) {
                            service.log());
 }
 
-}  // namespace
-
-namespace {
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
