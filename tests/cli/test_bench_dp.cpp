@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/cli/cli_test_util.h"
+#include "tests/cli/bench_report.h"
 #include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor {
@@ -14,11 +14,9 @@ namespace {
 
 TEST(BenchDp, ReportsCollectivesTheStepTimeAndZeroMemoryPerRank) {
   dsactor::testing::TempDir dir;
-  const auto r = dsactor::testing::run_dsactor(
+  const auto j = dsactor::testing::bench_report(
       "bench dp --json --bytes 65536 --iters 1 --model small --micro-batch 2 --seq 16 --steps 2",
       dir.path());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   ASSERT_EQ(j.at("results").size(), 6u);
   std::map<std::string, std::map<std::string, double>> t;
   for (const auto& x : j.at("results")) {

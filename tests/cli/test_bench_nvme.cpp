@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/cli/cli_test_util.h"
+#include "tests/cli/bench_report.h"
 #include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor {
@@ -17,10 +17,8 @@ namespace {
 TEST(BenchNvme, MeasuresBothBlockSizesInPairsAgainstFio) {
   dsactor::testing::TempDir dir;
   // 3 MiB + 4 KiB: the last block of each size is a partial one.
-  const auto r = dsactor::testing::run_dsactor(
+  const auto j = dsactor::testing::bench_report(
       "bench nvme --json --pairs 2 --bytes 3149824 --dir " + dir.path().string(), dir.path());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   const bool have_fio = j.at("fio").at("available").get<bool>();
   ASSERT_EQ(j.at("block_sizes").size(), 2u);
   std::vector<uint64_t> sizes;

@@ -9,22 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/cli/cli_test_util.h"
+#include "tests/cli/bench_report.h"
 #include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor {
 namespace {
 
-double at(const nlohmann::json& j, const char* k) {
-  return j.at(k).get<double>();
-}
+using dsactor::testing::number_at;
 
 TEST(BenchTrain, ReportsTheStepBesideTheSgemmRateOfTheSameRun) {
   dsactor::testing::TempDir dir;
-  const auto r = dsactor::testing::run_dsactor(
+  const auto j = dsactor::testing::bench_report(
       "bench train --json --model tiny --micro-batch 2 --seq 16 --steps 2 --warmup 1", dir.path());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   const std::set<std::string> expected = {
       "model",          "parameters",        "micro_batch",    "seq",
       "steps_measured", "ms_per_step",       "forward_ms",     "backward_ms",
@@ -35,13 +31,15 @@ TEST(BenchTrain, ReportsTheStepBesideTheSgemmRateOfTheSameRun) {
   EXPECT_EQ(keys, expected);
   EXPECT_EQ(j.at("model"), "tiny");
   EXPECT_EQ(j.at("steps_measured"), 2);
-  EXPECT_GT(at(j, "ms_per_step"), 0);
-  EXPECT_GT(at(j, "sgemm_gflops"), 0);
-  const double step_s = at(j, "ms_per_step") / 1e3;
-  EXPECT_NEAR(at(j, "achieved_gflops"), at(j, "gflop_per_step") / step_s,
-              1e-9 * at(j, "achieved_gflops"));
-  EXPECT_DOUBLE_EQ(at(j, "fraction_of_sgemm"), at(j, "achieved_gflops") / at(j, "sgemm_gflops"));
-  EXPECT_NEAR(at(j, "tokens_per_second"), 2 * 16 / step_s, 1e-9 * at(j, "tokens_per_second"));
+  EXPECT_GT(number_at(j, "ms_per_step"), 0);
+  EXPECT_GT(number_at(j, "sgemm_gflops"), 0);
+  const double step_s = number_at(j, "ms_per_step") / 1e3;
+  EXPECT_NEAR(number_at(j, "achieved_gflops"), number_at(j, "gflop_per_step") / step_s,
+              1e-9 * number_at(j, "achieved_gflops"));
+  EXPECT_DOUBLE_EQ(number_at(j, "fraction_of_sgemm"),
+                   number_at(j, "achieved_gflops") / number_at(j, "sgemm_gflops"));
+  EXPECT_NEAR(number_at(j, "tokens_per_second"), 2 * 16 / step_s,
+              1e-9 * number_at(j, "tokens_per_second"));
 }
 
 }  // namespace

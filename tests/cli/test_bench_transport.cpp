@@ -7,49 +7,47 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/cli/cli_test_util.h"
+#include "tests/cli/bench_report.h"
 #include "tests/deploy/deploy_test_util.h"
 
 namespace dsactor {
 namespace {
 
-double at(const nlohmann::json& j, const char* k) {
-  return j.at(k).get<double>();
-}
+using dsactor::testing::number_at;
 
 TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
   dsactor::testing::TempDir dir;
   // 1 MiB + 4 bytes: a payload that is not a whole number of pages or 96 KiB pieces.
-  const auto r = dsactor::testing::run_dsactor(
+  const auto j = dsactor::testing::bench_report(
       "bench transport --json --partition-bytes 1048580 --iters 2", dir.path());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
-  EXPECT_EQ(at(j, "partition_bytes"), 1048580);
+  EXPECT_EQ(number_at(j, "partition_bytes"), 1048580);
   for (const char* path : {"raw_zmq", "service", "service_arena"})
     for (const char* mode : {"plain", "curve"}) {
       const auto& run = j.at(path).at(mode);
-      EXPECT_GT(at(run, "push_gbps"), 0) << path << " " << mode;
-      EXPECT_GT(at(run, "fetch_gbps"), 0) << path << " " << mode;
+      EXPECT_GT(number_at(run, "push_gbps"), 0) << path << " " << mode;
+      EXPECT_GT(number_at(run, "fetch_gbps"), 0) << path << " " << mode;
       const auto& ratio = j.at("ratio_to_raw_plain").at(std::string(path) + "_" + mode);
-      EXPECT_DOUBLE_EQ(at(ratio, "push"),
-                       at(run, "push_gbps") / at(j.at("raw_zmq").at("plain"), "push_gbps"));
-      EXPECT_DOUBLE_EQ(at(ratio, "fetch"),
-                       at(run, "fetch_gbps") / at(j.at("raw_zmq").at("plain"), "fetch_gbps"));
+      EXPECT_DOUBLE_EQ(
+          number_at(ratio, "push"),
+          number_at(run, "push_gbps") / number_at(j.at("raw_zmq").at("plain"), "push_gbps"));
+      EXPECT_DOUBLE_EQ(
+          number_at(ratio, "fetch"),
+          number_at(run, "fetch_gbps") / number_at(j.at("raw_zmq").at("plain"), "fetch_gbps"));
     }
-  const double memcpy_gbps = at(j, "memcpy_gbps");
+  const double memcpy_gbps = number_at(j, "memcpy_gbps");
   ASSERT_GT(memcpy_gbps, 0);
   const auto& arena = j.at("service_arena").at("plain");
-  EXPECT_GT(at(arena, "push_in_place_gbps"), 0);
-  EXPECT_GT(at(j.at("service_arena").at("curve"), "push_in_place_gbps"), 0);
+  EXPECT_GT(number_at(arena, "push_in_place_gbps"), 0);
+  EXPECT_GT(number_at(j.at("service_arena").at("curve"), "push_in_place_gbps"), 0);
   const auto& to_memcpy = j.at("ratio_to_memcpy");
   for (const char* path : {"raw_zmq", "service", "service_arena"}) {
-    EXPECT_DOUBLE_EQ(at(to_memcpy.at(path), "push"),
-                     at(j.at(path).at("plain"), "push_gbps") / memcpy_gbps);
-    EXPECT_DOUBLE_EQ(at(to_memcpy.at(path), "fetch"),
-                     at(j.at(path).at("plain"), "fetch_gbps") / memcpy_gbps);
+    EXPECT_DOUBLE_EQ(number_at(to_memcpy.at(path), "push"),
+                     number_at(j.at(path).at("plain"), "push_gbps") / memcpy_gbps);
+    EXPECT_DOUBLE_EQ(number_at(to_memcpy.at(path), "fetch"),
+                     number_at(j.at(path).at("plain"), "fetch_gbps") / memcpy_gbps);
   }
-  EXPECT_DOUBLE_EQ(at(to_memcpy.at("service_arena"), "push_in_place"),
-                   at(arena, "push_in_place_gbps") / memcpy_gbps);
+  EXPECT_DOUBLE_EQ(number_at(to_memcpy.at("service_arena"), "push_in_place"),
+                   number_at(arena, "push_in_place_gbps") / memcpy_gbps);
   EXPECT_FALSE(j.at("service").at("plain").contains("push_in_place_gbps"))
       << "frames have no in-place push";
 }

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/cli/cli_test_util.h"
+#include "tests/cli/bench_report.h"
 #include "tests/deploy/deploy_test_util.h"
 #include "trainer/model/gpt_config.h"
 #include "trainer/model/param_blocks.h"
@@ -21,69 +21,75 @@ namespace {
 
 nlohmann::json bench_zero(const std::string& extra) {
   dsactor::testing::TempDir dir;
-  const auto r = dsactor::testing::run_dsactor(
+  return dsactor::testing::bench_report(
       "bench zero --json --model tiny --micro-batch 2 --seq 16 --steps 2 " + extra, dir.path());
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return nlohmann::json::parse(r.out.substr(r.out.find('{')));
 }
 
-double at(const nlohmann::json& j, const char* k) {
-  return j.at(k).get<double>();
-}
+using dsactor::testing::number_at;
 
 void expect_consistent(const nlohmann::json& j) {
   const auto& s0 = j.at("stage0");
   const auto& on = j.at("stage3_prefetch_on");
   const auto& off = j.at("stage3_prefetch_off");
-  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_prefetch_on"),
-                   at(on, "ms_per_step") / at(s0, "ms_per_step"));
-  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_prefetch_off"),
-                   at(off, "ms_per_step") / at(s0, "ms_per_step"));
-  EXPECT_DOUBLE_EQ(at(j, "peak_rss_ratio"), at(on, "vm_hwm_bytes") / at(s0, "vm_hwm_bytes"));
-  EXPECT_DOUBLE_EQ(at(j, "cpu_ratio_prefetch_on"),
-                   at(on, "total_cpu_ms_per_step") / at(s0, "total_cpu_ms_per_step"));
-  EXPECT_DOUBLE_EQ(at(j, "trainer_cpu_ratio_prefetch_on"),
-                   (at(on, "cpu_user_ms_per_step") + at(on, "cpu_sys_ms_per_step")) /
-                       (at(s0, "cpu_user_ms_per_step") + at(s0, "cpu_sys_ms_per_step")));
+  EXPECT_DOUBLE_EQ(number_at(j, "step_time_ratio_prefetch_on"),
+                   number_at(on, "ms_per_step") / number_at(s0, "ms_per_step"));
+  EXPECT_DOUBLE_EQ(number_at(j, "step_time_ratio_prefetch_off"),
+                   number_at(off, "ms_per_step") / number_at(s0, "ms_per_step"));
+  EXPECT_DOUBLE_EQ(number_at(j, "peak_rss_ratio"),
+                   number_at(on, "vm_hwm_bytes") / number_at(s0, "vm_hwm_bytes"));
+  EXPECT_DOUBLE_EQ(number_at(j, "cpu_ratio_prefetch_on"),
+                   number_at(on, "total_cpu_ms_per_step") / number_at(s0, "total_cpu_ms_per_step"));
+  EXPECT_DOUBLE_EQ(
+      number_at(j, "trainer_cpu_ratio_prefetch_on"),
+      (number_at(on, "cpu_user_ms_per_step") + number_at(on, "cpu_sys_ms_per_step")) /
+          (number_at(s0, "cpu_user_ms_per_step") + number_at(s0, "cpu_sys_ms_per_step")));
   // Every parameter's gradient goes to the service once per step; every block is fetched
   // at least once (blocks under the persistence threshold stay resident after that).
-  EXPECT_DOUBLE_EQ(at(j, "pushed_per_step_over_model"), 1.0);
-  EXPECT_GE(at(j, "fetched_per_step_over_model"), 1.0);
-  EXPECT_DOUBLE_EQ(at(j, "fetched_per_step_over_model"),
-                   at(on, "bytes_fetched_per_step") / at(j, "model_bytes_fp32"));
-  EXPECT_GT(at(on, "prefetch_hits"), 0) << "prefetch on follows the recorded order";
-  EXPECT_EQ(at(off, "prefetch_hits"), 0);
+  EXPECT_DOUBLE_EQ(number_at(j, "pushed_per_step_over_model"), 1.0);
+  EXPECT_GE(number_at(j, "fetched_per_step_over_model"), 1.0);
+  EXPECT_DOUBLE_EQ(number_at(j, "fetched_per_step_over_model"),
+                   number_at(on, "bytes_fetched_per_step") / number_at(j, "model_bytes_fp32"));
+  EXPECT_GT(number_at(on, "prefetch_hits"), 0) << "prefetch on follows the recorded order";
+  EXPECT_EQ(number_at(off, "prefetch_hits"), 0);
   const auto& peak = on.at("sampled_peak");
-  EXPECT_LE(at(peak, "anon_bytes") + at(peak, "shmem_bytes"), at(peak, "rss_bytes"));
-  EXPECT_GT(at(peak, "rss_bytes"), 0);  // not compared with VmHWM: the kernel batches counters
+  EXPECT_LE(number_at(peak, "anon_bytes") + number_at(peak, "shmem_bytes"),
+            number_at(peak, "rss_bytes"));
+  EXPECT_GT(number_at(peak, "rss_bytes"),
+            0);  // not compared with VmHWM: the kernel batches counters
   // The service's phases count what the trainer moved: every pushed byte received and
   // added once, every parameter stepped once.
   const auto& phases = on.at("service_phases");
-  EXPECT_DOUBLE_EQ(at(phases.at("receive"), "bytes"), at(on, "bytes_pushed_per_step"));
-  EXPECT_DOUBLE_EQ(at(phases.at("accumulate"), "bytes"), at(on, "bytes_pushed_per_step"));
-  EXPECT_DOUBLE_EQ(at(phases.at("adam"), "bytes"), at(j, "model_bytes_fp32"));
-  EXPECT_GT(at(phases.at("accumulate"), "cpu_seconds"), 0);
+  EXPECT_DOUBLE_EQ(number_at(phases.at("receive"), "bytes"),
+                   number_at(on, "bytes_pushed_per_step"));
+  EXPECT_DOUBLE_EQ(number_at(phases.at("accumulate"), "bytes"),
+                   number_at(on, "bytes_pushed_per_step"));
+  EXPECT_DOUBLE_EQ(number_at(phases.at("adam"), "bytes"), number_at(j, "model_bytes_fp32"));
+  EXPECT_GT(number_at(phases.at("accumulate"), "cpu_seconds"), 0);
   // The same with the service answering each commit once decided, the update published
   // behind the reply: its ratio and waits are those of its own phase, which stepped every
   // parameter once too, and none of its commits asked for the update before the reply.
   const auto& behind = j.at("stage3_behind_reply");
-  EXPECT_DOUBLE_EQ(at(j, "step_time_ratio_behind_reply"),
-                   at(behind, "ms_per_step") / at(s0, "ms_per_step"));
-  EXPECT_DOUBLE_EQ(at(j, "commit_wait_ms_prefetch_on"), at(on, "commit_wait_ms"));
-  EXPECT_DOUBLE_EQ(at(j, "commit_wait_ms_behind_reply"), at(behind, "commit_wait_ms"));
-  EXPECT_DOUBLE_EQ(at(behind.at("service_phases").at("adam"), "bytes"), at(j, "model_bytes_fp32"));
+  EXPECT_DOUBLE_EQ(number_at(j, "step_time_ratio_behind_reply"),
+                   number_at(behind, "ms_per_step") / number_at(s0, "ms_per_step"));
+  EXPECT_DOUBLE_EQ(number_at(j, "commit_wait_ms_prefetch_on"), number_at(on, "commit_wait_ms"));
+  EXPECT_DOUBLE_EQ(number_at(j, "commit_wait_ms_behind_reply"),
+                   number_at(behind, "commit_wait_ms"));
+  EXPECT_DOUBLE_EQ(number_at(behind.at("service_phases").at("adam"), "bytes"),
+                   number_at(j, "model_bytes_fp32"));
   EXPECT_EQ(behind.at("update_publication"), "behind_reply");
-  EXPECT_EQ(at(behind, "commits_before_reply_per_step"), 0);
+  EXPECT_EQ(number_at(behind, "commits_before_reply_per_step"), 0);
   EXPECT_EQ(on.at("update_publication"), "by_host");
   const auto& b = j.at("breakdown_prefetch_on");
-  EXPECT_DOUBLE_EQ(at(b, "service_cpu_over_adam_kernel"),
-                   at(b, "service_cpu_seconds_per_step") / at(b, "adam_kernel_seconds_for_model"));
-  EXPECT_DOUBLE_EQ(at(b.at("trainer").at("push_wait"), "bytes"), at(on, "bytes_pushed_per_step"));
+  EXPECT_DOUBLE_EQ(
+      number_at(b, "service_cpu_over_adam_kernel"),
+      number_at(b, "service_cpu_seconds_per_step") / number_at(b, "adam_kernel_seconds_for_model"));
+  EXPECT_DOUBLE_EQ(number_at(b.at("trainer").at("push_wait"), "bytes"),
+                   number_at(on, "bytes_pushed_per_step"));
   // What no phase counted is the service's CPU less every phase's.
   double counted = 0;
-  for (const auto& [name, row] : b.at("service").items()) counted += at(row, "cpu_seconds");
-  EXPECT_NEAR(at(b, "service_cpu_outside_phases_seconds"),
-              at(b, "service_cpu_seconds_per_step") - counted, 1e-12);
+  for (const auto& [name, row] : b.at("service").items()) counted += number_at(row, "cpu_seconds");
+  EXPECT_NEAR(number_at(b, "service_cpu_outside_phases_seconds"),
+              number_at(b, "service_cpu_seconds_per_step") - counted, 1e-12);
   // Where the rest went, by the service's thread names: its actor threads among them.
   EXPECT_TRUE(b.at("service_cpu_ms_per_step_by_thread").contains("caf.actor"));
   EXPECT_EQ(b.at("service_cpu_ms_per_step_by_thread"), on.at("service_cpu_ms_per_step_by_thread"));
@@ -94,8 +100,8 @@ void expect_consistent(const nlohmann::json& j) {
   const double tick_ms = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
   double trainer_threads = 0;
   for (const auto& [name, ms] : on.at("trainer_cpu_ms_per_step_by_thread").items()) {
-    EXPECT_LE(ms.get<double>(),
-              at(on, "cpu_user_ms_per_step") + at(on, "cpu_sys_ms_per_step") + tick_ms)
+    EXPECT_LE(ms.get<double>(), number_at(on, "cpu_user_ms_per_step") +
+                                    number_at(on, "cpu_sys_ms_per_step") + tick_ms)
         << name;
     trainer_threads += ms.get<double>();
   }
@@ -109,34 +115,37 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   // pair's ratios are its quotients, the medians those of the pairs.
   const auto& pairs = j.at("pairs").at("each");
   ASSERT_EQ(pairs.size(), 2u);
-  EXPECT_DOUBLE_EQ(at(pairs[0], "stage0_ms_per_step"), at(j.at("stage0"), "ms_per_step"));
-  EXPECT_DOUBLE_EQ(at(pairs[0], "stage3_ms_per_step"),
-                   at(j.at("stage3_prefetch_on"), "ms_per_step"));
-  EXPECT_DOUBLE_EQ(at(pairs[0], "step_time_ratio"), at(j, "step_time_ratio_prefetch_on"));
-  EXPECT_DOUBLE_EQ(at(pairs[0], "cpu_ratio"), at(j, "cpu_ratio_prefetch_on"));
+  EXPECT_DOUBLE_EQ(number_at(pairs[0], "stage0_ms_per_step"),
+                   number_at(j.at("stage0"), "ms_per_step"));
+  EXPECT_DOUBLE_EQ(number_at(pairs[0], "stage3_ms_per_step"),
+                   number_at(j.at("stage3_prefetch_on"), "ms_per_step"));
+  EXPECT_DOUBLE_EQ(number_at(pairs[0], "step_time_ratio"),
+                   number_at(j, "step_time_ratio_prefetch_on"));
+  EXPECT_DOUBLE_EQ(number_at(pairs[0], "cpu_ratio"), number_at(j, "cpu_ratio_prefetch_on"));
   for (const auto& p : pairs)
-    EXPECT_DOUBLE_EQ(at(p, "step_time_ratio"),
-                     at(p, "stage3_ms_per_step") / at(p, "stage0_ms_per_step"));
-  EXPECT_DOUBLE_EQ(at(j.at("pairs"), "step_time_ratio_median"),
-                   (at(pairs[0], "step_time_ratio") + at(pairs[1], "step_time_ratio")) / 2);
-  EXPECT_DOUBLE_EQ(at(j.at("pairs"), "cpu_ratio_median"),
-                   (at(pairs[0], "cpu_ratio") + at(pairs[1], "cpu_ratio")) / 2);
+    EXPECT_DOUBLE_EQ(number_at(p, "step_time_ratio"),
+                     number_at(p, "stage3_ms_per_step") / number_at(p, "stage0_ms_per_step"));
+  EXPECT_DOUBLE_EQ(
+      number_at(j.at("pairs"), "step_time_ratio_median"),
+      (number_at(pairs[0], "step_time_ratio") + number_at(pairs[1], "step_time_ratio")) / 2);
+  EXPECT_DOUBLE_EQ(number_at(j.at("pairs"), "cpu_ratio_median"),
+                   (number_at(pairs[0], "cpu_ratio") + number_at(pairs[1], "cpu_ratio")) / 2);
   EXPECT_EQ(j.at("payloads"), "shared-memory arena");
   const auto& on = j.at("stage3_prefetch_on");
   // The bench runs DeepSpeed's default reuse distance (what it keeps: below).
-  EXPECT_EQ(at(on, "max_reuse_distance"), 1000000000);
+  EXPECT_EQ(number_at(on, "max_reuse_distance"), 1000000000);
   // by_host: the service shares this CPU trainer's host, so every commit asked for the whole
   // update before the reply.
-  EXPECT_EQ(at(on, "commits_before_reply_per_step"), 1);
-  EXPECT_EQ(at(j.at("stage3_prefetch_off"), "commits_before_reply_per_step"), 1);
-  EXPECT_GT(at(on, "arena_bytes"), 0);
-  EXPECT_GT(at(on, "pushes_in_place"), 0);
-  EXPECT_LE(at(on, "fetches_in_place"), at(on, "fetches"));
+  EXPECT_EQ(number_at(on, "commits_before_reply_per_step"), 1);
+  EXPECT_EQ(number_at(j.at("stage3_prefetch_off"), "commits_before_reply_per_step"), 1);
+  EXPECT_GT(number_at(on, "arena_bytes"), 0);
+  EXPECT_GT(number_at(on, "pushes_in_place"), 0);
+  EXPECT_LE(number_at(on, "fetches_in_place"), number_at(on, "fetches"));
   // Through the arena the service copies each fetched block into its slot (a fetch that
   // found no free slot goes as a frame, zero-copy).
-  const double served = at(on.at("service_phases").at("serve"), "bytes");
+  const double served = number_at(on.at("service_phases").at("serve"), "bytes");
   EXPECT_GT(served, 0);
-  EXPECT_LE(served, at(on, "bytes_fetched_per_step"));
+  EXPECT_LE(served, number_at(on, "bytes_fetched_per_step"));
 }
 
 // With no block persistent (the tiny model's all are under DeepSpeed's threshold) and room
@@ -156,14 +165,14 @@ TEST(BenchZero, ReuseKeepsBlocksThatEveryUseWouldFetchAgain) {
                            std::to_string(layouts.front().numel + 2 * layouts[1].numel);
   const auto kept = bench_zero(room);
   const auto refetched = bench_zero(room + " --reuse-distance 0");
-  EXPECT_EQ(at(kept.at("stage3_prefetch_on"), "param_persistence_threshold"), 0);
-  EXPECT_EQ(at(kept.at("stage3_prefetch_on"), "max_live_parameters"), emb + 2 * layer);
-  EXPECT_EQ(at(refetched.at("stage3_prefetch_on"), "max_reuse_distance"), 0);
-  EXPECT_GT(at(refetched, "fetched_per_step_over_model"), 1.9);
-  EXPECT_LT(at(kept, "fetched_per_step_over_model"), 2.0);
-  EXPECT_LE(at(kept, "fetched_per_step_over_model"), (model + layer) / model + 1e-9);
-  EXPECT_LT(at(kept, "fetched_per_step_over_model"),
-            at(refetched, "fetched_per_step_over_model") - 0.2)
+  EXPECT_EQ(number_at(kept.at("stage3_prefetch_on"), "param_persistence_threshold"), 0);
+  EXPECT_EQ(number_at(kept.at("stage3_prefetch_on"), "max_live_parameters"), emb + 2 * layer);
+  EXPECT_EQ(number_at(refetched.at("stage3_prefetch_on"), "max_reuse_distance"), 0);
+  EXPECT_GT(number_at(refetched, "fetched_per_step_over_model"), 1.9);
+  EXPECT_LT(number_at(kept, "fetched_per_step_over_model"), 2.0);
+  EXPECT_LE(number_at(kept, "fetched_per_step_over_model"), (model + layer) / model + 1e-9);
+  EXPECT_LT(number_at(kept, "fetched_per_step_over_model"),
+            number_at(refetched, "fetched_per_step_over_model") - 0.2)
       << "reuse saves a tenth of the model's bytes a step at least";
 }
 
@@ -173,15 +182,15 @@ TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
   EXPECT_FALSE(j.contains("pairs")) << "one pair (the default): no pairs section";
   EXPECT_EQ(j.at("payloads"), "frames over tcp");
   // by_host without an arena (as for a service on another host): behind the reply.
-  EXPECT_EQ(at(j.at("stage3_prefetch_on"), "commits_before_reply_per_step"), 0);
+  EXPECT_EQ(number_at(j.at("stage3_prefetch_on"), "commits_before_reply_per_step"), 0);
   for (const char* phase : {"stage3_prefetch_on", "stage3_prefetch_off"}) {
     const auto& p = j.at(phase);
-    EXPECT_EQ(at(p, "arena_bytes"), 0) << phase;
-    EXPECT_EQ(at(p, "pushes_in_place"), 0) << phase;
-    EXPECT_EQ(at(p, "fetches_in_place"), 0) << phase;
-    EXPECT_EQ(at(p.at("sampled_peak"), "shmem_bytes"), 0) << phase;
+    EXPECT_EQ(number_at(p, "arena_bytes"), 0) << phase;
+    EXPECT_EQ(number_at(p, "pushes_in_place"), 0) << phase;
+    EXPECT_EQ(number_at(p, "fetches_in_place"), 0) << phase;
+    EXPECT_EQ(number_at(p.at("sampled_peak"), "shmem_bytes"), 0) << phase;
     // Frames of the served copies go zero-copy: the service copies nothing for them.
-    EXPECT_EQ(at(p.at("service_phases").at("serve"), "bytes"), 0) << phase;
+    EXPECT_EQ(number_at(p.at("service_phases").at("serve"), "bytes"), 0) << phase;
   }
 }
 
