@@ -143,7 +143,8 @@ uint32_t crc32c_stream_copy(void* dst, const void* src, size_t n, uint32_t crc) 
 uint32_t crc32c_stream_add_zero(float* dst, const float* src, size_t count, uint32_t crc) {
   size_t done = 0;
 #if defined(__x86_64__)
-  if (crc32c_hardware_available() && reinterpret_cast<uintptr_t>(dst) % sizeof(float) == 0) {
+  if (crc32c_hardware_available()) {
+    // A float* is 4-byte aligned, so the head to 16 bytes is whole floats.
     const size_t head = to_stream_alignment(dst, count * sizeof(float)) / sizeof(float);
     crc = crc32c(src, head * sizeof(float), crc);
     for (size_t k = 0; k < head; ++k) dst[k] = 0.0f + src[k];

@@ -67,7 +67,7 @@ AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
     if (copy_only && float_aligned) {
       const auto* g = reinterpret_cast<const float*>(payload.data() + i * element);
       // The checksum rides on the streamed 0 + g (one pass from memory: a 64 MiB push took
-      // 0.7-0.75x the time of checksumming each piece and then streaming it, same run); the
+      // 0.69-0.73x the time of checksumming each piece and then streaming it, same run); the
       // squares are then summed from the piece in cache.
       if (with_crc) {
         out.crc32c = checksum::crc32c_stream_add_zero(sum + i, g, c, out.crc32c);

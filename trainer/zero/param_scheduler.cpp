@@ -177,9 +177,8 @@ bool ParamScheduler::make_room(size_t numel, size_t needed_at, bool needed_now) 
     could_go += numel_[b];
   }
   // A prefetch that would not fit even then drops nothing; a block needed now is fetched
-  // anyway, after as much room as there is.
-  if (!needed_now && static_cast<int64_t>(live_ - std::min(live_, could_go) + numel) >
-                         options_.max_live_parameters)
+  // anyway, after as much room as there is. (The idle blocks are resident: part of live_.)
+  if (!needed_now && static_cast<int64_t>(live_ - could_go + numel) > options_.max_live_parameters)
     return false;
   std::stable_sort(idle.begin(), idle.end(),
                    [](const auto& x, const auto& y) { return x.first > y.first; });
