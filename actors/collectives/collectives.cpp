@@ -2,6 +2,8 @@
 
 #include "actors/collectives/comm_thread.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -325,6 +327,27 @@ struct GlooCollectives::Impl {
   }
 };
 
+namespace {
+
+// Gloo's TCP pairs send with writev, which cannot take MSG_NOSIGNAL: a write to a peer that
+// has just died raises SIGPIPE, whose default action kills this whole process before Gloo
+// can turn the EPIPE into the error that names the lost rank. So the first communicator
+// ignores SIGPIPE process-wide (ZeroMQ already sends with MSG_NOSIGNAL, so nothing else here
+// relies on the signal), unless the program installed a handler of its own. Children that
+// deploy::ChildProcess starts get the default action back before exec.
+void ignore_sigpipe_once() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
 GlooCollectives::GlooCollectives(int rank, int world_size, gloo::rendezvous::Store& store,
                                  GlooCollectivesOptions options)
     : Collectives(rank, world_size), options_(std::move(options)), impl_(std::make_unique<Impl>()) {
@@ -335,6 +358,7 @@ GlooCollectives::GlooCollectives(int rank, int world_size, gloo::rendezvous::Sto
   const std::string where = "GlooCollectives (rank " + std::to_string(rank) + " of " +
                             std::to_string(world_size) + ", prefix '" + options_.prefix + "')";
 
+  ignore_sigpipe_once();
   // Our own join step before Gloo's: it lets the error name the rank that never came.
   store.set(options_.prefix + "/joined/" + std::to_string(rank), {'1'});
   for (int q = 0; q < world_size; ++q) {

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <optional>
 
@@ -97,6 +99,25 @@ TEST(CollectivesFaults, RankThatHangsMakesTheOthersThrowWithinTheTimeout) {
   // The hung rank, arriving late (only once the others finished), fails too (its peers closed
   // the mesh) and does not hang.
   EXPECT_FALSE(errors[2].empty());
+}
+
+// Gloo writes to its peers with writev, which raises SIGPIPE when the peer is gone; left at
+// its default that signal killed the surviving rank's whole process (as it once did this
+// binary, in CI) instead of failing the collective with an error naming the lost rank. Once
+// a communicator exists, a write to a closed connection must come back as EPIPE.
+TEST(CollectivesFaults, AWriteToAClosedConnectionIsAnErrorNotAKill) {
+  testing::TestStore server;
+  auto errs = testing::run_world(server, fresh_job("sigpipe"), 1, [](int, Collectives&) {
+    int ends[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, ends), 0);
+    ::close(ends[1]);
+    errno = 0;
+    const char byte = 'x';
+    EXPECT_EQ(::write(ends[0], &byte, 1), -1);
+    EXPECT_EQ(errno, EPIPE);
+    ::close(ends[0]);
+  });
+  EXPECT_FALSE(errs[0]) << message(errs[0]);
 }
 
 // ---- A real process that exits in the middle of a collective ------------------------
