@@ -58,7 +58,7 @@ const std::vector<KeySpec>& deploy_keys() {
        .type = ValueType::kString,
        .doc = "where `dsactor up` serves the deployment's dashboard (every role's figures, "
               "`dsactor status` reads it too); it prints the URL at start",
-       .default_doc = "127.0.0.1:0 (a free port)",
+       .default_doc = "127.0.0.1:0 (a free port the file names for no other listener)",
        .allowed_doc = "HOST:PORT, or `none`; off loopback with `allow_remote` only (with a "
                       "token `up` prints)"},
       {.path = "env",
@@ -277,7 +277,8 @@ const std::vector<KeySpec>& deploy_keys() {
        .doc = "serve Prometheus `/metrics` and JSON `/api/state` over HTTP here "
               "(`--metrics-listen`); port 0 picks a free one, which the role logs",
        .applies_to = kOffload | kTrainer | kCoordinator,
-       .default_doc = "with the dashboard, a free loopback port `dsactor up` picks; else none",
+       .default_doc = "with the dashboard, a free loopback port `dsactor up` picks (never one "
+                      "the file names for another listener); else none",
        .allowed_doc = "HOST:PORT (127.0.0.1:9100); off loopback with `allow_remote` only, "
                       "and `dsactor up` then gives every role a metrics token it prints"},
       {.path = "roles[].env",
