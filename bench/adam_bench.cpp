@@ -136,6 +136,14 @@ nlohmann::json run_adam_bench(size_t n_params, int iters) {
     kernels::cpu::adam_step(p.get(), m.get(), v.get(), g.get(), n, h, ++step, 1.0f,
                             HalfCopy{half.get(), HalfKind::kBF16});
   });
+  // The sum of squares every pushed gradient costs the service (and the trainer's norm):
+  // against the Adam pass over the same parameters, and on the scalar path beside the best.
+  double sink = 0.0;
+  const Timing stats =
+      time_iters(iters, [&] { sink += kernels::cpu::grad_stats(g.get(), n).sum_squares; });
+  const Timing stats_scalar = time_iters(
+      iters, [&] { sink += kernels::cpu::grad_stats_isa("scalar", g.get(), n).sum_squares; });
+  if (!(sink > 0.0)) throw std::logic_error("adam bench: the gradient's squares summed to 0");
   const Timing probe =
       time_iters(iters, [&] { stream_probe(p.get(), m.get(), v.get(), g.get(), nullptr, n); });
   const Timing probe_half =
@@ -150,6 +158,9 @@ nlohmann::json run_adam_bench(size_t n_params, int iters) {
   out["adam_half_bf16"] = rates(adam_half, n, 30.0);
   out["stream_probe"] = rates(probe, n, 28.0);
   out["stream_probe_half"] = rates(probe_half, n, 30.0);
+  out["grad_stats"] = rates(stats, n, 4.0);
+  out["grad_stats_scalar"] = rates(stats_scalar, n, 4.0);
+  out["grad_stats_time_over_adam"] = stats.median_s / adam.median_s;
   out["ratio_to_probe"] = probe.median_s / adam.median_s;
   out["ratio_to_probe_half"] = probe_half.median_s / adam_half.median_s;
   // Best-of-iters ratios: less sensitive to other load on a shared machine.

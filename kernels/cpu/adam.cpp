@@ -1,5 +1,4 @@
 #include "kernels/cpu/adam.h"
-#include "kernels/cpu/grad_stats_stream.h"
 
 // GCC 12's AVX-512 intrinsic headers initialise their "undefined" vectors as `__Y = __Y`,
 // which -Wmaybe-uninitialized reports inside every caller (GCC bug 105593).
@@ -8,12 +7,9 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <stdexcept>
-#include <string>
-#include <string_view>
-#include <vector>
 
 #include "kernels/cpu/detail.h"
+#include "kernels/cpu/isa.h"
 
 namespace dsactor::kernels::cpu {
 
@@ -203,16 +199,8 @@ __attribute__((target("avx2,fma,f16c"))) void adam_range_avx2(float* param, floa
 using RangeFn = void (*)(float*, float*, float*, const float*, size_t, size_t, const AdamConsts&,
                          uint16_t*);
 
-enum class Isa { kScalar, kAvx2, kAvx512 };
-
-Isa detect_isa() {
-  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    return Isa::kAvx2;
-  }
-  return Isa::kScalar;
-}
+using detail::detect_isa;
+using detail::Isa;
 
 template <bool kL2, bool kDecoupled, int kHalf>
 RangeFn pick_for(Isa isa) {
@@ -269,95 +257,12 @@ void adam_step(float* param, float* m, float* v, const float* grad, size_t n, co
 
 void adam_step_isa(const char* isa, float* param, float* m, float* v, const float* grad, size_t n,
                    const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half) {
-  const std::string_view name = isa == nullptr ? "" : isa;
-  const Isa best = detect_isa();
-  Isa want;
-  if (name == "scalar") {
-    want = Isa::kScalar;
-  } else if (name == "avx2") {
-    want = Isa::kAvx2;
-  } else if (name == "avx512") {
-    want = Isa::kAvx512;
-  } else {
-    throw std::invalid_argument("adam_step_isa: unknown isa '" + std::string(name) +
-                                "' (allowed: avx512, avx2, scalar)");
-  }
-  if (static_cast<int>(want) > static_cast<int>(best)) {
-    throw std::invalid_argument("adam_step_isa: this CPU cannot run the '" + std::string(name) +
-                                "' path (best available: " + adam_isa() + ")");
-  }
-  adam_step_on(want, param, m, v, grad, n, h, step, grad_multiplier, half);
+  adam_step_on(detail::isa_named(isa, "adam_step_isa"), param, m, v, grad, n, h, step,
+               grad_multiplier, half);
 }
 
 const char* adam_isa() {
-  switch (detect_isa()) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kScalar:
-      break;
-  }
-  return "scalar";
-}
-
-namespace {
-constexpr size_t kStatsBlock = 4096;
-
-// One block's sum of squares. Out of line so grad_stats and GradStatsStream run the same
-// machine code (the simd reduction's association order is the compiler's choice).
-[[gnu::noinline]] double block_sum_squares(const float* grad, size_t n) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (size_t i = 0; i < n; ++i) {
-    const double x = static_cast<double>(grad[i]);
-    s += x * x;
-  }
-  return s;
-}
-}  // namespace
-
-GradStats grad_stats(const float* grad, size_t n) {
-  // Fixed-size chunks, each summed with a fixed association order, then added in chunk
-  // order: the same result for any thread count. A square of a finite float cannot
-  // overflow a double, so the total is non-finite exactly when an element is inf/NaN.
-  const size_t nchunks = (n + kStatsBlock - 1) / kStatsBlock;
-  std::vector<double> partial(nchunks, 0.0);
-  const auto nc = static_cast<int64_t>(nchunks);
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t c = 0; c < nc; ++c) {
-    const size_t lo = static_cast<size_t>(c) * kStatsBlock;
-    partial[static_cast<size_t>(c)] =
-        block_sum_squares(grad + lo, std::min(n, lo + kStatsBlock) - lo);
-  }
-  GradStats st;
-  for (double s : partial) st.sum_squares += s;
-  st.nonfinite = !std::isfinite(st.sum_squares);
-  return st;
-}
-
-void GradStatsStream::add(const float* grad, size_t n) {
-  if (!carry_.empty()) {
-    const size_t take = std::min(n, kStatsBlock - carry_.size());
-    carry_.insert(carry_.end(), grad, grad + take);
-    grad += take;
-    n -= take;
-    if (carry_.size() < kStatsBlock) return;
-    sum_squares_ += block_sum_squares(carry_.data(), kStatsBlock);
-    carry_.clear();
-  }
-  for (; n >= kStatsBlock; grad += kStatsBlock, n -= kStatsBlock) {
-    sum_squares_ += block_sum_squares(grad, kStatsBlock);
-  }
-  carry_.assign(grad, grad + n);
-}
-
-GradStats GradStatsStream::finish() {
-  if (!carry_.empty()) sum_squares_ += block_sum_squares(carry_.data(), carry_.size());
-  carry_.clear();
-  GradStats st{sum_squares_, !std::isfinite(sum_squares_)};
-  sum_squares_ = 0.0;
-  return st;
+  return detail::isa_name(detect_isa());
 }
 
 }  // namespace dsactor::kernels::cpu

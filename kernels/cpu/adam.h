@@ -60,12 +60,17 @@ const char* adam_isa();
 void adam_step_isa(const char* isa, float* param, float* m, float* v, const float* grad, size_t n,
                    const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half = {});
 
-// Sum of squares (accumulated in double, fixed order: deterministic for a given n) and
-// whether any element is inf/NaN. For global-norm clipping and the fp16 overflow vote.
+// Sum of squares in double and whether any element is inf/NaN. For global-norm clipping and
+// the fp16 overflow vote. One order of additions, whatever the thread count or vector path:
+// 4096-element blocks added in order, each block as 32 interleaved sums (element i into sum
+// i % 32, in element order) folded in halves (sum j += sum j + w, w = 16, 8, 4, 2, 1).
 struct GradStats {
   double sum_squares = 0.0;
   bool nonfinite = false;
 };
 GradStats grad_stats(const float* grad, size_t n);
+// grad_stats on one vector path ("avx512", "avx2" or "scalar"; adam_step_isa's rules), so
+// tests can check that every path returns the same bits.
+GradStats grad_stats_isa(const char* isa, const float* grad, size_t n);
 
 }  // namespace dsactor::kernels::cpu

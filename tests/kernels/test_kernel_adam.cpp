@@ -229,6 +229,45 @@ TEST(KernelGradStats, SumOfSquaresAndDeterminism) {
   }
 }
 
+// The order of additions grad_stats promises, written out one element at a time: every
+// vector path must give exactly these bits (the trainer's stage-0 norm and the offload
+// service's are taken on different machines' best paths and must agree).
+double sum_squares_in_the_documented_order(const std::vector<float>& g) {
+  double total = 0.0;
+  for (size_t lo = 0; lo < g.size(); lo += 4096) {
+    double lane[32] = {};
+    for (size_t i = lo; i < std::min(g.size(), lo + 4096); ++i) {
+      const double x = g[i];
+      lane[(i - lo) % 32] += x * x;
+    }
+    for (size_t w = 16; w > 0; w /= 2)
+      for (size_t j = 0; j < w; ++j) lane[j] += lane[j + w];
+    total += lane[0];
+  }
+  return total;
+}
+
+TEST(KernelGradStats, EveryPathAddsInTheDocumentedOrder) {
+  for (size_t n :
+       {size_t{0}, size_t{5}, size_t{31}, size_t{33}, size_t{4095}, size_t{4097}, size_t{100003}}) {
+    // Magnitudes 1e-6 to 1e6: squares 24 decades apart, so another order rounds differently.
+    std::vector<float> g = random_floats(n, 131, -1.0f, 1.0f);
+    for (size_t i = 0; i < n; ++i) g[i] *= std::pow(10.0f, static_cast<float>(i % 13) - 6.0f);
+    const double want = sum_squares_in_the_documented_order(g);
+    for (const std::string& isa : available_isas()) {
+      for (int threads : {1, 2}) {
+        GradStats got;
+        with_threads(threads, [&] { got = grad_stats_isa(isa.c_str(), g.data(), n); });
+        EXPECT_EQ(std::memcmp(&want, &got.sum_squares, sizeof(double)), 0)
+            << n << " elements, " << isa << ", " << threads << " threads: " << got.sum_squares
+            << " != " << want;
+      }
+    }
+    EXPECT_EQ(grad_stats(g.data(), n).sum_squares, want) << n;
+  }
+  EXPECT_THROW(grad_stats_isa("sse9", nullptr, 0), std::invalid_argument);
+}
+
 // Streamed in pieces of any size (chunks of an NVMe extent), the stats equal the whole
 // array's bit for bit.
 TEST(KernelGradStats, StreamedInPiecesEqualsTheWholeArray) {
