@@ -36,6 +36,19 @@ std::optional<double> stat_file_sum(const std::filesystem::path& path, int first
   return sum;
 }
 
+// One thread's CPU seconds. schedstat's first field is its time on a CPU in nanoseconds;
+// stat's utime and stime are whole clock ticks (10 ms), in which a thread of a short run
+// (two steps of the tiny model) can show none at all. stat when schedstat is missing (a
+// kernel without CONFIG_SCHED_INFO).
+std::optional<double> thread_cpu(const std::filesystem::path& task) {
+  std::ifstream schedstat(task / "schedstat");
+  double ns = 0;
+  if (schedstat >> ns) return ns * 1e-9;
+  const auto ticks = stat_file_sum(task / "stat", 14, 15);  // utime, stime
+  if (!ticks) return std::nullopt;
+  return *ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace
 
 double process_stat_sum(pid_t pid, int first, int last) {
@@ -57,9 +70,9 @@ std::map<std::string, double> thread_cpu_seconds(pid_t pid) {
     std::ifstream comm_in(task.path() / "comm");
     std::string comm;
     std::getline(comm_in, comm);
-    const auto ticks = stat_file_sum(task.path() / "stat", 14, 15);  // utime, stime
-    if (comm.empty() || !ticks) continue;                            // the thread just ended
-    out[comm] += *ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+    const auto seconds = thread_cpu(task.path());
+    if (comm.empty() || !seconds) continue;  // the thread just ended
+    out[comm] += *seconds;
   }
   return out;
 }

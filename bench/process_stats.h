@@ -17,8 +17,9 @@ std::pair<double, double> own_cpu_seconds();
 double process_stat_sum(pid_t pid, int first, int last);
 // utime + stime of another process, in seconds; 0 when unknown.
 double process_cpu_seconds(pid_t pid);
-// utime + stime of another process's live threads in seconds, summed by thread name
-// (/proc/<pid>/task/*/comm): which of its threads the CPU went to. Empty when unknown.
+// CPU seconds of a process's live threads, summed by thread name (/proc/<pid>/task/*/comm):
+// which of its threads the CPU went to. From each thread's schedstat (nanoseconds), or its
+// stat's utime + stime (clock ticks) where the kernel has no schedstat. Empty when unknown.
 std::map<std::string, double> thread_cpu_seconds(pid_t pid);
 // Minor page faults (field 10): the arena's pages the service touches after the trainer
 // gave them back each cost one.

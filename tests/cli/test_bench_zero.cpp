@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/bench_report.h"
@@ -95,8 +97,8 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_EQ(b.at("service_cpu_ms_per_step_by_thread"), on.at("service_cpu_ms_per_step_by_thread"));
   // The trainer's own CPU by thread: its compute threads worked, and no thread's share
   // exceeds the process's CPU per step, within what a thread's figure can differ by: it is
-  // counted in whole clock ticks, and read a moment after the process's own (one tick over
-  // the two steps of these runs, per step).
+  // read a moment after the process's own, and where the kernel has no schedstat it is
+  // counted in whole clock ticks (one tick over the two steps of these runs, per step).
   const double tick_ms = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
   double trainer_threads = 0;
   for (const auto& [name, ms] : on.at("trainer_cpu_ms_per_step_by_thread").items()) {
@@ -105,7 +107,12 @@ void expect_consistent(const nlohmann::json& j) {
         << name;
     trainer_threads += ms.get<double>();
   }
-  EXPECT_GT(trainer_threads, 0);
+  // In nanoseconds every thread that ran shows it; in ticks two steps of the tiny model
+  // can fall under one tick on every thread (as they did on a loaded CI box).
+  if (std::filesystem::exists("/proc/self/schedstat"))
+    EXPECT_GT(trainer_threads, 0);
+  else
+    EXPECT_GE(trainer_threads, 0);
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
