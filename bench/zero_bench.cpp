@@ -356,13 +356,15 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
       const std::string metrics = metrics_url(service);
       j = in_child(name, [&] {
         nlohmann::json cfg = base_config(o);
-        cfg["zero_optimization"] = {
-            {"stage", 3},
-            {"offload_optimizer", {{"device", "cpu"}, {"update_publication", publication}}},
-            {"offload_param", {{"device", "cpu"}}},
-            {"stage3_prefetch_bucket_size", bucket},
-            {"stage3_max_live_parameters", max_live},
-            {"stage3_max_reuse_distance", o.reuse_distance}};
+        cfg["zero_optimization"] = {{"stage", 3},
+                                    {"offload_optimizer",
+                                     {{"device", "cpu"},
+                                      {"update_publication", publication},
+                                      {"arena_checksums", o.arena_checksums}}},
+                                    {"offload_param", {{"device", "cpu"}}},
+                                    {"stage3_prefetch_bucket_size", bucket},
+                                    {"stage3_max_live_parameters", max_live},
+                                    {"stage3_max_reuse_distance", o.reuse_distance}};
         if (o.persistence_threshold)
           cfg["zero_optimization"]["stage3_param_persistence_threshold"] = *o.persistence_threshold;
         const DsConfig ds = parse_ds_config(cfg, "bench zero");
@@ -391,6 +393,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
              metrics::sum_of(phases_before, "dsactor_offload_commits_before_reply_total", {})) /
             o.steps;
         r["update_publication"] = publication;
+        r["arena_checksums"] = ds.zero_optimization.offload_optimizer.arena_checksums;
         r.update(stage3_figures(before, after, o.steps));
         r["prefetch_bucket_size"] = bucket;
         r["max_live_parameters"] = max_live;

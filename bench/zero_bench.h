@@ -36,6 +36,9 @@ struct ZeroBenchOptions {
   // Payloads through the same-host shared-memory arena (ZeroOptions::shared_memory);
   // false: frames over loopback tcp, as before the arena existed.
   bool shared_memory = true;
+  // zero_optimization.offload_optimizer.arena_checksums: arena payloads carry a crc32c
+  // their receiver checks (off by default, as in the ds_config).
+  bool arena_checksums = false;
   // Stage 0 and stage 3 (prefetch on) run this many times, alternating, after the first
   // pair of the usual phases; the step-time and CPU ratios are then also given pair by
   // pair and as their median. On a shared box whose speed drifts between phases, a pair

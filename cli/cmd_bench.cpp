@@ -174,6 +174,9 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   zero->add_flag(
       "--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; },
       "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
+  zero->add_flag("--arena-checksums", zo->arena_checksums,
+                 "arena payloads carry a crc32c their receiver checks "
+                 "(offload_optimizer.arena_checksums)");
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] {
     const nlohmann::json r = bench::run_zero_bench(*zo);

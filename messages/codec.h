@@ -89,6 +89,9 @@ struct ArenaSlice {
   uint64_t offset = 0;
   uint64_t length = 0;  // bytes
   uint32_t crc32c = 0;  // of the bytes; 0 in FetchParameters
+  // No crc32c computed (crc32c is 0) and none to check; in FetchParameters, the requester
+  // checks none of the reply's.
+  bool crc_omitted = false;
   bool operator==(const ArenaSlice&) const = default;
 };
 

@@ -108,9 +108,12 @@ std::optional<ArenaSlice> arena_slice(bool present, wire::ArenaSlice::Reader a,
                                       const Limits& limits, const char* field,
                                       std::optional<std::pair<DType, uint64_t>> shape) {
   if (!present) return std::nullopt;
-  ArenaSlice out{a.getArenaId(), a.getOffset(), a.getLength(), a.getCrc32c()};
+  ArenaSlice out{a.getArenaId(), a.getOffset(), a.getLength(), a.getCrc32c(), a.getCrcOmitted()};
   const std::string f(field);
   if (out.arena_id == 0) fail(DecodeErrc::badField, f + ".arenaId: 0 names no arena");
+  if (out.crc_omitted && out.crc32c != 0)
+    fail(DecodeErrc::badField,
+         f + ".crc32c: " + std::to_string(out.crc32c) + " given with crcOmitted (must be 0)");
   if (out.length > limits.max_payload_bytes)
     fail(DecodeErrc::tooLarge,
          f + ".length: " + std::to_string(out.length) + " bytes exceed max_payload_bytes");

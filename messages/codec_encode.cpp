@@ -49,6 +49,7 @@ void set_arena(wire::ArenaSlice::Builder b, const ArenaSlice& a) {
   b.setOffset(a.offset);
   b.setLength(a.length);
   b.setCrc32c(a.crc32c);
+  b.setCrcOmitted(a.crc_omitted);
 }
 
 kj::StringPtr text_ptr(const std::string& s) {

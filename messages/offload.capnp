@@ -243,6 +243,10 @@ struct ArenaSlice {
   offset @1 :UInt64;
   length @2 :UInt64;         # bytes
   crc32c @3 :UInt32;         # CRC-32C of the bytes (0 in FetchParameters)
+  # Set: the sender computed no CRC-32C (crc32c is 0) and the receiver checks none. In
+  # FetchParameters: the requester will not check the reply's, so the service need not
+  # compute one.
+  crcOmitted @4 :Bool;
 }
 
 # Maps the requester's arena (a sealed memfd of `size` bytes) in two steps: without

@@ -131,7 +131,9 @@ struct WorkerState {
                                                 ", declared " + std::to_string(g.arena->crc32c));
       }
     };
-    const bool check = g.arena && verify_arena_checksum;
+    // A trainer that omitted the crc of its own slot (one it wrote in place) asked for no
+    // check: what the check guards is only that trainer's step.
+    const bool check = g.arena && !g.arena->crc_omitted && verify_arena_checksum;
     const bool first = g.micro_step == 0;
     // A RAM partition's first micro-step checks the crc inside its accumulate pass (below):
     // nothing accumulated before needs protecting, and a refusal leaves micro_steps at 0, so
@@ -179,7 +181,8 @@ struct WorkerState {
 
   // A fetch that named an arena: the served bytes go into its range when they fit (one
   // copy, no frame); else the reply keeps its frame. Bytes whose crc is not known yet are
-  // checksummed as they are copied, and `cache` (the served buffer's, if any) keeps it.
+  // checksummed as they are copied, and `cache` (the served buffer's, if any) keeps it,
+  // unless the trainer said it checks none (crcOmitted): then the reply omits it too.
   void into_arena(Reply& r, const detail::Incoming& in, const msg::FetchParameters& f,
                   std::optional<uint32_t>* cache) {
     if (!f.arena || r.payload.size() > f.arena->length) return;
@@ -188,8 +191,10 @@ struct WorkerState {
     PhaseTimer copying(phases.get(), ServicePhase::kServe, r.payload.size());
     // Streamed stores: the trainer reads these bytes, this thread never does, so they are
     // written without reading the slot's lines first or evicting the cache for them.
-    uint32_t crc;
-    if (r.crc32c) {
+    uint32_t crc = 0;
+    if (f.arena->crc_omitted) {
+      checksum::stream_copy(dst.data(), r.payload.data(), r.payload.size());
+    } else if (r.crc32c) {
       checksum::stream_copy(dst.data(), r.payload.data(), r.payload.size());
       crc = *r.crc32c;
     } else {
@@ -197,8 +202,8 @@ struct WorkerState {
       if (cache) *cache = crc;
     }
     copying.stop();
-    std::get<msg::FetchReply>(r.header.body).arena =
-        msg::ArenaSlice{f.arena->arena_id, f.arena->offset, r.payload.size(), crc};
+    std::get<msg::FetchReply>(r.header.body).arena = msg::ArenaSlice{
+        f.arena->arena_id, f.arena->offset, r.payload.size(), crc, f.arena->crc_omitted};
     r.payload = {};
     r.owner.reset();
     r.crc32c.reset();

@@ -243,12 +243,17 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
   if (!grads || grads.pool_ != pool_.get() || bytes > grads.bytes().size())
     throw std::invalid_argument("send_push_gradients: " + std::to_string(bytes) +
                                 " bytes do not fit the arena buffer given");
-  // Known from the copy into the slot when the caller copied exactly these bytes in.
-  const uint32_t crc = grads.copied_ && grads.copied_->first == bytes
-                           ? grads.copied_->second
-                           : checksum::crc32c(grads.bytes().data(), bytes);
   msg::PushGradients push{partition_id, step, micro_step, dtype, count, {}};
-  push.arena = msg::ArenaSlice{pool_->arena_id(), grads.offset(), bytes, crc};
+  push.arena = msg::ArenaSlice{pool_->arena_id(), grads.offset(), bytes, 0, false};
+  if (grads.copied_ && grads.copied_->first == bytes) {
+    // Known from the copy into the slot (the caller copied exactly these bytes in): the
+    // service checks it whatever the setting, since it cost nothing here.
+    push.arena->crc32c = grads.copied_->second;
+  } else if (arena_checksums_) {
+    push.arena->crc32c = checksum::crc32c(grads.bytes().data(), bytes);
+  } else {
+    push.arena->crc_omitted = true;  // written in place: the lease keeps it as written
+  }
   const uint64_t id = send(push);
   leases_.emplace(id, std::move(grads));
   return id;
@@ -263,7 +268,8 @@ uint64_t OffloadClient::send_fetch(uint64_t partition_id, uint64_t min_version, 
   const size_t slot_bytes = pool_->slot_bytes();
   ArenaBuffer slot = pool_->take(expected_bytes > 0 ? expected_bytes : slot_bytes, slot_bytes);
   if (!slot) return send(request);
-  request.arena = msg::ArenaSlice{pool_->arena_id(), slot.offset(), slot.bytes().size(), 0};
+  request.arena =
+      msg::ArenaSlice{pool_->arena_id(), slot.offset(), slot.bytes().size(), 0, !arena_checksums_};
   const uint64_t id = send(request);
   leases_.emplace(id, std::move(slot));
   return id;
@@ -533,7 +539,10 @@ ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
                             : ", asked for a frame"));
   out.arena_bytes = out.arena.bytes().first(a.length);
   out.arena.pool_->set_used(out.arena.slot_, a.length);  // what the service wrote
-  // The frame path's decode verifies the crc; the arena path keeps that guarantee.
+  if (!arena_checksums_) return out;
+  if (a.crc_omitted)
+    return failure("wrote partition " + std::to_string(out.reply.partition_id) +
+                   " into the arena without the crc32c asked for");
   const uint32_t crc = checksum::crc32c(out.arena_bytes.data(), out.arena_bytes.size());
   if (crc != a.crc32c)
     return failure("wrote partition " + std::to_string(out.reply.partition_id) +

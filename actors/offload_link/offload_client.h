@@ -92,6 +92,15 @@ class OffloadClient {
   // sooner. 0 (the default): no heartbeats, the timeout runs from the await.
   static constexpr int kMissedHeartbeats = 3;
   void set_heartbeat(std::chrono::milliseconds interval) { heartbeat_ = interval; }
+  // Whether arena payloads carry a crc32c that their receiver checks: await_fetch checks
+  // what the service wrote against the crc its reply declares (a mismatch fails the fetch),
+  // and a push written in place into its slot declares one for the service to check. Off
+  // by default: a slot stays leased from the request until its reply is received (or the
+  // late reply, once abandoned), so neither side writes it while the other reads it, and
+  // each check reads every byte once more. Off, fetches ask the service for no crc and
+  // in-place pushes omit theirs; a push copied into its slot (ArenaBuffer::copy_in) keeps
+  // the crc its copy computed. Frames are always checked (their decode does it).
+  void set_arena_checksums(bool on) { arena_checksums_ = on; }
 
   // ---- the arena -------------------------------------------------------------------------
   // Same host only: creates an arena of `slots` slots of `slot_bytes` and has the service
@@ -272,6 +281,7 @@ class OffloadClient {
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds heartbeat_{0};
+  bool arena_checksums_ = false;
   std::set<uint64_t> pings_;  // Pings sent and not answered yet
   messages::Pong last_pong_;  // the last progress heard of (operation "" = none)
   std::string job_id_;

@@ -56,6 +56,9 @@ class ServiceClient {
 
   const std::string& endpoint() const { return endpoint_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // OffloadClient::set_arena_checksums; before the first request (the actor reads it while
+  // it runs one).
+  void set_arena_checksums(bool on) { client_->set_arena_checksums(on); }
 
   // ---- the wire's operations (messages/README.md), in posting order -------------------
   // Payloads with an owner go zero-copy: the bytes must not change until the owner is

@@ -116,8 +116,12 @@ void expect_consistent(const nlohmann::json& j) {
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
-  const auto j = bench_zero("--pairs 2");
+  // With arena checksums: the crc the service declares for a fetch is that of what it
+  // wrote, the one the trainer declares for an in-place push that of its gradient (a
+  // mismatch would fail the run).
+  const auto j = bench_zero("--pairs 2 --arena-checksums");
   expect_consistent(j);
+  EXPECT_EQ(j.at("stage3_prefetch_on").at("arena_checksums"), true);
   // Two interleaved (stage 0, stage 3) pairs: the first is the report's own phases, each
   // pair's ratios are its quotients, the medians those of the pairs.
   const auto& pairs = j.at("pairs").at("each");
@@ -188,6 +192,7 @@ TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
   expect_consistent(j);
   EXPECT_FALSE(j.contains("pairs")) << "one pair (the default): no pairs section";
   EXPECT_EQ(j.at("payloads"), "frames over tcp");
+  EXPECT_EQ(j.at("stage3_prefetch_on").at("arena_checksums"), false) << "the default";
   // by_host without an arena (as for a service on another host): behind the reply.
   EXPECT_EQ(number_at(j.at("stage3_prefetch_on"), "commits_before_reply_per_step"), 0);
   for (const char* phase : {"stage3_prefetch_on", "stage3_prefetch_off"}) {

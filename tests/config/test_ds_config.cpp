@@ -294,6 +294,26 @@ TEST(DsConfigDefaults, UpdatePublicationDefaultsToByHost) {
                     HasSubstr("\"by_host\", \"behind_reply\", \"before_reply\"")));
 }
 
+// dsactor's own key: off by default, taken as given with services, said to do nothing
+// without them, and a non-boolean names the key.
+TEST(DsConfigDefaults, VerifyArenaFetchesIsOffByDefault) {
+  EXPECT_FALSE(
+      parse_ds_config(with_batch({}), kSrc).zero_optimization.offload_optimizer.arena_checksums);
+  auto with = [](const json& device, const json& v) {
+    return with_batch(
+        {{"zero_optimization",
+          {{"stage", 3}, {"offload_optimizer", {{"device", device}, {"arena_checksums", v}}}}}});
+  };
+  const DsConfig on = parse_ds_config(with("cpu", true), kSrc);
+  EXPECT_TRUE(on.zero_optimization.offload_optimizer.arena_checksums);
+  EXPECT_TRUE(on.warnings.empty());
+  const DsConfig none = parse_ds_config(with("none", true), kSrc);
+  ASSERT_EQ(none.warnings.size(), 1u);
+  EXPECT_THAT(none.warnings[0], AllOf(HasSubstr("arena_checksums"), HasSubstr("no effect")));
+  EXPECT_THAT(error_of(with("cpu", "yes")),
+              HasSubstr("zero_optimization.offload_optimizer.arena_checksums"));
+}
+
 TEST(KeyErrors, AutoValuesAskForConcreteValues) {
   for (const json& j :
        {json{{"train_batch_size", "auto"}},

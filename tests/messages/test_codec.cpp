@@ -91,6 +91,9 @@ std::vector<Header> every_kind() {
   // The payload kinds with their bytes in a shared-memory arena instead of frame 1.
   add(PushGradients{11, 5, 2, DType::bf16, 512, ArenaSlice{3, 4096, 1024, 0xabcdef01}});
   add(FetchParameters{11, 4, DType::fp16, ArenaSlice{3, 8192, 1 << 20, 0}});
+  add(PushGradients{11, 5, 3, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}});
+  add(FetchParameters{11, 4, DType::fp32, ArenaSlice{3, 8192, 1 << 20, 0, true}});
+  add(FetchReply{11, 5, DType::fp32, 150, ArenaSlice{3, 8192, 600, 0, true}});
   add(FetchReply{11, 5, DType::fp16, 300, ArenaSlice{3, 8192, 600, 0x12345678}});
   return h;
 }
@@ -408,7 +411,8 @@ TEST(CodecMalformed, FieldsOutOfRange) {
 
 TEST(CodecMalformed, ArenaSlices) {
   // A push whose 16 fp32 values are said to lie in an arena.
-  auto push = [](uint64_t id, uint64_t offset, uint64_t length, uint64_t count = 16) {
+  auto push = [](uint64_t id, uint64_t offset, uint64_t length, uint64_t count = 16,
+                 uint32_t crc = 0, bool omitted = false) {
     return [=](wire::Header::Builder h) {
       auto p = h.getKind().initPushGradients();
       p.setPartitionId(1);
@@ -419,9 +423,14 @@ TEST(CodecMalformed, ArenaSlices) {
       a.setArenaId(id);
       a.setOffset(offset);
       a.setLength(length);
+      a.setCrc32c(crc);
+      a.setCrcOmitted(omitted);
     };
   };
   ASSERT_TRUE(decode(one(forged(push(1, 0, 64)))).ok());
+  // A crc said to be omitted must be 0: a slice cannot both declare and omit it.
+  ASSERT_TRUE(decode(one(forged(push(1, 0, 64, 16, 0, true)))).ok());
+  EXPECT_EQ(error_of(one(forged(push(1, 0, 64, 16, 7, true)))), DecodeErrc::badField);
   EXPECT_EQ(error_of(one(forged(push(0, 0, 64)))), DecodeErrc::badField);  // id 0
   // offset + length wraps around 2^64: refused before any receiver adds them.
   EXPECT_EQ(error_of(one(forged(push(1, UINT64_MAX - 10, 64)))), DecodeErrc::badField);

@@ -385,6 +385,75 @@ TEST_F(OffloadArena, ACopiedInPushDeclaresTheCrcOfWhatWasCopied) {
   EXPECT_THROW(c.arena_buffer(4096).copy_in(g.data(), 65536 + 4), std::invalid_argument);
 }
 
+// A real service omits the crc of a fetch that asked for none (writing the same bytes),
+// skips the check of a push that omitted its own (and adds it all the same), and refuses a
+// slice that claims both a crc and its omission.
+TEST_F(OffloadArena, OmittedCrcsAreNeitherComputedNorChecked) {
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "omitted");
+  ASSERT_TRUE(c.map_arena(65536, 2));
+  const uint64_t id = c.arena_id();
+  c.register_partitions(0, 1, {spec(1, 1024)});
+  const auto values = random_floats(1024, 9);
+  c.set_parameters(1, 0, DType::fp32, bytes_of(values));
+  actors::ArenaBuffer slot = c.arena_buffer(4096);
+  ASSERT_TRUE(slot);
+  for (const bool omitted : {true, false}) {
+    const msg::Header h = c.call(msg::FetchParameters{
+        1, 0, DType::fp32, msg::ArenaSlice{id, slot.offset(), 4096, 0, omitted}});
+    const auto* reply = std::get_if<msg::FetchReply>(&h.body);
+    ASSERT_NE(reply, nullptr) << msg::kind_name(h.body);
+    ASSERT_TRUE(reply->arena);
+    EXPECT_EQ(reply->arena->crc_omitted, omitted);
+    EXPECT_EQ(reply->arena->crc32c, omitted ? 0u : checksum::crc32c(values.data(), 4096));
+    expect_bits_equal(values, slot.bytes().first(4096), "the fetch written into the slot");
+  }
+  const auto g = random_floats(1024, 10);
+  std::memcpy(slot.bytes().data(), g.data(), 4096);
+  const msg::Header pushed = c.call(msg::PushGradients{
+      1, 1, 0, DType::fp32, 1024, msg::ArenaSlice{id, slot.offset(), 4096, 0, true}});
+  const auto* r = std::get_if<msg::PushReply>(&pushed.body);
+  ASSERT_NE(r, nullptr) << msg::kind_name(pushed.body);
+  EXPECT_EQ(r->sum_squares, kernels::cpu::grad_stats(g.data(), g.size()).sum_squares);
+  // crc 0 without the omission is a mismatch (these bytes' crc is not 0).
+  ASSERT_NE(checksum::crc32c(g.data(), 4096), 0u);
+  expect_refused(c.call(msg::PushGradients{1, 1, 1, DType::fp32, 1024,
+                                           msg::ArenaSlice{id, slot.offset(), 4096, 0, false}}),
+                 ErrorCode::checksumMismatch, "pushGradients.arena", "crc32c");
+  expect_refused(c.call(msg::PushGradients{1, 1, 1, DType::fp32, 1024,
+                                           msg::ArenaSlice{id, slot.offset(), 4096, 5, true}}),
+                 ErrorCode::malformed, "pushGradients.arena.crc32c", "crcOmitted");
+}
+
+// The fake service's side of a client's map_arena: the MapArena asking for a ticket, the
+// memfd handed over its door, the MapArena naming the ticket, answered as arena `id`.
+// Returns the handed memfd, the arena the client created.
+msg::UniqueFd map_for_fake(FakeService& fake, const msg::FdDoor& door, uint64_t id) {
+  const FakeService::Request ask = fake.next();
+  const auto* m = std::get_if<msg::MapArena>(&ask.header.body);
+  EXPECT_NE(m, nullptr) << msg::kind_name(ask.header.body);
+  if (!m) return msg::UniqueFd(-1);
+  EXPECT_TRUE(m->path.empty());
+  EXPECT_TRUE(m->ticket.empty());
+  fake.answer(ask, msg::MapArenaReply{0, m->size, "ticket-1", door.address()});
+  pollfd p{door.fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 60000), 1);
+  const msg::UniqueFd conn(::accept(door.fd(), nullptr, nullptr));
+  std::string why;
+  auto handed = msg::receive_fd(conn.get(), 60s, why);
+  EXPECT_TRUE(handed) << why;
+  if (!handed) return msg::UniqueFd(-1);
+  EXPECT_EQ(handed->ticket, "ticket-1");
+  EXPECT_EQ(handed->uid, ::geteuid());
+  msg::answer_hand_over(conn.get(), "ok");
+  const FakeService::Request map = fake.next();
+  m = std::get_if<msg::MapArena>(&map.header.body);
+  EXPECT_NE(m, nullptr) << msg::kind_name(map.header.body);
+  if (!m) return msg::UniqueFd(-1);
+  EXPECT_EQ(m->ticket, "ticket-1");
+  fake.answer(map, msg::MapArenaReply{id, m->size, "", ""});
+  return std::move(handed->fd);
+}
+
 TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
   FakeService fake;
   const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
@@ -393,32 +462,83 @@ TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
     EXPECT_TRUE(c.map_arena(4096, 1));
     EXPECT_EQ(c.arena_id(), 42u);
   });
-  const FakeService::Request ask = fake.next();
-  const auto* m = std::get_if<msg::MapArena>(&ask.header.body);
-  ASSERT_NE(m, nullptr) << msg::kind_name(ask.header.body);
-  EXPECT_TRUE(m->path.empty());
-  EXPECT_TRUE(m->ticket.empty());
-  fake.answer(ask, msg::MapArenaReply{0, m->size, "ticket-1", door.address()});
-  pollfd p{door.fd(), POLLIN, 0};
-  ASSERT_EQ(::poll(&p, 1, 60000), 1);
-  const msg::UniqueFd conn(::accept(door.fd(), nullptr, nullptr));
-  std::string why;
-  auto handed = msg::receive_fd(conn.get(), 60s, why);
-  ASSERT_TRUE(handed) << why;
-  EXPECT_EQ(handed->ticket, "ticket-1");
-  EXPECT_EQ(handed->uid, ::geteuid());
-  msg::answer_hand_over(conn.get(), "ok");
-  const FakeService::Request map = fake.next();
-  m = std::get_if<msg::MapArena>(&map.header.body);
-  ASSERT_NE(m, nullptr) << msg::kind_name(map.header.body);
-  EXPECT_EQ(m->ticket, "ticket-1");
-  fake.answer(map, msg::MapArenaReply{42, m->size, "", ""});
+  map_for_fake(fake, door, 42);
   mapped_and_gone.get();
   const FakeService::Request unmap = fake.next();
   const auto* u = std::get_if<msg::UnmapArena>(&unmap.header.body);
   ASSERT_NE(u, nullptr) << msg::kind_name(unmap.header.body);
   EXPECT_EQ(u->arena_id, 42u);
   EXPECT_EQ(unmap.header.job_id, "short-lived");
+}
+
+// What a client asks of a service's arena checksums, seen at a stand-in service: with
+// arena_checksums off its fetches ask for no crc, a fetch written with a wrong one is handed
+// over as written, and a push written in place omits its crc; on, the fetch is checked
+// (a wrong crc fails it, naming the partition and both checksums; a reply without one too)
+// and the push declares the crc of its bytes.
+TEST(OffloadArenaChecksums, WhatTheClientAsksAndChecksFollowsTheSetting) {
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "arena checksums on" : "off");
+    FakeService fake;
+    const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
+    OffloadClient c(fake.endpoint(), fake.client_security(), 60s, "checksums");
+    c.set_arena_checksums(on);
+    std::future<bool> mapped = std::async(std::launch::async, [&] { return c.map_arena(4096, 2); });
+    const msg::UniqueFd memfd = map_for_fake(fake, door, 7);
+    ASSERT_TRUE(mapped.get());
+    std::vector<float> values(64);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i);
+    const uint32_t right = checksum::crc32c(values.data(), 256);
+    // The service's write: 64 floats at the slot the fetch named, declared with `crc`.
+    auto fetch_answered = [&](uint32_t crc, bool omitted) {
+      const uint64_t id = c.send_fetch(3, 0, DType::fp32, 256);
+      const FakeService::Request fetch = fake.next();
+      const auto* f = std::get_if<msg::FetchParameters>(&fetch.header.body);
+      EXPECT_NE(f, nullptr) << msg::kind_name(fetch.header.body);
+      EXPECT_TRUE(f && f->arena);
+      if (!f || !f->arena) return c.await_fetch(id);
+      EXPECT_EQ(f->arena->crc_omitted, !on) << "the fetch asks for a crc only when it checks";
+      EXPECT_EQ(::pwrite(memfd.get(), values.data(), 256, static_cast<off_t>(f->arena->offset)),
+                256);
+      fake.answer(fetch, msg::FetchReply{3, 1, DType::fp32, 64,
+                                         msg::ArenaSlice{7, f->arena->offset, 256, crc, omitted}});
+      return c.await_fetch(id);
+    };
+    {
+      auto fetched = fetch_answered(right ^ 1u, false);
+      if (on) {
+        ASSERT_FALSE(fetched.ok());
+        const std::string& why = fetched.error().message;
+        EXPECT_NE(why.find("partition 3"), std::string::npos) << why;
+        EXPECT_NE(why.find(std::to_string(right)), std::string::npos) << why;
+        EXPECT_NE(why.find(std::to_string(right ^ 1u)), std::string::npos) << why;
+      } else {
+        ASSERT_TRUE(fetched.ok()) << fetched.error().message;
+        ASSERT_TRUE(fetched->in_arena());
+        ASSERT_EQ(fetched->bytes().size(), 256u);
+        EXPECT_EQ(std::memcmp(fetched->bytes().data(), values.data(), 256), 0);
+      }
+    }
+    {
+      auto fetched = fetch_answered(0, true);
+      EXPECT_EQ(fetched.ok(), !on);
+      if (on && !fetched.ok()) {
+        EXPECT_NE(fetched.error().message.find("without the crc32c"), std::string::npos)
+            << fetched.error().message;
+      }
+    }
+    // A push written in place (not copy_in): its crc only when on.
+    actors::ArenaBuffer slot = c.arena_buffer(256);
+    ASSERT_TRUE(slot);
+    std::memcpy(slot.bytes().data(), values.data(), 256);
+    c.send_push_gradients(3, 1, 0, DType::fp32, 64, std::move(slot));
+    const FakeService::Request push = fake.next();
+    const auto* g = std::get_if<msg::PushGradients>(&push.header.body);
+    ASSERT_NE(g, nullptr) << msg::kind_name(push.header.body);
+    ASSERT_TRUE(g->arena);
+    EXPECT_EQ(g->arena->crc_omitted, !on);
+    EXPECT_EQ(g->arena->crc32c, on ? right : 0u);
+  }
 }
 
 // UnmapArena, answered: the id names nothing afterwards.

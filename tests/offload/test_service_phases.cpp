@@ -84,6 +84,8 @@ TEST(ServicePhases, CountTheBytesEachPhaseMoved) {
   MeteredService m({}, logs.path, "phases");
   ASSERT_FALSE(m.url.empty());
   OffloadClient& c = m.client;
+  // Arena payloads with their crcs (off by default), so that the checksum phase counts.
+  c.set_arena_checksums(true);
   constexpr uint64_t kBig = 300000, kSmall = 4097;
   ASSERT_TRUE(c.map_arena(kBig * 4, 3));
   c.register_partitions(0, 1, {spec(1, kBig), spec(2, kSmall)});

@@ -144,6 +144,8 @@ struct OffloadOptimizerConfig {
   bool delayed_parameter_update = false;
   // dsactor's own key: when the services answer a commit (see UpdatePublication).
   UpdatePublication update_publication = UpdatePublication::kByHost;
+  // dsactor's own key: arena payloads carry a crc32c their receiver checks.
+  bool arena_checksums = false;
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

@@ -177,6 +177,12 @@ void resolve_zero(ParseState& state) {
         fmt::format("{}: zero_optimization.offload_optimizer.update_publication has no effect: "
                     "offload_optimizer.device is \"none\", so no offload service answers commits",
                     state.source));
+  if (!z.offload_optimizer.enabled() &&
+      state.has("zero_optimization.offload_optimizer.arena_checksums"))
+    state.cfg.warnings.push_back(
+        fmt::format("{}: zero_optimization.offload_optimizer.arena_checksums has no effect: "
+                    "offload_optimizer.device is \"none\", so no payload goes through an arena",
+                    state.source));
   z.zeropp_loco_param.present = state.has("zero_optimization.zeropp_loco_param");
 }
 

@@ -72,11 +72,13 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
   // allgathered blocks with more than one rank (each rank keeps only its partition), and
   // of this rank's own partitions without services (gathered, at one rank copied, before use).
   if (zo.stage == 3 && (zo.offload_param.enabled() || z_.options.world_size > 1 || z_.local)) {
-    for (size_t s = 0; s < z_.options.services.size(); ++s)
+    for (size_t s = 0; s < z_.options.services.size(); ++s) {
       fetch_clients_.push_back(std::make_unique<actors::ServiceClient>(
           system, z_.options.services[s], z_.options.service_security[s], z_.options.timeout,
           z_.options.job_id, z_.options.heartbeat_interval,
           metrics::figures_of(z_.options.actors, "fetch_client " + z_.options.services[s])));
+      fetch_clients_.back()->set_arena_checksums(zo.offload_optimizer.arena_checksums);
+    }
     model.set_transient_logits(true);  // not held through the backward's peak
     SchedulerOptions scheduling = SchedulerOptions::from(zo);
     scheduling.figures = metrics::figures_of(z_.options.actors, "fetcher");

@@ -152,11 +152,14 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
 
 void ZeroEngine::connect_services() {
   services_.clear();
-  for (size_t s = 0; s < options_.services.size(); ++s)
+  for (size_t s = 0; s < options_.services.size(); ++s) {
     services_.push_back(std::make_unique<actors::ServiceClient>(
         *system_, options_.services[s], options_.service_security[s], options_.timeout,
         options_.job_id, options_.heartbeat_interval,
         metrics::figures_of(options_.actors, "service_client " + options_.services[s])));
+    services_.back()->set_arena_checksums(
+        config_.zero_optimization.offload_optimizer.arena_checksums);
+  }
 }
 
 void ZeroEngine::start_parts() {
