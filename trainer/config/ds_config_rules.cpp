@@ -4,6 +4,9 @@
 // refuses.
 #include <fmt/format.h>
 
+#include <string>
+#include <utility>
+
 #include "key_table/key_path.h"
 #include "key_table/key_spec.h"
 #include "trainer/config/ds_config_keys.h"
@@ -170,19 +173,16 @@ void resolve_zero(ParseState& state) {
         fmt::format("value {} (partial offload) is only allowed with zero_optimization.stage 3, "
                     "stage is {}",
                     z.offload_optimizer.ratio, z.stage));
-  // Only offload services answer commits: given without them, the key would do nothing.
-  if (!z.offload_optimizer.enabled() &&
-      state.has("zero_optimization.offload_optimizer.update_publication"))
-    state.cfg.warnings.push_back(
-        fmt::format("{}: zero_optimization.offload_optimizer.update_publication has no effect: "
-                    "offload_optimizer.device is \"none\", so no offload service answers commits",
-                    state.source));
-  if (!z.offload_optimizer.enabled() &&
-      state.has("zero_optimization.offload_optimizer.arena_checksums"))
-    state.cfg.warnings.push_back(
-        fmt::format("{}: zero_optimization.offload_optimizer.arena_checksums has no effect: "
-                    "offload_optimizer.device is \"none\", so no payload goes through an arena",
-                    state.source));
+  // Keys only offload services act on: given without them, they would do nothing.
+  for (const auto& [key, why] :
+       {std::pair{"update_publication", "no offload service answers commits"},
+        std::pair{"arena_checksums", "no payload goes through an arena"}}) {
+    const std::string path = fmt::format("zero_optimization.offload_optimizer.{}", key);
+    if (!z.offload_optimizer.enabled() && state.has(path))
+      state.cfg.warnings.push_back(
+          fmt::format("{}: {} has no effect: offload_optimizer.device is \"none\", so {}",
+                      state.source, path, why));
+  }
   z.zeropp_loco_param.present = state.has("zero_optimization.zeropp_loco_param");
 }
 
