@@ -76,8 +76,11 @@ std::string await(const std::filesystem::path& fifo) {
 
 // Shell code that idles until SIGTERM, then says so and exits 0: its line in the output shows
 // the supervisor stopped it (rather than waiting for it to end).
-std::string idle_until_sigterm(const std::string& name) {
-  return "trap 'echo " + name + " stopped by SIGTERM; exit 0' TERM; sleep 300 & wait; ";
+// `ready` (a pid file written, a fifo arrived at) runs once the trap is set: run before it,
+// a SIGTERM sent as soon as the test sees it ready could kill the shell unreported.
+std::string idle_until_sigterm(const std::string& name, const std::string& ready = "") {
+  return "trap 'echo " + name + " stopped by SIGTERM; exit 0' TERM; " + ready +
+         "sleep 300 & wait; ";
 }
 
 // The supervisor's own log (spdlog's default logger) while it lives: where it says it sent
@@ -226,8 +229,8 @@ TEST(Supervisor, FailingRoleStopsTheOthersAndIsNamedWithItsExitCodeAndStderr) {
   const auto r = run({
       service_with_pid("svc", dir / "svc.pid", 0),
       sh("long",
-         "echo $$ > " + (dir / "long.pid").string() + "; " + arrive(long_runs) +
-             idle_until_sigterm("long"),
+         idle_until_sigterm("long",
+                            "echo $$ > " + (dir / "long.pid").string() + "; " + arrive(long_runs)),
          false, 1),
       sh("bad", await(long_runs) + "echo 'step 3: loss is nan' >&2; echo bye; exit 3", false, 2),
   });
@@ -285,7 +288,7 @@ TEST(Supervisor, StopRequestEndsGracefulChildrenWithSigterm) {
   SupervisorLog log;
   const auto r =
       run({sh("svc", idle_until_sigterm("svc"), true, 0),
-           sh("w", "echo $$ > " + pidfile.string() + "; " + idle_until_sigterm("w"), false, 1)},
+           sh("w", idle_until_sigterm("w", "echo $$ > " + pidfile.string() + "; "), false, 1)},
           [&](Supervisor& s) {
             wait_for_pid(pidfile, 60s);
             s.request_stop();
