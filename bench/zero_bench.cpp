@@ -387,13 +387,21 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         const ZeroStats after = engine.stats();
         const nlohmann::json phases_after = scrape_service_state(metrics);
         r["service_phases"] = service_phases_per_step(phases_before, phases_after, o.steps);
+        auto counted_per_step = [&](const char* name, const metrics::Labels& labels) {
+          return (metrics::sum_of(phases_after, name, labels) -
+                  metrics::sum_of(phases_before, name, labels)) /
+                 o.steps;
+        };
         // Which way the commits went: the service counts those asking before_reply.
         r["commits_before_reply_per_step"] =
-            (metrics::sum_of(phases_after, "dsactor_offload_commits_before_reply_total", {}) -
-             metrics::sum_of(phases_before, "dsactor_offload_commits_before_reply_total", {})) /
-            o.steps;
+            counted_per_step("dsactor_offload_commits_before_reply_total", {});
         r["update_publication"] = publication;
+        // Whether the trainer's clients omitted the arena's crcs, as the service saw them.
         r["arena_checksums"] = ds.zero_optimization.offload_optimizer.arena_checksums;
+        for (const auto& [field, kind] : {std::pair{"pushes_without_crc_per_step", "push"},
+                                          std::pair{"fetches_without_crc_per_step", "fetch"}})
+          r[field] =
+              counted_per_step("dsactor_offload_arena_slices_without_crc_total", {{"kind", kind}});
         r.update(stage3_figures(before, after, o.steps));
         r["prefetch_bucket_size"] = bucket;
         r["max_live_parameters"] = max_live;

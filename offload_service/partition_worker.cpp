@@ -192,11 +192,9 @@ struct WorkerState {
     // Streamed stores: the trainer reads these bytes, this thread never does, so they are
     // written without reading the slot's lines first or evicting the cache for them.
     uint32_t crc = 0;
-    if (f.arena->crc_omitted) {
+    if (f.arena->crc_omitted || r.crc32c) {
       checksum::stream_copy(dst.data(), r.payload.data(), r.payload.size());
-    } else if (r.crc32c) {
-      checksum::stream_copy(dst.data(), r.payload.data(), r.payload.size());
-      crc = *r.crc32c;
+      if (!f.arena->crc_omitted) crc = *r.crc32c;
     } else {
       crc = checksum::crc32c_stream_copy(dst.data(), r.payload.data(), r.payload.size());
       if (cache) *cache = crc;

@@ -63,6 +63,13 @@ void collect_gateway(metrics::Registry& r, const actors::GatewayCounters& g) {
           "by job",
           f.commits_before_reply, {{"job", job}});
     total("dsactor_offload_skips_total", "SkipStep requests, by job", f.skips, {{"job", job}});
+    const char* unchecked_help =
+        "Arena slices that omit their crc32c (offload_optimizer.arena_checksums off), by job "
+        "and kind";
+    total("dsactor_offload_arena_slices_without_crc_total", unchecked_help, f.pushes_without_crc,
+          {{"job", job}, {"kind", "push"}});
+    total("dsactor_offload_arena_slices_without_crc_total", unchecked_help, f.fetches_without_crc,
+          {{"job", job}, {"kind", "fetch"}});
   }
 }
 

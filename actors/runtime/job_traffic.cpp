@@ -22,6 +22,8 @@ void JobTraffic::count(const messages::Message& request) {
     else
       f.pushed_frame_bytes += request.payload.size();
   }
+  if (const auto* slice = messages::arena_of(body); slice && slice->crc_omitted)
+    (push ? f.pushes_without_crc : f.fetches_without_crc)++;
   f.fetches += fetch;
   f.commits += commit;
   if (commit) f.commits_before_reply += std::get<messages::CommitStep>(body).publish_before_reply;

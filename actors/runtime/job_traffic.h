@@ -20,6 +20,9 @@ struct JobTrafficFigures {
   uint64_t commits = 0;               // CommitStep requests
   uint64_t commits_before_reply = 0;  // of them, publish_before_reply
   uint64_t skips = 0;                 // SkipStep requests
+  // Arena slices that omit their crc32c (no checksum either way): pushes, fetches.
+  uint64_t pushes_without_crc = 0;
+  uint64_t fetches_without_crc = 0;
 };
 
 class JobTraffic {

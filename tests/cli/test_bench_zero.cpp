@@ -122,6 +122,9 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   const auto j = bench_zero("--pairs 2 --arena-checksums");
   expect_consistent(j);
   EXPECT_EQ(j.at("stage3_prefetch_on").at("arena_checksums"), true);
+  // ...so no slice the service received omitted its crc.
+  EXPECT_EQ(number_at(j.at("stage3_prefetch_on"), "pushes_without_crc_per_step"), 0);
+  EXPECT_EQ(number_at(j.at("stage3_prefetch_on"), "fetches_without_crc_per_step"), 0);
   // Two interleaved (stage 0, stage 3) pairs: the first is the report's own phases, each
   // pair's ratios are its quotients, the medians those of the pairs.
   const auto& pairs = j.at("pairs").at("each");
@@ -179,6 +182,11 @@ TEST(BenchZero, ReuseKeepsBlocksThatEveryUseWouldFetchAgain) {
   EXPECT_EQ(number_at(kept.at("stage3_prefetch_on"), "param_persistence_threshold"), 0);
   EXPECT_EQ(number_at(kept.at("stage3_prefetch_on"), "max_live_parameters"), emb + 2 * layer);
   EXPECT_EQ(number_at(refetched.at("stage3_prefetch_on"), "max_reuse_distance"), 0);
+  // The default (arena_checksums off) reaches both of the engine's clients: the service
+  // saw in-place pushes and fetches through the arena without a crc.
+  EXPECT_EQ(kept.at("stage3_prefetch_on").at("arena_checksums"), false);
+  EXPECT_GT(number_at(kept.at("stage3_prefetch_on"), "pushes_without_crc_per_step"), 0);
+  EXPECT_GT(number_at(kept.at("stage3_prefetch_on"), "fetches_without_crc_per_step"), 0);
   EXPECT_GT(number_at(refetched, "fetched_per_step_over_model"), 1.9);
   EXPECT_LT(number_at(kept, "fetched_per_step_over_model"), 2.0);
   EXPECT_LE(number_at(kept, "fetched_per_step_over_model"), (model + layer) / model + 1e-9);

@@ -296,7 +296,7 @@ TEST(DsConfigDefaults, UpdatePublicationDefaultsToByHost) {
 
 // dsactor's own key: off by default, taken as given with services, said to do nothing
 // without them, and a non-boolean names the key.
-TEST(DsConfigDefaults, VerifyArenaFetchesIsOffByDefault) {
+TEST(DsConfigDefaults, ArenaChecksumsAreOffByDefault) {
   EXPECT_FALSE(
       parse_ds_config(with_batch({}), kSrc).zero_optimization.offload_optimizer.arena_checksums);
   auto with = [](const json& device, const json& v) {
