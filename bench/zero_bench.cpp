@@ -207,6 +207,8 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // Of it, pages resident at the end (kept by idle slots or held), and the bytes of slot
   // pages faulted in per step (each use's bytes beyond what its slot had kept).
   r["arena_resident_bytes"] = after.arena_resident_bytes;
+  // The bound on what the pool keeps between uses (ArenaSlots::pool_keep_bytes).
+  r["arena_keep_limit_bytes"] = after.arena_keep_limit_bytes;
   r["arena_faulted_bytes_per_step"] =
       static_cast<double>(after.arena_faulted_bytes - before.arena_faulted_bytes) / n;
   // Of the measured steps' pushes and fetches (as `fetches`), those that went in place.

@@ -73,8 +73,7 @@ OffloadClient::~OffloadClient() {
 
 // ---- arena ----------------------------------------------------------------------------
 
-ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots,
-                                                 size_t keep_bytes) {
+ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots, SlotKeep keep) {
   if (has_arena() || slot_bytes == 0 || slots == 0 || !messages::is_local_endpoint(endpoint_))
     return false;
   // Slots page-aligned, so half and float views of them are aligned too.
@@ -122,7 +121,7 @@ ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots
   spdlog::debug("offload client: {} maps our {}-byte arena as {}", endpoint_, arena->size(),
                 ok->arena_id);
   arena_id_ = ok->arena_id;
-  pool_ = std::make_shared<SlotPool>(std::move(arena), ok->arena_id, slot, slots, keep_bytes);
+  pool_ = std::make_shared<SlotPool>(std::move(arena), ok->arena_id, slot, slots, keep);
   return true;
 }
 
@@ -167,6 +166,10 @@ uint64_t OffloadClient::faulted_slot_bytes() const {
 
 size_t OffloadClient::peak_idle_slot_bytes() const {
   return arena_id_ != 0 ? pool_->peak_idle_bytes() : 0;
+}
+
+size_t OffloadClient::slot_keep_limit_bytes() const {
+  return arena_id_ != 0 ? pool_->keep_limit_bytes() : 0;
 }
 
 void OffloadClient::forget(uint64_t id) {
@@ -577,8 +580,8 @@ msg::Header OffloadClient::call(msg::Body body, std::span<const std::byte> paylo
   return receive(send(std::move(body), payload, std::move(owner)), payload_frame);
 }
 
-bool OffloadClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes) {
-  return value_or_throw(try_map_arena(slot_bytes, slots, keep_bytes));
+bool OffloadClient::map_arena(size_t slot_bytes, size_t slots, SlotKeep keep) {
+  return value_or_throw(try_map_arena(slot_bytes, slots, keep));
 }
 
 msg::RegisterReply OffloadClient::register_partitions(uint32_t rank, uint32_t world_size,

@@ -107,11 +107,10 @@ class OffloadClient {
   // map it (MapArena). false, keeping frames, when the endpoint is not local (silently) or
   // the arena cannot be created or mapped (logged once per process, the reason at debug
   // level); a failure only when the service does not answer at all.
-  // A slot keeps the pages of a use that touched at most `keep_bytes` resident between
-  // uses; a use that touched more gives back all of them when the slot is released (so one
-  // large block, an embedding, costs its memory only while it is in flight or resident,
-  // as a frame would).
-  ServiceResult<bool> try_map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
+  // Slots keep the pages of their uses between them as `keep` says (SlotKeep): by default
+  // every page; a bound gives back the pages of a large block (an embedding) once it is no
+  // longer in flight or resident, as a frame's memory would be.
+  ServiceResult<bool> try_map_arena(size_t slot_bytes, size_t slots, SlotKeep keep = {});
   // Slots come from `owner`'s pool (a client of the same service and key that mapped an
   // arena) instead of one of this client's own: a trainer's fetch and push clients share
   // one pool, so the pages a slot kept serve whichever comes next. Only `owner` unmaps it;
@@ -128,10 +127,11 @@ class OffloadClient {
   // size step after step.
   ArenaBuffer arena_buffer(size_t bytes);
   // Of the arena this client mapped (0 otherwise): SlotPool::resident_bytes, faulted_bytes,
-  // peak_idle_bytes.
+  // peak_idle_bytes, keep_limit_bytes.
   size_t resident_slot_bytes() const;
   uint64_t faulted_slot_bytes() const;
   size_t peak_idle_slot_bytes() const;
+  size_t slot_keep_limit_bytes() const;
   // Gives back the pages free slots kept (MADV_REMOVE, for the service's mapping too):
   // for a caller that knows a memory peak is coming and the slots are idle until after
   // it. Thread-safe. Returns the bytes given back.
@@ -192,7 +192,7 @@ class OffloadClient {
   // ---- one round trip each, throwing (tools, tests, benches) -----------------------------
   // A ServiceFailure is thrown: timeout as OffloadTimeout, refused as OffloadError, failed
   // as std::runtime_error.
-  bool map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes = SIZE_MAX);
+  bool map_arena(size_t slot_bytes, size_t slots, SlotKeep keep = {});
   messages::RegisterReply register_partitions(uint32_t rank, uint32_t world_size,
                                               std::vector<messages::PartitionSpec> specs);
   messages::SetParametersReply set_parameters(uint64_t partition_id, uint64_t version,

@@ -193,9 +193,8 @@ ServiceFuture<msg::StatsReply> ServiceClient::stats() {
       [](OffloadClient& c) { return c.await_as<msg::StatsReply>(c.send(msg::Stats{})); });
 }
 
-ServiceFuture<bool> ServiceClient::map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes) {
-  return post<bool>(
-      [=](OffloadClient& c) { return c.try_map_arena(slot_bytes, slots, keep_bytes); });
+ServiceFuture<bool> ServiceClient::map_arena(size_t slot_bytes, size_t slots, SlotKeep keep) {
+  return post<bool>([=](OffloadClient& c) { return c.try_map_arena(slot_bytes, slots, keep); });
 }
 
 }  // namespace dsactor::actors

@@ -106,7 +106,7 @@ class ServiceClient {
   ServiceFuture<messages::DeleteCheckpointReply> delete_checkpoint(std::string name);
   ServiceFuture<messages::StatsReply> stats();
   // OffloadClient::try_map_arena: true with an arena, false with frames.
-  ServiceFuture<bool> map_arena(size_t slot_bytes, size_t slots, size_t keep_bytes);
+  ServiceFuture<bool> map_arena(size_t slot_bytes, size_t slots, SlotKeep keep);
 
   // ---- arena slots, from any thread ----------------------------------------------------
   // An empty buffer: no arena, too large, or every slot taken.
@@ -121,6 +121,7 @@ class ServiceClient {
   size_t resident_slot_bytes() const { return client_->resident_slot_bytes(); }
   uint64_t faulted_slot_bytes() const { return client_->faulted_slot_bytes(); }
   size_t peak_idle_slot_bytes() const { return client_->peak_idle_slot_bytes(); }
+  size_t slot_keep_limit_bytes() const { return client_->slot_keep_limit_bytes(); }
 
  private:
   // Runs round_trip(client) -> ServiceResult<T> on the actor after the requests posted

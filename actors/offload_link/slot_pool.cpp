@@ -58,12 +58,13 @@ void ArenaBuffer::copy_in(const void* src, size_t n) {
 }
 
 SlotPool::SlotPool(std::unique_ptr<messages::SharedArena> arena, uint64_t arena_id,
-                   size_t slot_bytes, size_t slots, size_t keep_bytes)
+                   size_t slot_bytes, size_t slots, SlotKeep keep)
     : arena_(std::move(arena)),
       arena_id_(arena_id),
       slot_bytes_(slot_bytes),
-      // Compared before rounding up: keep_bytes may be SIZE_MAX ("keep everything").
-      keep_bytes_(keep_bytes >= slot_bytes ? slot_bytes : whole_pages(keep_bytes)),
+      // Compared before rounding up: either may be SIZE_MAX ("keep everything").
+      keep_slot_(keep.per_slot >= slot_bytes ? slot_bytes : whole_pages(keep.per_slot)),
+      keep_pool_(keep.pool >= slot_bytes * slots ? slot_bytes * slots : whole_pages(keep.pool)),
       slot_busy_(slots, 0),
       slot_used_(slots, 0),
       slot_resident_(slots, 0) {}
@@ -78,21 +79,24 @@ void SlotPool::release(size_t slot) {
   std::lock_guard lock(mu_);
   slot_busy_[slot] = 0;
   const size_t used = std::exchange(slot_used_[slot], 0);
-  if (used > slot_resident_[slot]) faulted_bytes_ += used - slot_resident_[slot];
-  if (used <= keep_bytes_) {
-    slot_resident_[slot] = std::max(slot_resident_[slot], used);
-    idle_bytes_ += slot_resident_[slot];
+  size_t& resident = slot_resident_[slot];
+  if (used > resident) faulted_bytes_ += used - resident;
+  // Pages are counted whole: a page a use touched at all is resident.
+  const size_t kept = std::max(resident, whole_pages(used));
+  if (used <= keep_slot_ && kept_bytes_ - resident + kept <= keep_pool_) {
+    kept_bytes_ += kept - resident;
+    resident = kept;
+    idle_bytes_ += resident;
     peak_idle_bytes_ = std::max(peak_idle_bytes_, idle_bytes_);
     return;
   }
-  // A large payload's slot keeps nothing: what it touched is given back whole, so the
-  // slot holds no pages until its next use (the large one is rare, and its first
-  // keep_bytes would sit idle through the memory peaks between). MADV_REMOVE frees the
-  // memfd's pages (for the service's mapping too); they read back as zeros and are
-  // faulted in again by the next use that needs them.
-  const size_t end = std::min(slot_bytes_, whole_pages(used));
-  madvise(arena_->data() + slot * slot_bytes_, end, MADV_REMOVE);
-  slot_resident_[slot] = 0;
+  // Kept, these pages would sit idle through the memory peaks between their uses: a large
+  // payload is rare, and a slot beyond the pool's bound was taken only because the usual
+  // ones were all in flight. MADV_REMOVE frees the memfd's pages (for the service's mapping
+  // too); they read back as zeros and are faulted in again by the next use that needs them.
+  madvise(arena_->data() + slot * slot_bytes_, std::min(slot_bytes_, kept), MADV_REMOVE);
+  kept_bytes_ -= resident;
+  resident = 0;
 }
 
 void SlotPool::set_used(size_t slot, size_t bytes) {
@@ -105,10 +109,10 @@ size_t SlotPool::trim_free() {
   size_t given = 0;
   for (size_t i = 0; i < slot_busy_.size(); ++i) {
     if (slot_busy_[i] || slot_resident_[i] == 0) continue;
-    const size_t bytes = std::min(whole_pages(slot_resident_[i]), slot_bytes_);
-    madvise(arena_->data() + i * slot_bytes_, bytes, MADV_REMOVE);
+    madvise(arena_->data() + i * slot_bytes_, slot_resident_[i], MADV_REMOVE);
     given += slot_resident_[i];
     idle_bytes_ -= slot_resident_[i];
+    kept_bytes_ -= slot_resident_[i];
     slot_resident_[i] = 0;
   }
   return given;
@@ -120,6 +124,8 @@ size_t SlotPool::pick(size_t bytes) const {
   // kept less than the use, the most of it (the fewest faulted in): a layer that took the
   // embedding's kept pages would leave the embedding to fault in a slot of its own. Only
   // when every free slot kept twice the use or more, the smallest of them.
+  // Kept pages are counted whole: so is the use.
+  bytes = whole_pages(bytes);
   const size_t none = slot_busy_.size();
   size_t fit = none, under = none, over = none;
   for (size_t i = 0; i < slot_busy_.size(); ++i) {

@@ -23,6 +23,17 @@ namespace dsactor::actors {
 
 class SlotPool;
 
+// Which pages a pool's slots keep between uses. A slot keeps what a use touched when that
+// use touched at most `per_slot` bytes and the pool's kept pages stay within `pool` bytes;
+// otherwise the slot gives back all of its pages when released: a large payload costs its
+// memory only while it is in flight (as a frame would), and a slot the pool touched beyond
+// its steady state (a push queued behind another while the service falls behind) lends
+// its pages for that use only, instead of holding them for the rest of the run.
+struct SlotKeep {
+  size_t per_slot = SIZE_MAX;
+  size_t pool = SIZE_MAX;
+};
+
 // One slot of a pool, held: writable bytes the caller fills for a push (or a fetch reply
 // was written to). Returns the slot when destroyed; must not outlive the clients that use
 // its pool. Move-only.
@@ -62,11 +73,9 @@ class ArenaBuffer {
 class SlotPool {
  public:
   // `slots` slots of `slot_bytes` (page-aligned) over `arena`, which the service knows as
-  // `arena_id`. A slot keeps the pages of a use that touched at most `keep_bytes` resident
-  // between uses; a use that touched more gives back all of them when the slot is released
-  // (so one large block costs its memory only while it is in flight, as a frame would).
+  // `arena_id`, keeping pages as `keep` says.
   SlotPool(std::unique_ptr<messages::SharedArena> arena, uint64_t arena_id, size_t slot_bytes,
-           size_t slots, size_t keep_bytes);
+           size_t slots, SlotKeep keep);
   ~SlotPool();
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
@@ -86,6 +95,8 @@ class SlotPool {
   size_t trim_free();
   // Bytes of slot pages resident now: kept by free slots and held by taken ones.
   size_t resident_bytes() const;
+  // The bound on the pages slots keep between uses (SlotKeep::pool, whole pages).
+  size_t keep_limit_bytes() const { return keep_pool_; }
   // Bytes of slot pages faulted in so far: each use's bytes beyond what its slot had kept
   // (counted when the slot is released).
   uint64_t faulted_bytes() const;
@@ -100,7 +111,9 @@ class SlotPool {
   std::unique_ptr<messages::SharedArena> arena_;
   uint64_t arena_id_;
   size_t slot_bytes_;
-  size_t keep_bytes_;
+  size_t keep_slot_;       // SlotKeep::per_slot, at most a slot
+  size_t keep_pool_;       // SlotKeep::pool
+  size_t kept_bytes_ = 0;  // the sum of slot_resident_ over all slots, free and taken
   mutable std::mutex mu_;
   std::vector<char> slot_busy_;
   std::vector<size_t> slot_used_;      // bytes the current use of each slot may have touched

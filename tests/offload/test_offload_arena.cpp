@@ -254,7 +254,7 @@ TEST_F(OffloadArena, HostileArenaMappingsAreRefusedAndServiceKeepsServing) {
 // taken slot's.
 TEST_F(OffloadArena, SlotsKeepSmallUsesAndTrimGivesThemBack) {
   OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "keep");
-  ASSERT_TRUE(c.map_arena(16 * 4096, 2, 4 * 4096));
+  ASSERT_TRUE(c.map_arena(16 * 4096, 2, {.per_slot = 4 * 4096}));
   {
     actors::ArenaBuffer small = c.arena_buffer(3 * 4096);
     ASSERT_TRUE(small);
@@ -315,6 +315,45 @@ TEST_F(OffloadArena, SlotsServeRepeatedUsesFromTheirKeptPages) {
   EXPECT_EQ(c.arena_buffer(page).dirty_bytes(), 0u) << "given back: zeros again";
 }
 
+// The pool's bound: slots keep their uses' pages while the pool's kept pages stay within
+// it; a use beyond it (a third layer-sized slot while two are kept: a push queued behind
+// another) lends its pages for that use only, so the pool keeps no more than the bound
+// however many slots were once in use at the same time, and a later round that does the
+// same faults in only that use's pages again.
+TEST_F(OffloadArena, PoolKeepsNoMoreThanItsBound) {
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "bound");
+  constexpr size_t page = 4096;
+  ASSERT_TRUE(c.map_arena(8 * page, 4, {.pool = 10 * page}));
+  EXPECT_EQ(c.slot_keep_limit_bytes(), 10 * page);
+  auto round = [&](int layers) {
+    std::vector<actors::ArenaBuffer> held;
+    for (int i = 0; i < layers; ++i) {
+      held.push_back(c.arena_buffer(4 * page));
+      ASSERT_TRUE(held.back());
+      std::memset(held.back().bytes().data(), 1, 4 * page);
+    }
+    EXPECT_EQ(c.resident_slot_bytes(), layers * 4 * page) << "in use, whatever the bound";
+  };
+  round(2);
+  EXPECT_EQ(c.resident_slot_bytes(), 8 * page) << "within the bound: kept";
+  EXPECT_EQ(c.faulted_slot_bytes(), 8 * page);
+  round(3);
+  EXPECT_EQ(c.resident_slot_bytes(), 8 * page) << "the third slot's pages went back";
+  EXPECT_EQ(c.faulted_slot_bytes(), 12 * page);
+  round(3);
+  EXPECT_EQ(c.resident_slot_bytes(), 8 * page);
+  EXPECT_EQ(c.faulted_slot_bytes(), 16 * page) << "only the use beyond the bound faults again";
+  round(2);
+  EXPECT_EQ(c.faulted_slot_bytes(), 16 * page) << "the kept slots serve the usual rounds";
+  // A given-back slot reads zeros again; the kept ones what their last use wrote.
+  actors::ArenaBuffer a = c.arena_buffer(4 * page), b = c.arena_buffer(4 * page),
+                      fresh = c.arena_buffer(4 * page);
+  ASSERT_TRUE(a && b && fresh);
+  EXPECT_EQ(a.dirty_bytes() + b.dirty_bytes(), 8 * page);
+  EXPECT_EQ(fresh.dirty_bytes(), 0u);
+  for (std::byte x : fresh.bytes()) ASSERT_EQ(x, std::byte{0});
+}
+
 // A second client of the same service and key shares the first one's pool (a trainer's
 // fetch and push clients): a fetch that says what size it expects lands in the slot that
 // kept that size, a push goes from the slot a fetch just freed, and the pool's owner
@@ -348,7 +387,9 @@ TEST_F(OffloadArena, ClientsSharingAPoolReuseItsSlots) {
   }
   EXPECT_EQ(pushes.faulted_slot_bytes(), (big.size() + small.size()) * 4)
       << "each size faulted in once, then reused by fetches and pushes alike";
-  EXPECT_EQ(pushes.resident_slot_bytes(), (big.size() + small.size()) * 4);
+  auto pages = [](size_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  EXPECT_EQ(pushes.resident_slot_bytes(), pages(big.size() * 4) + pages(small.size() * 4))
+      << "kept whole pages";
   EXPECT_THROW(pushes.share_arena(fetches), std::logic_error) << "it has an arena of its own";
 }
 

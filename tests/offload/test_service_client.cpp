@@ -175,7 +175,7 @@ TEST_F(ServiceClientTest, ArenaSlotsTravelWithPushes) {
   const auto init = held(random_floats(s.element_count, 5));
   ASSERT_TRUE(client.register_partitions(0, 1, {s}).get().ok());
   ASSERT_TRUE(client.set_parameters(3, 0, DType::fp32, bytes_of(*init), init).get().ok());
-  auto mapped = client.map_arena(4096 * 4, 1, SIZE_MAX).get();
+  auto mapped = client.map_arena(4096 * 4, 1, {}).get();
   ASSERT_TRUE(mapped.ok() && mapped.value());
   ASSERT_TRUE(client.has_arena());
   for (uint32_t micro = 0; micro < 3; ++micro) {
@@ -204,7 +204,7 @@ TEST_F(ServiceClientTest, AFetchedSlotIsHeldByItsResult) {
   const auto init = held(random_floats(s.element_count, 6));
   ASSERT_TRUE(client.register_partitions(0, 1, {s}).get().ok());
   ASSERT_TRUE(client.set_parameters(4, 0, DType::fp32, bytes_of(*init), init).get().ok());
-  auto mapped = client.map_arena(2048 * 4, 1, SIZE_MAX).get();
+  auto mapped = client.map_arena(2048 * 4, 1, {}).get();
   ASSERT_TRUE(mapped.ok() && mapped.value());
   {
     auto in_slot = client.fetch(4, 0, DType::fp32).get();

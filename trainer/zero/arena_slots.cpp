@@ -5,23 +5,41 @@
 
 namespace dsactor::trainer {
 
+namespace {
+size_t whole_pages(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  return (bytes + kPage - 1) / kPage * kPage;
+}
+}  // namespace
+
 ArenaSlots arena_slots(const ZeroContext& z, size_t service) {
+  const ZeroConfig& zc = z.config.zero_optimization;
   const size_t elem = messages::dtype_size(z.wire_dtype());
   std::vector<size_t> sizes;
+  size_t layer = 0, persistent = 0;  // bytes: the largest layer's, the persistent blocks'
   for (size_t b = 0; b < z.layouts.size(); ++b) {
     const PartitionSlice& p = z.mine(b);
-    if (p.service == service && p.count > 0) sizes.push_back(p.count * elem);
+    if (p.service != service || p.count == 0) continue;
+    const size_t bytes = p.count * elem;
+    sizes.push_back(bytes);
+    if (z.layouts[b].kind == BlockKind::kLayer) layer = std::max(layer, bytes);
+    if (static_cast<int64_t>(z.layouts[b].numel) < zc.param_persistence_threshold)
+      persistent += whole_pages(bytes);
   }
   ArenaSlots a;
   a.partitions = sizes.size();
   if (sizes.empty()) return a;
+  a.push_slots = z.options.max_pushes_in_flight + 1;
   std::sort(sizes.rbegin(), sizes.rend());
   a.keep_bytes = sizes.size() > 1 ? sizes[1] : sizes[0];
   a.slot_bytes = z.in_place() ? sizes[0] : a.keep_bytes;
-  const auto max_live =
-      static_cast<size_t>(std::max<int64_t>(1, z.config.zero_optimization.max_live_parameters));
-  const size_t resident = max_live / std::max<size_t>(1, a.keep_bytes / elem);
-  a.fetch_slots = std::clamp<size_t>(resident + 1, 1, a.partitions);
+  const size_t block = std::max<size_t>(1, a.keep_bytes / elem);  // elements
+  const auto max_live = static_cast<size_t>(std::max<int64_t>(1, zc.max_live_parameters));
+  a.fetch_slots = std::clamp<size_t>(max_live / block + 1, 1, a.partitions);
+  const auto bucket = static_cast<size_t>(std::max<int64_t>(0, zc.prefetch_bucket_size));
+  const size_t window = std::min((bucket + block - 1) / block, a.fetch_slots);
+  a.pool_keep_bytes = persistent + whole_pages(sizes[0]) + (3 + window) * whole_pages(layer) +
+                      (a.push_slots + a.fetch_slots) * 4096;
   return a;
 }
 

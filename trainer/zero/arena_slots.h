@@ -11,9 +11,21 @@ struct ArenaSlots {
   size_t slot_bytes = 0;  // a payload larger than this travels as a frame
   size_t keep_bytes = 0;  // the pages a slot keeps between uses (OffloadClient::map_arena)
   size_t partitions = 0;  // this rank's partitions on the service (0: no arena needed)
+  // Slots for pushes: one per push in flight and one for the gradient being written.
+  size_t push_slots = 0;
   // Stage 3: slots for fetched blocks, one per block the resident set can hold besides
   // the one being fetched (a block fetched in place lives in its slot).
   size_t fetch_slots = 0;
+  // Stage 3: the pages the pool of fetch and push slots keeps between uses (SlotKeep::pool):
+  // those of the step's steady state while the service keeps up. The persistent blocks'
+  // parameters (resident all step); the largest partition (the tied embedding: its
+  // parameters in the forward, its gradient through the backward, one leaving its pages to
+  // the other at the LM head); in layers, the one in use and the prefetch window's, the
+  // gradient being written and the push the service is reading; a page a slot for small
+  // blocks. A second push queued behind the first while the service falls behind, or a
+  // fetch beyond the window, borrows pages it gives back: kept, they would sit idle
+  // through every later step's memory peak.
+  size_t pool_keep_bytes = 0;
 };
 
 // In place (ZeroContext::in_place) slots hold the largest partition, the embedding.

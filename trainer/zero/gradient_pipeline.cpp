@@ -60,20 +60,22 @@ GradientPipeline::~GradientPipeline() {
 }
 
 void GradientPipeline::map_arenas(bool with_fetches) {
-  // With the fetches, one pool whose slots keep every page: a slot freed by a block's
-  // parameters takes the next gradient or fetch of its size (the embedding's parameters,
-  // released at the LM head's backward, leave their pages to its gradient, which leaves
-  // them to the next step's fetch), so a step faults in no page the last one had. It holds
-  // what the step holds at its peak (the embedding and the layers in flight either way).
+  // With the fetches, one pool whose slots keep the pages of the step's steady state
+  // (ArenaSlots::pool_keep_bytes): a slot freed by a block's parameters takes the next
+  // gradient or fetch of its size (the embedding's parameters, released at the LM head's
+  // backward, leave their pages to its gradient, which leaves them to the next step's
+  // fetch), so a step faults in no page the last one had, unless the service fell behind.
   pool_ = with_fetches;
   for (size_t s = 0; s < z_.services.size(); ++s) {
     const ArenaSlots a = arena_slots(z_, s);
     if (a.partitions == 0) continue;
     arena_push_limit_[s] = a.slot_bytes;
     actors::ServiceClient& service = *z_.services[s];
-    const size_t slots = z_.options.max_pushes_in_flight + 1 + (pool_ ? a.fetch_slots : 0);
+    const size_t slots = a.push_slots + (pool_ ? a.fetch_slots : 0);
+    const actors::SlotKeep keep = pool_ ? actors::SlotKeep{SIZE_MAX, a.pool_keep_bytes}
+                                        : actors::SlotKeep{a.keep_bytes, SIZE_MAX};
     await_or_throw(service, "map_arena", z_.counters.committed_step,
-                   service.map_arena(a.slot_bytes, slots, pool_ ? SIZE_MAX : a.keep_bytes));
+                   service.map_arena(a.slot_bytes, slots, keep));
   }
 }
 
@@ -376,6 +378,7 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
     s.arena_resident_bytes += service->resident_slot_bytes();
     s.arena_faulted_bytes += service->faulted_slot_bytes();
     s.arena_peak_idle_bytes += service->peak_idle_slot_bytes();
+    s.arena_keep_limit_bytes += service->slot_keep_limit_bytes();
   }
 }
 

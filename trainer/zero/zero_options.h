@@ -124,11 +124,13 @@ struct ZeroStats {
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
   // Arena slot pages: resident now (kept by free slots, held by taken ones), faulted in so
-  // far (a use's bytes beyond what its slot kept: what giving pages back costs), and the
-  // most kept by free slots at once (memory beyond the peaks above).
+  // far (a use's bytes beyond what its slot kept: what giving pages back costs), the most
+  // kept by free slots at once (memory beyond the peaks above), and the bound on what slots
+  // keep between uses (stage 3: ArenaSlots::pool_keep_bytes; the arena's size when none).
   size_t arena_resident_bytes = 0;
   uint64_t arena_faulted_bytes = 0;
   size_t arena_peak_idle_bytes = 0;
+  size_t arena_keep_limit_bytes = 0;
   SchedulerStats scheduler;  // stage 3 only
 };
 
