@@ -17,6 +17,7 @@
 #include "bench/zero_breakdown.h"
 #include "bench/zero_memory_bench.h"
 #include "cli/commands.h"
+#include "cli/openmp_waits.h"
 
 namespace dsactor::cli {
 namespace {
@@ -179,7 +180,11 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
                  "(offload_optimizer.arena_checksums)");
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] {
-    const nlohmann::json r = bench::run_zero_bench(*zo);
+    // As a trainer beside its service does (cli/openmp_waits.h); stage 0 runs so too.
+    sleep_idle_openmp_threads(
+        "bench zero: stage 3's trainer shares this host's cores with its offload service");
+    nlohmann::json r = bench::run_zero_bench(*zo);
+    r["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY");
     print_result(r, *json);
     if (!*json) fmt::print("\n{}", bench::breakdown_table(r.at("breakdown_prefetch_on")));
   });

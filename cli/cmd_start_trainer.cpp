@@ -21,10 +21,12 @@
 #include "actors/collectives/rendezvous_store.h"
 #include "actors/runtime/runtime.h"
 #include "cli/metrics_flags.h"
+#include "cli/openmp_waits.h"
 #include "cli/rendezvous_metrics.h"
 #include "cli/start_trainer.h"
 #include "cli/trainer_rendezvous.h"
 #include "cli/trainer_world.h"
+#include "messages/shm_arena.h"
 #include "trainer/checkpoint_series.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
@@ -473,6 +475,14 @@ std::optional<CheckpointPolicy> checkpoint_policy(const StartTrainerArgs& a) {
 }  // namespace
 
 int run_start_trainer(const StartTrainerArgs& a) {
+  // Beside a service on this host, idle OpenMP threads sleep: before anything else, since
+  // it may re-execute this process.
+  const auto local = std::find_if(a.offload.begin(), a.offload.end(), [](const std::string& e) {
+    return messages::is_local_endpoint(e);
+  });
+  if (local != a.offload.end())
+    sleep_idle_openmp_threads(
+        fmt::format("{}: shares this host's cores with the offload service at {}", a.name, *local));
   if (a.deepspeed_flag)
     spdlog::info("{}: --deepspeed changes nothing: dsactor always runs its DeepSpeed engine",
                  a.name);

@@ -3,6 +3,10 @@
 // which, and both end with the same weights bit for bit.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+#include <string>
+
 #include "deploy/service_process.h"
 #include "tests/cli/cli_test_util.h"
 #include "tests/deploy/deploy_test_util.h"
@@ -41,6 +45,38 @@ TEST(StartTrainerPayloads, ArenaAndFramesTrainTheSameWeights) {
   EXPECT_EQ(dsactor::testing::max_weight_difference(dir.path() / "arena/model.safetensors",
                                                     dir.path() / "frames/model.safetensors"),
             0.0f);
+}
+
+// A trainer whose service shares its host restarts itself once with OMP_WAIT_POLICY=passive
+// (libgomp reads it only at load), before anything else, unless the user set it; one
+// whose services are elsewhere keeps OpenMP's default. Checked on runs that stop at the
+// missing --config right after that point.
+TEST(StartTrainerPayloads, BesideALocalServiceIdleOpenMpThreadsSleep) {
+  TempDir dir;
+  const char* before = std::getenv("OMP_WAIT_POLICY");
+  const std::optional<std::string> saved =
+      before ? std::optional<std::string>(before) : std::nullopt;
+  auto restarts = [&](const std::string& endpoint) {
+    const auto r =
+        run_dsactor("start --role trainer --data corpus.txt --offload " + endpoint, dir.path());
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("needs --config"), std::string::npos) << r.err;
+    size_t count = 0;
+    for (size_t at = r.err.find("restarting with OMP_WAIT_POLICY=passive"); at != std::string::npos;
+         at = r.err.find("restarting with", at + 1))
+      ++count;
+    return count;
+  };
+  unsetenv("OMP_WAIT_POLICY");
+  EXPECT_EQ(restarts("tcp://127.0.0.1:5555"), 1u) << "once: the restarted trainer has it set";
+  EXPECT_EQ(restarts("ipc:///tmp/dsactor-no-such-service"), 1u);
+  EXPECT_EQ(restarts("tcp://10.1.2.3:5555"), 0u) << "a service on another host";
+  setenv("OMP_WAIT_POLICY", "active", 1);
+  EXPECT_EQ(restarts("tcp://127.0.0.1:5555"), 0u) << "the user's choice stands";
+  if (saved)
+    setenv("OMP_WAIT_POLICY", saved->c_str(), 1);
+  else
+    unsetenv("OMP_WAIT_POLICY");
 }
 
 }  // namespace
