@@ -184,7 +184,8 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
     sleep_idle_openmp_threads(
         "bench zero: stage 3's trainer shares this host's cores with its offload service");
     nlohmann::json r = bench::run_zero_bench(*zo);
-    r["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY");
+    const char* policy = std::getenv("OMP_WAIT_POLICY");  // null: the restart failed
+    r["omp_wait_policy"] = policy ? nlohmann::json(policy) : nlohmann::json();
     print_result(r, *json);
     if (!*json) fmt::print("\n{}", bench::breakdown_table(r.at("breakdown_prefetch_on")));
   });

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <stdexcept>
 #include <vector>
 
 namespace dsactor::cli {
@@ -25,7 +24,13 @@ void sleep_idle_openmp_threads(const std::string& why) {
     if (end == std::string::npos) break;
     at = end + 1;
   }
-  if (args.empty()) throw std::runtime_error("cannot read this process's arguments");
+  if (args.empty()) {
+    spdlog::warn(
+        "{}: idle OpenMP threads keep spinning: this process's arguments cannot be "
+        "read to restart it with OMP_WAIT_POLICY=passive (set it to silence this)",
+        why);
+    return;
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -36,8 +41,11 @@ void sleep_idle_openmp_threads(const std::string& why) {
   spdlog::default_logger()->flush();
   setenv("OMP_WAIT_POLICY", "passive", 1);
   execv("/proc/self/exe", argv.data());
-  throw std::runtime_error(std::string("cannot restart with OMP_WAIT_POLICY=passive: ") +
-                           std::strerror(errno));
+  // Still this process, with libgomp as it loaded: go on spinning rather than fail the run.
+  const int error = errno;
+  unsetenv("OMP_WAIT_POLICY");
+  spdlog::warn("{}: idle OpenMP threads keep spinning: restarting failed ({})", why,
+               std::strerror(error));
 }
 
 }  // namespace dsactor::cli
