@@ -61,6 +61,7 @@ TEST(StartTrainerPayloads, BesideALocalServiceIdleOpenMpThreadsSleep) {
         run_dsactor("start --role trainer --data corpus.txt --offload " + endpoint, dir.path());
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("needs --config"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("keep spinning"), std::string::npos) << "the restart ran: " << r.err;
     size_t count = 0;
     for (size_t at = r.err.find("restarting with OMP_WAIT_POLICY=passive"); at != std::string::npos;
          at = r.err.find("restarting with", at + 1))

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <vector>
 
+#include "storage/aligned_buffer.h"
+
 namespace dsactor::trainer {
 
 namespace {
+constexpr size_t kPage = 4096;
 size_t whole_pages(size_t bytes) {
-  constexpr size_t kPage = 4096;
-  return (bytes + kPage - 1) / kPage * kPage;
+  return storage::align_up(bytes, kPage);
 }
 }  // namespace
 
@@ -39,7 +41,7 @@ ArenaSlots arena_slots(const ZeroContext& z, size_t service) {
   const auto bucket = static_cast<size_t>(std::max<int64_t>(0, zc.prefetch_bucket_size));
   const size_t window = std::min((bucket + block - 1) / block, a.fetch_slots);
   a.pool_keep_bytes = persistent + whole_pages(sizes[0]) + (3 + window) * whole_pages(layer) +
-                      (a.push_slots + a.fetch_slots) * 4096;
+                      (a.push_slots + a.fetch_slots) * kPage;
   return a;
 }
 
