@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "actors/offload_link/offload_client.h"
+#include "bench/core_split.h"
 #include "bench/forked_child.h"
 #include "bench/process_stats.h"
 #include "bench/stopwatch.h"
@@ -346,17 +347,23 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   const Stage3Knobs lean = lean_stage3_knobs(o.model);
   const int64_t bucket_on = o.prefetch_bucket > 0 ? o.prefetch_bucket : lean.prefetch_bucket;
   const int64_t max_live = o.max_live > 0 ? o.max_live : lean.max_live;
-  auto stage3 = [&](const char* name, int64_t bucket, const char* publication) {
+  // With `split`, the service runs on a core of its own and the trainer on the others.
+  auto stage3 = [&](const char* name, int64_t bucket, const char* publication,
+                    const CoreSplit* split = nullptr) {
     char tmpl[] = "/tmp/dsactor-benchzero-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     const fs::path dir = tmpl;
     nlohmann::json j;
     try {
       // A fresh service per phase: the phases do not share its memory or its jobs.
+      std::optional<ThreadCpus> pinned;
+      if (split) pinned.emplace(std::vector<int>{split->service});
       deploy::ServiceProcess service(fs::read_symlink("/proc/self/exe").string(),
                                      {"--metrics-listen", "127.0.0.1:0"}, dir / "offload.log");
+      pinned.reset();
       const std::string metrics = metrics_url(service);
       j = in_child(name, [&] {
+        if (split) use_cpus(split->trainer);
         nlohmann::json cfg = base_config(o);
         cfg["zero_optimization"] = {{"stage", 3},
                                     {"offload_optimizer",
@@ -398,6 +405,11 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         r["commits_before_reply_per_step"] =
             counted_per_step("dsactor_offload_commits_before_reply_total", {});
         r["update_publication"] = publication;
+        if (split) {
+          // As the kernel has them, not as asked.
+          r["service_cpus_allowed"] = cpus_allowed_list(service.pid());
+          r["trainer_cpus_allowed"] = cpus_allowed_list(getpid());
+        }
         // Whether the trainer's clients omitted the arena's crcs, as the service saw them.
         r["arena_checksums"] = ds.zero_optimization.offload_optimizer.arena_checksums;
         for (const auto& [field, kind] : {std::pair{"pushes_without_crc_per_step", "push"},
@@ -424,7 +436,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   const nlohmann::json off = stage3("stage3_prefetch_off", 0, "by_host");
   const nlohmann::json behind_reply = stage3("stage3_behind_reply", bucket_on, "behind_reply");
   const nlohmann::json rates =
-      ForkedChild("bench zero rates", [] { return machine_rates(); }).result();
+      ForkedChild("bench zero rates", [&] { return machine_rates(params); }).result();
 
   nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off, behind_reply);
   if (o.pairs > 1) {
@@ -439,6 +451,19 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   }
   out["rates"] = rates;
   out["breakdown_prefetch_on"] = step_breakdown(on, rates, params);
+  if (o.service_own_core) {
+    // Last, so that the shared phases and the pairs run as without it. Its step time is not
+    // compared with stage 0 (the trainer has a core less); its service's CPU is, against
+    // the kernel at the service's one OpenMP thread.
+    const CoreSplit split = split_cores();
+    out["stage3_service_own_core"] =
+        stage3("stage3_service_own_core", bucket_on, "by_host", &split);
+    nlohmann::json one_thread = rates;
+    one_thread["adam_params_per_s"] = rates.at("adam_one_thread_params_per_s");
+    one_thread["adam_cpu_seconds_per_param"] = rates.at("adam_one_thread_cpu_seconds_per_param");
+    out["breakdown_service_own_core"] =
+        step_breakdown(out["stage3_service_own_core"], one_thread, params);
+  }
   return out;
 }
 

@@ -44,6 +44,10 @@ struct ZeroBenchOptions {
   // pair and as their median. On a shared box whose speed drifts between phases, a pair
   // measured back to back is steadier than one stage-0 phase against later ones.
   int pairs = 1;
+  // One more stage-3 phase (prefetch on), last, with the service on a core of its own and
+  // the trainer on the others (core_split.h): the service's CPU per step without sharing
+  // its core with the trainer's compute. Needs at least 2 CPUs.
+  bool service_own_core = false;
 };
 
 // The stage-3 resident set the ZeRO benches run with by default: prefetch one transformer

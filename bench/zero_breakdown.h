@@ -10,9 +10,11 @@
 namespace dsactor::bench {
 
 // The references the rows are measured against: a warm single-thread memcpy (64 MiB) and
-// kernels::cpu::adam_step's params/s (AdamW, no half copy). Runs OpenMP: call it in a
-// forked child, never in a parent that forks later.
-nlohmann::json machine_rates();
+// kernels::cpu::adam_step (AdamW, no half copy) over `model_parameters` elements: its
+// params/s and CPU seconds per parameter (and, for comparison, the same over 4M elements,
+// mostly in cache). Runs OpenMP: call it in a forked child, never in a parent that forks
+// later.
+nlohmann::json machine_rates(size_t model_parameters);
 
 // The service's /api/state at `metrics_url` (http://host:port), or throws naming the url.
 nlohmann::json scrape_service_state(const std::string& metrics_url);

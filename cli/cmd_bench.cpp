@@ -178,6 +178,9 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   zero->add_flag("--arena-checksums", zo->arena_checksums,
                  "arena payloads carry a crc32c their receiver checks "
                  "(offload_optimizer.arena_checksums)");
+  zero->add_flag("--service-own-core", zo->service_own_core,
+                 "one more stage-3 phase with the service on a core of its own and the trainer "
+                 "on the others: the service's CPU per step without sharing a core");
   zero->add_flag("--json", *json, "print one JSON object");
   zero->callback([zo, json] {
     // As a trainer beside its service does (cli/openmp_waits.h); stage 0 runs so too.
@@ -187,7 +190,11 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
     const char* policy = std::getenv("OMP_WAIT_POLICY");  // null: the restart failed
     r["omp_wait_policy"] = policy ? nlohmann::json(policy) : nlohmann::json();
     print_result(r, *json);
-    if (!*json) fmt::print("\n{}", bench::breakdown_table(r.at("breakdown_prefetch_on")));
+    if (*json) return;
+    fmt::print("\n{}", bench::breakdown_table(r.at("breakdown_prefetch_on")));
+    if (r.contains("breakdown_service_own_core"))
+      fmt::print("\nthe service on a core of its own (its Adam on one thread):\n{}",
+                 bench::breakdown_table(r.at("breakdown_service_own_core")));
   });
 }
 

@@ -5,12 +5,18 @@
 // counters hold the bytes the trainer moved (also when the service answers commits before
 // the update, behind_reply), and update_publication's by_host asks a same-host service (one
 // with an arena) to answer after the whole update and one without to answer before it, as
-// the service counted the commits. No timing or memory size is asserted.
+// the service counted the commits; --service-own-core runs its service on a CPU of its own
+// and the trainer on the others, as the kernel reports them. No timing or memory size is
+// asserted.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <set>
+#include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -86,6 +92,13 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_DOUBLE_EQ(
       number_at(b, "service_cpu_over_adam_kernel"),
       number_at(b, "service_cpu_seconds_per_step") / number_at(b, "adam_kernel_seconds_for_model"));
+  // The reference is the kernel over as many parameters as the service steps, not a
+  // smaller buffer that stays in cache.
+  const auto& rates = j.at("rates");
+  EXPECT_EQ(number_at(rates, "adam_kernel_parameters"), number_at(j, "parameters"));
+  EXPECT_DOUBLE_EQ(number_at(b, "adam_kernel_seconds_for_model"),
+                   number_at(j, "parameters") * number_at(rates, "adam_cpu_seconds_per_param"));
+  EXPECT_GT(number_at(rates, "adam_in_cache_cpu_seconds_per_param"), 0);
   EXPECT_DOUBLE_EQ(number_at(b.at("trainer").at("push_wait"), "bytes"),
                    number_at(on, "bytes_pushed_per_step"));
   // What no phase counted is the service's CPU less every phase's.
@@ -202,6 +215,51 @@ TEST(BenchZero, ReuseKeepsBlocksThatEveryUseWouldFetchAgain) {
   EXPECT_LT(number_at(kept, "fetched_per_step_over_model"),
             number_at(refetched, "fetched_per_step_over_model") - 0.2)
       << "reuse saves a tenth of the model's bytes a step at least";
+}
+
+// "0-2,5" as a set of CPUs.
+std::set<int> cpu_list(const std::string& list) {
+  std::set<int> out;
+  std::stringstream in(list);
+  for (std::string part; std::getline(in, part, ',');) {
+    const size_t dash = part.find('-');
+    const int lo = std::stoi(part.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) out.insert(c);
+  }
+  return out;
+}
+
+TEST(BenchZero, ServiceOwnCorePinsTheServiceApartFromTheTrainer) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  ASSERT_EQ(sched_getaffinity(0, sizeof mask, &mask), 0);
+  std::set<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) allowed.insert(c);
+  if (allowed.size() < 2) GTEST_SKIP() << "one CPU: nothing to split";
+
+  const auto j = bench_zero("--service-own-core");
+  expect_consistent(j);
+  EXPECT_FALSE(j.at("stage3_prefetch_on").contains("service_cpus_allowed")) << "shared cores";
+  // As the kernel had them: the service on the highest CPU alone, the trainer on the rest.
+  const auto& own = j.at("stage3_service_own_core");
+  const std::set<int> service = cpu_list(own.at("service_cpus_allowed").get<std::string>());
+  const std::set<int> trainer = cpu_list(own.at("trainer_cpus_allowed").get<std::string>());
+  EXPECT_EQ(service, std::set<int>{*allowed.rbegin()});
+  std::set<int> rest = allowed;
+  rest.erase(*allowed.rbegin());
+  EXPECT_EQ(trainer, rest);
+  // The phase trained: every parameter stepped once a step on the service.
+  EXPECT_DOUBLE_EQ(number_at(own.at("service_phases").at("adam"), "bytes"),
+                   number_at(j, "model_bytes_fp32"));
+  // Its service's CPU is set against the kernel on one thread, as its Adam pass ran.
+  const auto& b = j.at("breakdown_service_own_core");
+  EXPECT_DOUBLE_EQ(number_at(b, "adam_kernel_seconds_for_model"),
+                   number_at(j, "parameters") *
+                       number_at(j.at("rates"), "adam_one_thread_cpu_seconds_per_param"));
+  EXPECT_DOUBLE_EQ(number_at(b, "service_cpu_seconds_per_step"),
+                   number_at(own, "service_cpu_ms_per_step") * 1e-3);
 }
 
 TEST(BenchZero, FramesReportIsConsistentAndUsesNoSharedMemory) {
