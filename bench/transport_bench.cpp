@@ -129,7 +129,9 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
   if (arena && !client.map_arena(buf->size(), 2))
     throw std::runtime_error("transport bench: the service did not map the arena");
 
-  // Pushes are micro-steps of step 1; fetches read the fp32 master.
+  // These pushes are micro-steps 0, 1, 2, ... of step 1, each but the first added into the
+  // step's sum, as a client that left the accumulation to the service would send them (the
+  // trainer does not: push_step below); fetches read the fp32 master.
   uint32_t micro = 0;
   auto push_once = [&] {
     if (!arena) {
@@ -151,25 +153,49 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
   for (int i = 0; i < iterations; ++i) (void)client.fetch(1, 0, msg::DType::fp32);
   const double fetch = double(buf->size()) * iterations / seconds_since(t) / 1e9;
   nlohmann::json out{{"push_gbps", push}, {"fetch_gbps", fetch}};
-  if (arena) {
-    // The trainer's fp32 path at one micro-step: the backward wrote the gradient into the
-    // slot itself, so a push is its crc (the client's pass at send) and the service's one
-    // pass from the slot into the step's sum. Each timed push is micro-step 0 of a step
-    // the untimed skip then closes.
-    client.skip(1);
-    uint64_t step = 2;
+  // Pushes as the trainer sends them (trainer/zero/gradient_pipeline.cpp: it adds a step's
+  // micro-steps up itself and pushes each block once a step): micro-step 0 of a step, which
+  // the service takes in as a copy into the step's sum rather than an add. Each step is
+  // closed by an untimed SkipStep, the first one untimed too.
+  client.skip(1);
+  uint64_t step = 2;
+  const auto per_step = [&](auto&& timed_push) {
+    (void)timed_push(step);
+    client.skip(step++);
     double seconds = 0;
     for (int i = 0; i < iterations; ++i) {
+      seconds += timed_push(step);
+      client.skip(step++);
+    }
+    return double(buf->size()) * iterations / seconds / 1e9;
+  };
+  out["push_step_gbps"] = per_step([&](uint64_t s) {
+    const auto t0 = Clock::now();
+    if (!arena) {
+      client.push_gradients(1, s, 0, msg::DType::fp32, buf->span(), buf);
+      return seconds_since(t0);
+    }
+    // The trainer's copy of a gradient it kept (several micro-steps, or larger than its
+    // in-place slots) into the slot, its crc taken as it copies.
+    actors::ArenaBuffer slot = client.arena_buffer(buf->size());
+    if (!slot) throw std::runtime_error("transport bench: no free arena slot");
+    slot.copy_in(buf->data(), buf->size());
+    client.receive_push_reply(
+        client.send_push_gradients(1, s, 0, msg::DType::fp32, n, std::move(slot)));
+    return seconds_since(t0);
+  });
+  if (arena) {
+    // The trainer's fp32 path at one micro-step: the backward wrote the gradient into the
+    // slot itself, so a push is the service's one pass from the slot into the step's sum.
+    out["push_in_place_gbps"] = per_step([&](uint64_t s) {
       actors::ArenaBuffer slot = client.arena_buffer(buf->size());
       if (!slot) throw std::runtime_error("transport bench: no free arena slot");
       std::memcpy(slot.bytes().data(), buf->data(), buf->size());  // the backward's writes
       const auto t0 = Clock::now();
       client.receive_push_reply(
-          client.send_push_gradients(1, step, 0, msg::DType::fp32, n, std::move(slot)));
-      seconds += seconds_since(t0);
-      client.skip(step++);
-    }
-    out["push_in_place_gbps"] = double(buf->size()) * iterations / seconds / 1e9;
+          client.send_push_gradients(1, s, 0, msg::DType::fp32, n, std::move(slot)));
+      return seconds_since(t0);
+    });
   }
   service.stop();
   return out;
@@ -177,8 +203,11 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
 
 // Each figure of `run` over raw plain ZeroMQ's.
 nlohmann::json ratios(const nlohmann::json& run, const nlohmann::json& raw) {
-  return {{"push", run["push_gbps"].get<double>() / raw["push_gbps"].get<double>()},
-          {"fetch", run["fetch_gbps"].get<double>() / raw["fetch_gbps"].get<double>()}};
+  nlohmann::json r = {{"push", run["push_gbps"].get<double>() / raw["push_gbps"].get<double>()},
+                      {"fetch", run["fetch_gbps"].get<double>() / raw["fetch_gbps"].get<double>()}};
+  if (run.contains("push_step_gbps"))
+    r["push_step"] = run["push_step_gbps"].get<double>() / raw["push_gbps"].get<double>();
+  return r;
 }
 
 }  // namespace
@@ -225,6 +254,8 @@ nlohmann::json run_transport_bench(size_t partition_bytes, int iterations) {
     const nlohmann::json& r = out[path]["plain"];
     out["ratio_to_memcpy"][path] = {{"push", r["push_gbps"].get<double>() / memcpy_gbps},
                                     {"fetch", r["fetch_gbps"].get<double>() / memcpy_gbps}};
+    if (r.contains("push_step_gbps"))
+      out["ratio_to_memcpy"][path]["push_step"] = r["push_step_gbps"].get<double>() / memcpy_gbps;
   }
   out["ratio_to_memcpy"]["service_arena"]["push_in_place"] =
       out["service_arena"]["plain"]["push_in_place_gbps"].get<double>() / memcpy_gbps;

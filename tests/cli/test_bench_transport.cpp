@@ -1,9 +1,12 @@
 // `dsactor bench transport --json` through the binary on a small partition: every path
 // (raw ZeroMQ, the service through frames and through the arena, each plain and with
 // CurveZMQ) moved its bytes both ways, the arena also in place (the trainer's one-micro-step
-// fp32 push, each push micro-step 0 of its own step), and every ratio is the quotient of the
-// rates printed beside it. No rate is asserted.
+// fp32 push, each push micro-step 0 of its own step), the service's paths also as the
+// trainer pushes (micro-step 0 of a step; the service refuses a micro-step 0 twice in one
+// step), and every ratio is the quotient of the rates printed beside it. No rate is asserted.
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +36,14 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
       EXPECT_DOUBLE_EQ(
           number_at(ratio, "fetch"),
           number_at(run, "fetch_gbps") / number_at(j.at("raw_zmq").at("plain"), "fetch_gbps"));
+      if (std::string(path) == "raw_zmq") {
+        EXPECT_FALSE(run.contains("push_step_gbps")) << "raw ZeroMQ has no steps";
+        continue;
+      }
+      EXPECT_GT(number_at(run, "push_step_gbps"), 0) << path << " " << mode;
+      EXPECT_DOUBLE_EQ(
+          number_at(ratio, "push_step"),
+          number_at(run, "push_step_gbps") / number_at(j.at("raw_zmq").at("plain"), "push_gbps"));
     }
   const double memcpy_gbps = number_at(j, "memcpy_gbps");
   ASSERT_GT(memcpy_gbps, 0);
@@ -46,6 +57,9 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
     EXPECT_DOUBLE_EQ(number_at(to_memcpy.at(path), "fetch"),
                      number_at(j.at(path).at("plain"), "fetch_gbps") / memcpy_gbps);
   }
+  for (const char* path : {"service", "service_arena"})
+    EXPECT_DOUBLE_EQ(number_at(to_memcpy.at(path), "push_step"),
+                     number_at(j.at(path).at("plain"), "push_step_gbps") / memcpy_gbps);
   EXPECT_DOUBLE_EQ(number_at(to_memcpy.at("service_arena"), "push_in_place"),
                    number_at(arena, "push_in_place_gbps") / memcpy_gbps);
   EXPECT_FALSE(j.at("service").at("plain").contains("push_in_place_gbps"))
