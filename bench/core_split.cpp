@@ -1,7 +1,6 @@
 #include "bench/core_split.h"
 
 #include <fmt/format.h>
-#include <omp.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-extern "C" void openblas_set_num_threads(int num_threads);
+#include "kernels/cpu/threads.h"
 
 namespace dsactor::bench {
 
@@ -64,8 +63,7 @@ void use_cpus(const std::vector<int>& cpus) {
   const cpu_set_t set = mask_of(cpus);
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task"))
     set_mask(static_cast<pid_t>(std::stol(task.path().filename().string())), set);
-  omp_set_num_threads(static_cast<int>(cpus.size()));
-  openblas_set_num_threads(static_cast<int>(cpus.size()));
+  kernels::cpu::set_threads(static_cast<int>(cpus.size()));
 }
 
 std::string cpus_allowed_list(pid_t pid) {

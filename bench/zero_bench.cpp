@@ -435,8 +435,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on, "by_host");
   const nlohmann::json off = stage3("stage3_prefetch_off", 0, "by_host");
   const nlohmann::json behind_reply = stage3("stage3_behind_reply", bucket_on, "behind_reply");
-  const nlohmann::json rates =
-      ForkedChild("bench zero rates", [&] { return machine_rates(params); }).result();
+  const nlohmann::json rates = ForkedChild("bench zero rates", [&] {
+                                 return machine_rates(params, o.service_own_core);
+                               }).result();
 
   nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off, behind_reply);
   if (o.pairs > 1) {

@@ -63,28 +63,32 @@ AdamKernelRate adam_kernel_rate(size_t n) {
 
 }  // namespace
 
-nlohmann::json machine_rates(size_t model_parameters) {
+nlohmann::json machine_rates(size_t model_parameters, bool one_thread_too) {
   // The reference is the kernel on the model's own parameter count, as the service's pass
   // is: gpt2's 124M parameters stream 3.5 GB from memory, where 4M (64 MiB of state) mostly
   // stay in this machine's caches and step faster. The in-cache rate is kept beside it for
   // comparison with `bench adam`.
-  const AdamKernelRate model = adam_kernel_rate(std::max<size_t>(model_parameters, 1));
+  const size_t n = std::max<size_t>(model_parameters, 1);
+  const AdamKernelRate model = adam_kernel_rate(n);
   const AdamKernelRate in_cache = adam_kernel_rate(size_t{1} << 22);
-  // A service on a core of its own runs its Adam pass on one OpenMP thread.
   const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const AdamKernelRate one_thread = adam_kernel_rate(std::max<size_t>(model_parameters, 1));
-  omp_set_num_threads(threads);
-  return {{"memcpy_bytes_per_s", warm_memcpy_bytes_per_second()},
-          {"adam_params_per_s", model.params_per_s},
-          {"adam_cpu_seconds_per_param", model.cpu_seconds_per_param},
-          {"adam_kernel_parameters", model_parameters},
-          {"adam_in_cache_params_per_s", in_cache.params_per_s},
-          {"adam_in_cache_cpu_seconds_per_param", in_cache.cpu_seconds_per_param},
-          {"adam_one_thread_params_per_s", one_thread.params_per_s},
-          {"adam_one_thread_cpu_seconds_per_param", one_thread.cpu_seconds_per_param},
-          {"adam_threads", threads},
-          {"adam_isa", kernels::cpu::adam_isa()}};
+  nlohmann::json rates = {{"memcpy_bytes_per_s", warm_memcpy_bytes_per_second()},
+                          {"adam_params_per_s", model.params_per_s},
+                          {"adam_cpu_seconds_per_param", model.cpu_seconds_per_param},
+                          {"adam_kernel_parameters", model_parameters},
+                          {"adam_in_cache_params_per_s", in_cache.params_per_s},
+                          {"adam_in_cache_cpu_seconds_per_param", in_cache.cpu_seconds_per_param},
+                          {"adam_threads", threads},
+                          {"adam_isa", kernels::cpu::adam_isa()}};
+  if (one_thread_too) {
+    // A service on a core of its own runs its Adam pass on one OpenMP thread.
+    omp_set_num_threads(1);
+    const AdamKernelRate one_thread = adam_kernel_rate(n);
+    omp_set_num_threads(threads);
+    rates["adam_one_thread_params_per_s"] = one_thread.params_per_s;
+    rates["adam_one_thread_cpu_seconds_per_param"] = one_thread.cpu_seconds_per_param;
+  }
+  return rates;
 }
 
 nlohmann::json scrape_service_state(const std::string& metrics_url) {

@@ -12,9 +12,10 @@ namespace dsactor::bench {
 // The references the rows are measured against: a warm single-thread memcpy (64 MiB) and
 // kernels::cpu::adam_step (AdamW, no half copy) over `model_parameters` elements: its
 // params/s and CPU seconds per parameter (and, for comparison, the same over 4M elements,
-// mostly in cache). Runs OpenMP: call it in a forked child, never in a parent that forks
+// mostly in cache); with `one_thread_too`, also over the model on one OpenMP thread
+// (adam_one_thread_*). Runs OpenMP: call it in a forked child, never in a parent that forks
 // later.
-nlohmann::json machine_rates(size_t model_parameters);
+nlohmann::json machine_rates(size_t model_parameters, bool one_thread_too);
 
 // The service's /api/state at `metrics_url` (http://host:port), or throws naming the url.
 nlohmann::json scrape_service_state(const std::string& metrics_url);

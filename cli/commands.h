@@ -25,7 +25,4 @@ void add_keygen_command(CLI::App& app);
 // The exit code of every subcommand for invalid arguments or an invalid config file.
 constexpr int kExitConfig = 2;
 
-// Threads for OpenMP kernels and OpenBLAS; same count + same seed = bit-identical runs.
-void set_threads(int threads);
-
 }  // namespace dsactor::cli

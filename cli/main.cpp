@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/unknown_option.h"
+#include "kernels/cpu/threads.h"
 #include "trainer/config/ds_config.h"
 
 int main(int argc, char** argv) {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
                  "threads for kernels and BLAS (same count + seed = same bits)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  app.parse_complete_callback([&] { dsactor::cli::set_threads(threads); });
+  app.parse_complete_callback([&] { dsactor::kernels::cpu::set_threads(threads); });
   dsactor::cli::add_train_command(app);
   dsactor::cli::add_eval_command(app);
   dsactor::cli::add_generate_command(app);

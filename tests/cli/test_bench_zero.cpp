@@ -99,6 +99,9 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_DOUBLE_EQ(number_at(b, "adam_kernel_seconds_for_model"),
                    number_at(j, "parameters") * number_at(rates, "adam_cpu_seconds_per_param"));
   EXPECT_GT(number_at(rates, "adam_in_cache_cpu_seconds_per_param"), 0);
+  EXPECT_EQ(rates.contains("adam_one_thread_cpu_seconds_per_param"),
+            j.contains("stage3_service_own_core"))
+      << "timed only for --service-own-core";
   EXPECT_DOUBLE_EQ(number_at(b.at("trainer").at("push_wait"), "bytes"),
                    number_at(on, "bytes_pushed_per_step"));
   // What no phase counted is the service's CPU less every phase's.
