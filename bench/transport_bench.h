@@ -15,7 +15,9 @@ namespace dsactor::bench {
 // an authorized client key; raw ZeroMQ with the same keys), payloads as frames and through
 // the same-host shared-memory arena (where only the control messages are encrypted).
 // Every figure is also given as a ratio to raw plain ZeroMQ of the same run. Each side
-// does one warm-up transfer first, then `iterations` timed ones.
-nlohmann::json run_transport_bench(size_t partition_bytes = size_t{64} << 20, int iterations = 10);
+// does one warm-up transfer first, then `iterations` timed ones. `push_range_bytes`: the
+// range a micro-step-0 frames push goes in (OffloadClient::set_push_range_bytes; 0: whole),
+// and raw ZeroMQ's `push_ranges_gbps` sends the same ranges.
+nlohmann::json run_transport_bench(size_t partition_bytes, int iterations, size_t push_range_bytes);
 
 }  // namespace dsactor::bench

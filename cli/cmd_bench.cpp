@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "actors/offload_link/offload_client.h"
 #include "bench/adam_bench.h"
 #include "bench/chaos_bench.h"
 #include "bench/checkpoint_bench.h"
@@ -288,14 +289,19 @@ void add_transport_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       "arena) against raw ZeroMQ, each plain and with CurveZMQ, same bytes, same run");
   auto part_bytes = std::make_shared<size_t>(size_t{64} << 20);
   auto transport_iters = std::make_shared<int>(10);
+  auto range_bytes = std::make_shared<size_t>(actors::kDefaultPushRangeBytes);
   transport->add_option("--partition-bytes", *part_bytes, "bytes per partition")
       ->capture_default_str();
   transport->add_option("--iters", *transport_iters, "timed transfers")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  transport
+      ->add_option("--push-range-bytes", *range_bytes,
+                   "a micro-step-0 frames push goes in ranges of this many bytes (0: whole)")
+      ->capture_default_str();
   transport->add_flag("--json", *json, "print one JSON object");
-  transport->callback([part_bytes, transport_iters, json] {
-    print_result(bench::run_transport_bench(*part_bytes, *transport_iters), *json);
+  transport->callback([part_bytes, transport_iters, range_bytes, json] {
+    print_result(bench::run_transport_bench(*part_bytes, *transport_iters, *range_bytes), *json);
   });
 }
 

@@ -124,7 +124,7 @@ std::optional<std::pair<DType, uint64_t>> payload_shape(const Body& body) {
     return std::pair{b->dtype, b->element_count};
   // With an arena slice the bytes are in shared memory: no frame 1.
   if (const auto* b = std::get_if<PushGradients>(&body); b && !b->arena)
-    return std::pair{b->dtype, b->element_count};
+    return std::pair{b->dtype, b->payload_count()};
   if (const auto* b = std::get_if<FetchReply>(&body); b && !b->arena)
     return std::pair{b->dtype, b->element_count};
   return std::nullopt;

@@ -128,7 +128,9 @@ struct SetParametersReply {
 };
 
 // Payload: element_count gradient values of dtype, in frame 1 or, with `arena`, in that
-// region of a mapped arena (then the message is one frame).
+// region of a mapped arena (then the message is one frame). With range_count > 0 only
+// elements [range_offset, range_offset + range_count) of the element_count: a range of a
+// push sent in ranges (micro-step 0 only; the service takes them in order).
 struct PushGradients {
   uint64_t partition_id = 0;
   uint64_t step = 0;
@@ -136,6 +138,10 @@ struct PushGradients {
   DType dtype = DType::fp32;
   uint64_t element_count = 0;
   std::optional<ArenaSlice> arena;
+  uint64_t range_offset = 0;
+  uint64_t range_count = 0;  // 0: the whole partition
+  bool ranged() const { return range_count > 0; }
+  uint64_t payload_count() const { return ranged() ? range_count : element_count; }
   bool operator==(const PushGradients&) const = default;
 };
 struct PushReply {
@@ -343,6 +349,9 @@ struct Message {
   Header header;
   std::span<const std::byte> payload;  // empty for kinds without a payload
   uint32_t payload_crc32c = 0;         // as declared (and verified) in the header
+  // The payload's crc32c was left to the receiver (Limits::defer_push_checksum): nothing may
+  // read the payload as trusted until it checked payload_crc32c itself.
+  bool payload_crc_pending = false;
 };
 
 // ---- decode --------------------------------------------------------------------------
@@ -408,6 +417,10 @@ struct Limits {
   // Check crc32c of payloads (one pass over every payload; the SSE4.2 instruction makes
   // it cheap where the CPU has it).
   bool verify_checksum = true;
+  // With verify_checksum, leave a PushGradients payload's crc32c to the receiver
+  // (Message::payload_crc_pending): the offload service checks it inside the pass that adds
+  // the gradient into its sum, instead of in a pass of its own here.
+  bool defer_push_checksum = false;
 };
 
 // Decodes one message made of its frames (no routing envelope; see split_envelope()).

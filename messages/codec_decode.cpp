@@ -163,8 +163,19 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
       PushGradients out{r.getPartitionId(),  r.getStep(),
                         r.getMicroStep(),    from_wire(r.getDtype(), "pushGradients.dtype"),
                         r.getElementCount(), {}};
+      out.range_offset = r.getRangeOffset();
+      out.range_count = r.getRangeCount();
+      // Subtraction, not offset + count, so huge values cannot wrap around.
+      if (out.ranged() ? out.range_offset > out.element_count ||
+                             out.range_count > out.element_count - out.range_offset
+                       : out.range_offset != 0)
+        fail(DecodeErrc::badField,
+             "pushGradients.rangeOffset, rangeCount: [" + std::to_string(out.range_offset) + ", +" +
+                 std::to_string(out.range_count) + ") is not a range of the " +
+                 std::to_string(out.element_count) +
+                 " elements (rangeCount 0 is the whole push, with rangeOffset 0)");
       out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "pushGradients.arena",
-                              std::pair{out.dtype, out.element_count});
+                              std::pair{out.dtype, out.payload_count()});
       return out;
     }
     case wire::Header::Kind::COMMIT_STEP: {
@@ -396,7 +407,10 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
 
   msg.payload = {static_cast<const std::byte*>(body.data()), body.size()};
   msg.payload_crc32c = h.getPayloadCrc32c();
-  if (limits.verify_checksum) {
+  if (limits.verify_checksum && limits.defer_push_checksum &&
+      std::holds_alternative<PushGradients>(msg.header.body)) {
+    msg.payload_crc_pending = true;
+  } else if (limits.verify_checksum) {
     const uint32_t actual = checksum::crc32c(msg.payload.data(), msg.payload.size());
     if (actual != msg.payload_crc32c)
       fail(DecodeErrc::checksumMismatch, "payload crc32c " + std::to_string(actual) +

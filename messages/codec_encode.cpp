@@ -119,6 +119,8 @@ void set_body(wire::Header::Kind::Builder k, const PushGradients& r) {
   b.setDtype(to_wire(r.dtype));
   b.setElementCount(r.element_count);
   if (r.arena) set_arena(b.initArena(), *r.arena);
+  b.setRangeOffset(r.range_offset);
+  b.setRangeCount(r.range_count);
 }
 
 void set_body(wire::Header::Kind::Builder k, const PushReply& r) {

@@ -111,6 +111,11 @@ struct PushGradients {
   # Set: the gradient bytes are this region of a mapped arena, not a payload frame (the
   # message is one frame; header payloadLength and payloadCrc32c are 0).
   arena @5 :ArenaSlice;
+  # rangeCount > 0: the payload is elements [rangeOffset, rangeOffset + rangeCount) of the
+  # partition's elementCount, one of the ranges a micro-step-0 push is split into, sent in
+  # order (offset 0 first) so the service adds each while the next is on the wire.
+  rangeOffset @6 :UInt64;
+  rangeCount @7 :UInt64;
 }
 
 struct PushReply {

@@ -119,26 +119,31 @@ struct WorkerState {
     const msg::Message& m = *in.message;
     WorkerPartition& p = at(m.header.job_id, g.partition_id);
     const std::string id = "partition " + std::to_string(g.partition_id);
-    // The gradient: frame 1 (length and crc checked by the codec) or the arena range the
-    // coordinator checked against the mapping. The trainer can change arena bytes while we
-    // read them; that only spoils its own step, never our memory.
+    // The gradient: frame 1 (its length checked by the codec, its crc left to us) or the
+    // arena range the coordinator checked against the mapping. The trainer can change arena
+    // bytes while we read them; that only spoils its own step, never our memory.
     std::span<const std::byte> payload = m.payload;
     if (g.arena) payload = *in.arena->range(g.arena->offset, g.arena->length);
+    const std::string where = g.arena ? "pushGradients.arena: " : "pushGradients payload: ";
+    const uint32_t declared = g.arena ? g.arena->crc32c : m.payload_crc32c;
     auto check_crc = [&](uint32_t crc) {
-      if (crc != g.arena->crc32c) {
-        refuse(ErrorCode::checksumMismatch, "pushGradients.arena: " + id +
-                                                ": arena bytes have crc32c " + std::to_string(crc) +
-                                                ", declared " + std::to_string(g.arena->crc32c));
+      if (crc != declared) {
+        refuse(ErrorCode::checksumMismatch, where + id + ": bytes have crc32c " +
+                                                std::to_string(crc) + ", declared " +
+                                                std::to_string(declared));
       }
     };
     // A trainer that omitted the crc of its own slot (one it wrote in place) asked for no
-    // check: what the check guards is only that trainer's step.
-    const bool check = g.arena && !g.arena->crc_omitted && verify_arena_checksum;
+    // check: what the check guards is only that trainer's step. A frame's crc is checked here
+    // when the codec left it to us (always, unless checksums are off).
+    const bool check =
+        g.arena ? !g.arena->crc_omitted && verify_arena_checksum : m.payload_crc_pending;
     const bool first = g.micro_step == 0;
     // A RAM partition's first micro-step checks the crc inside its accumulate pass (below):
     // nothing accumulated before needs protecting, and a refusal leaves micro_steps at 0, so
-    // the next push rewrites every byte of the sum. Otherwise the bytes are checked first.
-    if (check && (p.on_nvme() || !first)) {
+    // the next push rewrites every byte of the sum. So does a range of a push in ranges, on
+    // either tier. Otherwise the bytes are checked first.
+    if (check && !g.ranged() && (p.on_nvme() || !first)) {
       PhaseTimer checking(phases.get(), ServicePhase::kChecksum, payload.size());
       const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
       checking.stop();
@@ -157,6 +162,8 @@ struct WorkerState {
                                           " of step " + std::to_string(g.step) + ", expected " +
                                           std::to_string(p.micro_steps));
     }
+    if (g.ranged()) return on_push_range(m, p, g, payload, check, check_crc);
+    p.ranged.reset();  // a whole push rewrites what ranges of an unfinished one added
     const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
     if (p.on_nvme()) {
       const auto st = nvme_accumulate(*nvme, p, payload, g.dtype);
@@ -177,6 +184,71 @@ struct WorkerState {
             {},
             {},
             {}};
+  }
+
+  // One range of a micro-step-0 push sent in ranges (its step and micro-step checked): taken
+  // in order, a range at element 0 starting the push over; added into the sum at its offset
+  // (RAM) or gathered (NVMe), its crc checked in that same pass; the last range counts the
+  // micro-step and answers with the whole sum's stats (earlier ranges' replies carry none).
+  // Any refusal drops what the push had taken, so it can only start over from element 0.
+  template <class CheckCrc>
+  Reply on_push_range(const msg::Message& m, WorkerPartition& p, const msg::PushGradients& g,
+                      std::span<const std::byte> payload, bool check, const CheckCrc& check_crc) {
+    const std::string id = "partition " + std::to_string(g.partition_id);
+    const uint64_t expected = p.ranged && p.ranged->step == g.step ? p.ranged->next : 0;
+    msg::PushReply reply{g.partition_id, g.step, 0, 0.0, false};
+    try {
+      if (g.micro_step != 0) {
+        refuse(ErrorCode::malformed,
+               "pushGradients.rangeCount: " + id + ": micro-step " + std::to_string(g.micro_step) +
+                   " in ranges; only micro-step 0 may come in ranges (a later one adds into the "
+                   "sum, which a refused range would leave half added)");
+      }
+      if (g.range_offset != 0 && g.range_offset != expected) {
+        refuse(ErrorCode::versionOrder,
+               id + ": push range at element " + std::to_string(g.range_offset) + " of step " +
+                   std::to_string(g.step) + ", expected element " + std::to_string(expected) +
+                   " (a push's ranges go in order from element 0; start it over)");
+      }
+      if (g.range_offset == 0) p.ranged = WorkerPartition::RangedPush{g.step, 0, {}, {}};
+      const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
+      const size_t element = msg::dtype_size(g.dtype);
+      if (p.on_nvme()) {
+        auto& gathered = p.ranged->gathered;
+        if (!gathered) gathered = std::make_shared<storage::AlignedBuffer>(p.n() * element);
+        std::byte* dst = gathered->data() + g.range_offset * element;
+        if (check) {
+          check_crc(checksum::crc32c_copy(dst, payload.data(), payload.size()));
+        } else {
+          std::memcpy(dst, payload.data(), payload.size());
+        }
+      } else {
+        if (!p.grad) p.grad = std::make_shared<storage::AlignedBuffer>(p.n() * 4);
+        const AccumulatedPush acc =
+            accumulate_push(p.grad->as<float>() + g.range_offset, payload, g.dtype, g.range_count,
+                            true, check, &p.ranged->stats);
+        if (check) check_crc(acc.crc32c);
+      }
+      p.ranged->next = g.range_offset + g.range_count;
+      if (p.ranged->next == p.n()) {
+        kernels::cpu::GradStats st;
+        if (p.on_nvme()) {
+          const auto gathered = std::move(p.ranged->gathered);
+          p.ranged.reset();
+          st = nvme_accumulate(*nvme, p, gathered->span(), g.dtype);
+        } else {
+          st = p.ranged->stats.finish();
+          p.ranged.reset();
+          p.micro_steps++;
+        }
+        reply.sum_squares = st.sum_squares;
+        reply.nonfinite = st.nonfinite;
+      }
+    } catch (...) {
+      p.ranged.reset();
+      throw;
+    }
+    return {{m.header.request_id, m.header.job_id, reply}, {}, {}, {}};
   }
 
   // A fetch that named an arena: the served bytes go into its range when they fit (one
@@ -483,6 +555,7 @@ struct WorkerState {
       if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
     }
     p.micro_steps = 0;
+    p.ranged.reset();
     p.half_crc.reset();
     p.master_crc.reset();
     ++pub.next;
@@ -643,6 +716,7 @@ partition_worker::behavior_type worker_behavior(
           if (key.first != job) continue;
           if (p.on_nvme()) drop_gradient(*self->state.nvme, p);
           p.micro_steps = 0;
+          p.ranged.reset();  // a push in ranges cut off by the skip
         }
       },
       [self](drop_atom, const std::string& job) {

@@ -34,6 +34,7 @@
 
 #include <caf/all.hpp>
 
+#include "kernels/cpu/grad_stats_stream.h"
 #include "offload_service/host_memory.h"
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/service_phases.h"
@@ -55,6 +56,17 @@ struct WorkerPartition {
   // fp32 gradient meanwhile (crc32c of those sections); set from the step's first push.
   std::optional<NvmeLocation> next;
   uint32_t micro_steps = 0;  // micro-steps accumulated for the job's next step
+  // A micro-step-0 push arriving in ranges (PushGradients.rangeCount), taken in order: its
+  // step, the element the next range starts at, the sum of squares of the ranges added (RAM
+  // tier); on the NVMe tier the ranges' bytes, gathered until the last (what one frame of
+  // the whole push would have held), then accumulated as that frame would be.
+  struct RangedPush {
+    uint64_t step = 0;
+    uint64_t next = 0;
+    kernels::cpu::GradStatsStream stats;
+    std::shared_ptr<storage::AlignedBuffer> gathered;
+  };
+  std::optional<RangedPush> ranged;
 
   uint64_t n() const { return spec.element_count; }
   bool on_nvme() const { return loc.has_value(); }

@@ -39,7 +39,8 @@ void stream_first_micro_step(float* sum, const float* g, uint64_t n) {
 }  // namespace
 
 AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
-                                messages::DType dtype, uint64_t n, bool first, bool with_crc) {
+                                messages::DType dtype, uint64_t n, bool first, bool with_crc,
+                                kernels::cpu::GradStatsStream* stream) {
   // 96 KiB of fp32: the widened piece, the payload's bytes and the sum's piece stay in L2
   // from the crc to the sum of squares. A multiple of grad_stats' 4096-element blocks, so
   // the stream never carries a partial block between pieces, and of crc32c's three 4 KiB
@@ -60,7 +61,8 @@ AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
   const bool add_in_place = !first && fp32 && float_aligned;
   std::vector<float> widened(copy_only || add_in_place ? 0
                                                        : static_cast<size_t>(std::min(kPiece, n)));
-  kernels::cpu::GradStatsStream stats;
+  kernels::cpu::GradStatsStream own;
+  kernels::cpu::GradStatsStream& stats = stream ? *stream : own;
   AccumulatedPush out;
   for (uint64_t i = 0; i < n; i += kPiece) {
     const uint64_t c = std::min(kPiece, n - i);
@@ -106,7 +108,7 @@ AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
     }
     stats.add(s, c);
   }
-  out.stats = stats.finish();
+  if (!stream) out.stats = stats.finish();
   return out;
 }
 

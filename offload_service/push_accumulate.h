@@ -8,6 +8,7 @@
 #include <span>
 
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/grad_stats_stream.h"
 #include "messages/codec.h"
 
 namespace dsactor::offload {
@@ -19,8 +20,10 @@ struct AccumulatedPush {
 
 // sum = (first ? 0 : sum) + widen(payload) over n elements, element by element, the
 // trainer's order of additions into a zeroed buffer (0 + -0 is +0), so sums stay
-// bit-identical. The payload holds n elements of `dtype`.
+// bit-identical. The payload holds n elements of `dtype`. With `stream` (a push in ranges,
+// each range one call) the squares go into it and the result's stats stay empty.
 AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
-                                messages::DType dtype, uint64_t n, bool first, bool with_crc);
+                                messages::DType dtype, uint64_t n, bool first, bool with_crc,
+                                kernels::cpu::GradStatsStream* stream = nullptr);
 
 }  // namespace dsactor::offload

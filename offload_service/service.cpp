@@ -32,6 +32,9 @@ OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<
   actors::GatewayOptions g;
   g.listen = options.listen;
   g.limits = options.limits;
+  // A push's payload crc is checked by the worker, inside its accumulate pass where it can
+  // be (partition_worker.cpp): one pass over the gradient instead of two.
+  g.limits.defer_push_checksum = true;
   g.limits.max_payload_bytes = std::min(g.limits.max_payload_bytes, st.max_partition_bytes);
   g.security = options.security;
   g.name = "offload service";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <random>
 #include <thread>
 
@@ -190,6 +191,7 @@ bool OffloadClient::transmit(const Pending& p) {
 uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
                              std::shared_ptr<const void> owner) {
   const uint64_t id = next_id_++;
+  ++requests_sent_;
   Pending p;
   p.header = msg::Header{id, job_id_, std::move(body)};
   p.kind = std::string(msg::kind_name(p.header.body));
@@ -602,8 +604,62 @@ msg::PushReply OffloadClient::push_gradients(uint64_t partition_id, uint64_t ste
                                              uint32_t micro_step, msg::DType dtype,
                                              std::span<const std::byte> grads,
                                              std::shared_ptr<const void> owner) {
-  return value_or_throw(await_as<msg::PushReply>(
-      send_push_gradients(partition_id, step, micro_step, dtype, grads, std::move(owner))));
+  return value_or_throw(push(partition_id, step, micro_step, dtype, grads, std::move(owner)));
+}
+
+ServiceResult<msg::PushReply> OffloadClient::push(uint64_t partition_id, uint64_t step,
+                                                  uint32_t micro_step, msg::DType dtype,
+                                                  std::span<const std::byte> grads,
+                                                  std::shared_ptr<const void> owner) {
+  const size_t element = msg::dtype_size(dtype);
+  const uint64_t n = grads.size() / element;
+  // Whole multiples of grad_stats' 4096-element blocks, so the service's sum of squares
+  // carries no partial block from one range to the next.
+  constexpr uint64_t kBlock = 4096;
+  uint64_t range = push_range_bytes_ / element;
+  if (range > kBlock) range -= range % kBlock;
+  if (micro_step != 0 || range == 0 || n <= range)
+    return await_as<msg::PushReply>(
+        send_push_gradients(partition_id, step, micro_step, dtype, grads, std::move(owner)));
+  if (!owner) {  // borrowed bytes: one copy for every range (send() would copy each)
+    auto copy = std::make_shared<std::vector<std::byte>>(grads.begin(), grads.end());
+    grads = *copy;
+    owner = std::move(copy);
+  }
+  constexpr int kRestarts = 2;
+  size_t window = kPushRangeWindow;
+  for (int attempt = 0;; ++attempt) {
+    std::deque<uint64_t> unanswered;
+    uint64_t at = 0;
+    auto send_next = [&] {
+      const uint64_t count = std::min(range, n - at);
+      unanswered.push_back(send(msg::PushGradients{partition_id, step, 0, dtype, n, {}, at, count},
+                                grads.subspan(at * element, count * element), owner));
+      at += count;
+    };
+    while (at < n && unanswered.size() < window) send_next();
+    std::optional<ServiceFailure> failure;
+    ServiceResult<msg::PushReply> last = ServiceFailure{};
+    while (!unanswered.empty()) {
+      const uint64_t id = unanswered.front();
+      unanswered.pop_front();
+      if (failure && failure->kind != ServiceFailure::Kind::refused) {
+        forget(id);  // the service is gone or unusable: no more waiting, once per range
+        continue;
+      }
+      auto r = await_as<msg::PushReply>(id);
+      if (!r.ok() && !failure) failure = r.error();
+      if (!failure && at < n) send_next();
+      if (unanswered.empty()) last = std::move(r);
+    }
+    if (!failure) return last;
+    if (attempt == kRestarts || failure->kind != ServiceFailure::Kind::refused ||
+        failure->code != msg::ErrorCode::versionOrder)
+      return *failure;
+    // A service that turns ranges away as busy (a lower in-flight limit) gets fewer at a time:
+    // 2, then 1, with which a busy range is sent again before the next one goes.
+    window = std::max<size_t>(1, window / 4);
+  }
 }
 
 msg::PushReply OffloadClient::receive_push_reply(uint64_t request_id) {

@@ -41,6 +41,14 @@
 
 namespace dsactor::actors {
 
+// OffloadClient::push's range (kPushRangeWindow of them unanswered at a time): 8 MiB, well under
+// glibc's largest mmap threshold (32 MiB), so a receiver's buffer for each range comes back from
+// its heap instead of fresh pages.
+inline constexpr size_t kDefaultPushRangeBytes = size_t{8} << 20;
+// Far below the service's in-flight limit per client (64 requests), which would turn the
+// ranges of a large partition away as busy.
+inline constexpr size_t kPushRangeWindow = 8;
+
 // The service answered with an ErrorReply (thrown by the throwing calls only).
 class OffloadError : public std::runtime_error {
  public:
@@ -156,6 +164,22 @@ class OffloadClient {
   uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
                                messages::DType dtype, std::span<const std::byte> grads,
                                std::shared_ptr<const void> owner = nullptr);
+  // A push as frames, sent and awaited: micro-step 0 larger than push_range_bytes() goes in
+  // ranges of that size, up to 8 unanswered at a time, so the service adds each while the
+  // next is on the wire, and a receiver's buffer per message stays small enough for its allocator
+  // to reuse (a whole 64 MiB frame is fresh pages each time, faulted in as it is received). The
+  // reply is the last range's, with the stats of the whole sum. A range answered versionOrder (one
+  // turned away busy and sent again after the next) starts the push over from its first range, at
+  // most twice, with 2 and then 1 range unanswered at a time.
+  ServiceResult<messages::PushReply> push(uint64_t partition_id, uint64_t step, uint32_t micro_step,
+                                          messages::DType dtype, std::span<const std::byte> grads,
+                                          std::shared_ptr<const void> owner = nullptr);
+  // The bytes of each range push() sends (0: every push whole). Default
+  // kDefaultPushRangeBytes.
+  void set_push_range_bytes(size_t bytes) { push_range_bytes_ = bytes; }
+  size_t push_range_bytes() const { return push_range_bytes_; }
+  // Requests sent so far (a push in ranges is one a range), Pings aside.
+  uint64_t requests_sent() const { return requests_sent_; }
   // The same from an arena slot: its first count * dtype size bytes are the gradient. The
   // slot, of this client's pool (arena_buffer), is held until the reply is received.
   uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
@@ -282,6 +306,8 @@ class OffloadClient {
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds heartbeat_{0};
   bool arena_checksums_ = false;
+  size_t push_range_bytes_ = kDefaultPushRangeBytes;
+  uint64_t requests_sent_ = 0;
   std::set<uint64_t> pings_;  // Pings sent and not answered yet
   messages::Pong last_pong_;  // the last progress heard of (operation "" = none)
   std::string job_id_;

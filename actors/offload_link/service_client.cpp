@@ -114,10 +114,10 @@ ServiceFuture<msg::PushReply> ServiceClient::push_gradients(uint64_t partition_i
                                                             std::span<const std::byte> grads,
                                                             std::shared_ptr<const void> owner) {
   // The owner moves into the frame: from the send on, ZeroMQ alone holds the payload and
-  // frees it once sent, while the reply is awaited.
+  // frees it once sent, while the reply is awaited (a push in ranges holds it until the
+  // reply, to start over if it must).
   return post<msg::PushReply>([=, owner = std::move(owner)](OffloadClient& c) mutable {
-    return c.await_as<msg::PushReply>(
-        c.send_push_gradients(partition_id, step, micro_step, dtype, grads, std::move(owner)));
+    return c.push(partition_id, step, micro_step, dtype, grads, std::move(owner));
   });
 }
 

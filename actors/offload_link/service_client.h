@@ -59,6 +59,8 @@ class ServiceClient {
   // OffloadClient::set_arena_checksums; before the first request (the actor reads it while
   // it runs one).
   void set_arena_checksums(bool on) { client_->set_arena_checksums(on); }
+  // OffloadClient::set_push_range_bytes; before the first request, as above.
+  void set_push_range_bytes(size_t bytes) { client_->set_push_range_bytes(bytes); }
 
   // ---- the wire's operations (messages/README.md), in posting order -------------------
   // Payloads with an owner go zero-copy: the bytes must not change until the owner is

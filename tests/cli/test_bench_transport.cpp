@@ -3,7 +3,8 @@
 // CurveZMQ) moved its bytes both ways, the arena also in place (the trainer's one-micro-step
 // fp32 push, each push micro-step 0 of its own step), the service's paths also as the
 // trainer pushes (micro-step 0 of a step; the service refuses a micro-step 0 twice in one
-// step), and every ratio is the quotient of the rates printed beside it. No rate is asserted.
+// step; through frames in ranges of --push-range-bytes, which raw ZeroMQ also sends), and every
+// ratio is the quotient of the rates printed beside it. No rate is asserted.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -22,8 +23,10 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
   dsactor::testing::TempDir dir;
   // 1 MiB + 4 bytes: a payload that is not a whole number of pages or 96 KiB pieces.
   const auto j = dsactor::testing::bench_report(
-      "bench transport --json --partition-bytes 1048580 --iters 2", dir.path());
+      "bench transport --json --partition-bytes 1048580 --iters 2 --push-range-bytes 262144",
+      dir.path());
   EXPECT_EQ(number_at(j, "partition_bytes"), 1048580);
+  EXPECT_EQ(number_at(j, "push_range_bytes"), 262144);
   for (const char* path : {"raw_zmq", "service", "service_arena"})
     for (const char* mode : {"plain", "curve"}) {
       const auto& run = j.at(path).at(mode);
@@ -38,12 +41,16 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
           number_at(run, "fetch_gbps") / number_at(j.at("raw_zmq").at("plain"), "fetch_gbps"));
       if (std::string(path) == "raw_zmq") {
         EXPECT_FALSE(run.contains("push_step_gbps")) << "raw ZeroMQ has no steps";
+        EXPECT_GT(number_at(run, "push_ranges_gbps"), 0) << mode;
         continue;
       }
       EXPECT_GT(number_at(run, "push_step_gbps"), 0) << path << " " << mode;
       EXPECT_DOUBLE_EQ(
           number_at(ratio, "push_step"),
           number_at(run, "push_step_gbps") / number_at(j.at("raw_zmq").at("plain"), "push_gbps"));
+      EXPECT_DOUBLE_EQ(number_at(ratio, "push_step_over_raw_ranges"),
+                       number_at(run, "push_step_gbps") /
+                           number_at(j.at("raw_zmq").at("plain"), "push_ranges_gbps"));
     }
   const double memcpy_gbps = number_at(j, "memcpy_gbps");
   ASSERT_GT(memcpy_gbps, 0);

@@ -95,6 +95,9 @@ std::vector<Header> every_kind() {
   add(FetchParameters{11, 4, DType::fp32, ArenaSlice{3, 8192, 1 << 20, 0, true}});
   add(FetchReply{11, 5, DType::fp32, 150, ArenaSlice{3, 8192, 600, 0, true}});
   add(FetchReply{11, 5, DType::fp16, 300, ArenaSlice{3, 8192, 600, 0x12345678}});
+  // A range of a push sent in ranges: the payload is the range, as a frame or a slice.
+  add(PushGradients{11, 5, 0, DType::bf16, 4096, {}, 1024, 2048});
+  add(PushGradients{11, 5, 0, DType::fp32, 4096, ArenaSlice{3, 0, 8192, 0, true}, 2048, 2048});
   return h;
 }
 
@@ -276,6 +279,30 @@ TEST(CodecMalformed, WrongFrameCount) {
   EXPECT_EQ(error_of(stats), DecodeErrc::wrongFrameCount);
 }
 
+TEST(CodecMalformed, PushRangeOutsideThePartition) {
+  auto range = [](uint64_t offset, uint64_t count) {
+    return [=](wire::Header::Builder h) {
+      auto p = h.getKind().initPushGradients();
+      p.setDtype(wire::DType::FP32);
+      p.setElementCount(100);
+      p.setRangeOffset(offset);
+      p.setRangeCount(count);
+    };
+  };
+  const auto payload = random_bytes(64, 9);
+  const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+  EXPECT_TRUE(decode(two(forged(range(84, 16), 64, crc), payload)).ok());
+  EXPECT_EQ(error_of(two(forged(range(85, 16), 64, crc), payload)), DecodeErrc::badField);
+  EXPECT_EQ(error_of(two(forged(range(101, 16), 64, crc), payload)), DecodeErrc::badField);
+  // An offset near 2^64 whose end would wrap around into the partition.
+  EXPECT_EQ(error_of(two(forged(range(~uint64_t{0} - 7, 16), 64, crc), payload)),
+            DecodeErrc::badField);
+  // An offset without a range.
+  EXPECT_EQ(error_of(two(forged(range(4, 0), 64, crc), payload)), DecodeErrc::badField);
+  // The frame holds the range, not the partition.
+  EXPECT_EQ(error_of(two(forged(range(0, 15), 64, crc), payload)), DecodeErrc::lengthMismatch);
+}
+
 TEST(CodecMalformed, PayloadLengthMismatch) {
   const auto payload = random_bytes(64, 5);
   auto frames = encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 16, {}}}, payload);
@@ -311,6 +338,30 @@ TEST(CodecMalformed, ChecksumMismatch) {
   Limits no_check;
   no_check.verify_checksum = false;
   EXPECT_TRUE(decode(frames, no_check).ok());
+}
+
+TEST(CodecMalformed, DeferredPushChecksumIsLeftPendingForPushesOnly) {
+  auto payload = random_bytes(4096, 8);
+  auto push = encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, 1024, {}}}, payload);
+  auto set = encode_copy(Header{2, "j", SetParameters{1, 1, DType::fp32, 1024}}, payload);
+  const uint32_t declared = checksum::crc32c(payload.data(), payload.size());
+  static_cast<std::byte*>(push[1].data())[77] ^= std::byte{0x01};
+  static_cast<std::byte*>(set[1].data())[77] ^= std::byte{0x01};
+
+  Limits deferred;
+  deferred.defer_push_checksum = true;
+  auto msg = decode(push, deferred);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_TRUE(msg->payload_crc_pending);
+  EXPECT_EQ(msg->payload_crc32c, declared);                          // the receiver's to compare
+  EXPECT_EQ(error_of(set, deferred), DecodeErrc::checksumMismatch);  // other kinds: checked here
+  EXPECT_EQ(error_of(push), DecodeErrc::checksumMismatch);           // not deferred by default
+
+  // Checksums off: nothing is pending either.
+  deferred.verify_checksum = false;
+  msg = decode(push, deferred);
+  ASSERT_TRUE(msg.ok());
+  EXPECT_FALSE(msg->payload_crc_pending);
 }
 
 TEST(CodecMalformed, OversizedPayloadAndHeader) {

@@ -242,7 +242,7 @@ TEST_F(ZeroEngineTest, Stage3AccumulatingMicroStepsHoldEveryGradient) {
 // give the same run bit for bit, as both give stage 0's. In fp32 the arena is used in
 // place: the backward writes each layer's gradient into the push slot the service reads,
 // and a fetched layer stays resident in the slot the service wrote it into; bf16 copies
-// (the slot holds the rounded payload).
+// (the slot holds the rounded payload). The frames run pushes in ranges.
 TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
   const auto tokens = corpus(6000, 6);
   const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
@@ -254,6 +254,9 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
                                  options("cpu", "arena-" + mode), tokens, 4, &arena_stats);
     ZeroOptions o = options("cpu", "frames-" + mode);
     o.shared_memory = false;
+    // Pushes in ranges of 1 KiB, cut inside grad_stats' blocks (kTiny's blocks are smaller
+    // than the default range, which would send each whole).
+    o.push_range_bytes = 1024;
     const Trace frames =
         run_zero(kTiny, config(mode, 3, "cpu", "", extra), std::move(o), tokens, 4, &frame_stats);
     EXPECT_GT(arena_stats.arena_bytes, 0u) << "loopback services map an arena";

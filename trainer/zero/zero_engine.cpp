@@ -159,6 +159,7 @@ void ZeroEngine::connect_services() {
         metrics::figures_of(options_.actors, "service_client " + options_.services[s])));
     services_.back()->set_arena_checksums(
         config_.zero_optimization.offload_optimizer.arena_checksums);
+    services_.back()->set_push_range_bytes(options_.push_range_bytes);
   }
 }
 

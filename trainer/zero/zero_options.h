@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/offload_link/offload_client.h"
 #include "metrics/actor_figures.h"
 #include "security/transport_security.h"
 #include "trainer/zero/param_scheduler.h"
@@ -83,6 +84,9 @@ struct ZeroOptions {
   // instead of through the socket. Falls back to frames, logged once, where the service
   // cannot map it. false: always frames. Results are bit-identical either way.
   bool shared_memory = true;
+  // A push as frames of more than this many bytes goes in ranges of it
+  // (actors::OffloadClient::push); 0: whole. Results are bit-identical either way.
+  size_t push_range_bytes = actors::kDefaultPushRangeBytes;
   // Fills block b's initial fp32 weights (`dsactor start --role trainer --init`); unset:
   // GptWeightInit from the seed, the stage-0 engine's initial weights.
   std::function<void(size_t block, float* weights)> initial_weights;
