@@ -418,83 +418,96 @@ TEST(OffloadService, HostileMessagesAreRefusedAndServiceKeepsServing) {
   EXPECT_EQ(svc.stop(), 0);
 }
 
+// A service with an NVMe tier, partition 1 (`ram_n` elements) in RAM (its optimizer state
+// fits under --max-in-cpu) and partition 2 (`nvme_n`) on NVMe, set up through `client`, and
+// a raw DEALER on the same key for messages OffloadClient never sends.
+struct TwoTierService {
+  TwoTierService(const fs::path& dir, uint64_t ram_n, uint64_t nvme_n)
+      : svc({"--nvme", (dir / "nvme").string(), "--aio-block-size", "64K", "--max-in-cpu",
+             std::to_string(3 * ((4 * ram_n + 4095) / 4096 * 4096))},
+            dir),
+        client(svc.endpoint(), svc.client_security(), 20s),
+        ref(setup(client, {spec(1, ram_n), spec(2, nvme_n)})),
+        raw(context, zmq::socket_type::dealer) {
+    EXPECT_EQ(client.stats().partitions_on_nvme, 1u);
+    raw.set(zmq::sockopt::linger, 0);
+    security::secure_client_socket(raw, svc.client_security());
+    raw.connect(svc.endpoint());
+  }
+  // Elements [at, at + count) of g as a push of `micro`-step of step 1 through the raw socket
+  // (count 0: the whole push); `corrupt` flips a bit after the crc was taken.
+  std::optional<msg::Header> push(uint64_t pid, const std::vector<float>& g, uint32_t micro,
+                                  uint64_t at, uint64_t count, bool corrupt) {
+    const auto bytes = std::as_bytes(std::span(g));
+    auto f = msg::encode_copy(
+        msg::Header{request++, "default",
+                    msg::PushGradients{pid, 1, micro, DType::fp32, g.size(), {}, at, count}},
+        count == 0 ? bytes : bytes.subspan(at * sizeof(float), count * sizeof(float)));
+    if (corrupt) static_cast<char*>(f[1].data())[1] ^= 1;
+    return raw_call(raw, enveloped(std::move(f)));
+  }
+  // Commits step 1 and checks both partitions against the reference, bit for bit.
+  void commit_and_check() {
+    const msg::CommitStep commit{1, 0.25, 512.0, 2e-3};
+    EXPECT_TRUE(client.commit(commit).applied);
+    for (auto& p : ref) p.step(commit.clip_coef, commit.loss_scale, commit.lr);
+    check(client, ref, 1);
+  }
+
+  ServiceProcess svc;
+  OffloadClient client;
+  std::vector<RefPartition> ref;
+  zmq::context_t context;
+  zmq::socket_t raw;
+  uint64_t request = 100;
+};
+
 // The codec leaves a pushed frame's crc to the worker, which checks it inside the accumulate
 // pass of a RAM partition's first micro-step and in a pass of its own otherwise: a corrupt
 // payload is refused on either tier and at any micro-step, and the step goes on from what
 // was summed before it.
 TEST(OffloadService, CorruptPushPayloadIsRefusedOnEitherTierAndLeavesTheSum) {
   TempDir tmp;
-  // Partition 1's optimizer state (3 x 20480 bytes) fits under --max-in-cpu; 2 goes to NVMe.
-  ServiceProcess svc({"--nvme", (tmp.path / "nvme").string(), "--aio-block-size", "64K",
-                      "--max-in-cpu", std::to_string(3 * 20480)},
-                     tmp.path);
-  OffloadClient c(svc.endpoint(), svc.client_security(), 20s);
-  auto ref = setup(c, {spec(1, 5000), spec(2, 3000)});
-  ASSERT_EQ(c.stats().partitions_on_nvme, 1u);
-
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  security::secure_client_socket(s, svc.client_security());
-  s.connect(svc.endpoint());
-  uint64_t request = 100;
-  auto corrupt_push = [&](uint64_t pid, uint32_t micro, const std::vector<float>& g) {
-    auto f =
-        msg::encode_copy(msg::Header{request++, "default",
-                                     msg::PushGradients{pid, 1, micro, DType::fp32, g.size(), {}}},
-                         bytes_of(g));
-    static_cast<char*>(f[1].data())[2 * g.size()] ^= 1;  // after the crc was taken
-    return error_code(raw_call(s, enveloped(std::move(f))));
-  };
-  for (auto& p : ref) {
+  TwoTierService t(tmp.path, 5000, 3000);
+  for (auto& p : t.ref) {
     const uint64_t pid = p.spec.partition_id;
     for (uint32_t k = 0; k < 2; ++k) {
+      SCOPED_TRACE("partition " + std::to_string(pid) + ", micro-step " + std::to_string(k));
       const auto g = random_floats(p.master.size(), 30 + 2 * pid + k, 512.0f);
-      EXPECT_EQ(corrupt_push(pid, k, g), ErrorCode::checksumMismatch)
-          << "partition " << pid << ", micro-step " << k;
+      EXPECT_EQ(error_code(t.push(pid, g, k, 0, 0, true)), ErrorCode::checksumMismatch);
       p.accumulate(g, k == 0);
-      const auto r = c.push_gradients(pid, 1, k, DType::fp32, bytes_of(g));
-      EXPECT_EQ(r.sum_squares, kernels::cpu::grad_stats(p.grad.data(), p.grad.size()).sum_squares)
-          << "partition " << pid << ", micro-step " << k;
+      const auto r = t.client.push_gradients(pid, 1, k, DType::fp32, bytes_of(g));
+      EXPECT_EQ(r.sum_squares, kernels::cpu::grad_stats(p.grad.data(), p.grad.size()).sum_squares);
     }
   }
-  const msg::CommitStep commit{1, 0.25, 512.0, 2e-3};
-  EXPECT_TRUE(c.commit(commit).applied);
-  for (auto& p : ref) p.step(commit.clip_coef, commit.loss_scale, commit.lr);
-  check(c, ref, 1);  // bit for bit: nothing of the corrupt payloads reached the update
-  EXPECT_EQ(svc.stop(), 0);
+  t.commit_and_check();  // nothing of the corrupt payloads reached the update
+  EXPECT_EQ(t.svc.stop(), 0);
 }
 
 // A micro-step-0 push in ranges (OffloadClient::push) lands bit for bit where the same push
 // sent whole would, on either tier, with ranges cut inside grad_stats' blocks or on them.
 TEST(OffloadService, PushInRangesMatchesTheWholePushOnEitherTier) {
   TempDir tmp;
-  // Partition 1's optimizer state (3 x 81920 bytes) fits under --max-in-cpu; 2 goes to NVMe.
-  ServiceProcess svc({"--nvme", (tmp.path / "nvme").string(), "--aio-block-size", "64K",
-                      "--max-in-cpu", std::to_string(3 * 81920)},
-                     tmp.path);
-  OffloadClient c(svc.endpoint(), svc.client_security(), 20s);
-  auto ref = setup(c, {spec(1, 20000), spec(2, 12000)});
-  ASSERT_EQ(c.stats().partitions_on_nvme, 1u);
-
+  TwoTierService t(tmp.path, 20000, 12000);
+  OffloadClient& c = t.client;
   c.set_push_range_bytes(1000 * sizeof(float));  // not on a block: sums carry across ranges
   uint64_t sent = c.requests_sent();
-  train(c, ref, 1, 2, 40);  // micro-step 0 in ranges, micro-step 1 whole
+  train(c, t.ref, 1, 2, 40);  // micro-step 0 in ranges, micro-step 1 whole
   EXPECT_EQ(c.requests_sent() - sent, (20 + 1) + (12 + 1) + 1) << "ranges, whole pushes, commit";
-  check(c, ref, 1);
+  check(c, t.ref, 1);
 
   c.set_push_range_bytes(4096 * sizeof(float));  // grad_stats' blocks: 5 and 3 ranges
   sent = c.requests_sent();
-  train(c, ref, 2, 1, 50);
+  train(c, t.ref, 2, 1, 50);
   EXPECT_EQ(c.requests_sent() - sent, 5 + 3 + 1);
-  check(c, ref, 2);
+  check(c, t.ref, 2);
 
   c.set_push_range_bytes(0);  // whole again
   sent = c.requests_sent();
-  train(c, ref, 3, 1, 60);
+  train(c, t.ref, 3, 1, 60);
   EXPECT_EQ(c.requests_sent() - sent, 2 + 1);
-  check(c, ref, 3);
-  EXPECT_EQ(svc.stop(), 0);
+  check(c, t.ref, 3);
+  EXPECT_EQ(t.svc.stop(), 0);
 }
 
 // A service that admits two requests of a client at a time turns most of a window of 8
@@ -520,46 +533,25 @@ TEST(OffloadService, PushInRangesGetsThroughAServiceThatAdmitsTwoRequestsAtATime
 // micro-step 0 may come in ranges, and a corrupt range is refused on either tier.
 TEST(OffloadService, PushRangesGoInOrderAndARefusalStartsThePushOver) {
   TempDir tmp;
-  ServiceProcess svc({"--nvme", (tmp.path / "nvme").string(), "--aio-block-size", "64K",
-                      "--max-in-cpu", std::to_string(3 * 20480)},
-                     tmp.path);
-  OffloadClient c(svc.endpoint(), svc.client_security(), 20s);
-  auto ref = setup(c, {spec(1, 5000), spec(2, 3000)});
-  ASSERT_EQ(c.stats().partitions_on_nvme, 1u);
-
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  security::secure_client_socket(s, svc.client_security());
-  s.connect(svc.endpoint());
-  uint64_t request = 100;
-  // Range [at, at + count) of g, as micro-step `micro` of step 1; `corrupt` flips a bit
-  // after the crc was taken.
-  auto range = [&](uint64_t pid, const std::vector<float>& g, uint64_t at, uint64_t count,
-                   uint32_t micro = 0, bool corrupt = false) {
-    auto f = msg::encode_copy(
-        msg::Header{request++, "default",
-                    msg::PushGradients{pid, 1, micro, DType::fp32, g.size(), {}, at, count}},
-        std::as_bytes(std::span(g).subspan(at, count)));
-    if (corrupt) static_cast<char*>(f[1].data())[1] ^= 1;
-    return raw_call(s, enveloped(std::move(f)));
-  };
-  for (auto& p : ref) {
+  TwoTierService t(tmp.path, 5000, 3000);
+  for (auto& p : t.ref) {
     const uint64_t pid = p.spec.partition_id, n = p.master.size();
     SCOPED_TRACE("partition " + std::to_string(pid));
+    auto range = [&](const std::vector<float>& g, uint64_t at, uint64_t count, uint32_t micro = 0,
+                     bool corrupt = false) { return t.push(pid, g, micro, at, count, corrupt); };
     const auto g = random_floats(n, 70 + pid, 512.0f);
     const uint64_t half = n / 2;
-    EXPECT_EQ(error_code(range(pid, g, half, n - half)), ErrorCode::versionOrder);  // not first
-    EXPECT_EQ(error_code(range(pid, g, 0, half, 0, true)), ErrorCode::checksumMismatch);
-    EXPECT_EQ(error_code(range(pid, g, half, n - half)), ErrorCode::versionOrder);  // dropped
+    EXPECT_EQ(error_code(range(g, half, n - half)), ErrorCode::versionOrder);  // not first
+    EXPECT_EQ(error_code(range(g, 0, half, 0, true)), ErrorCode::checksumMismatch);
+    EXPECT_EQ(error_code(range(g, half, n - half)), ErrorCode::versionOrder);  // dropped
     // A good first range, then the last one out of order: the push is dropped again.
-    EXPECT_EQ(error_code(range(pid, g, 0, 1000)), ErrorCode(254));  // a PushReply
-    EXPECT_EQ(error_code(range(pid, g, 2000, n - 2000)), ErrorCode::versionOrder);
-    EXPECT_EQ(error_code(range(pid, g, 1000, 1000)), ErrorCode::versionOrder);
+    EXPECT_EQ(error_code(range(g, 0, 1000)), ErrorCode(254));  // a PushReply
+    EXPECT_EQ(error_code(range(g, 2000, n - 2000)), ErrorCode::versionOrder);
+    EXPECT_EQ(error_code(range(g, 1000, 1000)), ErrorCode::versionOrder);
     // In order from element 0: the last range's reply carries the whole sum's stats.
     p.accumulate(g, true);
-    EXPECT_EQ(error_code(range(pid, g, 0, half)), ErrorCode(254));
-    const auto last = range(pid, g, half, n - half);
+    EXPECT_EQ(error_code(range(g, 0, half)), ErrorCode(254));
+    const auto last = range(g, half, n - half);
     ASSERT_TRUE(last.has_value());
     const auto* reply = std::get_if<msg::PushReply>(&last->body);
     ASSERT_NE(reply, nullptr);
@@ -567,15 +559,12 @@ TEST(OffloadService, PushRangesGoInOrderAndARefusalStartsThePushOver) {
               kernels::cpu::grad_stats(p.grad.data(), p.grad.size()).sum_squares);
     // Micro-step 1 comes whole, never in ranges.
     const auto g1 = random_floats(n, 80 + pid, 512.0f);
-    EXPECT_EQ(error_code(range(pid, g1, 0, half, 1)), ErrorCode::malformed);
+    EXPECT_EQ(error_code(range(g1, 0, half, 1)), ErrorCode::malformed);
     p.accumulate(g1, false);
-    (void)c.push_gradients(pid, 1, 1, DType::fp32, bytes_of(g1));
+    (void)t.client.push_gradients(pid, 1, 1, DType::fp32, bytes_of(g1));
   }
-  const msg::CommitStep commit{1, 0.25, 512.0, 2e-3};
-  EXPECT_TRUE(c.commit(commit).applied);
-  for (auto& p : ref) p.step(commit.clip_coef, commit.loss_scale, commit.lr);
-  check(c, ref, 1);
-  EXPECT_EQ(svc.stop(), 0);
+  t.commit_and_check();
+  EXPECT_EQ(t.svc.stop(), 0);
 }
 
 TEST(OffloadService, MemoryLimitRefusalNamesAskedAndFree) {
