@@ -16,7 +16,8 @@ void JobTraffic::count(const messages::Message& request) {
   if (it == jobs_.end()) it = jobs_.emplace(request.header.job_id, JobTrafficFigures{}).first;
   JobTrafficFigures& f = it->second;
   if (push) {
-    f.pushes++;
+    // A push in ranges is one push, as its sender counts it: at its first range.
+    f.pushes += std::get<messages::PushGradients>(body).range_offset == 0;
     if (const auto* slice = messages::arena_of(body))
       f.pushed_arena_bytes += slice->length;
     else

@@ -12,6 +12,7 @@
 #include <zmq_addon.hpp>
 
 #include "actors/offload_link/offload_client.h"
+#include "actors/runtime/job_traffic.h"
 #include "messages/offload.capnp.h"
 #include "storage/metadata_store.h"
 #include "tests/offload/offload_test_util.h"
@@ -565,6 +566,26 @@ TEST(OffloadService, PushRangesGoInOrderAndARefusalStartsThePushOver) {
   }
   t.commit_and_check();
   EXPECT_EQ(t.svc.stop(), 0);
+}
+
+// The gateway's per-job figures count a push in ranges once, as its sender does, and all
+// of its bytes.
+TEST(OffloadService, TrafficCountsAPushInRangesOnceWithAllItsBytes) {
+  const std::vector<std::byte> payload(3000 * sizeof(float));
+  actors::JobTraffic traffic;
+  auto count = [&](uint64_t at, uint64_t n) {
+    msg::Message m;
+    m.header = msg::Header{1, "j", msg::PushGradients{1, 1, 0, DType::fp32, 3000, {}, at, n}};
+    m.payload = std::span(payload).first((n == 0 ? 3000 : n) * sizeof(float));
+    traffic.count(m);
+  };
+  count(0, 1000);
+  count(1000, 1000);
+  count(2000, 1000);
+  count(0, 0);  // the same push whole
+  const auto f = traffic.by_job().at("j");
+  EXPECT_EQ(f.pushes, 2u);
+  EXPECT_EQ(f.pushed_frame_bytes, 2 * 3000 * sizeof(float));
 }
 
 TEST(OffloadService, MemoryLimitRefusalNamesAskedAndFree) {
