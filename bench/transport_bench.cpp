@@ -80,15 +80,17 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
   security::secure_client_socket(dealer, keys.client);
   dealer.connect(endpoint);
   auto round = [&](const std::string& op) {
-    const bool ranges = op == "ranges";
-    const size_t step = ranges ? std::max<size_t>(range_bytes, 1) : bytes;
+    const bool ranges = op == "ranges", carries = op == "push" || ranges;
+    // OffloadClient::push's ranges of fp32 elements (none: whole).
+    const size_t range = actors::push_range_elements(range_bytes, sizeof(float)) * sizeof(float);
+    const size_t step = ranges && range > 0 ? range : bytes;
     size_t at = 0, unanswered = 0;
     auto send_next = [&] {
       std::vector<zmq::message_t> out;
       out.emplace_back();
       out.emplace_back(ranges ? std::string("push") : op);
       const size_t length = std::min(step, bytes - at);
-      if (op == "push" || ranges) {
+      if (carries) {
         auto owner = new std::shared_ptr<storage::AlignedBuffer>(buf);
         out.emplace_back(
             buf->data() + at, length,
@@ -98,7 +100,7 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
             owner);
       }
       zmq::send_multipart(dealer, out);
-      at = op == "push" || ranges ? at + length : bytes;
+      at = carries ? at + length : bytes;
       ++unanswered;
     };
     send_next();
@@ -249,18 +251,18 @@ nlohmann::json run_transport_bench(size_t partition_bytes, int iterations,
   std::string tmpl = (std::filesystem::temp_directory_path() / "dsactor-bench-XXXXXX").string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error("transport bench: mkdtemp failed");
   const std::filesystem::path state = tmpl;
-  const size_t range_bytes = push_range_bytes;
   nlohmann::json out{{"partition_bytes", partition_bytes},
                      {"iterations", iterations},
                      {"transport", "tcp loopback"},
-                     {"push_range_bytes", range_bytes}};
+                     {"push_range_bytes", push_range_bytes}};
   try {
     for (const bool curve : {false, true}) {
       const BenchKeys keys = BenchKeys::make(curve);
       const std::string mode = curve ? "curve" : "plain";
-      out["raw_zmq"][mode] = raw_zmq(buf, iterations, keys, range_bytes);
-      out["service"][mode] = service_path(buf, iterations, false, keys, state, range_bytes);
-      out["service_arena"][mode] = service_path(buf, iterations, true, keys, state, range_bytes);
+      out["raw_zmq"][mode] = raw_zmq(buf, iterations, keys, push_range_bytes);
+      out["service"][mode] = service_path(buf, iterations, false, keys, state, push_range_bytes);
+      out["service_arena"][mode] =
+          service_path(buf, iterations, true, keys, state, push_range_bytes);
     }
   } catch (...) {
     std::filesystem::remove_all(state);

@@ -124,10 +124,10 @@ struct WorkerState {
     // bytes while we read them; that only spoils its own step, never our memory.
     std::span<const std::byte> payload = m.payload;
     if (g.arena) payload = *in.arena->range(g.arena->offset, g.arena->length);
-    const std::string where = g.arena ? "pushGradients.arena: " : "pushGradients payload: ";
     const uint32_t declared = g.arena ? g.arena->crc32c : m.payload_crc32c;
     auto check_crc = [&](uint32_t crc) {
       if (crc != declared) {
+        const char* where = g.arena ? "pushGradients.arena: " : "pushGradients payload: ";
         refuse(ErrorCode::checksumMismatch, where + id + ": bytes have crc32c " +
                                                 std::to_string(crc) + ", declared " +
                                                 std::to_string(declared));

@@ -191,7 +191,7 @@ bool OffloadClient::transmit(const Pending& p) {
 uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
                              std::shared_ptr<const void> owner) {
   const uint64_t id = next_id_++;
-  ++requests_sent_;
+  requests_sent_.fetch_add(1, std::memory_order_relaxed);
   Pending p;
   p.header = msg::Header{id, job_id_, std::move(body)};
   p.kind = std::string(msg::kind_name(p.header.body));
@@ -613,11 +613,7 @@ ServiceResult<msg::PushReply> OffloadClient::push(uint64_t partition_id, uint64_
                                                   std::shared_ptr<const void> owner) {
   const size_t element = msg::dtype_size(dtype);
   const uint64_t n = grads.size() / element;
-  // Whole multiples of grad_stats' 4096-element blocks, so the service's sum of squares
-  // carries no partial block from one range to the next.
-  constexpr uint64_t kBlock = 4096;
-  uint64_t range = push_range_bytes_ / element;
-  if (range > kBlock) range -= range % kBlock;
+  const uint64_t range = push_range_elements(push_range_bytes_, element);
   if (micro_step != 0 || range == 0 || n <= range)
     return await_as<msg::PushReply>(
         send_push_gradients(partition_id, step, micro_step, dtype, grads, std::move(owner)));

@@ -21,6 +21,7 @@
 // bookkeeping (arena_buffer, an ArenaBuffer's release) is thread-safe: a slot may be
 // taken and filled on one thread and sent, then released, on the client's owner thread.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -48,6 +49,14 @@ inline constexpr size_t kDefaultPushRangeBytes = size_t{8} << 20;
 // Far below the service's in-flight limit per client (64 requests), which would turn the
 // ranges of a large partition away as busy.
 inline constexpr size_t kPushRangeWindow = 8;
+// Elements of `element_bytes` each in a range of at most `range_bytes`: whole multiples of
+// grad_stats' 4096-element blocks where a range holds more, so the service's sum of squares
+// carries no partial block from one range to the next. 0: pushes go whole.
+inline uint64_t push_range_elements(size_t range_bytes, size_t element_bytes) {
+  constexpr uint64_t kBlock = 4096;
+  const uint64_t range = range_bytes / element_bytes;
+  return range > kBlock ? range - range % kBlock : range;
+}
 
 // The service answered with an ErrorReply (thrown by the throwing calls only).
 class OffloadError : public std::runtime_error {
@@ -178,8 +187,9 @@ class OffloadClient {
   // kDefaultPushRangeBytes.
   void set_push_range_bytes(size_t bytes) { push_range_bytes_ = bytes; }
   size_t push_range_bytes() const { return push_range_bytes_; }
-  // Requests sent so far (a push in ranges is one a range), Pings aside.
-  uint64_t requests_sent() const { return requests_sent_; }
+  // Requests sent so far (a push in ranges is one a range), Pings aside. Readable from any
+  // thread (ServiceClient::requests_sent).
+  uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
   // The same from an arena slot: its first count * dtype size bytes are the gradient. The
   // slot, of this client's pool (arena_buffer), is held until the reply is received.
   uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
@@ -307,7 +317,7 @@ class OffloadClient {
   std::chrono::milliseconds heartbeat_{0};
   bool arena_checksums_ = false;
   size_t push_range_bytes_ = kDefaultPushRangeBytes;
-  uint64_t requests_sent_ = 0;
+  std::atomic<uint64_t> requests_sent_{0};
   std::set<uint64_t> pings_;  // Pings sent and not answered yet
   messages::Pong last_pong_;  // the last progress heard of (operation "" = none)
   std::string job_id_;

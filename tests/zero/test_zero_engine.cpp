@@ -254,11 +254,18 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
                                  options("cpu", "arena-" + mode), tokens, 4, &arena_stats);
     ZeroOptions o = options("cpu", "frames-" + mode);
     o.shared_memory = false;
+    ZeroStats whole_stats;
+    const Trace whole =
+        run_zero(kTiny, config(mode, 3, "cpu", "", extra), o, tokens, 4, &whole_stats);
     // Pushes in ranges of 1 KiB, cut inside grad_stats' blocks (kTiny's blocks are smaller
-    // than the default range, which would send each whole).
+    // than the default range, which sends each whole).
+    o.job_id = "ranges-" + mode;
     o.push_range_bytes = 1024;
     const Trace frames =
         run_zero(kTiny, config(mode, 3, "cpu", "", extra), std::move(o), tokens, 4, &frame_stats);
+    EXPECT_GT(frame_stats.service_requests, whole_stats.service_requests)
+        << "the pushes went in ranges";
+    expect_equal_runs(want, whole);
     EXPECT_GT(arena_stats.arena_bytes, 0u) << "loopback services map an arena";
     EXPECT_EQ(frame_stats.arena_bytes, 0u);
     EXPECT_EQ(arena_stats.bytes_fetched, frame_stats.bytes_fetched);

@@ -379,6 +379,7 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
     s.arena_faulted_bytes += service->faulted_slot_bytes();
     s.arena_peak_idle_bytes += service->peak_idle_slot_bytes();
     s.arena_keep_limit_bytes += service->slot_keep_limit_bytes();
+    s.service_requests += service->requests_sent();
   }
 }
 

@@ -127,6 +127,9 @@ struct ZeroStats {
   // straight into a push slot, and stage-3 fetches whose slot became the resident block.
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
+  // Requests the engine's service clients sent (register, parameters, pushes: one a range
+  // of a push in ranges, commits), its stage-3 fetch clients' aside.
+  uint64_t service_requests = 0;
   // Arena slot pages: resident now (kept by free slots, held by taken ones), faulted in so
   // far (a use's bytes beyond what its slot kept: what giving pages back costs), the most
   // kept by free slots at once (memory beyond the peaks above), and the bound on what slots
