@@ -13,6 +13,7 @@
 #include "actors/offload_link/offload_client.h"
 #include "bench/memcpy_rate.h"
 #include "bench/stopwatch.h"
+#include "messages/frame_heap.h"
 #include "offload_service/service.h"
 #include "security/transport_security.h"
 #include "security/zap_handler.h"
@@ -41,8 +42,10 @@ struct BenchKeys {
 // `bytes` in one zero-copy frame; a ROUTER thread answers with a small frame or the bytes.
 // `push_ranges_gbps`: the same bytes as messages of `range_bytes` each, up to
 // kPushRangeWindow unanswered, as OffloadClient::push sends a micro-step-0 push in ranges.
+// `fetch_parts_gbps`: the fetched bytes in one reply of several frames of `part_bytes`, as
+// a service answers a fetch that asked for parts.
 nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iterations,
-                       const BenchKeys& keys, size_t range_bytes) {
+                       const BenchKeys& keys, size_t range_bytes, size_t part_bytes) {
   zmq::context_t ctx(1);
   std::unique_ptr<security::ZapHandler> zap;
   if (!keys.server.insecure)
@@ -61,14 +64,17 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
       std::vector<zmq::message_t> out;
       out.emplace_back(in[0].data(), in[0].size());
       out.emplace_back();
-      if (op == "fetch") {
-        auto owner = new std::shared_ptr<storage::AlignedBuffer>(server_buf);
-        out.emplace_back(
-            server_buf->data(), bytes,
-            [](void*, void* hint) {
-              delete static_cast<std::shared_ptr<storage::AlignedBuffer>*>(hint);
-            },
-            owner);
+      if (op == "fetch" || op == "fetch_parts") {
+        const size_t part = op == "fetch" || part_bytes == 0 ? bytes : part_bytes;
+        for (size_t at = 0; at < bytes; at += part) {
+          auto owner = new std::shared_ptr<storage::AlignedBuffer>(server_buf);
+          out.emplace_back(
+              server_buf->data() + at, std::min(part, bytes - at),
+              [](void*, void* hint) {
+                delete static_cast<std::shared_ptr<storage::AlignedBuffer>*>(hint);
+              },
+              owner);
+        }
       } else {
         out.emplace_back(std::string("ok"));
       }
@@ -118,12 +124,16 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
     for (int i = 0; i < iterations; ++i) round(op);
     return double(bytes) * iterations / seconds_since(t) / 1e9;
   };
-  const double push = measure("push"), fetch = measure("fetch"), ranges = measure("ranges");
+  const double push = measure("push"), fetch = measure("fetch"), ranges = measure("ranges"),
+               fetch_parts = measure("fetch_parts");
   round("stop");
   server.join();
   router.close();
   dealer.close();
-  return {{"push_gbps", push}, {"fetch_gbps", fetch}, {"push_ranges_gbps", ranges}};
+  return {{"push_gbps", push},
+          {"fetch_gbps", fetch},
+          {"push_ranges_gbps", ranges},
+          {"fetch_parts_gbps", fetch_parts}};
 }
 
 // Through a real (in-process) offload service. `arena`: the same-host shared-memory
@@ -131,7 +141,7 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
 // trainer writes its half copy there instead of into a frame buffer).
 nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int iterations, bool arena,
                             const BenchKeys& keys, const std::filesystem::path& state,
-                            size_t push_range_bytes) {
+                            size_t push_range_bytes, size_t fetch_part_bytes) {
   offload::ServiceOptions o;
   o.listen = "tcp://127.0.0.1:*";
   o.security = keys.server;
@@ -139,6 +149,7 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
   offload::OffloadService service(o);
   actors::OffloadClient client(service.endpoint(), keys.client, std::chrono::seconds(60), "bench");
   client.set_push_range_bytes(push_range_bytes);
+  client.set_fetch_part_bytes(fetch_part_bytes);
   const uint64_t n = buf->size() / sizeof(float);
   msg::PartitionSpec spec;
   spec.partition_id = 1;
@@ -231,17 +242,23 @@ nlohmann::json ratios(const nlohmann::json& run, const nlohmann::json& raw) {
     r["push_step_over_raw_ranges"] =
         run["push_step_gbps"].get<double>() / raw["push_ranges_gbps"].get<double>();
   }
+  // A frames fetch reply comes in parts: against raw ZeroMQ answering in the same parts.
+  r["fetch_over_raw_parts"] =
+      run["fetch_gbps"].get<double>() / raw["fetch_parts_gbps"].get<double>();
   return r;
 }
 
 }  // namespace
 
-nlohmann::json run_transport_bench(size_t partition_bytes, int iterations,
-                                   size_t push_range_bytes) {
+nlohmann::json run_transport_bench(size_t partition_bytes, int iterations, size_t push_range_bytes,
+                                   size_t fetch_part_bytes) {
   if (partition_bytes < 4 || iterations < 1) {
     throw std::invalid_argument("transport bench: partition_bytes >= 4 and iterations >= 1");
   }
   partition_bytes -= partition_bytes % 4;
+  // Both ends live in this process, which receives what a service and a frames trainer
+  // receive: the allocator as theirs (messages/frame_heap.h), for raw ZeroMQ alike.
+  (void)msg::keep_received_frames_on_the_heap();
   auto buf = std::make_shared<storage::AlignedBuffer>(partition_bytes);
   // Small finite values: the push path's grad_stats and accumulation see ordinary data.
   float* f = buf->as<float>();
@@ -254,15 +271,17 @@ nlohmann::json run_transport_bench(size_t partition_bytes, int iterations,
   nlohmann::json out{{"partition_bytes", partition_bytes},
                      {"iterations", iterations},
                      {"transport", "tcp loopback"},
-                     {"push_range_bytes", push_range_bytes}};
+                     {"push_range_bytes", push_range_bytes},
+                     {"fetch_part_bytes", fetch_part_bytes}};
   try {
     for (const bool curve : {false, true}) {
       const BenchKeys keys = BenchKeys::make(curve);
       const std::string mode = curve ? "curve" : "plain";
-      out["raw_zmq"][mode] = raw_zmq(buf, iterations, keys, push_range_bytes);
-      out["service"][mode] = service_path(buf, iterations, false, keys, state, push_range_bytes);
+      out["raw_zmq"][mode] = raw_zmq(buf, iterations, keys, push_range_bytes, fetch_part_bytes);
+      out["service"][mode] =
+          service_path(buf, iterations, false, keys, state, push_range_bytes, fetch_part_bytes);
       out["service_arena"][mode] =
-          service_path(buf, iterations, true, keys, state, push_range_bytes);
+          service_path(buf, iterations, true, keys, state, push_range_bytes, fetch_part_bytes);
     }
   } catch (...) {
     std::filesystem::remove_all(state);

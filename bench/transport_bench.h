@@ -17,7 +17,10 @@ namespace dsactor::bench {
 // Every figure is also given as a ratio to raw plain ZeroMQ of the same run. Each side
 // does one warm-up transfer first, then `iterations` timed ones. `push_range_bytes`: the
 // range a micro-step-0 frames push goes in (OffloadClient::set_push_range_bytes; 0: whole),
-// and raw ZeroMQ's `push_ranges_gbps` sends the same ranges.
-nlohmann::json run_transport_bench(size_t partition_bytes, int iterations, size_t push_range_bytes);
+// and raw ZeroMQ's `push_ranges_gbps` sends the same ranges. `fetch_part_bytes`: the parts a
+// frames fetch reply comes in (OffloadClient::set_fetch_part_bytes; 0: one frame), and raw
+// ZeroMQ's `fetch_parts_gbps` answers in the same parts.
+nlohmann::json run_transport_bench(size_t partition_bytes, int iterations, size_t push_range_bytes,
+                                   size_t fetch_part_bytes);
 
 }  // namespace dsactor::bench

@@ -290,6 +290,7 @@ void add_transport_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   auto part_bytes = std::make_shared<size_t>(size_t{64} << 20);
   auto transport_iters = std::make_shared<int>(10);
   auto range_bytes = std::make_shared<size_t>(actors::kDefaultPushRangeBytes);
+  auto fetch_part = std::make_shared<size_t>(actors::kDefaultPushRangeBytes);
   transport->add_option("--partition-bytes", *part_bytes, "bytes per partition")
       ->capture_default_str();
   transport->add_option("--iters", *transport_iters, "timed transfers")
@@ -299,9 +300,16 @@ void add_transport_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       ->add_option("--push-range-bytes", *range_bytes,
                    "a micro-step-0 frames push goes in ranges of this many bytes (0: whole)")
       ->capture_default_str();
+  transport
+      ->add_option("--fetch-part-bytes", *fetch_part,
+                   "a frames fetch reply comes in frames of this many bytes (0: one frame; "
+                   "else at least 4096)")
+      ->capture_default_str();
   transport->add_flag("--json", *json, "print one JSON object");
-  transport->callback([part_bytes, transport_iters, range_bytes, json] {
-    print_result(bench::run_transport_bench(*part_bytes, *transport_iters, *range_bytes), *json);
+  transport->callback([part_bytes, transport_iters, range_bytes, fetch_part, json] {
+    print_result(
+        bench::run_transport_bench(*part_bytes, *transport_iters, *range_bytes, *fetch_part),
+        *json);
   });
 }
 

@@ -15,6 +15,7 @@
 #include "cli/rendezvous_metrics.h"
 #include "cli/start_trainer.h"
 #include "cli/trainer_rendezvous.h"
+#include "messages/frame_heap.h"
 #include "offload_service/service.h"
 #include "offload_service/service_metrics.h"
 #include "security/transport_security.h"
@@ -60,6 +61,10 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
   // What the service persists (NVMe extents, RocksDB, checkpoints, the MAC secret) is
   // readable by its user only: files 0600, directories 0700.
   ::umask(077);
+
+  // Every push range and request of its clients is a received frame (messages/frame_heap.h).
+  if (!messages::keep_received_frames_on_the_heap())
+    spdlog::debug("offload service: the allocator kept its own mmap/trim thresholds");
 
   offload::ServiceOptions o = a.service;
   if (a.no_mlock) o.store.lock_memory = false;

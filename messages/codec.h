@@ -185,10 +185,16 @@ struct FetchParameters {
   // Set: the service writes the values into this region (length = capacity) and answers
   // with FetchReply::arena instead of a payload frame.
   std::optional<ArenaSlice> arena;
+  // 0: a frame reply's payload is one frame; else frames of this many bytes, the last one
+  // shorter (0 or a multiple of 8 that is >= kMinPayloadPartBytes; decode refuses others).
+  uint64_t reply_part_bytes = 0;
   bool operator==(const FetchParameters&) const = default;
 };
-// Payload: element_count values of dtype, in frame 1 or, with `arena`, in that region of
-// the arena the request named.
+// The smallest part a fetch reply may be split into: bounds the frames a request can ask
+// a service to send (2 GiB in 4 KiB parts is 2^19 frames).
+inline constexpr uint64_t kMinPayloadPartBytes = 4096;
+// Payload: element_count values of dtype, in frame 1 (or frames 1.., as the request's
+// reply_part_bytes asked) or, with `arena`, in that region of the arena the request named.
 struct FetchReply {
   uint64_t partition_id = 0;
   uint64_t version = 0;
@@ -347,17 +353,20 @@ struct Header {
 // (a zmq message of <= 33 bytes stores its bytes inline).
 struct Message {
   Header header;
-  std::span<const std::byte> payload;  // empty for kinds without a payload
+  std::span<const std::byte> payload;  // empty for kinds without a payload, and when in parts
   uint32_t payload_crc32c = 0;         // as declared (and verified) in the header
   // The payload's crc32c was left to the receiver (Limits::defer_push_checksum): nothing may
   // read the payload as trusted until it checked payload_crc32c itself.
   bool payload_crc_pending = false;
+  // A FetchReply whose payload came as several frames: each part, in order (each a whole
+  // number of elements); `payload` is then empty. Empty for a payload in one frame.
+  std::vector<std::span<const std::byte>> payload_parts;
 };
 
 // ---- decode --------------------------------------------------------------------------
 
 enum class DecodeErrc : uint8_t {
-  wrongFrameCount,  // 0 or > 2 frames, or the count does not fit the kind
+  wrongFrameCount,  // 0 frames, or a count that does not fit the kind
   badHeader,        // not a Cap'n Proto flat array, truncated, trailing bytes, limits hit
   schemaMismatch,   // header.schemaVersion != kSchemaVersion
   unknownKind,      // a union member this build does not know
@@ -435,10 +444,13 @@ std::vector<zmq::message_t> encode(const Header& header);
 // bytes alive, e.g. the shared_ptr of a partition buffer) is held until ZeroMQ releases the
 // frame, possibly after send() returned. The payload must not change until then.
 // `crc32c`: pass a checksum already known (e.g. stored with the partition) to skip
-// computing it; a wrong one is caught by the receiver.
+// computing it; a wrong one is caught by the receiver. `part_bytes` > 0 (a FetchReply
+// only, as its request's reply_part_bytes) sends the payload as frames of that many bytes,
+// each over the same buffer.
 std::vector<zmq::message_t> encode(const Header& header, std::span<const std::byte> payload,
                                    std::shared_ptr<const void> owner,
-                                   std::optional<uint32_t> crc32c = std::nullopt);
+                                   std::optional<uint32_t> crc32c = std::nullopt,
+                                   uint64_t part_bytes = 0);
 
 // Payload kinds, copying the payload into frame 1 (for small payloads or borrowed buffers).
 std::vector<zmq::message_t> encode_copy(const Header& header, std::span<const std::byte> payload,

@@ -193,9 +193,16 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
     }
     case wire::Header::Kind::FETCH_PARAMETERS: {
       auto r = k.getFetchParameters();
+      const uint64_t part = r.getReplyPartBytes();
+      if (part != 0 && (part < kMinPayloadPartBytes || part % 8 != 0))
+        fail(DecodeErrc::badField, "fetchParameters.replyPartBytes " + std::to_string(part) +
+                                       ": allowed are 0 (one frame) or a multiple of 8 that is "
+                                       "at least " +
+                                       std::to_string(kMinPayloadPartBytes));
       return FetchParameters{
           r.getPartitionId(), r.getMinVersion(), from_wire(r.getDtype(), "fetchParameters.dtype"),
-          arena_slice(r.hasArena(), r.getArena(), limits, "fetchParameters.arena", std::nullopt)};
+          arena_slice(r.hasArena(), r.getArena(), limits, "fetchParameters.arena", std::nullopt),
+          part};
     }
     case wire::Header::Kind::STATS:
       return Stats{};
@@ -334,9 +341,7 @@ Body decode_body(wire::Header::Reader h, const Limits& limits) {
 }
 
 Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits) {
-  if (frames.empty() || frames.size() > 2)
-    fail(DecodeErrc::wrongFrameCount,
-         "expected 1 or 2 frames, got " + std::to_string(frames.size()));
+  if (frames.empty()) fail(DecodeErrc::wrongFrameCount, "expected 1 or more frames, got 0");
 
   const zmq::message_t& head = frames[0];
   const size_t head_size = head.size();
@@ -387,31 +392,55 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
     return msg;
   }
 
-  if (frames.size() != 2)
+  // Only a fetch reply's payload may come in parts (FetchParameters::reply_part_bytes).
+  const bool in_parts_allowed = std::holds_alternative<FetchReply>(msg.header.body);
+  if (frames.size() < 2 || (frames.size() > 2 && !in_parts_allowed))
     fail(DecodeErrc::wrongFrameCount,
-         std::string(kind_name(msg.header.body)) + " needs a payload frame");
-  const zmq::message_t& body = frames[1];
-  if (declared > limits.max_payload_bytes || body.size() > limits.max_payload_bytes)
-    fail(DecodeErrc::tooLarge, "payload of " +
-                                   std::to_string(std::max<uint64_t>(declared, body.size())) +
-                                   " bytes exceeds max_payload_bytes");
-  if (body.size() != declared)
-    fail(DecodeErrc::lengthMismatch, "payload frame has " + std::to_string(body.size()) +
-                                         " bytes, header declares " + std::to_string(declared));
+         std::string(kind_name(msg.header.body)) +
+             (frames.size() < 2
+                  ? " needs a payload frame"
+                  : " carries its payload in one frame, got " + std::to_string(frames.size() - 1)));
   const auto [dtype, count] = *shape;
+  uint64_t received = 0;
+  for (size_t i = 1; i < frames.size(); ++i) {
+    const uint64_t part = frames[i].size();
+    received += part;  // each part <= the max, so the sum of 2^64 / 2^31 parts cannot wrap
+    if (part > limits.max_payload_bytes || received > limits.max_payload_bytes)
+      fail(DecodeErrc::tooLarge,
+           "payload of " + std::to_string(received) + "+ bytes exceeds max_payload_bytes");
+    if (frames.size() > 2 && part % dtype_size(dtype) != 0)
+      fail(DecodeErrc::lengthMismatch, "payload part " + std::to_string(i - 1) + " has " +
+                                           std::to_string(part) + " bytes, not whole " +
+                                           std::string(to_string(dtype)) + " elements");
+  }
+  if (declared > limits.max_payload_bytes)
+    fail(DecodeErrc::tooLarge,
+         "payload of " + std::to_string(declared) + " bytes exceeds max_payload_bytes");
+  if (received != declared)
+    fail(DecodeErrc::lengthMismatch,
+         (frames.size() > 2 ? "payload parts have " : "payload frame has ") +
+             std::to_string(received) + " bytes, header declares " + std::to_string(declared));
   // Division, not count * size, so a huge element count cannot wrap around.
   if (declared % dtype_size(dtype) != 0 || count != declared / dtype_size(dtype))
     fail(DecodeErrc::lengthMismatch, std::to_string(count) + " elements of " +
                                          std::string(to_string(dtype)) + " do not fill " +
                                          std::to_string(declared) + " bytes");
 
-  msg.payload = {static_cast<const std::byte*>(body.data()), body.size()};
+  if (frames.size() == 2) {
+    msg.payload = {static_cast<const std::byte*>(frames[1].data()), frames[1].size()};
+  } else {
+    for (size_t i = 1; i < frames.size(); ++i)
+      msg.payload_parts.emplace_back(static_cast<const std::byte*>(frames[i].data()),
+                                     frames[i].size());
+  }
   msg.payload_crc32c = h.getPayloadCrc32c();
   if (limits.verify_checksum && limits.defer_push_checksum &&
       std::holds_alternative<PushGradients>(msg.header.body)) {
     msg.payload_crc_pending = true;
   } else if (limits.verify_checksum) {
-    const uint32_t actual = checksum::crc32c(msg.payload.data(), msg.payload.size());
+    uint32_t actual = checksum::crc32c(msg.payload.data(), msg.payload.size());
+    for (std::span<const std::byte> part : msg.payload_parts)
+      actual = checksum::crc32c(part.data(), part.size(), actual);
     if (actual != msg.payload_crc32c)
       fail(DecodeErrc::checksumMismatch, "payload crc32c " + std::to_string(actual) +
                                              " != declared " + std::to_string(msg.payload_crc32c));

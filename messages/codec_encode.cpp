@@ -161,6 +161,7 @@ void set_body(wire::Header::Kind::Builder k, const FetchParameters& r) {
   b.setMinVersion(r.min_version);
   b.setDtype(to_wire(r.dtype));
   if (r.arena) set_arena(b.initArena(), *r.arena);
+  b.setReplyPartBytes(r.reply_part_bytes);
 }
 
 void set_body(wire::Header::Kind::Builder k, const FetchReply& r) {
@@ -324,21 +325,26 @@ std::vector<zmq::message_t> encode(const Header& header) {
 
 std::vector<zmq::message_t> encode(const Header& header, std::span<const std::byte> payload,
                                    std::shared_ptr<const void> owner,
-                                   std::optional<uint32_t> crc32c) {
+                                   std::optional<uint32_t> crc32c, uint64_t part_bytes) {
   check_payload_fits(header, payload);
   if (!owner) throw std::invalid_argument("encode: zero-copy payload needs an owner");
+  if (part_bytes > 0 && (!std::holds_alternative<FetchReply>(header.body) ||
+                         part_bytes < kMinPayloadPartBytes || part_bytes % 8 != 0))
+    throw std::invalid_argument(
+        "encode: only a fetchReply goes in parts, of >= " + std::to_string(kMinPayloadPartBytes) +
+        " bytes each, a multiple of 8");
   const uint32_t crc = crc32c ? *crc32c : checksum::crc32c(payload.data(), payload.size());
+  const uint64_t part = part_bytes > 0 ? part_bytes : std::max<uint64_t>(payload.size(), 1);
   std::vector<zmq::message_t> frames;
-  frames.reserve(2);
+  frames.reserve(1 + (payload.size() + part - 1) / part);
   frames.push_back(header_frame(header, payload.size(), crc));
-  if (payload.empty()) {
-    frames.emplace_back();
-  } else {
+  if (payload.empty()) frames.emplace_back();
+  for (uint64_t at = 0; at < payload.size(); at += part) {
+    const uint64_t n = std::min<uint64_t>(part, payload.size() - at);
     // ZeroMQ calls free_owner from its I/O thread once the bytes are on the wire; the
-    // heap copy of the shared_ptr is what keeps the buffer alive until then.
-    auto keep = std::make_unique<std::shared_ptr<const void>>(std::move(owner));
-    frames.emplace_back(const_cast<std::byte*>(payload.data()), payload.size(), &free_owner,
-                        keep.get());
+    // heap copy of the shared_ptr is what keeps the buffer alive until then (one per part).
+    auto keep = std::make_unique<std::shared_ptr<const void>>(owner);
+    frames.emplace_back(const_cast<std::byte*>(payload.data() + at), n, &free_owner, keep.get());
     keep.release();  // owned by the frame now
   }
   return frames;

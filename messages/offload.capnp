@@ -1,7 +1,9 @@
 # Wire schema between trainers and offload services (see messages/README.md).
 #
 # Every ZeroMQ message is [header] or [header, payload]: the header is one `Header`
-# (flat-array encoded), the payload the raw tensor bytes, never copied into a builder.
+# (flat-array encoded), the payload the raw tensor bytes, never copied into a builder. A
+# fetchReply's payload may instead come as several frames, [header, part, part, ...], when
+# its request asked for that (FetchParameters.replyPartBytes).
 # Only messages/codec.cpp reads or writes these types; everything else uses the plain
 # C++ structs of messages/codec.h.
 #
@@ -159,6 +161,12 @@ struct FetchParameters {
   # Set: write the values into this region of a mapped arena (length = its capacity,
   # crc32c 0) and answer with FetchReply.arena instead of a payload frame.
   arena @3 :ArenaSlice;
+  # 0: a frame reply's payload is one frame. Else it comes as frames of this many bytes
+  # (the last one shorter), a multiple of 8 and at least 4096; the header's payloadLength
+  # and payloadCrc32c cover the parts joined in order. The receiver's allocator serves
+  # each part from memory it keeps, where one large frame would be fresh pages
+  # (messages/frame_heap.h).
+  replyPartBytes @4 :UInt64;
 }
 
 # Payload: elementCount values of dtype.

@@ -15,7 +15,7 @@ namespace dsactor::offload {
 namespace msg = dsactor::messages;
 
 std::vector<zmq::message_t> Reply::encode() const {
-  if (msg::has_payload(header.body)) return msg::encode(header, payload, owner, crc32c);
+  if (msg::has_payload(header.body)) return msg::encode(header, payload, owner, crc32c, part_bytes);
   return msg::encode(header);
 }
 

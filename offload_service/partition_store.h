@@ -193,6 +193,8 @@ struct Reply {
   std::span<const std::byte> payload;
   std::shared_ptr<const void> owner;
   std::optional<uint32_t> crc32c;
+  // A fetch reply's payload in frames of this many bytes, as its request asked (0: one).
+  uint64_t part_bytes = 0;
 
   // The frames (without envelope) to send.
   std::vector<zmq::message_t> encode() const;

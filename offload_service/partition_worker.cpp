@@ -293,6 +293,7 @@ struct WorkerState {
     Reply r;
     r.header = {h.request_id, h.job_id,
                 msg::FetchReply{f.partition_id, version, f.dtype, p.n(), {}}};
+    r.part_bytes = f.reply_part_bytes;  // unused when the bytes go into the arena
     const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
     const bool to_arena = f.arena && bytes <= f.arena->length;
     auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {

@@ -266,7 +266,7 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
 
 uint64_t OffloadClient::send_fetch(uint64_t partition_id, uint64_t min_version, msg::DType dtype,
                                    size_t expected_bytes) {
-  msg::FetchParameters request{partition_id, min_version, dtype, {}};
+  msg::FetchParameters request{partition_id, min_version, dtype, {}, fetch_part_bytes_};
   if (!pool_ || expected_bytes > pool_->slot_bytes()) return send(request);  // a frame
   // The slot is chosen for the size expected, and counted as written whole until the
   // answer says what the service wrote (await_fetch): a late reply's slot may hold anything.
@@ -391,10 +391,15 @@ OffloadClient::Taken OffloadClient::take_reply(std::optional<uint64_t> waiting) 
       e && e->code == msg::ErrorCode::busy && rid != 0 && retry_busy(rid)) {
     return got;  // sent again; its answer is still to come
   }
-  Reply r{std::move(decoded->header), {}, {}};
+  Reply r{std::move(decoded->header), {}, {}, {}};
   if (msg::has_payload(r.header.body) && env->body.size() == 2) {
     // The decoded payload views the last frame; keep the frame itself.
     r.payload = std::move(frames.back());
+  } else if (msg::has_payload(r.header.body) && env->body.size() > 2) {
+    // The body's frames end the message: header, then each part.
+    const size_t parts = env->body.size() - 1;
+    for (size_t i = frames.size() - parts; i < frames.size(); ++i)
+      r.payload_parts.push_back(std::move(frames[i]));
   }
   if (other) {  // a pipelined request's reply: its own await() takes it
     outstanding_.erase(rid);
@@ -508,6 +513,38 @@ template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t);
 template ServiceResult<msg::DeleteCheckpointReply> OffloadClient::await_as(uint64_t);
 
+std::span<const std::byte> FetchedParameters::bytes() const {
+  if (in_arena()) return arena_bytes;
+  if (in_parts())
+    throw std::logic_error("a fetch reply that came in parts has no single span (pieces())");
+  return {static_cast<const std::byte*>(frame.data()), frame.size()};
+}
+
+std::vector<std::span<const std::byte>> FetchedParameters::pieces() const {
+  if (!in_parts()) return {bytes()};
+  std::vector<std::span<const std::byte>> out;
+  out.reserve(parts.size());
+  for (const zmq::message_t& p : parts)
+    out.emplace_back(static_cast<const std::byte*>(p.data()), p.size());
+  return out;
+}
+
+size_t FetchedParameters::size_bytes() const {
+  if (!in_parts()) return bytes().size();
+  size_t n = 0;
+  for (const zmq::message_t& p : parts) n += p.size();
+  return n;
+}
+
+void OffloadClient::set_fetch_part_bytes(size_t bytes) {
+  bytes -= bytes % 8;
+  if (bytes != 0 && bytes < msg::kMinPayloadPartBytes)
+    throw std::invalid_argument("fetch part bytes " + std::to_string(bytes) +
+                                ": 0 (one frame) or at least " +
+                                std::to_string(msg::kMinPayloadPartBytes));
+  fetch_part_bytes_ = bytes;
+}
+
 ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   // The slot the request offered, before await() hands it over with the reply.
   std::optional<msg::ArenaSlice> offered;
@@ -525,6 +562,7 @@ ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   FetchedParameters out;
   out.reply = std::move(*fetched);
   out.frame = std::move(reply->payload);
+  out.parts = std::move(reply->payload_parts);
   out.arena = std::move(reply->arena);
   if (!out.reply.arena) {
     // The service answered with a frame (a partition larger than the slot): untouched.

@@ -76,14 +76,20 @@ class OffloadTimeout : public std::runtime_error {
 
 struct FetchedParameters {
   messages::FetchReply reply;
-  zmq::message_t frame;  // owns the bytes when they came as a frame
-  ArenaBuffer arena;     // holds them when the service wrote them into the arena
+  zmq::message_t frame;  // owns the bytes when they came as one frame
+  // Own them when they came as several frames (the request's reply_part_bytes), in order,
+  // each a whole number of elements; `frame` is then empty.
+  std::vector<zmq::message_t> parts;
+  ArenaBuffer arena;  // holds them when the service wrote them into the arena
   std::span<const std::byte> arena_bytes;
   bool in_arena() const { return static_cast<bool>(arena); }
-  std::span<const std::byte> bytes() const {
-    if (in_arena()) return arena_bytes;
-    return {static_cast<const std::byte*>(frame.data()), frame.size()};
-  }
+  bool in_parts() const { return !parts.empty(); }
+  // The bytes in one span: from the arena or one frame. Throws std::logic_error for a
+  // reply in parts (pieces() serves every kind).
+  std::span<const std::byte> bytes() const;
+  // The bytes as the pieces they came in, in order: one span, or one per part.
+  std::vector<std::span<const std::byte>> pieces() const;
+  size_t size_bytes() const;
 };
 
 class OffloadClient {
@@ -187,6 +193,12 @@ class OffloadClient {
   // kDefaultPushRangeBytes.
   void set_push_range_bytes(size_t bytes) { push_range_bytes_ = bytes; }
   size_t push_range_bytes() const { return push_range_bytes_; }
+  // What send_fetch asks a reply that comes as a frame to be split into: frames of this many
+  // bytes (FetchParameters::reply_part_bytes), for the same reason as a push's ranges.
+  // 0: one frame. Rounded down to a multiple of 8; at least messages::kMinPayloadPartBytes
+  // (std::invalid_argument otherwise). Default kDefaultPushRangeBytes.
+  void set_fetch_part_bytes(size_t bytes);
+  size_t fetch_part_bytes() const { return fetch_part_bytes_; }
   // Requests sent so far (a push in ranges is one a range), Pings aside. Readable from any
   // thread (ServiceClient::requests_sent).
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
@@ -204,8 +216,9 @@ class OffloadClient {
   // request held.
   struct Reply {
     messages::Header header;
-    zmq::message_t payload;  // empty when the reply has none
-    ArenaBuffer arena;       // the slot the request carried, if any
+    zmq::message_t payload;                     // empty when the reply has none, or has it in parts
+    ArenaBuffer arena;                          // the slot the request carried, if any
+    std::vector<zmq::message_t> payload_parts;  // a fetch reply's payload in parts, in order
   };
   ServiceResult<Reply> await(uint64_t request_id);
   // The reply as T; an ErrorReply is `refused`, another kind `failed`.
@@ -317,6 +330,7 @@ class OffloadClient {
   std::chrono::milliseconds heartbeat_{0};
   bool arena_checksums_ = false;
   size_t push_range_bytes_ = kDefaultPushRangeBytes;
+  size_t fetch_part_bytes_ = kDefaultPushRangeBytes;
   std::atomic<uint64_t> requests_sent_{0};
   std::set<uint64_t> pings_;  // Pings sent and not answered yet
   messages::Pong last_pong_;  // the last progress heard of (operation "" = none)

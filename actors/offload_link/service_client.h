@@ -61,6 +61,8 @@ class ServiceClient {
   void set_arena_checksums(bool on) { client_->set_arena_checksums(on); }
   // OffloadClient::set_push_range_bytes; before the first request, as above.
   void set_push_range_bytes(size_t bytes) { client_->set_push_range_bytes(bytes); }
+  // OffloadClient::set_fetch_part_bytes; before the first request, as above.
+  void set_fetch_part_bytes(size_t bytes) { client_->set_fetch_part_bytes(bytes); }
   uint64_t requests_sent() const { return client_->requests_sent(); }
 
   // ---- the wire's operations (messages/README.md), in posting order -------------------

@@ -23,10 +23,12 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
   dsactor::testing::TempDir dir;
   // 1 MiB + 4 bytes: a payload that is not a whole number of pages or 96 KiB pieces.
   const auto j = dsactor::testing::bench_report(
-      "bench transport --json --partition-bytes 1048580 --iters 2 --push-range-bytes 262144",
+      "bench transport --json --partition-bytes 1048580 --iters 2 --push-range-bytes 262144 "
+      "--fetch-part-bytes 131072",
       dir.path());
   EXPECT_EQ(number_at(j, "partition_bytes"), 1048580);
   EXPECT_EQ(number_at(j, "push_range_bytes"), 262144);
+  EXPECT_EQ(number_at(j, "fetch_part_bytes"), 131072);
   for (const char* path : {"raw_zmq", "service", "service_arena"})
     for (const char* mode : {"plain", "curve"}) {
       const auto& run = j.at(path).at(mode);
@@ -42,12 +44,16 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
       if (std::string(path) == "raw_zmq") {
         EXPECT_FALSE(run.contains("push_step_gbps")) << "raw ZeroMQ has no steps";
         EXPECT_GT(number_at(run, "push_ranges_gbps"), 0) << mode;
+        EXPECT_GT(number_at(run, "fetch_parts_gbps"), 0) << mode;
         continue;
       }
       EXPECT_GT(number_at(run, "push_step_gbps"), 0) << path << " " << mode;
       EXPECT_DOUBLE_EQ(
           number_at(ratio, "push_step"),
           number_at(run, "push_step_gbps") / number_at(j.at("raw_zmq").at("plain"), "push_gbps"));
+      EXPECT_DOUBLE_EQ(number_at(ratio, "fetch_over_raw_parts"),
+                       number_at(run, "fetch_gbps") /
+                           number_at(j.at("raw_zmq").at("plain"), "fetch_parts_gbps"));
       EXPECT_DOUBLE_EQ(number_at(ratio, "push_step_over_raw_ranges"),
                        number_at(run, "push_step_gbps") /
                            number_at(j.at("raw_zmq").at("plain"), "push_ranges_gbps"));

@@ -20,8 +20,13 @@ using namespace dsactor::messages;
 }
 
 std::vector<zmq::message_t> reencode(const Message& m) {
-  return has_payload(m.header.body) ? encode_copy(m.header, m.payload, m.payload_crc32c)
-                                    : encode(m.header);
+  if (!has_payload(m.header.body)) return encode(m.header);
+  if (m.payload_parts.empty()) return encode_copy(m.header, m.payload, m.payload_crc32c);
+  // A fetch reply's parts are how its bytes travelled: joined, they re-encode as one frame.
+  std::vector<std::byte> joined;
+  for (std::span<const std::byte> part : m.payload_parts)
+    joined.insert(joined.end(), part.begin(), part.end());
+  return encode_copy(m.header, joined, m.payload_crc32c);
 }
 
 bool same_bytes(const zmq::message_t& a, const zmq::message_t& b) {
@@ -36,7 +41,10 @@ void check(std::span<const zmq::message_t> frames, const Limits& limits) {
     return;
   }
   const Message& m = r.value();
-  if (!has_payload(m.header.body) && !m.payload.empty()) die("payload on a kind without one");
+  if (!has_payload(m.header.body) && (!m.payload.empty() || !m.payload_parts.empty()))
+    die("payload on a kind without one");
+  if (!m.payload_parts.empty() && !std::holds_alternative<FetchReply>(m.header.body))
+    die("payload parts on a kind other than fetchReply");
   // An arena slice that decodes names an arena and a range a receiver can add up safely
   // (it still checks the range against its mapping), and replaces frame 1.
   if (const ArenaSlice* a = arena_of(m.header.body)) {

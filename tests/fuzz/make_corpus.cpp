@@ -83,6 +83,13 @@ int main(int argc, char** argv) {
       write(dsactor::fuzz::join_frames(enveloped, false));
     }
   }
+  {  // A fetch reply in two parts (header + 2 frames, the most split_frames makes).
+    auto payload = std::make_shared<std::vector<std::byte>>(6144);
+    for (size_t i = 0; i < payload->size(); ++i) (*payload)[i] = static_cast<std::byte>(i * 7);
+    const Header h{42, "job", FetchReply{1, 3, DType::fp32, 1536, {}}};
+    write(dsactor::fuzz::join_frames(
+        encode(h, std::span<const std::byte>(*payload), payload, std::nullopt, 4096), false));
+  }
   std::printf("wrote %d seeds to %s\n", n, dir.c_str());
   return 0;
 }

@@ -93,6 +93,7 @@ std::vector<Header> every_kind() {
   add(FetchParameters{11, 4, DType::fp16, ArenaSlice{3, 8192, 1 << 20, 0}});
   add(PushGradients{11, 5, 3, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}});
   add(FetchParameters{11, 4, DType::fp32, ArenaSlice{3, 8192, 1 << 20, 0, true}});
+  add(FetchParameters{11, 4, DType::fp32, {}, 8 << 20});
   add(FetchReply{11, 5, DType::fp32, 150, ArenaSlice{3, 8192, 600, 0, true}});
   add(FetchReply{11, 5, DType::fp16, 300, ArenaSlice{3, 8192, 600, 0x12345678}});
   // A range of a push sent in ranges: the payload is the range, as a frame or a slice.
@@ -167,6 +168,45 @@ TEST(Codec, ZeroCopyPayloadKeepsOwnerAlive) {
   EXPECT_TRUE(watch.expired()) << "releasing the frame must release the owner";
 }
 
+TEST(Codec, FetchReplyInPartsRoundTrips) {
+  // 10000 bf16 elements in parts of 4096 bytes: 4 full parts and one of 3616.
+  auto buffer = std::make_shared<std::vector<std::byte>>(random_bytes(20000, 3));
+  std::weak_ptr<std::vector<std::byte>> watch = buffer;
+  const std::byte* source = buffer->data();
+  Header h{9, "job", FetchReply{4, 2, DType::bf16, 10000, {}}};
+  auto frames = encode(h, std::span<const std::byte>(*buffer), buffer, std::nullopt, 4096);
+  ASSERT_EQ(frames.size(), 6u);
+  for (size_t i = 1; i < frames.size(); ++i) {
+    EXPECT_EQ(frames[i].data(), static_cast<const void*>(source + (i - 1) * 4096)) << i;
+    EXPECT_EQ(frames[i].size(), i < 5 ? 4096u : 20000u - 4 * 4096u) << i;
+  }
+  buffer.reset();
+  EXPECT_FALSE(watch.expired()) << "the parts must keep the payload alive";
+
+  auto msg = decode(frames);
+  ASSERT_TRUE(msg.ok()) << msg.error().message;
+  EXPECT_EQ(msg->header, h);
+  EXPECT_TRUE(msg->payload.empty());
+  ASSERT_EQ(msg->payload_parts.size(), 5u);
+  std::vector<std::byte> joined;
+  for (auto part : msg->payload_parts) joined.insert(joined.end(), part.begin(), part.end());
+  ASSERT_EQ(joined.size(), 20000u);
+  EXPECT_EQ(0, std::memcmp(joined.data(), source, joined.size()));
+  EXPECT_EQ(msg->payload_crc32c, checksum::crc32c(source, 20000));
+
+  // The last part released keeps the others' owner alive; all released, it goes.
+  frames.pop_back();
+  EXPECT_FALSE(watch.expired());
+  frames.clear();
+  EXPECT_TRUE(watch.expired()) << "releasing every part must release the owner";
+
+  // A payload no larger than a part stays one frame.
+  auto small = std::make_shared<std::vector<std::byte>>(random_bytes(4096, 4));
+  auto single = encode(Header{9, "job", FetchReply{4, 2, DType::bf16, 2048, {}}},
+                       std::span<const std::byte>(*small), small, std::nullopt, 4096);
+  EXPECT_EQ(single.size(), 2u);
+}
+
 TEST(Codec, KnownChecksumIsSentAsGiven) {
   const auto payload = random_bytes(1024, 2);
   Header h{1, "job", SetParameters{1, 0, DType::fp32, 256}};
@@ -195,6 +235,16 @@ TEST(Codec, EncodeRejectsProgrammingErrors) {
       encode_copy(Header{1, "j", PushGradients{1, 1, 0, DType::fp32, (1ull << 62) + 16, {}}},
                   payload),
       std::invalid_argument);
+  // Parts: a fetch reply's only, of at least kMinPayloadPartBytes, a multiple of 8.
+  auto owned = std::make_shared<std::vector<std::byte>>(random_bytes(8192, 5));
+  const std::span<const std::byte> bytes(*owned);
+  EXPECT_THROW(encode(Header{1, "j", SetParameters{1, 0, DType::fp32, 2048}}, bytes, owned,
+                      std::nullopt, 4096),
+               std::invalid_argument);
+  const Header reply{1, "j", FetchReply{1, 0, DType::fp32, 2048, {}}};
+  EXPECT_THROW(encode(reply, bytes, owned, std::nullopt, 1024), std::invalid_argument);
+  EXPECT_THROW(encode(reply, bytes, owned, std::nullopt, 4100), std::invalid_argument);
+  EXPECT_EQ(encode(reply, bytes, owned, std::nullopt, 4096).size(), 3u);
 }
 
 // ---- malformed input ------------------------------------------------------------------
@@ -277,6 +327,68 @@ TEST(CodecMalformed, WrongFrameCount) {
   auto stats = encode(Header{1, "j", Stats{}});
   stats.emplace_back(payload.data(), payload.size());
   EXPECT_EQ(error_of(stats), DecodeErrc::wrongFrameCount);
+}
+
+TEST(CodecMalformed, PayloadParts) {
+  auto reply = [](wire::DType dtype, uint64_t count) {
+    return [=](wire::Header::Builder h) {
+      auto r = h.getKind().initFetchReply();
+      r.setDtype(dtype);
+      r.setElementCount(count);
+    };
+  };
+  const auto payload = random_bytes(96, 10);
+  const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+  auto parts = [&](zmq::message_t head, std::vector<size_t> sizes) {
+    std::vector<zmq::message_t> v;
+    v.push_back(std::move(head));
+    size_t at = 0;
+    for (size_t n : sizes) {
+      v.emplace_back(payload.data() + at, n);
+      at += n;
+    }
+    return v;
+  };
+  ASSERT_TRUE(decode(parts(forged(reply(wire::DType::FP32, 24), 96, crc), {32, 32, 32})).ok());
+  // A part that splits an element.
+  EXPECT_EQ(error_of(parts(forged(reply(wire::DType::FP32, 24), 96, crc), {30, 34, 32})),
+            DecodeErrc::lengthMismatch);
+  // Parts that do not add up to the declared length.
+  EXPECT_EQ(error_of(parts(forged(reply(wire::DType::FP32, 24), 96, crc), {32, 32})),
+            DecodeErrc::lengthMismatch);
+  // A flipped byte in a later part.
+  auto corrupt = parts(forged(reply(wire::DType::FP32, 24), 96, crc), {32, 32, 32});
+  static_cast<std::byte*>(corrupt[3].data())[5] ^= std::byte{1};
+  EXPECT_EQ(error_of(corrupt), DecodeErrc::checksumMismatch);
+  // Parts above the payload limit, counted as they add up.
+  Limits limits;
+  limits.max_payload_bytes = 64;
+  EXPECT_EQ(error_of(parts(forged(reply(wire::DType::FP32, 24), 96, crc), {32, 32, 32}), limits),
+            DecodeErrc::tooLarge);
+  // Only a fetch reply comes in parts.
+  auto set = [](wire::Header::Builder h) {
+    auto s = h.getKind().initSetParameters();
+    s.setDtype(wire::DType::FP32);
+    s.setElementCount(24);
+  };
+  EXPECT_EQ(error_of(parts(forged(set, 96, crc), {32, 64})), DecodeErrc::wrongFrameCount);
+
+  // A request may ask for parts of 0 (one frame) or of >= 4096 bytes, a multiple of 8.
+  auto asking = [](uint64_t part) {
+    return [=](wire::Header::Builder h) {
+      auto f = h.getKind().initFetchParameters();
+      f.setDtype(wire::DType::FP32);
+      f.setReplyPartBytes(part);
+    };
+  };
+  EXPECT_TRUE(decode(one(forged(asking(0)))).ok());
+  EXPECT_TRUE(decode(one(forged(asking(4096)))).ok());
+  for (uint64_t bad : {uint64_t{1}, uint64_t{4088}, uint64_t{4100}}) {
+    auto r = decode(one(forged(asking(bad))));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, DecodeErrc::badField);
+    EXPECT_NE(r.error().message.find("replyPartBytes"), std::string::npos) << r.error().message;
+  }
 }
 
 TEST(CodecMalformed, PushRangeOutsideThePartition) {

@@ -23,7 +23,7 @@ struct Harness {
   uint64_t next = 1;
 
   Reply call(messages::Body body, std::span<const std::byte> payload = {}) {
-    messages::Message m{{next++, job, std::move(body)}, payload, 0};
+    messages::Message m{{next++, job, std::move(body)}, payload, 0, false, {}};
     return store.handle(m);
   }
   template <class T>

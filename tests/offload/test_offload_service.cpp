@@ -7,6 +7,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>
+#include <cstring>
 
 #include <fstream>
 #include <zmq_addon.hpp>
@@ -21,6 +22,7 @@ namespace dsactor::offload::test {
 namespace {
 
 namespace msg = dsactor::messages;
+using actors::FetchedParameters;
 using actors::OffloadClient;
 using actors::OffloadError;
 using msg::DType;
@@ -508,6 +510,50 @@ TEST(OffloadService, PushInRangesMatchesTheWholePushOnEitherTier) {
   train(c, t.ref, 3, 1, 60);
   EXPECT_EQ(c.requests_sent() - sent, 2 + 1);
   check(c, t.ref, 3);
+  EXPECT_EQ(t.svc.stop(), 0);
+}
+
+// A fetch reply asked for in parts (OffloadClient::set_fetch_part_bytes) carries the bytes a
+// reply in one frame carries, split where asked, on either tier and in either dtype; a part
+// size the codec does not allow is refused as malformed.
+TEST(OffloadService, FetchRepliesInPartsCarryTheWholeReplysBytesOnEitherTier) {
+  TempDir tmp;
+  TwoTierService t(tmp.path, 20000, 12000);
+  OffloadClient& c = t.client;
+  train(c, t.ref, 1, 1, 70);
+  for (auto& p : t.ref) {
+    for (DType dtype : {DType::fp32, DType::bf16}) {
+      const uint64_t pid = p.spec.partition_id;
+      SCOPED_TRACE("partition " + std::to_string(pid) + ", " + std::string(msg::to_string(dtype)));
+      c.set_fetch_part_bytes(0);
+      const FetchedParameters whole = c.fetch(pid, 1, dtype);
+      ASSERT_FALSE(whole.in_parts());
+      c.set_fetch_part_bytes(4096);
+      const FetchedParameters parted = c.fetch(pid, 1, dtype);
+      ASSERT_TRUE(parted.in_parts());
+      EXPECT_EQ(parted.reply, whole.reply);
+      const size_t bytes = whole.bytes().size();
+      EXPECT_EQ(parted.parts.size(), (bytes + 4095) / 4096);
+      EXPECT_THROW((void)parted.bytes(), std::logic_error);
+      std::vector<std::byte> joined;
+      for (auto piece : parted.pieces()) {
+        EXPECT_LE(piece.size(), 4096u);
+        joined.insert(joined.end(), piece.begin(), piece.end());
+      }
+      ASSERT_EQ(joined.size(), bytes);
+      EXPECT_EQ(0, std::memcmp(joined.data(), whole.bytes().data(), bytes));
+      EXPECT_EQ(parted.size_bytes(), bytes);
+    }
+  }
+  auto f = msg::encode(
+      msg::Header{t.request++, "default", msg::FetchParameters{1, 1, DType::fp32, {}, 4096}});
+  f[0] = forge(f[0], [](msg::wire::Header::Builder h) {
+    h.getKind().getFetchParameters().setReplyPartBytes(1000);
+  });
+  EXPECT_EQ(error_code(raw_call(t.raw, enveloped(std::move(f)))), ErrorCode::malformed);
+  EXPECT_THROW(c.set_fetch_part_bytes(1000), std::invalid_argument);
+  c.set_fetch_part_bytes(8 << 20);
+  check(c, t.ref, 1);  // still serving, in one frame each (smaller than a part)
   EXPECT_EQ(t.svc.stop(), 0);
 }
 

@@ -23,7 +23,7 @@ class Harness {
   explicit Harness(PartitionStore& s, std::string job = "job") : store_(s), job_(std::move(job)) {}
 
   Reply call(msg::Body body, std::span<const std::byte> payload = {}) {
-    msg::Message m{{next_++, job_, std::move(body)}, payload, 0};
+    msg::Message m{{next_++, job_, std::move(body)}, payload, 0, false, {}};
     return store_.handle(m);
   }
   template <class T>

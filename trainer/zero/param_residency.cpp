@@ -63,6 +63,30 @@ void copy_out(std::span<const std::byte> bytes, bool release, float* out, size_t
   }
 }
 
+// copy_out for any reply. One in parts is copied part by part, each freed once copied
+// but not handed back page by page: parts are heap memory the allocator keeps for the
+// next reply's parts (messages/frame_heap.h), received into without a fault per page.
+void copy_fetched(actors::FetchedParameters& f, float* out, size_t count, msg::DType dtype,
+                  k::HalfKind kind) {
+  if (!f.in_parts()) return copy_out(f.bytes(), !f.in_arena(), out, count, dtype, kind);
+  const size_t elem = msg::dtype_size(dtype);
+  size_t at = 0;
+  for (zmq::message_t& part : f.parts) {
+    const size_t n = part.size() / elem;
+    if (part.size() % elem != 0 || n > count - at)
+      throw std::runtime_error(
+          fmt::format("a fetch reply of {} elements carried a part of {} bytes at element {}",
+                      count, part.size(), at));
+    copy_out({static_cast<const std::byte*>(part.data()), part.size()}, false, out + at, n, dtype,
+             kind);
+    at += n;
+    part = zmq::message_t();
+  }
+  if (at != count)
+    throw std::runtime_error(
+        fmt::format("a fetch reply of {} elements carried {} in its parts", count, at));
+}
+
 }  // namespace
 
 ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, GptModel& model)
@@ -78,6 +102,7 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
           z_.options.job_id, z_.options.heartbeat_interval,
           metrics::figures_of(z_.options.actors, "fetch_client " + z_.options.services[s])));
       fetch_clients_.back()->set_arena_checksums(zo.offload_optimizer.arena_checksums);
+      fetch_clients_.back()->set_fetch_part_bytes(z_.options.fetch_part_bytes);
     }
     model.set_transient_logits(true);  // not held through the backward's peak
     SchedulerOptions scheduling = SchedulerOptions::from(zo);
@@ -154,15 +179,16 @@ actors::FetchedParameters ParamResidency::receive_partition(actors::ServiceClien
         "offload service {} served partition {} at version {} with {} elements, expected "
         "version {} with {}: another trainer is committing to this job?",
         client.endpoint(), p.id, f.reply.version, f.reply.element_count, step, p.count));
-  bytes_fetched_ += f.bytes().size();
+  bytes_fetched_ += f.size_bytes();
+  if (f.in_parts()) ++fetches_in_parts_;
   return f;
 }
 
 void ParamResidency::fetch_partition(ServiceClients& clients, const PartitionSlice& p,
                                      uint64_t step, float* out) {
   if (z_.local) return z_.local->read(p.block, step, out);
-  const actors::FetchedParameters f = receive_partition(*clients[p.service], p, step);
-  copy_out(f.bytes(), !f.in_arena(), out, p.count, z_.wire_dtype(), z_.half_kind());
+  actors::FetchedParameters f = receive_partition(*clients[p.service], p, step);
+  copy_fetched(f, out, p.count, z_.wire_dtype(), z_.half_kind());
 }
 
 FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const PartitionSlice& p,
@@ -177,7 +203,7 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
     return FloatBuffer::adopt(data, p.count, std::move(slot));
   }
   FloatBuffer buf = FloatBuffer::uninitialized(p.count);
-  copy_out(f.bytes(), !f.in_arena(), buf.data(), p.count, f.reply.dtype, z_.half_kind());
+  copy_fetched(f, buf.data(), p.count, f.reply.dtype, z_.half_kind());
   return buf;
 }
 
@@ -220,6 +246,7 @@ FloatBuffer ParamResidency::fetch_resident(size_t b, uint64_t step, size_t numel
 void ParamResidency::add_stats(ZeroStats& s) const {
   s.bytes_fetched = bytes_fetched_.load();
   s.fetches_in_place = fetches_in_place_.load();
+  s.fetches_in_parts = fetches_in_parts_.load();
   s.peak_resident_param_bytes = peak_resident_bytes_;
   if (scheduler_) {
     s.scheduler = scheduler_->stats();

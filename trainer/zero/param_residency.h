@@ -89,6 +89,7 @@ class ParamResidency {
   std::unique_ptr<ParamScheduler> scheduler_;
   std::atomic<uint64_t> bytes_fetched_{0};  // the scheduler's thread fetches too
   std::atomic<uint64_t> fetches_in_place_{0};
+  std::atomic<uint64_t> fetches_in_parts_{0};
   size_t peak_resident_bytes_ = 0;  // stages 1/2
 };
 

@@ -12,6 +12,7 @@
 
 #include "actors/collectives/collectives.h"
 #include "actors/runtime/runtime.h"
+#include "messages/frame_heap.h"
 #include "storage/crash_point.h"
 #include "trainer/config/lr_schedule.h"
 #include "trainer/data/batch_loader.h"
@@ -160,6 +161,7 @@ void ZeroEngine::connect_services() {
     services_.back()->set_arena_checksums(
         config_.zero_optimization.offload_optimizer.arena_checksums);
     services_.back()->set_push_range_bytes(options_.push_range_bytes);
+    services_.back()->set_fetch_part_bytes(options_.fetch_part_bytes);
   }
 }
 
@@ -171,6 +173,12 @@ void ZeroEngine::start_parts() {
     gradients_->map_arenas(residency_->fetches());
     residency_->share_arenas();
   }
+  // Fetch replies from a service without an arena arrive as frames (messages/frame_heap.h).
+  for (const auto& service : services_)
+    if (!service->has_arena()) {
+      (void)messages::keep_received_frames_on_the_heap();
+      break;
+    }
 }
 
 void ZeroEngine::reconnect(BatchLoader& loader, const ZeroServiceError& failure) {

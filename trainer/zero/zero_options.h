@@ -87,6 +87,9 @@ struct ZeroOptions {
   // A push as frames of more than this many bytes goes in ranges of it
   // (actors::OffloadClient::push); 0: whole. Results are bit-identical either way.
   size_t push_range_bytes = actors::kDefaultPushRangeBytes;
+  // A fetch reply as frames comes in frames of this many bytes
+  // (actors::OffloadClient::set_fetch_part_bytes); 0: one frame. Bit-identical either way.
+  size_t fetch_part_bytes = actors::kDefaultPushRangeBytes;
   // Fills block b's initial fp32 weights (`dsactor start --role trainer --init`); unset:
   // GptWeightInit from the seed, the stage-0 engine's initial weights.
   std::function<void(size_t block, float* weights)> initial_weights;
@@ -127,6 +130,8 @@ struct ZeroStats {
   // straight into a push slot, and stage-3 fetches whose slot became the resident block.
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
+  // Fetches whose reply came as frames in parts (ZeroOptions::fetch_part_bytes).
+  uint64_t fetches_in_parts = 0;
   // Requests the engine's service clients sent (register, parameters, pushes: one a range
   // of a push in ranges, commits), its stage-3 fetch clients' aside.
   uint64_t service_requests = 0;
