@@ -79,5 +79,14 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
       << "frames have no in-place push";
 }
 
+TEST(BenchTransport, AFetchPartTooSmallIsRefusedNamingTheFlag) {
+  dsactor::testing::TempDir dir;
+  const auto r =
+      dsactor::testing::run_dsactor("bench transport --fetch-part-bytes 1000", dir.path());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--fetch-part-bytes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("4096"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace dsactor
