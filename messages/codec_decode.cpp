@@ -384,8 +384,9 @@ Message decode_impl(std::span<const zmq::message_t> frames, const Limits& limits
   const auto shape = payload_shape(msg.header.body);
   if (!shape) {
     if (frames.size() != 1)
-      fail(DecodeErrc::wrongFrameCount,
-           std::string(kind_name(msg.header.body)) + " carries no payload but got 2 frames");
+      fail(DecodeErrc::wrongFrameCount, std::string(kind_name(msg.header.body)) +
+                                            " carries no payload but got " +
+                                            std::to_string(frames.size()) + " frames");
     if (declared != 0 || h.getPayloadCrc32c() != 0)
       fail(DecodeErrc::lengthMismatch,
            std::string(kind_name(msg.header.body)) + " carries no payload but declares one");
