@@ -307,11 +307,11 @@ void add_transport_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       ->capture_default_str();
   transport->add_flag("--json", *json, "print one JSON object");
   transport->callback([part_bytes, transport_iters, range_bytes, fetch_part, json] {
-    if (*fetch_part != 0 && *fetch_part < messages::kMinPayloadPartBytes)
-      throw CLI::ValidationError("--fetch-part-bytes",
-                                 std::to_string(*fetch_part) + ": allowed are 0 (one frame) or " +
-                                     std::to_string(messages::kMinPayloadPartBytes) +
-                                     " bytes and more");
+    // The client rounds a part down to a multiple of 8, then checks the wire's rule.
+    if (!messages::valid_reply_part_bytes(*fetch_part - *fetch_part % 8))
+      throw CLI::ValidationError(
+          "--fetch-part-bytes",
+          std::to_string(*fetch_part) + ": allowed are " + messages::kReplyPartBytesRule);
     print_result(
         bench::run_transport_bench(*part_bytes, *transport_iters, *range_bytes, *fetch_part),
         *json);

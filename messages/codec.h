@@ -193,6 +193,15 @@ struct FetchParameters {
 // The smallest part a fetch reply may be split into: bounds the frames a request can ask
 // a service to send (2 GiB in 4 KiB parts is 2^19 frames).
 inline constexpr uint64_t kMinPayloadPartBytes = 4096;
+// Whether `bytes` may be a FetchParameters::reply_part_bytes (the one rule the codec, the
+// client and the tools check), and that rule in words for their errors.
+inline constexpr bool valid_reply_part_bytes(uint64_t bytes) {
+  return bytes == 0 || (bytes >= kMinPayloadPartBytes && bytes % 8 == 0);
+}
+inline constexpr const char* kReplyPartBytesRule =
+    "0 (one frame) or a multiple of 8 that is at least 4096";
+static_assert(valid_reply_part_bytes(kMinPayloadPartBytes) &&
+              !valid_reply_part_bytes(kMinPayloadPartBytes - 8));
 // Payload: element_count values of dtype, in frame 1 (or frames 1.., as the request's
 // reply_part_bytes asked) or, with `arena`, in that region of the arena the request named.
 struct FetchReply {

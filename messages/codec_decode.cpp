@@ -194,11 +194,9 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
     case wire::Header::Kind::FETCH_PARAMETERS: {
       auto r = k.getFetchParameters();
       const uint64_t part = r.getReplyPartBytes();
-      if (part != 0 && (part < kMinPayloadPartBytes || part % 8 != 0))
+      if (!valid_reply_part_bytes(part))
         fail(DecodeErrc::badField, "fetchParameters.replyPartBytes " + std::to_string(part) +
-                                       ": allowed are 0 (one frame) or a multiple of 8 that is "
-                                       "at least " +
-                                       std::to_string(kMinPayloadPartBytes));
+                                       ": allowed are " + kReplyPartBytesRule);
       return FetchParameters{
           r.getPartitionId(), r.getMinVersion(), from_wire(r.getDtype(), "fetchParameters.dtype"),
           arena_slice(r.hasArena(), r.getArena(), limits, "fetchParameters.arena", std::nullopt),

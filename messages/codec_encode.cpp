@@ -328,11 +328,10 @@ std::vector<zmq::message_t> encode(const Header& header, std::span<const std::by
                                    std::optional<uint32_t> crc32c, uint64_t part_bytes) {
   check_payload_fits(header, payload);
   if (!owner) throw std::invalid_argument("encode: zero-copy payload needs an owner");
-  if (part_bytes > 0 && (!std::holds_alternative<FetchReply>(header.body) ||
-                         part_bytes < kMinPayloadPartBytes || part_bytes % 8 != 0))
-    throw std::invalid_argument(
-        "encode: only a fetchReply goes in parts, of >= " + std::to_string(kMinPayloadPartBytes) +
-        " bytes each, a multiple of 8");
+  if (part_bytes > 0 &&
+      (!std::holds_alternative<FetchReply>(header.body) || !valid_reply_part_bytes(part_bytes)))
+    throw std::invalid_argument(std::string("encode: only a fetchReply goes in parts, of ") +
+                                kReplyPartBytesRule + " bytes");
   const uint32_t crc = crc32c ? *crc32c : checksum::crc32c(payload.data(), payload.size());
   const uint64_t part = part_bytes > 0 ? part_bytes : std::max<uint64_t>(payload.size(), 1);
   std::vector<zmq::message_t> frames;

@@ -538,10 +538,9 @@ size_t FetchedParameters::size_bytes() const {
 
 void OffloadClient::set_fetch_part_bytes(size_t bytes) {
   bytes -= bytes % 8;
-  if (bytes != 0 && bytes < msg::kMinPayloadPartBytes)
-    throw std::invalid_argument("fetch part bytes " + std::to_string(bytes) +
-                                ": 0 (one frame) or at least " +
-                                std::to_string(msg::kMinPayloadPartBytes));
+  if (!msg::valid_reply_part_bytes(bytes))
+    throw std::invalid_argument("fetch part bytes " + std::to_string(bytes) + ": allowed are " +
+                                msg::kReplyPartBytesRule);
   fetch_part_bytes_ = bytes;
 }
 

@@ -5,9 +5,11 @@
 // function of the same two doubles and Adam is the same elementwise kernel: so losses,
 // norms and final weights are compared BIT FOR BIT (tolerance 0).
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -287,6 +289,34 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
     expect_equal_runs(want, arena);
     expect_equal_runs(want, frames);
   }
+}
+
+// A trainer whose services go over frames receives its fetch replies as heap frames, so the
+// engine fixes the allocator's thresholds for the process (messages/frame_heap.h): after it
+// starts, a 31 MiB block is no longer mapped. glibc's own threshold moves up to the largest
+// mapped block freed so far (the probe's 28 MiB at most, or the test is skipped), so
+// without the engine's call the block would be mapped.
+TEST_F(ZeroEngineTest, Stage3OverFramesKeepsReceivedFramesOnTheHeap) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan replaces malloc; glibc's thresholds do not apply";
+#endif
+  auto mapped_by = [](size_t bytes) {
+    const size_t before = mallinfo2().hblkhd;
+    // Written to, so the compiler cannot drop the malloc/free pair.
+    auto* p = static_cast<volatile char*>(std::malloc(bytes));
+    if (p != nullptr) p[0] = 1;
+    const bool mapped = mallinfo2().hblkhd > before;
+    std::free(const_cast<char*>(p));
+    return mapped;
+  };
+  if (!mapped_by(size_t{28} << 20))
+    GTEST_SKIP() << "the allocator was fixed before this test (run it as its own process, as "
+                    "ctest does)";
+  ZeroOptions o = options("cpu", "frame-heap");
+  o.shared_memory = false;
+  ZeroEngine e(kTiny, config("fp32", 3, "cpu", ""), 5, std::move(o));
+  EXPECT_FALSE(mapped_by(size_t{31} << 20))
+      << "the engine over frames left glibc's mmap threshold moving";
 }
 
 // Stage 3 pools each service's fetch and push slots in one arena that keeps its pages: a
