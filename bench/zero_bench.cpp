@@ -215,6 +215,13 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // Of the measured steps' pushes and fetches (as `fetches`), those that went in place.
   r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
   r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
+  // Push slots lent to the service until the commit, and those that came back holding
+  // their block's update (each a fetch the service did inside its Adam pass).
+  r["pushes_lent"] = after.pushes_lent - before.pushes_lent;
+  r["blocks_published_in_place"] =
+      after.blocks_published_in_place - before.blocks_published_in_place;
+  r["bytes_published_in_place_per_step"] =
+      (after.bytes_published_in_place - before.bytes_published_in_place) / n;
   // The peaks need not coincide: their sum bounds the model state held at once, the arena
   // pages idle slots kept included.
   r["arena_peak_idle_bytes"] = after.arena_peak_idle_bytes;
@@ -269,6 +276,9 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"peak_grad_bytes_over_model", on["peak_resident_grad_bytes"].get<double>() / model_bytes},
       {"peak_memory_goal", 0.25},
       {"fetched_per_step_over_model", on["bytes_fetched_per_step"].get<double>() / model_bytes},
+      // Blocks the service's update left in a lent push slot: served, but not fetched.
+      {"published_in_place_per_step_over_model",
+       on["bytes_published_in_place_per_step"].get<double>() / model_bytes},
       {"pushed_per_step_over_model", on["bytes_pushed_per_step"].get<double>() / model_bytes},
       {"fetch_hidden_fraction_prefetch_on", on["fetch_hidden_fraction"]},
       {"fetch_hidden_fraction_prefetch_off", off["fetch_hidden_fraction"]},

@@ -140,6 +140,9 @@ struct PushGradients {
   std::optional<ArenaSlice> arena;
   uint64_t range_offset = 0;
   uint64_t range_count = 0;  // 0: the whole partition
+  // The service may keep the arena slice as the gradient until the step's commit
+  // (offload.capnp's PushGradients.keepUntilCommit; PushReply::kept says whether it did).
+  bool keep_until_commit = false;
   bool ranged() const { return range_count > 0; }
   uint64_t payload_count() const { return ranged() ? range_count : element_count; }
   bool operator==(const PushGradients&) const = default;
@@ -150,6 +153,7 @@ struct PushReply {
   uint32_t micro_step = 0;
   double sum_squares = 0.0;
   bool nonfinite = false;
+  bool kept = false;  // the arena slice stays the service's until the step's commit reply
   bool operator==(const PushReply&) const = default;
 };
 
@@ -175,6 +179,8 @@ struct CommitReply {
   uint64_t step = 0;
   bool applied = true;  // false answers a SkipStep
   std::vector<PartitionVersion> partitions;
+  // The slices kept by this step's pushes hold their partitions' fp32 parameters at `step`.
+  bool kept_hold_parameters = false;
   bool operator==(const CommitReply&) const = default;
 };
 

@@ -165,6 +165,7 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
                         r.getElementCount(), {}};
       out.range_offset = r.getRangeOffset();
       out.range_count = r.getRangeCount();
+      out.keep_until_commit = r.getKeepUntilCommit();
       // Subtraction, not offset + count, so huge values cannot wrap around.
       if (out.ranged() ? out.range_offset > out.element_count ||
                              out.range_count > out.element_count - out.range_offset
@@ -251,13 +252,14 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
     }
     case wire::Header::Kind::PUSH_REPLY: {
       auto r = k.getPushReply();
-      return PushReply{r.getPartitionId(), r.getStep(), r.getMicroStep(), r.getSumSquares(),
-                       r.getNonfinite()};
+      return PushReply{r.getPartitionId(), r.getStep(),      r.getMicroStep(),
+                       r.getSumSquares(),  r.getNonfinite(), r.getKept()};
     }
     case wire::Header::Kind::COMMIT_REPLY: {
       auto r = k.getCommitReply();
       return CommitReply{r.getStep(), r.getApplied(),
-                         versions(r.getPartitions(), limits, "commitReply.partitions")};
+                         versions(r.getPartitions(), limits, "commitReply.partitions"),
+                         r.getKeptHoldParameters()};
     }
     case wire::Header::Kind::FETCH_REPLY: {
       auto r = k.getFetchReply();

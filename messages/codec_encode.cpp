@@ -121,6 +121,7 @@ void set_body(wire::Header::Kind::Builder k, const PushGradients& r) {
   if (r.arena) set_arena(b.initArena(), *r.arena);
   b.setRangeOffset(r.range_offset);
   b.setRangeCount(r.range_count);
+  b.setKeepUntilCommit(r.keep_until_commit);
 }
 
 void set_body(wire::Header::Kind::Builder k, const PushReply& r) {
@@ -130,6 +131,7 @@ void set_body(wire::Header::Kind::Builder k, const PushReply& r) {
   b.setMicroStep(r.micro_step);
   b.setSumSquares(r.sum_squares);
   b.setNonfinite(r.nonfinite);
+  b.setKept(r.kept);
 }
 
 void set_body(wire::Header::Kind::Builder k, const CommitStep& r) {
@@ -153,6 +155,7 @@ void set_body(wire::Header::Kind::Builder k, const CommitReply& r) {
   b.setStep(r.step);
   b.setApplied(r.applied);
   set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())), r.partitions);
+  b.setKeptHoldParameters(r.kept_hold_parameters);
 }
 
 void set_body(wire::Header::Kind::Builder k, const FetchParameters& r) {

@@ -118,6 +118,13 @@ struct PushGradients {
   # order (offset 0 first) so the service adds each while the next is on the wire.
   rangeOffset @6 :UInt64;
   rangeCount @7 :UInt64;
+  # Set: the service may keep `arena` as the partition's gradient instead of copying it out
+  # (it does for a whole fp32 micro-step-0 push into a RAM partition with crcOmitted, and
+  # says so in PushReply.kept). A kept slice is the service's until the step's CommitReply
+  # or the SkipStep's reply: the step's Adam pass reads the gradient there, and a commit
+  # answered after the update (CommitReply.keptHoldParameters) leaves the partition's
+  # updated fp32 parameters in it, the next step's fetch of it already done.
+  keepUntilCommit @8 :Bool;
 }
 
 struct PushReply {
@@ -126,6 +133,7 @@ struct PushReply {
   microStep @2 :UInt32;
   sumSquares @3 :Float64;    # of the (unscaled) accumulated gradient partition
   nonfinite @4 :Bool;        # any inf/nan seen
+  kept @5 :Bool;             # the push's arena slice is kept (PushGradients.keepUntilCommit)
 }
 
 struct CommitStep {
@@ -152,6 +160,10 @@ struct CommitReply {
   step @0 :UInt64;
   applied @1 :Bool;                        # false for a skipped step
   partitions @2 :List(PartitionVersion);
+  # Every arena slice this step's pushes left kept now holds its partition's fp32
+  # parameters at `step` (the commit was answered after the update). Unset: a kept slice's
+  # bytes are not parameters, and it is the trainer's again.
+  keptHoldParameters @3 :Bool;
 }
 
 struct FetchParameters {

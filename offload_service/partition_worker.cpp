@@ -162,9 +162,31 @@ struct WorkerState {
                                           " of step " + std::to_string(g.step) + ", expected " +
                                           std::to_string(p.micro_steps));
     }
+    if (first) {
+      p.kept.reset();  // a micro-step 0 starts the step's gradient over
+    } else if (p.kept) {
+      keep_no_longer(p);  // a later micro-step adds into the sum
+    }
     if (g.ranged()) return on_push_range(m, p, g, payload, check, check_crc);
     p.ranged.reset();  // a whole push rewrites what ranges of an unfinished one added
     const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
+    if (g.keep_until_commit && first && g.arena && !check && g.dtype == DType::fp32 &&
+        !p.on_nvme() && !is_half(p.spec.served_dtype) &&
+        reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
+      // Kept where it lies: read once for its stats, and by the commit's Adam pass. The
+      // trainer's slot is its own memory; bytes it changes meanwhile spoil only its step.
+      auto* floats =
+          reinterpret_cast<float*>(in.arena->range(g.arena->offset, g.arena->length)->data());
+      const KeptGradientStats ks = kept_gradient_stats(floats, p.n());
+      if (!ks.negative_zero) {
+        p.kept = WorkerPartition::KeptGradient{in.arena, floats};
+        p.micro_steps++;
+        msg::PushReply kept{g.partition_id,     g.step, g.micro_step, ks.stats.sum_squares,
+                            ks.stats.nonfinite, true};
+        return {{m.header.request_id, m.header.job_id, kept}, {}, {}, {}};
+      }
+      // A -0 (0 + g would make it +0): copied into the sum as any push.
+    }
     if (p.on_nvme()) {
       const auto st = nvme_accumulate(*nvme, p, payload, g.dtype);
       return {{m.header.request_id, m.header.job_id,
@@ -514,8 +536,20 @@ struct WorkerState {
     return r;
   }
 
+  // A kept gradient copied into the partition's sum as its micro-step 0 (0 + g), the slice
+  // let go.
+  void keep_no_longer(WorkerPartition& p) {
+    const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, p.n() * 4);
+    if (!p.grad) p.grad = std::make_shared<storage::AlignedBuffer>(p.n() * 4);
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(p.kept->floats),
+                                           p.n() * 4);
+    accumulate_push(p.grad->as<float>(), bytes, DType::fp32, p.n(), true, false);
+    p.kept.reset();
+  }
+
   // Adam over a RAM partition in place (buffers a reply or a checkpoint's snapshot still
-  // holds are cloned first: copy-on-write).
+  // holds are cloned first: copy-on-write). A kept gradient is read in its slice, and the
+  // updated parameters written there too when the commit is answered after the update.
   void ram_adam(WorkerPartition& p, const CommitWork& w, size_t i) {
     const PhaseTimer stepping(phases.get(), ServicePhase::kAdam, p.n() * 4);
     unshare(p.master);
@@ -526,9 +560,12 @@ struct WorkerState {
       unshare(p.half);
       hc = {p.half->as<uint16_t>(), half_kind(p.spec.served_dtype)};
     }
-    kc::adam_step(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(), p.grad->as<float>(),
-                  p.n(), detail::hyper(p.spec.optimizer, w.commit.lr), w.adam_t[i], w.multiplier,
-                  hc);
+    const float* grad = p.kept ? p.kept->floats : p.grad->as<float>();
+    float* publish = p.kept && w.publish_into_kept ? p.kept->floats : nullptr;
+    kc::adam_step(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(), grad, p.n(),
+                  detail::hyper(p.spec.optimizer, w.commit.lr), w.adam_t[i], w.multiplier, hc,
+                  publish);
+    p.kept.reset();
   }
 
   // ---- publishing a commit ----
@@ -536,6 +573,10 @@ struct WorkerState {
   void begin_publishing(CommitWorkPtr work,
                         std::shared_ptr<const std::vector<NvmeLocation>> fresh) {
     finish_publishing();  // another job's step, still going: done first, one at a time
+    // Answered before the update: the trainer has its kept slices back at the reply.
+    if (!work->publish_into_kept)
+      for (uint64_t pid : work->partitions)
+        if (WorkerPartition& p = at(work->job, pid); p.kept) keep_no_longer(p);
     publishing.emplace(std::move(work), std::move(fresh));
     publish_later();
   }
@@ -718,6 +759,7 @@ partition_worker::behavior_type worker_behavior(
           if (p.on_nvme()) drop_gradient(*self->state.nvme, p);
           p.micro_steps = 0;
           p.ranged.reset();  // a push in ranges cut off by the skip
+          p.kept.reset();    // the trainer has its slice back with the skip's reply
         }
       },
       [self](drop_atom, const std::string& job) {

@@ -35,6 +35,7 @@
 #include <caf/all.hpp>
 
 #include "kernels/cpu/grad_stats_stream.h"
+#include "messages/shm_arena.h"
 #include "offload_service/host_memory.h"
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/service_phases.h"
@@ -67,6 +68,17 @@ struct WorkerPartition {
     std::shared_ptr<storage::AlignedBuffer> gathered;
   };
   std::optional<RangedPush> ranged;
+  // RAM tier, one fp32 micro-step: the gradient left where the trainer's push put it, in its
+  // arena slot (PushGradients.keepUntilCommit), instead of copied into `grad`. The commit's
+  // Adam pass reads it there and, when the commit is answered after the update, writes the
+  // updated parameters into it (the next step's fetch of the partition, done in that pass);
+  // a commit answered before the update copies it into `grad` first, since the slot is the
+  // trainer's again at the reply. The mapping is held as long as the slice is.
+  struct KeptGradient {
+    std::shared_ptr<const messages::ArenaMapping> arena;
+    float* floats = nullptr;
+  };
+  std::optional<KeptGradient> kept;
 
   uint64_t n() const { return spec.element_count; }
   bool on_nvme() const { return loc.has_value(); }
@@ -113,6 +125,9 @@ struct CommitWork {
   std::vector<int64_t> adam_t;  // per partition: Adam's step t of this update (bias correction)
   messages::CommitStep commit;
   float multiplier = 1.0f;
+  // The commit is answered after the update: Adam writes a kept gradient's partition's
+  // updated parameters into its slice (else the slice is copied out before the reply).
+  bool publish_into_kept = false;
   // Partitions updated so far, across the job's workers (the progress a heartbeat reports).
   std::shared_ptr<std::atomic<uint64_t>> done;
   // Told when this worker has updated its last partition of the step (null: nobody waits).

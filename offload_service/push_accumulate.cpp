@@ -36,7 +36,43 @@ void stream_first_micro_step(float* sum, const float* g, uint64_t n) {
   for (; k < n; ++k) sum[k] = 0.0f + g[k];
 }
 
+// Whether any of g[0..n) is -0 (the bit pattern 0x80000000).
+bool any_negative_zero(const float* g, uint64_t n) {
+  uint64_t k = 0;
+  bool found = false;
+#if defined(__x86_64__)
+  const __m128i sign = _mm_set1_epi32(static_cast<int>(0x80000000u));
+  __m128i seen = _mm_setzero_si128();
+  for (; k + 16 <= n; k += 16) {
+    for (uint64_t j = 0; j < 16; j += 4) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + k + j));
+      seen = _mm_or_si128(seen, _mm_cmpeq_epi32(v, sign));
+    }
+  }
+  found = _mm_movemask_epi8(seen) != 0;
+#endif
+  for (; k < n && !found; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, g + k, sizeof bits);
+    found = bits == 0x80000000u;
+  }
+  return found;
+}
+
 }  // namespace
+
+KeptGradientStats kept_gradient_stats(const float* g, uint64_t n) {
+  constexpr uint64_t kPiece = 24576;  // accumulate_push's: the check reads the piece in cache
+  kernels::cpu::GradStatsStream stream;
+  KeptGradientStats out;
+  for (uint64_t i = 0; i < n; i += kPiece) {
+    const uint64_t c = std::min(kPiece, n - i);
+    stream.add(g + i, c);
+    out.negative_zero = out.negative_zero || any_negative_zero(g + i, c);
+  }
+  out.stats = stream.finish();
+  return out;
+}
 
 AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
                                 messages::DType dtype, uint64_t n, bool first, bool with_crc,

@@ -26,4 +26,14 @@ AccumulatedPush accumulate_push(float* sum, std::span<const std::byte> payload,
                                 messages::DType dtype, uint64_t n, bool first, bool with_crc,
                                 kernels::cpu::GradStatsStream* stream = nullptr);
 
+// A gradient kept where the push left it (PushGradients.keepUntilCommit): its stats, read
+// where it lies in 96 KiB pieces like accumulate_push's, and whether any element is -0.
+// Adam over the kept bytes equals Adam over accumulate_push's sum (0 + g) exactly when none
+// is: 0 + -0 is +0, every other value adds to itself.
+struct KeptGradientStats {
+  kernels::cpu::GradStats stats;  // bit-identical to accumulate_push's for these bytes
+  bool negative_zero = false;
+};
+KeptGradientStats kept_gradient_stats(const float* g, uint64_t n);
+
 }  // namespace dsactor::offload

@@ -200,6 +200,7 @@ struct CoordinatorState {
     JobState next = job.committed(c.step);
     next.resume_record = c.resume_record;  // in the step's own metadata batch
     const float multiplier = grad_multiplier(c.clip_coef, c.loss_scale);
+    const bool after_update = options.reply_after_update || c.publish_before_reply;
     PerWorker<CommitWork> pw;
     for (uint64_t pid : job.order) {
       CommitWork& w = pw.add(job.parts.at(pid).worker, pid);
@@ -208,6 +209,7 @@ struct CoordinatorState {
       w.adam_t.push_back(next.parts.at(pid).adam_steps);
       w.commit = c;
       w.multiplier = multiplier;
+      w.publish_into_kept = after_update;
       w.done = progress->done();
     }
     auto publication = std::make_shared<StepPublication>(pw.by_worker.size(), board, progress);
@@ -215,14 +217,16 @@ struct CoordinatorState {
     const Prepared prepared = two_phase.prepare(pw, job.order);
     if (prepared.failure) refuse(prepared.failure->code, prepared.failure->message);
     two_phase.commit(h.job_id, next, pw, prepared, "metadata write failed: ");
-    if (options.reply_after_update || c.publish_before_reply) {
+    if (after_update) {
       publication->wait();
     } else {
       publishing[h.job_id] = std::move(publication);
     }
     jobs.put(h.job_id, std::move(next));
     steps_applied++;
-    return msg::CommitReply{c.step, true, jobs.find(h.job_id)->versions()};
+    // Answered after the update: every slice the step's pushes left kept holds its
+    // partition's new parameters.
+    return msg::CommitReply{c.step, true, jobs.find(h.job_id)->versions(), after_update};
   }
 
   msg::Body on_skip(const msg::Header& h, const msg::SkipStep& sk) {

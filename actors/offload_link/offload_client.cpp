@@ -243,13 +243,14 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
 
 uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step,
                                             uint32_t micro_step, msg::DType dtype, uint64_t count,
-                                            ArenaBuffer grads) {
+                                            ArenaBuffer grads, bool keep_until_commit) {
   const uint64_t bytes = count * msg::dtype_size(dtype);
   if (!grads || grads.pool_ != pool_.get() || bytes > grads.bytes().size())
     throw std::invalid_argument("send_push_gradients: " + std::to_string(bytes) +
                                 " bytes do not fit the arena buffer given");
   msg::PushGradients push{partition_id, step, micro_step, dtype, count, {}};
   push.arena = msg::ArenaSlice{pool_->arena_id(), grads.offset(), bytes, 0, false};
+  push.keep_until_commit = keep_until_commit;
   if (grads.copied_ && grads.copied_->first == bytes) {
     // Known from the copy into the slot (the caller copied exactly these bytes in): the
     // service checks it whatever the setting, since it cost nothing here.
@@ -501,6 +502,22 @@ ServiceResult<T> OffloadClient::await_as(uint64_t id) {
     return ServiceFailure{ServiceFailure::Kind::refused, e->code, std::move(e->message)};
   if (auto* t = std::get_if<T>(&body)) return std::move(*t);
   return failure("answered " + kind + " with " + std::string(msg::kind_name(body)));
+}
+
+ServiceResult<LentPush> OffloadClient::await_push(uint64_t id) {
+  const auto sent = outstanding_.find(id);
+  const std::string kind = sent != outstanding_.end() ? sent->second.kind : "a request";
+  ServiceResult<Reply> reply = await(id);
+  if (!reply.ok()) return std::move(reply.error());
+  msg::Body& body = reply->header.body;
+  if (auto* e = std::get_if<msg::ErrorReply>(&body))
+    return ServiceFailure{ServiceFailure::Kind::refused, e->code, std::move(e->message)};
+  auto* push = std::get_if<msg::PushReply>(&body);
+  if (!push) return failure("answered " + kind + " with " + std::string(msg::kind_name(body)));
+  LentPush out{*push, {}};
+  // Not kept: the slot is free again as the reply goes.
+  if (push->kept) out.lent = std::move(reply->arena);
+  return out;
 }
 
 template ServiceResult<msg::RegisterReply> OffloadClient::await_as(uint64_t);

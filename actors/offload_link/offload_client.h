@@ -74,6 +74,15 @@ class OffloadTimeout : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A push's reply, with the arena slot it carried when the service kept it
+// (PushReply::kept, asked for with keep_until_commit): the slot is lent to the service until
+// the step's CommitReply (or the SkipStep's), and holds the partition's updated parameters
+// after a CommitReply with kept_hold_parameters. Empty when the service did not keep it.
+struct LentPush {
+  messages::PushReply reply;
+  ArenaBuffer lent;
+};
+
 struct FetchedParameters {
   messages::FetchReply reply;
   zmq::message_t frame;  // owns the bytes when they came as one frame
@@ -204,8 +213,12 @@ class OffloadClient {
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
   // The same from an arena slot: its first count * dtype size bytes are the gradient. The
   // slot, of this client's pool (arena_buffer), is held until the reply is received.
+  // `keep_until_commit`: the service may keep the slot as the gradient (await_push).
   uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
-                               messages::DType dtype, uint64_t count, ArenaBuffer grads);
+                               messages::DType dtype, uint64_t count, ArenaBuffer grads,
+                               bool keep_until_commit = false);
+  // The reply of a push from an arena slot, with the slot when the service kept it.
+  ServiceResult<LentPush> await_push(uint64_t request_id);
   // Asks the service to write into a free arena slot when there is one, else for a frame.
   // `expected_bytes` (0: unknown), the size of the reply's bytes, chooses the slot
   // (arena_buffer's rule); larger than a slot, the reply comes as a frame.

@@ -121,12 +121,13 @@ ServiceFuture<msg::PushReply> ServiceClient::push_gradients(uint64_t partition_i
   });
 }
 
-ServiceFuture<msg::PushReply> ServiceClient::push_gradients(uint64_t partition_id, uint64_t step,
-                                                            uint32_t micro_step, msg::DType dtype,
-                                                            uint64_t count, ArenaBuffer grads) {
-  return post<msg::PushReply>([=, grads = std::move(grads)](OffloadClient& c) mutable {
-    return c.await_as<msg::PushReply>(
-        c.send_push_gradients(partition_id, step, micro_step, dtype, count, std::move(grads)));
+ServiceFuture<LentPush> ServiceClient::push_gradients(uint64_t partition_id, uint64_t step,
+                                                      uint32_t micro_step, msg::DType dtype,
+                                                      uint64_t count, ArenaBuffer grads,
+                                                      bool keep_until_commit) {
+  return post<LentPush>([=, grads = std::move(grads)](OffloadClient& c) mutable {
+    return c.await_push(c.send_push_gradients(partition_id, step, micro_step, dtype, count,
+                                              std::move(grads), keep_until_commit));
   });
 }
 

@@ -82,10 +82,11 @@ class ServiceClient {
                                                     std::span<const std::byte> grads,
                                                     std::shared_ptr<const void> owner);
   // From an arena slot taken with arena_buffer(): its first count * dtype size bytes. The
-  // slot is free again when the answer is in.
-  ServiceFuture<messages::PushReply> push_gradients(uint64_t partition_id, uint64_t step,
-                                                    uint32_t micro_step, messages::DType dtype,
-                                                    uint64_t count, ArenaBuffer grads);
+  // slot is free again when the answer is in, unless the service kept it
+  // (`keep_until_commit`; OffloadClient::await_push): then the result holds it.
+  ServiceFuture<LentPush> push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
+                                         messages::DType dtype, uint64_t count, ArenaBuffer grads,
+                                         bool keep_until_commit = false);
   // Into a free arena slot when there is one (the result holds it), else as a frame;
   // `expected_bytes` as OffloadClient::send_fetch.
   ServiceFuture<FetchedParameters> fetch(uint64_t partition_id, uint64_t min_version,

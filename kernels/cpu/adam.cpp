@@ -7,6 +7,8 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <utility>
 
 #include "kernels/cpu/detail.h"
 #include "kernels/cpu/isa.h"
@@ -72,14 +74,27 @@ inline void adam_one(float& p, float& m, float& v, float grad, const AdamConsts&
 }
 
 void adam_range_scalar(float* param, float* m, float* v, const float* grad, size_t lo, size_t hi,
-                       const AdamConsts& k, HalfCopy half) {
+                       const AdamConsts& k, HalfCopy half, float* fp32_copy) {
   for (size_t i = lo; i < hi; ++i) {
-    adam_one(param[i], m[i], v[i], grad[i], k);
+    adam_one(param[i], m[i], v[i], grad[i], k);  // grad[i] is read before fp32_copy[i] is written
     if (half.out != nullptr) {
       half.out[i] =
           half.kind == HalfKind::kBF16 ? float_to_bf16(param[i]) : float_to_fp16(param[i]);
+    } else if (fp32_copy != nullptr) {
+      fp32_copy[i] = param[i];
     }
   }
+}
+
+// The scalar tail's copies for a vector pass's kHalf (see adam_range_avx512).
+template <int kHalf>
+std::pair<HalfCopy, float*> tail_copy(void* copy) {
+  if constexpr (kHalf == 1)
+    return {HalfCopy{static_cast<uint16_t*>(copy), HalfKind::kBF16}, nullptr};
+  if constexpr (kHalf == 2)
+    return {HalfCopy{static_cast<uint16_t*>(copy), HalfKind::kFP16}, nullptr};
+  if constexpr (kHalf == 3) return {HalfCopy{}, static_cast<float*>(copy)};
+  return {HalfCopy{}, nullptr};
 }
 
 // ---- AVX-512 ----
@@ -94,10 +109,14 @@ __attribute__((target("avx512f"))) inline __m256i bf16_pack_avx512(__m512 p) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
-template <bool kL2, bool kDecoupled, int kHalf>  // kHalf: 0 none, 1 bf16, 2 fp16
+// kHalf: the copy written beside the params: 0 none, 1 bf16, 2 fp16, 3 fp32 (`copy` points
+// to uint16_t for 1 and 2, to float for 3; for 3 it may be `grad` itself: the vector of
+// gradients is loaded before the vector of copies is stored).
+template <bool kL2, bool kDecoupled, int kHalf>
 __attribute__((target("avx512f"))) void adam_range_avx512(float* param, float* m, float* v,
                                                           const float* grad, size_t lo, size_t hi,
-                                                          const AdamConsts& k, uint16_t* half) {
+                                                          const AdamConsts& k, void* copy) {
+  [[maybe_unused]] auto* half = static_cast<uint16_t*>(copy);
   const __m512 gmul = _mm512_set1_ps(k.gmul);
   const __m512 b1 = _mm512_set1_ps(k.beta1);
   const __m512 omb1 = _mm512_set1_ps(k.one_minus_beta1);
@@ -129,11 +148,12 @@ __attribute__((target("avx512f"))) void adam_range_avx512(float* param, float* m
     } else if constexpr (kHalf == 2) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(half + i),
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if constexpr (kHalf == 3) {
+      _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
     }
   }
-  HalfCopy tail_half{half, kHalf == 2 ? HalfKind::kFP16 : HalfKind::kBF16};
-  if constexpr (kHalf == 0) tail_half.out = nullptr;
-  adam_range_scalar(param, m, v, grad, i, hi, k, tail_half);
+  adam_range_scalar(param, m, v, grad, i, hi, k, tail_copy<kHalf>(copy).first,
+                    tail_copy<kHalf>(copy).second);
 }
 
 // ---- AVX2 + FMA ----
@@ -157,7 +177,8 @@ template <bool kL2, bool kDecoupled, int kHalf>
 __attribute__((target("avx2,fma,f16c"))) void adam_range_avx2(float* param, float* m, float* v,
                                                               const float* grad, size_t lo,
                                                               size_t hi, const AdamConsts& k,
-                                                              uint16_t* half) {
+                                                              void* copy) {
+  [[maybe_unused]] auto* half = static_cast<uint16_t*>(copy);
   const __m256 gmul = _mm256_set1_ps(k.gmul);
   const __m256 b1 = _mm256_set1_ps(k.beta1);
   const __m256 omb1 = _mm256_set1_ps(k.one_minus_beta1);
@@ -189,15 +210,16 @@ __attribute__((target("avx2,fma,f16c"))) void adam_range_avx2(float* param, floa
     } else if constexpr (kHalf == 2) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(half + i),
                        _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if constexpr (kHalf == 3) {
+      _mm256_storeu_ps(static_cast<float*>(copy) + i, p);
     }
   }
-  HalfCopy tail_half{half, kHalf == 2 ? HalfKind::kFP16 : HalfKind::kBF16};
-  if constexpr (kHalf == 0) tail_half.out = nullptr;
-  adam_range_scalar(param, m, v, grad, i, hi, k, tail_half);
+  adam_range_scalar(param, m, v, grad, i, hi, k, tail_copy<kHalf>(copy).first,
+                    tail_copy<kHalf>(copy).second);
 }
 
 using RangeFn = void (*)(float*, float*, float*, const float*, size_t, size_t, const AdamConsts&,
-                         uint16_t*);
+                         void*);
 
 using detail::detect_isa;
 using detail::Isa;
@@ -209,16 +231,22 @@ RangeFn pick_for(Isa isa) {
 }
 
 template <bool kL2, bool kDecoupled>
-RangeFn pick_half(Isa isa, const HalfCopy& half) {
-  if (half.out == nullptr) return pick_for<kL2, kDecoupled, 0>(isa);
+RangeFn pick_half(Isa isa, const HalfCopy& half, const float* fp32_copy) {
+  if (half.out == nullptr)
+    return fp32_copy ? pick_for<kL2, kDecoupled, 3>(isa) : pick_for<kL2, kDecoupled, 0>(isa);
   if (half.kind == HalfKind::kBF16) return pick_for<kL2, kDecoupled, 1>(isa);
   return pick_for<kL2, kDecoupled, 2>(isa);
 }
 
-RangeFn pick(Isa isa, const AdamConsts& k, const HalfCopy& half) {
-  if (k.l2) return pick_half<true, false>(isa, half);
-  if (k.decoupled) return pick_half<false, true>(isa, half);
-  return pick_half<false, false>(isa, half);
+RangeFn pick(Isa isa, const AdamConsts& k, const HalfCopy& half, const float* fp32_copy) {
+  if (k.l2) return pick_half<true, false>(isa, half, fp32_copy);
+  if (k.decoupled) return pick_half<false, true>(isa, half, fp32_copy);
+  return pick_half<false, false>(isa, half, fp32_copy);
+}
+
+void refuse_two_copies(const HalfCopy& half, const float* fp32_copy) {
+  if (half.out != nullptr && fp32_copy != nullptr)
+    throw std::invalid_argument("adam_step: a half copy and an fp32 copy at once");
 }
 
 // Below this many elements a second thread costs more than it saves.
@@ -227,38 +255,44 @@ constexpr size_t kParallelMin = size_t{1} << 15;
 }  // namespace
 
 void adam_step_reference(float* param, float* m, float* v, const float* grad, size_t n,
-                         const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half) {
+                         const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half,
+                         float* fp32_copy) {
+  refuse_two_copies(half, fp32_copy);
   const AdamConsts k = make_consts(h, step, grad_multiplier);
-  adam_range_scalar(param, m, v, grad, 0, n, k, half);
+  adam_range_scalar(param, m, v, grad, 0, n, k, half, fp32_copy);
 }
 
 namespace {
 
 void adam_step_on(Isa isa, float* param, float* m, float* v, const float* grad, size_t n,
-                  const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half) {
+                  const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half,
+                  float* fp32_copy) {
+  refuse_two_copies(half, fp32_copy);
   const AdamConsts k = make_consts(h, step, grad_multiplier);
   if (isa == Isa::kScalar) {
     detail::for_chunks(n, kParallelMin, 64, [&](size_t lo, size_t hi) {
-      adam_range_scalar(param, m, v, grad, lo, hi, k, half);
+      adam_range_scalar(param, m, v, grad, lo, hi, k, half, fp32_copy);
     });
     return;
   }
-  const RangeFn fn = pick(isa, k, half);
+  const RangeFn fn = pick(isa, k, half, fp32_copy);
+  void* copy = half.out != nullptr ? static_cast<void*>(half.out) : static_cast<void*>(fp32_copy);
   detail::for_chunks(n, kParallelMin, 64,
-                     [&](size_t lo, size_t hi) { fn(param, m, v, grad, lo, hi, k, half.out); });
+                     [&](size_t lo, size_t hi) { fn(param, m, v, grad, lo, hi, k, copy); });
 }
 
 }  // namespace
 
 void adam_step(float* param, float* m, float* v, const float* grad, size_t n, const AdamHyper& h,
-               int64_t step, float grad_multiplier, HalfCopy half) {
-  adam_step_on(detect_isa(), param, m, v, grad, n, h, step, grad_multiplier, half);
+               int64_t step, float grad_multiplier, HalfCopy half, float* fp32_copy) {
+  adam_step_on(detect_isa(), param, m, v, grad, n, h, step, grad_multiplier, half, fp32_copy);
 }
 
 void adam_step_isa(const char* isa, float* param, float* m, float* v, const float* grad, size_t n,
-                   const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half) {
+                   const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half,
+                   float* fp32_copy) {
   adam_step_on(detail::isa_named(isa, "adam_step_isa"), param, m, v, grad, n, h, step,
-               grad_multiplier, half);
+               grad_multiplier, half, fp32_copy);
 }
 
 const char* adam_isa() {

@@ -44,21 +44,26 @@ inline double clip_coefficient(double norm, double max_norm) {
 
 // One fused Adam/AdamW pass over n elements: g = grad * grad_multiplier (the product of
 // 1/loss_scale and the clip coefficient, computed once by the caller); update m, v, param;
-// write the half copy if asked. step is the 1-based count of steps including this one.
+// write the half copy if asked, or else an fp32 copy of the updated params into `fp32_copy`
+// if given. `fp32_copy` may be the memory `grad` points to (an offload service publishing
+// the parameters into the arena slot the gradient came in): each element's gradient is read
+// before its copy is written. step is the 1-based count of steps including this one.
 // Dispatches at run time to AVX-512, AVX2 or scalar; all three give bit-identical results.
+// Both copies at once is a std::invalid_argument.
 void adam_step(float* param, float* m, float* v, const float* grad, size_t n, const AdamHyper& h,
-               int64_t step, float grad_multiplier, HalfCopy half = {});
+               int64_t step, float grad_multiplier, HalfCopy half = {}, float* fp32_copy = nullptr);
 // The straightforward scalar reference that the SIMD paths are tested against.
 void adam_step_reference(float* param, float* m, float* v, const float* grad, size_t n,
                          const AdamHyper& h, int64_t step, float grad_multiplier,
-                         HalfCopy half = {});
+                         HalfCopy half = {}, float* fp32_copy = nullptr);
 // Which path adam_step uses on this CPU: "avx512", "avx2" or "scalar".
 const char* adam_isa();
 // adam_step forced onto one path ("avx512", "avx2" or "scalar"), so tests and benchmarks
 // can reach every path on one machine. Throws std::invalid_argument for an unknown name or
 // a path this CPU cannot run.
 void adam_step_isa(const char* isa, float* param, float* m, float* v, const float* grad, size_t n,
-                   const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half = {});
+                   const AdamHyper& h, int64_t step, float grad_multiplier, HalfCopy half = {},
+                   float* fp32_copy = nullptr);
 
 // Sum of squares in double and whether any element is inf/NaN. For global-norm clipping and
 // the fp16 overflow vote. One order of additions, whatever the thread count or vector path:

@@ -191,6 +191,46 @@ TEST(KernelAdam, HalfCopyIsRoundedParam) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(s.half[i], float_to_bf16(s.p[i])) << i;
 }
 
+// The fp32 copy (an offload service publishing the update into the slot the gradient came
+// in): on every path, the copy is the updated param, and a copy written over the gradient
+// itself leaves param, m and v exactly as without a copy.
+TEST(KernelAdam, Fp32CopyIsParamEvenOverTheGradient) {
+  for (size_t n : {size_t{7}, size_t{16}, size_t{33}, size_t{100003}}) {
+    for (const Config& c : all_configs()) {
+      if (c.half != 0) continue;
+      const AdamHyper h = hyper_for(c);
+      std::vector<std::string> isas = available_isas();
+      isas.push_back("dispatch");
+      for (const std::string& isa : isas) {
+        auto step = [&](State& s, float* copy) {
+          if (isa == "dispatch")
+            adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, 2, 0.5f, {}, copy);
+          else
+            adam_step_isa(isa.c_str(), s.p.data(), s.m.data(), s.v.data(), s.g.data(), n, h, 2,
+                          0.5f, {}, copy);
+        };
+        State plain = make_state(n, 40), beside = make_state(n, 40), over = make_state(n, 40);
+        std::vector<float> copy(n, 0.0f);
+        step(plain, nullptr);
+        step(beside, copy.data());
+        step(over, over.g.data());
+        const std::string at = isa + " n=" + std::to_string(n);
+        EXPECT_TRUE(bit_equal(copy, plain.p)) << at;
+        EXPECT_TRUE(bit_equal(beside.p, plain.p)) << at;
+        EXPECT_TRUE(bit_equal(over.p, plain.p)) << at;
+        EXPECT_TRUE(bit_equal(over.m, plain.m)) << at;
+        EXPECT_TRUE(bit_equal(over.v, plain.v)) << at;
+        EXPECT_TRUE(bit_equal(over.g, plain.p)) << at << ": the gradient's memory holds the params";
+      }
+    }
+  }
+  State s = make_state(8, 1);
+  std::vector<float> copy(8);
+  EXPECT_THROW(adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), 8, AdamHyper{}, 1, 1.0f,
+                         {s.half.data(), HalfKind::kBF16}, copy.data()),
+               std::invalid_argument);
+}
+
 TEST(KernelAdam, FirstStepMovesByLearningRate) {
   // With bias correction, step 1 from zero moments moves each param by lr*g/(|g|+eps),
   // i.e. ~lr*sign(g): the first update is independent of the gradient's scale.

@@ -99,6 +99,10 @@ std::vector<Header> every_kind() {
   // A range of a push sent in ranges: the payload is the range, as a frame or a slice.
   add(PushGradients{11, 5, 0, DType::bf16, 4096, {}, 1024, 2048});
   add(PushGradients{11, 5, 0, DType::fp32, 4096, ArenaSlice{3, 0, 8192, 0, true}, 2048, 2048});
+  // A push slot lent to the service until the commit, kept, and the update written into it.
+  add(PushGradients{11, 5, 0, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}, 0, 0, true});
+  add(PushReply{11, 5, 0, 2.25, false, true});
+  add(CommitReply{5, true, versions, true});
   return h;
 }
 

@@ -189,8 +189,10 @@ TEST_F(ServiceClientTest, ArenaSlotsTravelWithPushes) {
     auto r = client.push_gradients(3, 1, micro, DType::fp32, g.size(), std::move(slot)).get();
     ASSERT_TRUE(r.ok()) << actors::describe(r.error());
     if (micro == 0) {
-      EXPECT_NEAR(r->sum_squares, want, 1e-6 * want);
+      EXPECT_NEAR(r->reply.sum_squares, want, 1e-6 * want);
     }
+    EXPECT_FALSE(r->reply.kept) << "not asked to keep it";
+    EXPECT_FALSE(r->lent) << "the slot goes back with the reply";
   }
 }
 

@@ -237,6 +237,7 @@ TEST_F(ZeroEngineTest, Stage3AccumulatingMicroStepsHoldEveryGradient) {
       run_zero(kTiny, config("fp32", 3, "cpu", ""), options("cpu", "gas2"), tokens, 4, &st);
   expect_equal_runs(want, got);
   EXPECT_GE(st.peak_resident_grad_bytes, st.total_param_bytes);
+  EXPECT_EQ(st.pushes_lent, 0u) << "a slot holds one push, not a step's micro-steps";
 }
 
 // The services are on 127.0.0.1, so the engine moves payloads through shared-memory
@@ -274,21 +275,57 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
     expect_equal_runs(want, whole);
     EXPECT_GT(arena_stats.arena_bytes, 0u) << "loopback services map an arena";
     EXPECT_EQ(frame_stats.arena_bytes, 0u);
-    EXPECT_EQ(arena_stats.bytes_fetched, frame_stats.bytes_fetched);
     EXPECT_EQ(arena_stats.bytes_pushed, frame_stats.bytes_pushed);
     if (mode == "fp32") {
-      // Blocks that fit their service's slots (not the embedding, which is larger).
       EXPECT_GT(arena_stats.pushes_in_place, 0u);
       EXPECT_GT(arena_stats.fetches_in_place, 0u);
+      // The first block's slot, lent until each commit (answered after the update: a CPU
+      // trainer beside its services), came back holding its parameters: not fetched.
+      EXPECT_GT(arena_stats.pushes_lent, 0u);
+      EXPECT_EQ(arena_stats.blocks_published_in_place, arena_stats.pushes_lent);
+      EXPECT_EQ(arena_stats.scheduler.installed, arena_stats.blocks_published_in_place);
+      EXPECT_LT(arena_stats.bytes_fetched, frame_stats.bytes_fetched);
     } else {
       EXPECT_EQ(arena_stats.pushes_in_place, 0u);
       EXPECT_EQ(arena_stats.fetches_in_place, 0u);
+      EXPECT_EQ(arena_stats.pushes_lent, 0u);
+      EXPECT_EQ(arena_stats.bytes_fetched, frame_stats.bytes_fetched);
     }
+    EXPECT_EQ(frame_stats.pushes_lent, 0u);
     EXPECT_EQ(frame_stats.pushes_in_place, 0u);
     EXPECT_EQ(frame_stats.fetches_in_place, 0u);
     expect_equal_runs(want, arena);
     expect_equal_runs(want, frames);
   }
+}
+
+// Lent push slots (ZeroOptions::lend_push_slots) against none, in fp32 through the arena:
+// both runs equal stage 0 bit for bit; lending fetches less by whole blocks, and only from
+// commits answered after the update (update_publication before_reply or by_host here).
+// Behind the reply the slot is the trainer's again at the reply, so nothing is lent.
+TEST_F(ZeroEngineTest, Stage3LentSlotsComeBackHoldingTheUpdate) {
+  const auto tokens = corpus(6000, 8);
+  const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
+  const Trace want = run_stage0(kTiny, config("fp32", 0, "none", "", extra), tokens, 4);
+  ZeroStats lent, none, behind;
+  const Trace a = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), options("cpu", "lent"),
+                           tokens, 4, &lent);
+  ZeroOptions o = options("cpu", "not-lent");
+  o.lend_push_slots = false;
+  const Trace b = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), o, tokens, 4, &none);
+  auto behind_config = config("fp32", 3, "cpu", "", extra);
+  behind_config.zero_optimization.offload_optimizer.update_publication =
+      UpdatePublication::kBehindReply;
+  const Trace c = run_zero(kTiny, behind_config, options("cpu", "behind"), tokens, 4, &behind);
+  expect_equal_runs(want, a);
+  expect_equal_runs(want, b);
+  expect_equal_runs(want, c);
+  EXPECT_GE(lent.blocks_published_in_place, 3u) << "the first block, once a step";
+  EXPECT_EQ(none.pushes_lent, 0u);
+  EXPECT_EQ(behind.pushes_lent, 0u);
+  EXPECT_LT(lent.bytes_fetched, none.bytes_fetched);
+  EXPECT_EQ(none.bytes_fetched, behind.bytes_fetched);
+  EXPECT_EQ(lent.bytes_pushed, none.bytes_pushed);
 }
 
 // A trainer whose services go over frames receives its fetch replies as heap frames, so the

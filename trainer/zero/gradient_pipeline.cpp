@@ -57,6 +57,7 @@ GradientPipeline::~GradientPipeline() {
   // Gradients in push slots go back to their clients before anything else is torn down.
   grads_.blocks.clear();
   grad_slots_.clear();
+  lent_.clear();
 }
 
 void GradientPipeline::map_arenas(bool with_fetches) {
@@ -83,6 +84,7 @@ void GradientPipeline::begin_step() {
   drain_reductions();
   abandon_pushes();
   drop_kept();
+  drop_lent();
   for (auto& g : grads_.blocks)
     if (g.size() > 0) drop_grad(g);
   for (auto& slot : grad_slots_) slot.reset();
@@ -289,7 +291,7 @@ void GradientPipeline::push_frame(size_t b, const PartitionSlice& p, FloatBuffer
   auto reply =
       z_.services[p.service]->push_gradients(p.id, step, 0, dtype, bytes, std::move(payload));
   bytes_pushed_ += bytes.size();
-  pushes_.push_back(PendingPush{b, p.service, std::move(reply)});
+  pushes_.push_back(PendingPush{b, p.service, std::move(reply), 0, {}, false});
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
 }
 
@@ -306,7 +308,11 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   make_room_for_push();
   if (bytes > arena_push_limit_[p.service]) return false;
   actors::ArenaBuffer slot;
+  bool lend = false;
   if (grad_slots_[b]) {
+    // Lent: the service may read this gradient in the slot at the commit and leave the
+    // block's updated parameters there (no copy out of the slot, no fetch of the block).
+    lend = lend_ && lend_(b);
     // Written in place (begin_grad_in_slot): its bytes, counted since the block began, are
     // the push's until the answer.
     slot = std::move(*grad_slots_[b]);
@@ -329,9 +335,10 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   }
   // The slot goes with the request; the client frees it when the answer is in.
   const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
-  auto reply = service.push_gradients(p.id, step, 0, dtype, count, std::move(slot));
+  PendingPush push{b, p.service, {}, bytes, {}, true};
+  push.arena_reply = service.push_gradients(p.id, step, 0, dtype, count, std::move(slot), lend);
   bytes_pushed_ += bytes;
-  pushes_.push_back(PendingPush{b, p.service, std::move(reply), bytes});
+  pushes_.push_back(std::move(push));
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
   return true;
 }
@@ -340,13 +347,36 @@ void GradientPipeline::collect_push() {
   PendingPush push = std::move(pushes_.front());
   pushes_.pop_front();
   memory_->sub(push.arena_bytes);
-  const msg::PushReply reply =
-      await_or_throw(*z_.services[push.service],
-                     fmt::format("push_gradients of block {}", z_.layouts[push.block].name),
-                     z_.counters.committed_step, std::move(push.reply));
+  const std::string what = fmt::format("push_gradients of block {}", z_.layouts[push.block].name);
+  msg::PushReply reply;
+  if (push.through_arena) {
+    actors::LentPush answer = await_or_throw(
+        *z_.services[push.service], what, z_.counters.committed_step, std::move(push.arena_reply));
+    reply = answer.reply;
+    if (answer.lent) {
+      lent_.push_back(LentSlot{push.block, push.service, std::move(answer.lent)});
+      ++pushes_lent_;
+    }
+  } else {
+    reply = await_or_throw(*z_.services[push.service], what, z_.counters.committed_step,
+                           std::move(push.reply));
+  }
   pushed_.sum_squares[push.block] = reply.sum_squares;
   pushed_.nonfinite[push.block] = reply.nonfinite;
   block_pushed_[push.block] = 1;
+}
+
+std::vector<LentSlot> GradientPipeline::take_lent(size_t service) {
+  std::vector<LentSlot> out;
+  for (auto it = lent_.begin(); it != lent_.end();) {
+    if (it->service != service) {
+      ++it;
+      continue;
+    }
+    out.push_back(std::move(*it));
+    it = lent_.erase(it);
+  }
+  return out;
 }
 
 void GradientPipeline::abandon_pushes() {
@@ -373,6 +403,7 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
   s.max_pushes_in_flight = max_pushes_seen_;
   s.overlapped_reductions = overlapped_reductions_;
   s.pushes_in_place = pushes_in_place_;
+  s.pushes_lent = pushes_lent_;
   for (const auto& service : z_.services) {
     s.arena_bytes += service->arena_bytes();
     s.arena_resident_bytes += service->resident_slot_bytes();

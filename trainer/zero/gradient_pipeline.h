@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <vector>
@@ -36,6 +37,14 @@ struct PushedGradients {
   std::vector<double> sum_squares;
   std::vector<char> nonfinite;
   bool rounding_overflowed = false;
+};
+
+// A push slot its service kept (actors::LentPush): after a CommitReply with
+// kept_hold_parameters it holds block `block`'s parameters at the committed step.
+struct LentSlot {
+  size_t block;
+  size_t service;
+  actors::ArenaBuffer slot;
 };
 
 class GradientPipeline {
@@ -70,6 +79,13 @@ class GradientPipeline {
   // kept from their block's backward until the optimizer has used them (drop_kept).
   const BlockSet& kept() const { return kept_; }
   void drop_kept();
+  // Which block's in-place push slot to lend to its service until the step's commit
+  // (PushGradients.keepUntilCommit): asked at each arena push; null or false: none.
+  void set_lend_slot(std::function<bool(size_t block)> lend) { lend_ = std::move(lend); }
+  // The step's lent slots of `service`, taken out of the pipeline.
+  std::vector<LentSlot> take_lent(size_t service);
+  // Every lent slot back to its pool (a skipped or failed step; the next step's start).
+  void drop_lent() { lent_.clear(); }
   // Between steps every push slot is idle: their pages go back (see arena_slots.h), unless
   // the arena is the pool the fetches share.
   void trim_idle_slots();
@@ -83,8 +99,10 @@ class GradientPipeline {
   struct PendingPush {
     size_t block;
     size_t service;
-    actors::ServiceFuture<messages::PushReply> reply;
+    actors::ServiceFuture<messages::PushReply> reply;  // a frame's
     size_t arena_bytes = 0;  // gradient bytes held in an arena slot until the reply
+    actors::ServiceFuture<actors::LentPush> arena_reply;  // an arena slot's
+    bool through_arena = false;
   };
   struct PendingReduction {
     size_t block;
@@ -126,7 +144,10 @@ class GradientPipeline {
   size_t kept_grad_bytes_ = 0;
   uint64_t bytes_pushed_ = 0;
   uint64_t pushes_in_place_ = 0;
-  bool pool_ = false;  // the arenas hold the fetches' slots too (map_arenas)
+  uint64_t pushes_lent_ = 0;
+  std::function<bool(size_t)> lend_;
+  std::vector<LentSlot> lent_;  // this step's slots the services kept, in push order
+  bool pool_ = false;           // the arenas hold the fetches' slots too (map_arenas)
 };
 
 }  // namespace dsactor::trainer

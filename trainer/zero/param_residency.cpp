@@ -157,6 +157,23 @@ void ParamResidency::parameters_committed(uint64_t step) {
     fetch_block(z_.services, z_.options.grad_comm, b, step, params_.blocks[b].data());
 }
 
+std::optional<size_t> ParamResidency::first_block() const {
+  return scheduler_ ? scheduler_->first_block() : std::nullopt;
+}
+
+bool ParamResidency::install(size_t b, uint64_t step, actors::ArenaBuffer slot) {
+  const size_t numel = z_.layouts[b].numel;
+  if (!scheduler_ || z_.mine(b).count != numel || slot.bytes().size() < numel * sizeof(float))
+    return false;
+  // As an adopted fetch: the slot is the block until the resident set drops it.
+  auto held = std::make_shared<actors::ArenaBuffer>(std::move(slot));
+  float* data = reinterpret_cast<float*>(held->bytes().data());
+  if (!scheduler_->install(b, step, FloatBuffer::adopt(data, numel, std::move(held)))) return false;
+  ++blocks_published_in_place_;
+  bytes_published_in_place_ += numel * sizeof(float);
+  return true;
+}
+
 BlockSet ParamResidency::gather(uint64_t step) {
   BlockSet full = BlockSet::zeros(z_.layouts);
   for (size_t b = 0; b < full.blocks.size(); ++b)
@@ -247,6 +264,8 @@ void ParamResidency::add_stats(ZeroStats& s) const {
   s.bytes_fetched = bytes_fetched_.load();
   s.fetches_in_place = fetches_in_place_.load();
   s.fetches_in_parts = fetches_in_parts_.load();
+  s.blocks_published_in_place = blocks_published_in_place_;
+  s.bytes_published_in_place = bytes_published_in_place_;
   s.peak_resident_param_bytes = peak_resident_bytes_;
   if (scheduler_) {
     s.scheduler = scheduler_->stats();

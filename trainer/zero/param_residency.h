@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "actors/offload_link/service_client.h"
 #include "trainer/model/gpt.h"
@@ -61,6 +62,12 @@ class ParamResidency {
   // The services committed `step`: resident blocks go stale and are refetched as needed
   // (stage 3), or every block is refetched now (stages 1/2).
   void parameters_committed(uint64_t step);
+  // Stage 3 (a resident set): the block a training pass acquires first, once known.
+  std::optional<size_t> first_block() const;
+  // Stage 3 at one rank: block b's parameters at committed step `step` in an arena slot the
+  // service wrote them into (a lent push slot) become its resident copy, no fetch. False
+  // (the slot let go) when the resident set cannot take it.
+  bool install(size_t b, uint64_t step, actors::ArenaBuffer slot);
   // Every block as forward reads it at `step`, fetched now through the step's clients.
   BlockSet gather(uint64_t step);
   void add_stats(ZeroStats& s) const;
@@ -90,6 +97,8 @@ class ParamResidency {
   std::atomic<uint64_t> bytes_fetched_{0};  // the scheduler's thread fetches too
   std::atomic<uint64_t> fetches_in_place_{0};
   std::atomic<uint64_t> fetches_in_parts_{0};
+  uint64_t blocks_published_in_place_ = 0;  // install()ed (the compute thread's)
+  uint64_t bytes_published_in_place_ = 0;
   size_t peak_resident_bytes_ = 0;  // stages 1/2
 };
 

@@ -200,6 +200,20 @@ void ParamScheduler::set_committed_step(uint64_t step) {
   committed_step_ = step;
 }
 
+bool ParamScheduler::install(size_t b, uint64_t step, FloatBuffer buf) {
+  Slot& s = slots_[b];
+  if (step != committed_step_ || s.resident || s.pending || buf.size() != numel_[b]) return false;
+  if (!make_room(numel_[b], 0, false)) return false;
+  params_.blocks[b] = std::move(buf);
+  s.resident = true;
+  s.step = step;
+  s.prefetched = false;
+  live_ += numel_[b];
+  note_live();
+  ++stats_.installed;
+  return true;
+}
+
 void ParamScheduler::begin_pass(bool training) {
   cursor_ = 0;
   if (!training) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -35,6 +36,7 @@ struct SchedulerOptions {
 struct SchedulerStats {
   uint64_t fetches = 0;        // blocks fetched (prefetched ones included)
   uint64_t prefetch_hits = 0;  // acquires served by a prefetch issued earlier
+  uint64_t installed = 0;      // blocks made resident by install(), not fetched
   uint64_t bytes_fetched = 0;  // as floats in the resident set (4 bytes per element)
   double wait_seconds = 0;     // time acquire() spent waiting for a fetch
   double fetch_seconds = 0;    // time the fetch thread spent fetching: with wait_seconds,
@@ -76,6 +78,16 @@ class ParamScheduler final : public BlockHooks {
   void end_pass();
   // Waits until every fetch in flight has arrived (they stay resident).
   void wait_fetches();
+
+  // Block `block` at committed step `step` is already at hand (a slot the service wrote the
+  // update into): resident from now, no fetch. False, with `buf` dropped, when the block is
+  // resident or in flight, `step` is not the committed step, or it does not fit under
+  // max_live_parameters.
+  bool install(size_t block, uint64_t step, FloatBuffer buf);
+  // The block a training pass acquires first, once one pass has begun recording the order.
+  std::optional<size_t> first_block() const {
+    return trace_.empty() ? std::nullopt : std::optional<size_t>(trace_.front());
+  }
 
   void acquire(size_t block) override;
   void release(size_t block) override;

@@ -169,6 +169,7 @@ void ZeroEngine::start_parts() {
   delayed_refresh_.reset();  // the residency fetches at the committed step
   residency_ = std::make_unique<ParamResidency>(context_, *system_, model_);
   gradients_ = std::make_unique<GradientPipeline>(context_);
+  gradients_->set_lend_slot([this](size_t b) { return lends_push_slot(b); });
   if (options_.shared_memory) {
     gradients_->map_arenas(residency_->fetches());
     residency_->share_arenas();
@@ -490,29 +491,47 @@ void ZeroEngine::skip_everywhere(uint64_t step, std::string record) {
   for (auto& service : services_) skips.push_back(service->skip(step, record));
   for (size_t s = 0; s < services_.size(); ++s)
     await_or_throw(*services_[s], "skip_step", counters_.committed_step, std::move(skips[s]));
+  gradients_->drop_lent();  // the services let go of them with the skip
 }
 
-void ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
+bool ZeroEngine::commits_after_update(const actors::ServiceClient& service) const {
+  const auto& offload = config_.zero_optimization.offload_optimizer;
+  // This trainer computes on the CPU: a service on its host (an arena between them)
+  // shares its cores, so updating behind the reply would take the next forward's cores
+  // rather than overlap it (bench zero measures both). The delayed parameter update
+  // exists to overlap the update, so by_host leaves it behind the reply.
+  return offload.update_publication == UpdatePublication::kBeforeReply ||
+         (offload.update_publication == UpdatePublication::kByHost && service.has_arena() &&
+          !offload.delayed_parameter_update);
+}
+
+bool ZeroEngine::lends_push_slot(size_t b) const {
+  const auto& offload = config_.zero_optimization.offload_optimizer;
+  // The block the next forward needs first: its gradient is among the step's last pushed,
+  // so its slot would be free just when that fetch takes one. Its parameters come back in
+  // it only from a commit answered after the update, and only for a whole fp32 gradient
+  // of one micro-step that no checksum covers (what the service keeps).
+  if (!options_.lend_push_slots || local_ || !context_.in_place() ||
+      config_.gradient_accumulation_steps != 1 || offload.arena_checksums ||
+      offload.delayed_parameter_update || residency_->first_block() != b)
+    return false;
+  return commits_after_update(*services_[context_.mine(b).service]);
+}
+
+std::vector<LentSlot> ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
   if (local_) {
     // Stage 3's fetcher reads the partitions: nothing of the old step may be in flight.
     residency_->wait_fetches();
     local_->commit(commit, counters_.optimizer_steps + 1, gradients_->kept());
     gradients_->drop_kept();
-    return;
+    return {};
   }
   // Every service commits at once (each on its client); the verdict is the same for all,
   // so they apply the same step.
   std::vector<actors::ServiceFuture<msg::CommitReply>> commits;
-  const auto& offload = config_.zero_optimization.offload_optimizer;
   for (auto& service : services_) {
     msg::CommitStep c = commit;
-    // This trainer computes on the CPU: a service on its host (an arena between them)
-    // shares its cores, so updating behind the reply would take the next forward's cores
-    // rather than overlap it (bench zero measures both). The delayed parameter update
-    // exists to overlap the update, so by_host leaves it behind the reply.
-    c.publish_before_reply = offload.update_publication == UpdatePublication::kBeforeReply ||
-                             (offload.update_publication == UpdatePublication::kByHost &&
-                              service->has_arena() && !offload.delayed_parameter_update);
+    c.publish_before_reply = commits_after_update(*service);
     commits.push_back(service->commit(c));
   }
   std::vector<actors::ServiceResult<msg::CommitReply>> answers;
@@ -535,6 +554,13 @@ void ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
           e.what(), commit.step, committed, services_.size()));
     }
   }
+  std::vector<LentSlot> published;
+  for (size_t s = 0; s < services_.size(); ++s) {
+    auto lent = gradients_->take_lent(s);  // the others go back to the pool here
+    if (!answers[s]->kept_hold_parameters) continue;
+    for (auto& l : lent) published.push_back(std::move(l));
+  }
+  return published;
 }
 
 StepResult ZeroEngine::train_step(BatchLoader& loader) {
@@ -601,8 +627,8 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   StepCounters after = counters_;
   ++after.optimizer_steps;
   after.committed_step = step;
-  commit_everywhere({step, k::clip_coefficient(norm, config_.gradient_clipping), r.loss_scale, r.lr,
-                     resume_record(after, scaler_, loader)});
+  auto published = commit_everywhere({step, k::clip_coefficient(norm, config_.gradient_clipping),
+                                      r.loss_scale, r.lr, resume_record(after, scaler_, loader)});
   r.commit_seconds += seconds_since(t_apply);
   ++counters_.optimizer_steps;
   counters_.committed_step = step;
@@ -611,6 +637,8 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   } else {
     const auto t_refetch = Clock::now();
     residency_->parameters_committed(step);
+    // Blocks whose lent slots came back holding the step's parameters need no fetch.
+    for (auto& l : published) (void)residency_->install(l.block, step, std::move(l.slot));
     r.fetch_seconds += seconds_since(t_refetch);
   }
   r.optimizer_seconds = seconds_since(t_opt);

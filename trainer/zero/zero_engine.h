@@ -25,6 +25,7 @@ class Runtime;
 namespace dsactor::trainer {
 
 class GradientPipeline;
+struct LentSlot;
 class LocalPartitions;
 class ParamResidency;
 class ZeroCheckpoint;
@@ -167,7 +168,13 @@ class ZeroEngine {
   Verdict reach_verdict(StepResult& r);
   Verdict combine_across_ranks(const PushedGradients& pushed, StepResult& r);
   void skip_everywhere(uint64_t step, std::string record);
-  void commit_everywhere(const messages::CommitStep& commit);
+  // The lent push slots that came back holding their blocks' parameters at the step.
+  std::vector<LentSlot> commit_everywhere(const messages::CommitStep& commit);
+  // Whether `service` answers this trainer's commits only after the update
+  // (CommitStep.publish_before_reply, as update_publication decides it).
+  bool commits_after_update(const actors::ServiceClient& service) const;
+  // Whether block b's push slot is lent to its service (ZeroOptions::lend_push_slots).
+  bool lends_push_slot(size_t b) const;
   // Delayed parameter update: the parameters of the step committed last, fetched once this
   // step's pushes are all answered (each waited for its partition's update), before this
   // step's commit or skip. A no-op without a delayed step.

@@ -84,6 +84,13 @@ struct ZeroOptions {
   // instead of through the socket. Falls back to frames, logged once, where the service
   // cannot map it. false: always frames. Results are bit-identical either way.
   bool shared_memory = true;
+  // Stage 3 at one rank in fp32 through the arena, commits answered after the update (a
+  // trainer on the CPU beside its service): the push slot of the block the forward needs
+  // first is lent to the service until the commit, which reads the gradient there and
+  // leaves the block's updated parameters in it (no copy of the gradient out of the slot,
+  // no fetch of the block). false: every push slot comes back with its reply. Bit-identical
+  // either way.
+  bool lend_push_slots = true;
   // A push as frames of more than this many bytes goes in ranges of it
   // (actors::OffloadClient::push); 0: whole. Results are bit-identical either way.
   size_t push_range_bytes = actors::kDefaultPushRangeBytes;
@@ -130,6 +137,13 @@ struct ZeroStats {
   // straight into a push slot, and stage-3 fetches whose slot became the resident block.
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
+  // Stage 3 at one rank, fp32, commits answered after the update: in-place pushes whose slot
+  // the service kept as the gradient (PushGradients.keepUntilCommit), and of those the slots
+  // that came back holding the block's updated parameters and became its resident copy
+  // (the next step's fetch of that block, done by the service's Adam pass).
+  uint64_t pushes_lent = 0;
+  uint64_t blocks_published_in_place = 0;
+  uint64_t bytes_published_in_place = 0;  // their parameters, as fp32 (not in bytes_fetched)
   // Fetches whose reply came as frames in parts (ZeroOptions::fetch_part_bytes).
   uint64_t fetches_in_parts = 0;
   // Requests the engine's service clients sent (register, parameters, pushes: one a range

@@ -1,0 +1,194 @@
+// A push slot lent to the service until the commit (PushGradients.keepUntilCommit) against a
+// real `dsactor start --role offload` process: the service keeps a whole fp32 micro-step-0
+// gradient where the trainer wrote it, answers with the same stats a copied push gets, and
+// a commit answered after the update leaves the partition's updated parameters in the slot,
+// bit for bit what a fetch serves and what a job whose pushes were copied gets. Everything
+// the service cannot keep exactly (a crc to check, a -0, a half-precision copy to serve, a
+// later micro-step, a commit answered before its update, a skip) takes the copying path
+// with the same results.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "actors/offload_link/offload_client.h"
+#include "kernels/cpu/adam.h"
+#include "tests/offload/offload_test_util.h"
+
+namespace dsactor::offload::test {
+namespace {
+
+namespace msg = dsactor::messages;
+using actors::LentPush;
+using actors::OffloadClient;
+using msg::DType;
+using namespace std::chrono_literals;
+
+using KeptGradient = SharedServiceTest;
+
+// What an fp32 trainer registers: served as fp32.
+msg::PartitionSpec fp32_spec(uint64_t id, uint64_t n) {
+  msg::PartitionSpec s = spec(id, n);
+  s.served_dtype = DType::fp32;
+  return s;
+}
+
+// Pushes `g` from a fresh arena slot, written in place (no crc), asking the service to keep it.
+LentPush push_lending(OffloadClient& c, uint64_t pid, uint64_t step, uint32_t micro,
+                      const std::vector<float>& g) {
+  actors::ArenaBuffer slot = c.arena_buffer(g.size() * 4);
+  EXPECT_TRUE(slot) << "no free arena slot";
+  std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
+  auto r = c.await_push(
+      c.send_push_gradients(pid, step, micro, DType::fp32, g.size(), std::move(slot), true));
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? std::move(r.value()) : LentPush{};
+}
+
+std::vector<std::byte> copy(std::span<const std::byte> b) {
+  return {b.begin(), b.end()};
+}
+
+// A job that lends its slots and one whose pushes are copied (frames), the same partitions,
+// gradients and commits: the kept job's replies, slots and fetches equal the other's.
+struct TwoJobs {
+  TwoJobs(ServiceProcess& svc, const std::string& name, std::vector<msg::PartitionSpec> s)
+      : lending(svc.endpoint(), svc.client_security(), 10s, name + "-lending"),
+        copied(svc.endpoint(), svc.client_security(), 10s, name + "-copied"),
+        specs(std::move(s)) {
+    uint64_t largest = 0;
+    for (const auto& p : specs) largest = std::max(largest, p.element_count);
+    EXPECT_TRUE(lending.map_arena(largest * 4, 2 * specs.size() + 1));
+    for (OffloadClient* c : {&lending, &copied}) {
+      c->register_partitions(0, 1, specs);
+      for (const auto& p : specs)
+        c->set_parameters(p.partition_id, 0, DType::fp32,
+                          bytes_of(random_floats(p.element_count, 7 + p.partition_id)));
+    }
+  }
+  OffloadClient lending, copied;
+  std::vector<msg::PartitionSpec> specs;
+};
+
+TEST_F(KeptGradient, CommitAfterTheUpdateLeavesTheParametersInTheSlot) {
+  TwoJobs jobs(*svc_, "after-update", {fp32_spec(1, 300000), fp32_spec(2, 4097)});
+  uint32_t seed = 50;
+  for (uint64_t step = 1; step <= 3; ++step) {
+    std::vector<LentPush> lent;
+    for (const auto& p : jobs.specs) {
+      const auto g = random_floats(p.element_count, seed++, 8.0f);
+      LentPush kept = push_lending(jobs.lending, p.partition_id, step, 0, g);
+      const msg::PushReply copied =
+          jobs.copied.push_gradients(p.partition_id, step, 0, DType::fp32, bytes_of(g));
+      EXPECT_TRUE(kept.reply.kept) << "partition " << p.partition_id;
+      ASSERT_TRUE(kept.lent) << "a kept push gives its slot back to the caller";
+      EXPECT_FALSE(copied.kept);
+      EXPECT_EQ(kept.reply.sum_squares, copied.sum_squares);
+      EXPECT_EQ(kept.reply.nonfinite, copied.nonfinite);
+      lent.push_back(std::move(kept));
+    }
+    msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
+    commit.publish_before_reply = true;
+    const msg::CommitReply a = jobs.lending.commit(commit);
+    const msg::CommitReply b = jobs.copied.commit(commit);
+    EXPECT_TRUE(a.kept_hold_parameters);
+    for (size_t i = 0; i < jobs.specs.size(); ++i) {
+      const uint64_t pid = jobs.specs[i].partition_id;
+      const auto want = jobs.copied.fetch(pid, step, DType::fp32);
+      const size_t bytes = jobs.specs[i].element_count * 4;
+      EXPECT_EQ(copy(lent[i].lent.bytes().first(bytes)), copy(want.bytes()))
+          << "partition " << pid << " step " << step << ": the slot holds the update";
+      lent[i] = {};  // the slot is the trainer's again: free it before the fetch below
+      const auto served = jobs.lending.fetch(pid, step, DType::fp32);
+      EXPECT_EQ(copy(served.bytes()), copy(want.bytes())) << "partition " << pid;
+    }
+  }
+}
+
+TEST_F(KeptGradient, CommitBeforeTheUpdateCopiesTheGradientOutFirst) {
+  TwoJobs jobs(*svc_, "behind-reply", {fp32_spec(1, 70000)});
+  const auto g = random_floats(70000, 3, 2.0f);
+  LentPush kept = push_lending(jobs.lending, 1, 1, 0, g);
+  ASSERT_TRUE(kept.reply.kept);
+  jobs.copied.push_gradients(1, 1, 0, DType::fp32, bytes_of(g));
+  const msg::CommitStep commit{1, 1.0, 1.0, 1e-3};  // answered once decided
+  EXPECT_FALSE(jobs.lending.commit(commit).kept_hold_parameters);
+  jobs.copied.commit(commit);
+  // The slot is the trainer's at the reply: the service copied the gradient out before it,
+  // so what the trainer writes there now cannot reach the update published behind it.
+  std::memset(kept.lent.bytes().data(), 0x7f, kept.lent.bytes().size());
+  EXPECT_EQ(copy(jobs.lending.fetch(1, 1, DType::fp32).bytes()),
+            copy(jobs.copied.fetch(1, 1, DType::fp32).bytes()));
+}
+
+TEST_F(KeptGradient, WhatCannotBeKeptExactlyIsCopiedAsAnyPush) {
+  // Served as bf16: the update writes the half copy, so no fp32 parameters go to the slot.
+  TwoJobs jobs(*svc_, "not-kept", {fp32_spec(1, 5000), spec(2, 5000), fp32_spec(3, 5000)});
+  auto g = random_floats(5000, 9);
+  g[17] = -0.0f;  // 0 + -0 is +0 in the copied sum: kept, Adam would read the -0
+  std::vector<LentPush> lent;
+  lent.push_back(push_lending(jobs.lending, 1, 1, 0, g));
+  lent.push_back(push_lending(jobs.lending, 2, 1, 0, random_floats(5000, 10)));
+  // A later micro-step adds into the sum: the kept micro-step 0 is copied into it first.
+  lent.push_back(push_lending(jobs.lending, 3, 1, 0, random_floats(5000, 11)));
+  EXPECT_FALSE(lent[0].reply.kept) << "a -0 in the gradient";
+  EXPECT_FALSE(lent[0].lent);
+  EXPECT_FALSE(lent[1].reply.kept) << "served as bf16";
+  EXPECT_TRUE(lent[2].reply.kept);
+  const auto g3 = random_floats(5000, 12);
+  LentPush later = push_lending(jobs.lending, 3, 1, 1, g3);
+  EXPECT_FALSE(later.reply.kept) << "micro-step 1";
+  // A crc to check: the copy checks it.
+  jobs.lending.set_arena_checksums(true);
+  jobs.copied.push_gradients(1, 1, 0, DType::fp32, bytes_of(g));
+  jobs.copied.push_gradients(2, 1, 0, DType::fp32, bytes_of(random_floats(5000, 10)));
+  jobs.copied.push_gradients(3, 1, 0, DType::fp32, bytes_of(random_floats(5000, 11)));
+  jobs.copied.push_gradients(3, 1, 1, DType::fp32, bytes_of(g3));
+  msg::CommitStep commit{1, 1.0, 1.0, 1e-3};
+  commit.publish_before_reply = true;
+  jobs.lending.commit(commit);
+  jobs.copied.commit(commit);
+  // The kept micro-step 0 of partition 3 is not the update's: the slot keeps the gradient.
+  const auto g3_first = random_floats(5000, 11);
+  EXPECT_EQ(copy(lent[2].lent.bytes().first(5000 * 4)), copy(bytes_of(g3_first)));
+  lent.clear();
+  for (uint64_t pid : {1, 2, 3})
+    for (DType dt : {DType::fp32, DType::bf16})
+      EXPECT_EQ(copy(jobs.lending.fetch(pid, 1, dt).bytes()),
+                copy(jobs.copied.fetch(pid, 1, dt).bytes()))
+          << "partition " << pid;
+  // With checksums on, the service checks the crc instead of keeping the slot.
+  const auto g2 = random_floats(5000, 13);
+  actors::ArenaBuffer slot = jobs.lending.arena_buffer(g2.size() * 4);
+  ASSERT_TRUE(slot);
+  std::memcpy(slot.bytes().data(), g2.data(), g2.size() * 4);
+  auto with_crc = jobs.lending.await_push(
+      jobs.lending.send_push_gradients(1, 2, 0, DType::fp32, g2.size(), std::move(slot), true));
+  ASSERT_TRUE(with_crc.ok());
+  EXPECT_FALSE(with_crc->reply.kept) << "a crc to check";
+}
+
+TEST_F(KeptGradient, ASkipLetsTheSlotGoAndTheNextStepStartsOver) {
+  TwoJobs jobs(*svc_, "skip", {fp32_spec(1, 9000)});
+  LentPush kept = push_lending(jobs.lending, 1, 1, 0, random_floats(9000, 20));
+  ASSERT_TRUE(kept.reply.kept);
+  jobs.copied.push_gradients(1, 1, 0, DType::fp32, bytes_of(random_floats(9000, 20)));
+  EXPECT_FALSE(jobs.lending.skip(1).applied);
+  jobs.copied.skip(1);
+  // What the trainer writes into its slot after the skip is nobody's gradient.
+  std::memset(kept.lent.bytes().data(), 0x41, kept.lent.bytes().size());
+  kept = {};
+  const auto g = random_floats(9000, 21);
+  LentPush next = push_lending(jobs.lending, 1, 2, 0, g);
+  EXPECT_TRUE(next.reply.kept);
+  jobs.copied.push_gradients(1, 2, 0, DType::fp32, bytes_of(g));
+  msg::CommitStep commit{2, 1.0, 1.0, 1e-3};
+  commit.publish_before_reply = true;
+  EXPECT_TRUE(jobs.lending.commit(commit).kept_hold_parameters);
+  jobs.copied.commit(commit);
+  const auto want = jobs.copied.fetch(1, 2, DType::fp32);
+  EXPECT_EQ(copy(next.lent.bytes().first(9000 * 4)), copy(want.bytes()));
+}
+
+}  // namespace
+}  // namespace dsactor::offload::test
