@@ -492,11 +492,12 @@ ServiceFailure OffloadClient::silence(uint64_t id, const std::string& kind,
 }
 
 template <class T>
-ServiceResult<T> OffloadClient::await_as(uint64_t id) {
+ServiceResult<T> OffloadClient::await_as(uint64_t id, ArenaBuffer* slot) {
   const auto sent = outstanding_.find(id);
   const std::string kind = sent != outstanding_.end() ? sent->second.kind : "a request";
   ServiceResult<Reply> reply = await(id);
   if (!reply.ok()) return std::move(reply.error());
+  if (slot) *slot = std::move(reply->arena);
   msg::Body& body = reply->header.body;
   if (auto* e = std::get_if<msg::ErrorReply>(&body))
     return ServiceFailure{ServiceFailure::Kind::refused, e->code, std::move(e->message)};
@@ -505,30 +506,24 @@ ServiceResult<T> OffloadClient::await_as(uint64_t id) {
 }
 
 ServiceResult<LentPush> OffloadClient::await_push(uint64_t id) {
-  const auto sent = outstanding_.find(id);
-  const std::string kind = sent != outstanding_.end() ? sent->second.kind : "a request";
-  ServiceResult<Reply> reply = await(id);
+  ArenaBuffer slot;
+  ServiceResult<msg::PushReply> reply = await_as<msg::PushReply>(id, &slot);
   if (!reply.ok()) return std::move(reply.error());
-  msg::Body& body = reply->header.body;
-  if (auto* e = std::get_if<msg::ErrorReply>(&body))
-    return ServiceFailure{ServiceFailure::Kind::refused, e->code, std::move(e->message)};
-  auto* push = std::get_if<msg::PushReply>(&body);
-  if (!push) return failure("answered " + kind + " with " + std::string(msg::kind_name(body)));
-  LentPush out{*push, {}};
+  LentPush out{reply.value(), {}};
   // Not kept: the slot is free again as the reply goes.
-  if (push->kept) out.lent = std::move(reply->arena);
+  if (reply->kept) out.lent = std::move(slot);
   return out;
 }
 
-template ServiceResult<msg::RegisterReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::SetParametersReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::PushReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::CommitReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::StatsReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::CheckpointReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t);
-template ServiceResult<msg::DeleteCheckpointReply> OffloadClient::await_as(uint64_t);
+template ServiceResult<msg::RegisterReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::SetParametersReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::PushReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::CommitReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::StatsReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::CheckpointReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
+template ServiceResult<msg::DeleteCheckpointReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
 
 std::span<const std::byte> FetchedParameters::bytes() const {
   if (in_arena()) return arena_bytes;

@@ -235,8 +235,9 @@ class OffloadClient {
   };
   ServiceResult<Reply> await(uint64_t request_id);
   // The reply as T; an ErrorReply is `refused`, another kind `failed`.
+  // The request's arena slot goes to *slot when given (else it is free again).
   template <class T>
-  ServiceResult<T> await_as(uint64_t request_id);
+  ServiceResult<T> await_as(uint64_t request_id, ArenaBuffer* slot = nullptr);
   // A fetch's reply with its bytes (a frame, or the arena slot, crc checked as the frame
   // path's decode does).
   ServiceResult<FetchedParameters> await_fetch(uint64_t request_id);
