@@ -152,8 +152,8 @@ __attribute__((target("avx512f"))) void adam_range_avx512(float* param, float* m
       _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
     }
   }
-  adam_range_scalar(param, m, v, grad, i, hi, k, tail_copy<kHalf>(copy).first,
-                    tail_copy<kHalf>(copy).second);
+  const auto [tail_half, tail_fp32] = tail_copy<kHalf>(copy);
+  adam_range_scalar(param, m, v, grad, i, hi, k, tail_half, tail_fp32);
 }
 
 // ---- AVX2 + FMA ----
@@ -214,8 +214,8 @@ __attribute__((target("avx2,fma,f16c"))) void adam_range_avx2(float* param, floa
       _mm256_storeu_ps(static_cast<float*>(copy) + i, p);
     }
   }
-  adam_range_scalar(param, m, v, grad, i, hi, k, tail_copy<kHalf>(copy).first,
-                    tail_copy<kHalf>(copy).second);
+  const auto [tail_half, tail_fp32] = tail_copy<kHalf>(copy);
+  adam_range_scalar(param, m, v, grad, i, hi, k, tail_half, tail_fp32);
 }
 
 using RangeFn = void (*)(float*, float*, float*, const float*, size_t, size_t, const AdamConsts&,

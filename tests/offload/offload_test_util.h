@@ -86,6 +86,17 @@ class ServiceProcess : public deploy::ServiceProcess {
   }
 };
 
+// A service of one worker that pauses `ms` after each partition it updates
+// (DSACTOR_TEST_PAUSE_AT), so a test sees the update published behind a commit's reply
+// partition by partition on any machine; its log in `dir`.
+inline deploy::ServiceProcessOptions one_worker_pausing_updates(const fs::path& dir, int ms) {
+  deploy::ServiceProcessOptions so;
+  so.args = {"--workers", "1"};
+  so.log_file = dir / "service.log";
+  so.env = {{"DSACTOR_TEST_PAUSE_AT", "partition-updated:" + std::to_string(ms)}};
+  return so;
+}
+
 // A fixture whose tests share one service process (started once per suite, with default
 // flags) and its log directory.
 class SharedServiceTest : public ::testing::Test {

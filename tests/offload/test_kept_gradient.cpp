@@ -52,7 +52,7 @@ std::vector<std::byte> copy(std::span<const std::byte> b) {
 // A job that lends its slots and one whose pushes are copied (frames), the same partitions,
 // gradients and commits: the kept job's replies, slots and fetches equal the other's.
 struct TwoJobs {
-  TwoJobs(ServiceProcess& svc, const std::string& name, std::vector<msg::PartitionSpec> s)
+  TwoJobs(deploy::ServiceProcess& svc, const std::string& name, std::vector<msg::PartitionSpec> s)
       : lending(svc.endpoint(), svc.client_security(), 10s, name + "-lending"),
         copied(svc.endpoint(), svc.client_security(), 10s, name + "-copied"),
         specs(std::move(s)) {
@@ -105,20 +105,31 @@ TEST_F(KeptGradient, CommitAfterTheUpdateLeavesTheParametersInTheSlot) {
   }
 }
 
-TEST_F(KeptGradient, CommitBeforeTheUpdateCopiesTheGradientOutFirst) {
-  TwoJobs jobs(*svc_, "behind-reply", {fp32_spec(1, 70000)});
-  const auto g = random_floats(70000, 3, 2.0f);
-  LentPush kept = push_lending(jobs.lending, 1, 1, 0, g);
+// Answered once decided, the update is published behind the reply, partition by partition;
+// DSACTOR_TEST_PAUSE_AT holds each update back 1.5 s, so on any machine the kept partition
+// (the second) is updated long after the reply, when the trainer has already written over
+// its slot. The service must have copied the gradient out before the reply.
+TEST(KeptGradientBehindReply, CommitBeforeTheUpdateCopiesTheGradientOutFirst) {
+  TempDir tmp;
+  deploy::ServiceProcess svc(DSACTOR_BINARY, one_worker_pausing_updates(tmp.path, 1500));
+  TwoJobs jobs(svc, "behind-reply", {fp32_spec(1, 4096), fp32_spec(2, 70000)});
+  const auto g1 = random_floats(4096, 2, 2.0f), g2 = random_floats(70000, 3, 2.0f);
+  for (OffloadClient* c : {&jobs.lending, &jobs.copied})
+    c->push_gradients(1, 1, 0, DType::fp32, bytes_of(g1));
+  LentPush kept = push_lending(jobs.lending, 2, 1, 0, g2);
   ASSERT_TRUE(kept.reply.kept);
-  jobs.copied.push_gradients(1, 1, 0, DType::fp32, bytes_of(g));
+  jobs.copied.push_gradients(2, 1, 0, DType::fp32, bytes_of(g2));
   const msg::CommitStep commit{1, 1.0, 1.0, 1e-3};  // answered once decided
   EXPECT_FALSE(jobs.lending.commit(commit).kept_hold_parameters);
-  jobs.copied.commit(commit);
-  // The slot is the trainer's at the reply: the service copied the gradient out before it,
-  // so what the trainer writes there now cannot reach the update published behind it.
+  // The slot is the trainer's at the reply: what it writes there now must not reach the
+  // update of partition 2, still 1.5 s away.
   std::memset(kept.lent.bytes().data(), 0x7f, kept.lent.bytes().size());
-  EXPECT_EQ(copy(jobs.lending.fetch(1, 1, DType::fp32).bytes()),
-            copy(jobs.copied.fetch(1, 1, DType::fp32).bytes()));
+  jobs.copied.commit(commit);
+  for (uint64_t pid : {1, 2})
+    EXPECT_EQ(copy(jobs.lending.fetch(pid, 1, DType::fp32).bytes()),
+              copy(jobs.copied.fetch(pid, 1, DType::fp32).bytes()))
+        << "partition " << pid;
+  EXPECT_EQ(svc.stop(), 0);
 }
 
 TEST_F(KeptGradient, WhatCannotBeKeptExactlyIsCopiedAsAnyPush) {

@@ -179,11 +179,7 @@ TEST(OffloadService, TwoWorkersTrainBitIdenticalToOneWorkerAndTheReference) {
 // the bytes equal the reference's); Stats sees the whole step.
 TEST(OffloadService, CommitIsPublishedPartitionByPartitionAfterItsReply) {
   TempDir tmp;
-  deploy::ServiceProcessOptions so;
-  so.args = {"--workers", "1"};
-  so.log_file = tmp.path / "service.log";
-  so.env = {{"DSACTOR_TEST_PAUSE_AT", "partition-updated:700"}};
-  deploy::ServiceProcess svc(DSACTOR_BINARY, so);
+  deploy::ServiceProcess svc(DSACTOR_BINARY, one_worker_pausing_updates(tmp.path, 700));
   OffloadClient c(svc.endpoint(), svc.client_security(), 30s);
   auto ref = setup(c, {spec(20, 50000), spec(21, 4097), spec(22, 3000), spec(23, 20000)});
   train(c, ref, 1, 1, 7);

@@ -291,7 +291,7 @@ void GradientPipeline::push_frame(size_t b, const PartitionSlice& p, FloatBuffer
   auto reply =
       z_.services[p.service]->push_gradients(p.id, step, 0, dtype, bytes, std::move(payload));
   bytes_pushed_ += bytes.size();
-  pushes_.push_back(PendingPush{b, p.service, std::move(reply), 0, {}, false});
+  pushes_.push_back(PendingPush{b, p.service, std::move(reply), 0, {}});
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
 }
 
@@ -335,7 +335,7 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   }
   // The slot goes with the request; the client frees it when the answer is in.
   const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
-  PendingPush push{b, p.service, {}, bytes, {}, true};
+  PendingPush push{b, p.service, {}, bytes, {}};
   push.arena_reply = service.push_gradients(p.id, step, 0, dtype, count, std::move(slot), lend);
   bytes_pushed_ += bytes;
   pushes_.push_back(std::move(push));
@@ -349,7 +349,7 @@ void GradientPipeline::collect_push() {
   memory_->sub(push.arena_bytes);
   const std::string what = fmt::format("push_gradients of block {}", z_.layouts[push.block].name);
   msg::PushReply reply;
-  if (push.through_arena) {
+  if (push.arena_reply.valid()) {
     actors::LentPush answer = await_or_throw(
         *z_.services[push.service], what, z_.counters.committed_step, std::move(push.arena_reply));
     reply = answer.reply;

@@ -101,8 +101,7 @@ class GradientPipeline {
     size_t service;
     actors::ServiceFuture<messages::PushReply> reply;  // a frame's
     size_t arena_bytes = 0;  // gradient bytes held in an arena slot until the reply
-    actors::ServiceFuture<actors::LentPush> arena_reply;  // an arena slot's
-    bool through_arena = false;
+    actors::ServiceFuture<actors::LentPush> arena_reply;  // an arena slot's (valid() then)
   };
   struct PendingReduction {
     size_t block;
