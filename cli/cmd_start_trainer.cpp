@@ -416,8 +416,12 @@ int run_zero(RankRun& run) {
       a.name, engine.global_step(), outcome.last.loss, s.bytes_pushed, s.bytes_fetched,
       s.optimizer_state_bytes, s.peak_resident_param_bytes, s.total_param_bytes,
       s.peak_resident_grad_bytes, s.overlapped_reductions,
-      s.arena_bytes > 0 ? fmt::format("through a {} B shared-memory arena", s.arena_bytes)
-                        : std::string("as frames"));
+      s.arena_bytes > 0
+          ? fmt::format("through a {} B shared-memory arena ({} pushes in place, {} fetches in "
+                        "place, {} gathered in place)",
+                        s.arena_bytes, s.pushes_in_place, s.fetches_in_place,
+                        s.fetches_gathered_in_place)
+          : std::string("as frames"));
   log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
   if (!a.out.empty()) {
     const auto out = run.out();

@@ -164,6 +164,13 @@ TEST_P(DataParallel, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
     const std::string none = " 0 reduce-scatters overlapped";
     EXPECT_EQ(ranks[0]->log().find(none) == std::string::npos, overlap) << ranks[0]->log();
   }
+  if (offload)
+    for (auto& r : ranks) {
+      // Each rank's service is on this host: its reduce-scatters wrote their partitions
+      // straight into push slots of the shared-memory arena.
+      EXPECT_NE(r->log().find("shared-memory arena ("), std::string::npos) << r->log();
+      EXPECT_EQ(r->log().find("(0 pushes in place"), std::string::npos) << r->log();
+    }
 
   const auto dp = losses(dir / (tag + "_monitor/run/Train_Samples_train_loss.csv"));
   ASSERT_EQ(dp.size(), ref_->losses.size());

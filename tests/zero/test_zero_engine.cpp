@@ -43,7 +43,8 @@ nlohmann::json precision_json(const std::string& mode) {
 }
 
 DsConfig config(const std::string& mode, int stage, const std::string& device,
-                const std::string& nvme_dir, nlohmann::json extra = nlohmann::json::object()) {
+                const std::string& nvme_dir, nlohmann::json extra = nlohmann::json::object(),
+                int world_size = 1) {
   nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", 4},
       {"gradient_accumulation_steps", 2},
@@ -60,7 +61,7 @@ DsConfig config(const std::string& mode, int stage, const std::string& device,
     if (stage == 3) j["zero_optimization"]["offload_param"] = off;
   }
   j.merge_patch(extra);
-  return parse_ds_config(j, "test");
+  return parse_ds_config(j, "test", world_size);
 }
 
 class ZeroEngineTest : public ::testing::Test {
@@ -326,6 +327,58 @@ TEST_F(ZeroEngineTest, Stage3LentSlotsComeBackHoldingTheUpdate) {
   EXPECT_LT(lent.bytes_fetched, none.bytes_fetched);
   EXPECT_EQ(none.bytes_fetched, behind.bytes_fetched);
   EXPECT_EQ(lent.bytes_pushed, none.bytes_pushed);
+}
+
+// Two ranks (threads of this process with Gloo meshes, as `dsactor start --role trainer`
+// opens them), stage 3 in fp32, through the arena against over frames: the same
+// reduce-scatters and allgathers in the same order, so bit for bit, with and without
+// overlap_comm. Through the arena every push went in place: each rank's reduce-scatter wrote
+// its partition (the second rank's short one with its padding) straight into a push slot.
+// Either way each fetched block is the allgather's buffer itself (no copy out of it).
+TEST_F(ZeroEngineTest, TwoRanksReduceIntoPushSlotsBitForBitWithFrames) {
+  const auto tokens = corpus(6000, 10);
+  for (const bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap_comm" : "reduce-scatter after the backward");
+    const auto extra = nlohmann::json{{"train_micro_batch_size_per_gpu", 2},
+                                      {"gradient_accumulation_steps", 1},
+                                      {"zero_optimization", {{"overlap_comm", overlap}}}};
+    const DsConfig c = config("fp32", 3, "cpu", "", extra, 2);
+    Trace got[2][2];  // [arena, frames][rank]
+    ZeroStats stats[2][2];
+    size_t owned[2] = {0, 0};  // the partitions a rank pushes each step
+    for (int frames = 0; frames < 2; ++frames)
+      test::run_ranks(2, [&](int r, const test::RankComms& comms) {
+        ZeroOptions o = options("cpu", "dp" + std::to_string(overlap) + "-" +
+                                           std::to_string(frames) + "-r" + std::to_string(r));
+        const ZeroOptions ranked = comms.options(r, 2);
+        o.rank = ranked.rank;
+        o.world_size = ranked.world_size;
+        o.grad_comm = ranked.grad_comm;
+        o.param_comm = ranked.param_comm;
+        o.shared_memory = frames == 0;
+        ZeroEngine e(kTiny, c, 5, std::move(o));
+        BatchLoader loader(&tokens, 2, 16, true, 9, r, 2);
+        test::continue_run(e, loader, 4, got[frames][r]);
+        got[frames][r].params = e.gather_params();
+        stats[frames][r] = e.stats();
+        owned[r] = e.plan().owned_by(static_cast<uint32_t>(r)).size();
+      });
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      expect_equal_runs(got[1][r], got[0][r]);
+      EXPECT_GT(stats[0][r].arena_bytes, 0u);
+      EXPECT_EQ(stats[0][r].bytes_pushed, stats[1][r].bytes_pushed);
+      // One push a partition a step, every one in place.
+      EXPECT_GT(owned[r], 0u);
+      EXPECT_EQ(stats[0][r].pushes_in_place, 4 * owned[r]) << "every push in place";
+      EXPECT_EQ(stats[1][r].pushes_in_place, 0u);
+      EXPECT_GT(stats[0][r].fetches_gathered_in_place, 0u);
+      EXPECT_EQ(stats[0][r].fetches_gathered_in_place, stats[1][r].fetches_gathered_in_place);
+      EXPECT_EQ(stats[0][r].fetches_in_place, 0u) << "a rank's partition is not its block";
+      EXPECT_EQ(stats[0][r].pushes_lent, 0u);
+    }
+    expect_equal_runs(got[0][0], got[0][1]);
+  }
 }
 
 // A trainer whose services go over frames receives its fetch replies as heap frames, so the

@@ -22,7 +22,8 @@ ArenaSlots arena_slots(const ZeroContext& z, size_t service) {
   for (size_t b = 0; b < z.layouts.size(); ++b) {
     const PartitionSlice& p = z.mine(b);
     if (p.service != service || p.count == 0) continue;
-    const size_t bytes = p.count * elem;
+    // A reduce-scatter's target holds the partition's padding too.
+    const size_t bytes = (z.reduces_into_slots() ? z.plan.partition_numel(b) : p.count) * elem;
     sizes.push_back(bytes);
     if (z.layouts[b].kind == BlockKind::kLayer) layer = std::max(layer, bytes);
     if (static_cast<int64_t>(z.layouts[b].numel) < zc.param_persistence_threshold)
@@ -32,9 +33,11 @@ ArenaSlots arena_slots(const ZeroContext& z, size_t service) {
   a.partitions = sizes.size();
   if (sizes.empty()) return a;
   a.push_slots = z.options.max_pushes_in_flight + 1;
+  // The reduce-scatter running behind the backward writes into a slot of its own.
+  if (z.reduces_into_slots() && zc.overlap_comm) ++a.push_slots;
   std::sort(sizes.rbegin(), sizes.rend());
   a.keep_bytes = sizes.size() > 1 ? sizes[1] : sizes[0];
-  a.slot_bytes = z.in_place() ? sizes[0] : a.keep_bytes;
+  a.slot_bytes = z.in_place() || z.reduces_into_slots() ? sizes[0] : a.keep_bytes;
   const size_t block = std::max<size_t>(1, a.keep_bytes / elem);  // elements
   const auto max_live = static_cast<size_t>(std::max<int64_t>(1, zc.max_live_parameters));
   a.fetch_slots = std::clamp<size_t>(max_live / block + 1, 1, a.partitions);

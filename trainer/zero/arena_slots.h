@@ -11,7 +11,8 @@ struct ArenaSlots {
   size_t slot_bytes = 0;  // a payload larger than this travels as a frame
   size_t keep_bytes = 0;  // the pages a slot keeps between uses (OffloadClient::map_arena)
   size_t partitions = 0;  // this rank's partitions on the service (0: no arena needed)
-  // Slots for pushes: one per push in flight and one for the gradient being written.
+  // Slots for pushes: one per push in flight and one for the gradient being written (and,
+  // where the reduce-scatter writes into a slot behind the backward, one for it).
   size_t push_slots = 0;
   // Stage 3: slots for fetched blocks, one per block the resident set can hold besides
   // the one being fetched (a block fetched in place lives in its slot).
@@ -28,10 +29,13 @@ struct ArenaSlots {
   size_t pool_keep_bytes = 0;
 };
 
-// In place (ZeroContext::in_place) slots hold the largest partition, the embedding.
-// Otherwise a payload is copied between a slot and a buffer, and the embedding's would
-// exist twice at the step's memory peak: slots hold the second largest, and the largest
-// travels as frames (zero-copy for pushes, copied out in chunks for fetches). Pushes alone
+// In place (ZeroContext::in_place) slots hold the largest partition, the embedding. So they
+// do where the reduce-scatter writes into a push slot (ZeroContext::reduces_into_slots,
+// sizes counting each partition's padding): the embedding's gradient partition is then held
+// once, in its slot, and its fetched partition is copied from its slot into the allgather's
+// buffer, as a frame's would be. Otherwise a payload is copied between a slot and a buffer, and the
+// embedding's would exist twice at the step's memory peak: slots hold the second largest, and the
+// largest travels as frames (zero-copy for pushes, copied out in chunks for fetches). Pushes alone
 // (stages 1/2): a slot keeps the pages of one layer-sized partition (the second largest)
 // between uses, a larger use gives them back, and the engine gives them back once a step
 // (giving them back after each use would cost a page fault per 4 KiB every time). Stage 3

@@ -119,19 +119,46 @@ bool GradientPipeline::begin_grad_in_slot(size_t b) {
   actors::ServiceClient& service = *z_.services[p.service];
   const size_t bytes = p.count * sizeof(float);
   if (p.count == 0 || !service.has_arena() || bytes > arena_push_limit_[p.service]) return false;
+  std::shared_ptr<actors::ArenaBuffer> held = take_push_slot(service, bytes);
+  if (!held) return false;
+  std::memset(held->bytes().data(), 0, std::min(bytes, held->dirty_bytes()));  // zeros past it
+  float* data = reinterpret_cast<float*>(held->bytes().data());
+  grads_.blocks[b] = FloatBuffer::adopt(data, p.count, held);
+  grad_slots_[b] = std::move(held);
+  return true;
+}
+
+FloatBuffer GradientPipeline::reduce_target(size_t b) {
+  const size_t P = z_.plan.partition_numel(b);
+  const PartitionSlice& p = z_.mine(b);
+  if (z_.reduces_into_slots() && p.count > 0) {
+    actors::ServiceClient& service = *z_.services[p.service];
+    if (service.has_arena() && P * sizeof(float) <= arena_push_limit_[p.service]) {
+      if (std::shared_ptr<actors::ArenaBuffer> held = take_push_slot(service, P * sizeof(float))) {
+        // Every float is the reduce-scatter's: no zeros needed.
+        float* data = reinterpret_cast<float*>(held->bytes().data());
+        FloatBuffer reduced = FloatBuffer::adopt(data, P, held);
+        grad_slots_[b] = std::move(held);
+        memory_->add(reduced.bytes());
+        return reduced;
+      }
+    }
+  }
+  FloatBuffer reduced(P);
+  memory_->add(reduced.bytes());
+  return reduced;
+}
+
+std::shared_ptr<actors::ArenaBuffer> GradientPipeline::take_push_slot(
+    actors::ServiceClient& service, size_t bytes) {
   actors::ArenaBuffer slot = service.arena_buffer(bytes);
   // Every slot in flight: the oldest push's answer frees one (it is usually long there).
   while (!slot && !pushes_.empty()) {
     collect_push();
     slot = service.arena_buffer(bytes);
   }
-  if (!slot) return false;
-  std::memset(slot.bytes().data(), 0, std::min(bytes, slot.dirty_bytes()));  // zeros past it
-  auto held = std::make_shared<actors::ArenaBuffer>(std::move(slot));
-  float* data = reinterpret_cast<float*>(held->bytes().data());
-  grads_.blocks[b] = FloatBuffer::adopt(data, p.count, held);
-  grad_slots_[b] = std::move(held);
-  return true;
+  if (!slot) return nullptr;
+  return std::make_shared<actors::ArenaBuffer>(std::move(slot));
 }
 
 void GradientPipeline::trim_idle_slots() {
@@ -152,8 +179,7 @@ void GradientPipeline::block_ready(size_t b) {
   if (r.full.size() == 0)
     throw std::logic_error(
         fmt::format("block {}'s gradient is ready but was never begun", z_.layouts[b].name));
-  r.reduced = FloatBuffer(z_.plan.partition_numel(b));
-  memory_->add(r.reduced.bytes());
+  r.reduced = reduce_target(b);
   r.done = z_.options.grad_comm->reduce_scatter_sum_async(r.full.data(), r.reduced.data(),
                                                           z_.plan.partition_numel(b));
   reductions_.push_back(std::move(r));
@@ -207,8 +233,7 @@ FloatBuffer GradientPipeline::partition_of(size_t b, FloatBuffer reduced) {
   // The rank-order sum of every rank's slice (dloss carried 1/W: the mean). The full block
   // is freed as soon as the reduce-scatter is done.
   const size_t P = z_.plan.partition_numel(b);
-  FloatBuffer mine(P);
-  memory_->add(mine.bytes());
+  FloatBuffer mine = reduce_target(b);
   const auto t0 = Clock::now();
   try {
     z_.options.grad_comm->reduce_scatter_sum(full.data(), mine.data(), P);
@@ -313,10 +338,13 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
     // Lent: the service may read this gradient in the slot at the commit and leave the
     // block's updated parameters there (no copy out of the slot, no fetch of the block).
     lend = lend_ && lend_(b);
-    // Written in place (begin_grad_in_slot): its bytes, counted since the block began, are
-    // the push's until the answer.
+    // Written in place (begin_grad_in_slot, or the reduce-scatter's reduce_target): its
+    // bytes, counted since then, are the push's until the answer (a partition's padding
+    // past its count floats is the reduce-scatter's only).
     slot = std::move(*grad_slots_[b]);
     grad_slots_[b].reset();
+    memory_->sub(part.bytes());
+    memory_->add(bytes);
     part = FloatBuffer();
     ++pushes_in_place_;
   } else {

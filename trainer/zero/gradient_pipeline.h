@@ -110,6 +110,13 @@ class GradientPipeline {
   };
   size_t grad_numel(size_t b) const;
   bool begin_grad_in_slot(size_t b);
+  // W > 1: the buffer block b's reduce-scatter writes this rank's partition into, counted
+  // in the gradient's memory. A push slot where ZeroContext::reduces_into_slots and one is
+  // free (then the push sends it in place), else a buffer of its own.
+  FloatBuffer reduce_target(size_t b);
+  // A free push slot of `bytes` (collecting the oldest push's answer while none is), or
+  // null when none fits.
+  std::shared_ptr<actors::ArenaBuffer> take_push_slot(actors::ServiceClient& service, size_t bytes);
   void drop_grad(FloatBuffer& g);
   void complete_oldest_reduction();
   void drain_reductions() noexcept;  // waits, ignoring errors (buffers must outlive the comm)
@@ -129,7 +136,8 @@ class GradientPipeline {
   // fp32, accumulated over the micro-steps (the stage-0 engine's order).
   BlockSet grads_;
   std::shared_ptr<GradMemory> memory_;  // shared with payloads ZeroMQ still holds
-  // Per block: the push slot its gradient lives in (begin_grad_in_slot), until pushed.
+  // Per block: the push slot its gradient (begin_grad_in_slot) or its reduced partition
+  // (reduce_target) lives in, until pushed.
   std::vector<std::shared_ptr<actors::ArenaBuffer>> grad_slots_;
   std::vector<size_t> arena_push_limit_;     // per service: larger pushes go as frames
   std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished

@@ -231,9 +231,16 @@ void ParamResidency::fetch_block(ServiceClients& clients, actors::Collectives* c
     if (mine.count > 0) fetch_partition(clients, mine, step, out);
     return;
   }
+  const FloatBuffer gathered = gather_block(clients, comm, b, step);
+  std::memcpy(out, gathered.data(), z_.layouts[b].numel * sizeof(float));
+}
+
+FloatBuffer ParamResidency::gather_block(ServiceClients& clients, actors::Collectives* comm,
+                                         size_t b, uint64_t step) {
   // This rank's partition from its service, the others' by allgather: W equal slots of P
-  // floats (the last rank's slot zero-padded), then the block's numel floats copied out.
-  // The allgather writes every slot: only this rank's padding needs zeros.
+  // floats (the last rank's slot zero-padded). The allgather writes every slot: only this
+  // rank's padding needs zeros.
+  const PartitionSlice& mine = z_.mine(b);
   const size_t P = z_.plan.partition_numel(b);
   const size_t W = z_.plan.world_size();
   FloatBuffer gathered = FloatBuffer::uninitialized(W * P);
@@ -246,7 +253,7 @@ void ParamResidency::fetch_block(ServiceClients& clients, actors::Collectives* c
     throw ZeroServiceError(fmt::format("allgather of block {} across {} trainers failed: {}",
                                        z_.layouts[b].name, W, e.what()));
   }
-  std::memcpy(out, gathered.data(), z_.layouts[b].numel * sizeof(float));
+  return gathered;
 }
 
 FloatBuffer ParamResidency::fetch_resident(size_t b, uint64_t step, size_t numel) {
@@ -255,6 +262,15 @@ FloatBuffer ParamResidency::fetch_resident(size_t b, uint64_t step, size_t numel
   // (no copy, no second buffer); a frame is copied out.
   if (z_.in_place() && mine.count == numel)
     return fetch_adopting(*fetch_clients_[mine.service], mine, step);
+  if (z_.plan.world_size() > 1) {
+    // The allgather's buffer becomes the resident block (no copy out): its first numel
+    // floats are the block; the padding behind them, under 4 KiB a rank, goes with it.
+    auto gathered =
+        std::make_shared<FloatBuffer>(gather_block(fetch_clients_, z_.options.param_comm, b, step));
+    float* data = gathered->data();
+    ++fetches_gathered_in_place_;
+    return FloatBuffer::adopt(data, numel, std::move(gathered));
+  }
   FloatBuffer buf = FloatBuffer::uninitialized(numel);
   fetch_block(fetch_clients_, z_.options.param_comm, b, step, buf.data());
   return buf;
@@ -263,6 +279,7 @@ FloatBuffer ParamResidency::fetch_resident(size_t b, uint64_t step, size_t numel
 void ParamResidency::add_stats(ZeroStats& s) const {
   s.bytes_fetched = bytes_fetched_.load();
   s.fetches_in_place = fetches_in_place_.load();
+  s.fetches_gathered_in_place = fetches_gathered_in_place_.load();
   s.fetches_in_parts = fetches_in_parts_.load();
   s.blocks_published_in_place = blocks_published_in_place_;
   s.bytes_published_in_place = bytes_published_in_place_;

@@ -86,6 +86,9 @@ class ParamResidency {
   // by allgather on `comm` (W > 1).
   void fetch_block(ServiceClients& clients, actors::Collectives* comm, size_t b, uint64_t step,
                    float* out);
+  // W > 1: block b gathered, as W slots of P floats whose first numel are the block.
+  FloatBuffer gather_block(ServiceClients& clients, actors::Collectives* comm, size_t b,
+                           uint64_t step);
   // The scheduler's fetch, on its fetcher's thread.
   FloatBuffer fetch_resident(size_t b, uint64_t step, size_t numel);
 
@@ -96,6 +99,7 @@ class ParamResidency {
   std::unique_ptr<ParamScheduler> scheduler_;
   std::atomic<uint64_t> bytes_fetched_{0};  // the scheduler's thread fetches too
   std::atomic<uint64_t> fetches_in_place_{0};
+  std::atomic<uint64_t> fetches_gathered_in_place_{0};
   std::atomic<uint64_t> fetches_in_parts_{0};
   uint64_t blocks_published_in_place_ = 0;  // install()ed (the compute thread's)
   uint64_t bytes_published_in_place_ = 0;

@@ -67,6 +67,12 @@ struct ZeroContext {
   bool in_place() const {
     return !local && plan.world_size() == 1 && precision == Precision::kFp32;
   }
+  // Several ranks in fp32: a block's reduce-scatter writes this rank's partition (its P
+  // floats, the last rank's padding included) straight into a push slot, so the push sends
+  // the slot as it is, as an in-place push at one rank does.
+  bool reduces_into_slots() const {
+    return !local && plan.world_size() > 1 && precision == Precision::kFp32;
+  }
 };
 
 }  // namespace dsactor::trainer

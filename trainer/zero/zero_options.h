@@ -135,8 +135,12 @@ struct ZeroStats {
   size_t arena_bytes = 0;
   // Zero-copy through the arena (one rank, fp32): pushes whose gradient the backward wrote
   // straight into a push slot, and stage-3 fetches whose slot became the resident block.
+  // Several ranks, fp32: pushes whose partition the reduce-scatter wrote into a push slot
+  // count in pushes_in_place; stage-3 fetches whose allgather buffer became the resident
+  // block (no copy out of it) in fetches_gathered_in_place.
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
+  uint64_t fetches_gathered_in_place = 0;
   // Stage 3 at one rank, fp32, commits answered after the update: in-place pushes whose slot
   // the service kept as the gradient (PushGradients.keepUntilCommit), and of those the slots
   // that came back holding the block's updated parameters and became its resident copy
