@@ -276,6 +276,11 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
     expect_equal_runs(want, whole);
     EXPECT_GT(arena_stats.arena_bytes, 0u) << "loopback services map an arena";
     EXPECT_EQ(frame_stats.arena_bytes, 0u);
+    // Slots hold the largest partition (the embedding's) in every precision: no payload
+    // went as frames beside the arena.
+    EXPECT_EQ(arena_stats.payload_bytes_as_frames, 0u);
+    EXPECT_EQ(frame_stats.payload_bytes_as_frames,
+              frame_stats.bytes_pushed + frame_stats.bytes_fetched);
     EXPECT_EQ(arena_stats.bytes_pushed, frame_stats.bytes_pushed);
     if (mode == "fp32") {
       EXPECT_GT(arena_stats.pushes_in_place, 0u);
@@ -367,6 +372,7 @@ TEST_F(ZeroEngineTest, TwoRanksReduceIntoPushSlotsBitForBitWithFrames) {
       SCOPED_TRACE("rank " + std::to_string(r));
       expect_equal_runs(got[1][r], got[0][r]);
       EXPECT_GT(stats[0][r].arena_bytes, 0u);
+      EXPECT_EQ(stats[0][r].payload_bytes_as_frames, 0u) << "the embedding's partition too";
       EXPECT_EQ(stats[0][r].bytes_pushed, stats[1][r].bytes_pushed);
       // One push a partition a step, every one in place.
       EXPECT_GT(owned[r], 0u);

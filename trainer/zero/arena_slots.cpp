@@ -37,7 +37,7 @@ ArenaSlots arena_slots(const ZeroContext& z, size_t service) {
   if (z.reduces_into_slots() && zc.overlap_comm) ++a.push_slots;
   std::sort(sizes.rbegin(), sizes.rend());
   a.keep_bytes = sizes.size() > 1 ? sizes[1] : sizes[0];
-  a.slot_bytes = z.in_place() || z.reduces_into_slots() ? sizes[0] : a.keep_bytes;
+  a.slot_bytes = sizes[0];
   const size_t block = std::max<size_t>(1, a.keep_bytes / elem);  // elements
   const auto max_live = static_cast<size_t>(std::max<int64_t>(1, zc.max_live_parameters));
   a.fetch_slots = std::clamp<size_t>(max_live / block + 1, 1, a.partitions);

@@ -29,17 +29,17 @@ struct ArenaSlots {
   size_t pool_keep_bytes = 0;
 };
 
-// In place (ZeroContext::in_place) slots hold the largest partition, the embedding. So they
-// do where the reduce-scatter writes into a push slot (ZeroContext::reduces_into_slots,
-// sizes counting each partition's padding): the embedding's gradient partition is then held
-// once, in its slot, and its fetched partition is copied from its slot into the allgather's
-// buffer, as a frame's would be. Otherwise a payload is copied between a slot and a buffer, and the
-// embedding's would exist twice at the step's memory peak: slots hold the second largest, and the
-// largest travels as frames (zero-copy for pushes, copied out in chunks for fetches). Pushes alone
-// (stages 1/2): a slot keeps the pages of one layer-sized partition (the second largest)
-// between uses, a larger use gives them back, and the engine gives them back once a step
-// (giving them back after each use would cost a page fault per 4 KiB every time). Stage 3
-// pools its fetch and push slots in one arena that keeps every page (see ZeroEngine).
+// Slots hold the largest partition (the embedding's; with the reduce-scatter writing into a
+// push slot, ZeroContext::reduces_into_slots, each partition counted with its padding), so
+// no payload travels as frames beside the arena. Where a payload is converted or copied
+// between a slot and a buffer (a half type's rounding, a fetched partition copied into the
+// allgather's buffer) a frame would be a second copy as well, and one from fresh pages:
+// sent as frames, the embedding's half-precision partition cost a third more of the
+// step's wall time (bench/README.md, session 21). Pushes alone (stages 1/2): a slot keeps
+// the pages of one layer-sized partition (the second largest) between uses, a larger use
+// gives them back, and the engine gives them back once a step (giving them back after each
+// use would cost a page fault per 4 KiB every time). Stage 3 pools its fetch and push
+// slots in one arena that keeps the pages of the step's steady state (see ZeroEngine).
 ArenaSlots arena_slots(const ZeroContext& z, size_t service);
 
 }  // namespace dsactor::trainer

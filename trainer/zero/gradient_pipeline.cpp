@@ -316,6 +316,7 @@ void GradientPipeline::push_frame(size_t b, const PartitionSlice& p, FloatBuffer
   auto reply =
       z_.services[p.service]->push_gradients(p.id, step, 0, dtype, bytes, std::move(payload));
   bytes_pushed_ += bytes.size();
+  bytes_pushed_as_frames_ += bytes.size();
   pushes_.push_back(PendingPush{b, p.service, std::move(reply), 0, {}});
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
 }
@@ -426,6 +427,7 @@ const PushedGradients& GradientPipeline::finish() {
 
 void GradientPipeline::add_stats(ZeroStats& s) const {
   s.bytes_pushed = bytes_pushed_;
+  s.payload_bytes_as_frames += bytes_pushed_as_frames_;
   s.peak_resident_grad_bytes = memory_->peak.load();
   s.kept_grad_bytes = kept_grad_bytes_;
   s.max_pushes_in_flight = max_pushes_seen_;

@@ -150,6 +150,7 @@ class GradientPipeline {
   size_t max_pushes_seen_ = 0;
   size_t kept_grad_bytes_ = 0;
   uint64_t bytes_pushed_ = 0;
+  uint64_t bytes_pushed_as_frames_ = 0;
   uint64_t pushes_in_place_ = 0;
   uint64_t pushes_lent_ = 0;
   std::function<bool(size_t)> lend_;

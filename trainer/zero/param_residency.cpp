@@ -197,6 +197,7 @@ actors::FetchedParameters ParamResidency::receive_partition(actors::ServiceClien
         "version {} with {}: another trainer is committing to this job?",
         client.endpoint(), p.id, f.reply.version, f.reply.element_count, step, p.count));
   bytes_fetched_ += f.size_bytes();
+  if (!f.in_arena()) bytes_fetched_as_frames_ += f.size_bytes();
   if (f.in_parts()) ++fetches_in_parts_;
   return f;
 }
@@ -278,6 +279,7 @@ FloatBuffer ParamResidency::fetch_resident(size_t b, uint64_t step, size_t numel
 
 void ParamResidency::add_stats(ZeroStats& s) const {
   s.bytes_fetched = bytes_fetched_.load();
+  s.payload_bytes_as_frames += bytes_fetched_as_frames_.load();
   s.fetches_in_place = fetches_in_place_.load();
   s.fetches_gathered_in_place = fetches_gathered_in_place_.load();
   s.fetches_in_parts = fetches_in_parts_.load();

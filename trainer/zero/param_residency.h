@@ -98,6 +98,7 @@ class ParamResidency {
   ServiceClients fetch_clients_;
   std::unique_ptr<ParamScheduler> scheduler_;
   std::atomic<uint64_t> bytes_fetched_{0};  // the scheduler's thread fetches too
+  std::atomic<uint64_t> bytes_fetched_as_frames_{0};
   std::atomic<uint64_t> fetches_in_place_{0};
   std::atomic<uint64_t> fetches_gathered_in_place_{0};
   std::atomic<uint64_t> fetches_in_parts_{0};

@@ -115,8 +115,11 @@ inline std::function<void(size_t, float*)> initial_weights_from(const BlockSet& 
 
 // Traffic and memory of the ZeRO engine, cumulative.
 struct ZeroStats {
-  uint64_t bytes_pushed = 0;     // gradient payloads sent
-  uint64_t bytes_fetched = 0;    // parameter payloads received
+  uint64_t bytes_pushed = 0;   // gradient payloads sent
+  uint64_t bytes_fetched = 0;  // parameter payloads received
+  // Of those pushed and fetched, the bytes that went as frames (all of them without an
+  // arena; with one, payloads no slot could take).
+  uint64_t payload_bytes_as_frames = 0;
   size_t total_param_bytes = 0;  // the whole model as fp32 (what stage 0 holds)
   // fp32 master, m and v this rank holds itself (LocalPartitions; 0 with offload services):
   // 1/W of stage 0's 3 * total_param_bytes.
