@@ -83,6 +83,30 @@ TEST_F(ZeroLocalDp, TwoRanksOfMicroBatchTwoLearnWhatOneRankOfFourLearns) {
   }
 }
 
+// Each step frees and allocates every layer's whole-block buffers (its gradient before the
+// reduce-scatter, in stage 3 its gathered parameters): at W = 2 those hold 2 partitions of
+// P floats, padding included, so that is the size whose freed mappings are kept for reuse
+// (a layer's numel would match none of them, and every fetch would fault its pages in).
+TEST_F(ZeroLocalDp, TheLayersWholeBlockBuffersAreTheMappingsKeptForReuse) {
+  const GptConfig model{2, 2, 96, 64, 16};  // a layer's numel is no multiple of 2 * 1024
+  const size_t layer = gpt_block_layouts(model)[1].numel;
+  ASSERT_NE(layer % (2 * PartitionPlan::kPartitionAlign), 0u);
+  const DsConfig one = local_config("fp32", 3, 4, 1);
+  ZeroEngine single(model, one, 5, ZeroOptions{});
+  EXPECT_EQ(single.reused_mapping_bytes(), layer * sizeof(float));
+  const DsConfig c = local_config("fp32", 3, 2, 2);
+  size_t reused[2] = {0, 0}, padded[2] = {0, 0};
+  run_ranks(2, [&](int r, const RankComms& comms) {
+    ZeroEngine e(model, c, 5, comms.options(r, 2));
+    reused[r] = e.reused_mapping_bytes();
+    padded[r] = 2 * e.plan().partition_numel(1) * sizeof(float);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(reused[r], padded[r]);
+    EXPECT_GT(reused[r], layer * sizeof(float));
+  }
+}
+
 // Both ranks save at step 3 (each its own rank-<r>/ directory with its partitions), train on
 // to 6; two fresh ranks load and train the same 3 steps: bit for bit.
 TEST_F(ZeroLocalDp, TwoRankCheckpointResumesBitForBit) {

@@ -97,8 +97,7 @@ void GradientPipeline::begin_step() {
 size_t GradientPipeline::grad_numel(size_t b) const {
   // With several ranks the block's gradient is the reduce-scatter's input as it is: W equal
   // slots of P floats, the tail past the block's numel staying zero.
-  return z_.plan.world_size() == 1 ? z_.layouts[b].numel
-                                   : z_.plan.world_size() * z_.plan.partition_numel(b);
+  return z_.plan.padded_numel(b);
 }
 
 void GradientPipeline::begin_block(size_t b) {

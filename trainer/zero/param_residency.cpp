@@ -244,7 +244,7 @@ FloatBuffer ParamResidency::gather_block(ServiceClients& clients, actors::Collec
   const PartitionSlice& mine = z_.mine(b);
   const size_t P = z_.plan.partition_numel(b);
   const size_t W = z_.plan.world_size();
-  FloatBuffer gathered = FloatBuffer::uninitialized(W * P);
+  FloatBuffer gathered = FloatBuffer::uninitialized(z_.plan.padded_numel(b));
   float* slot = gathered.data() + static_cast<size_t>(z_.options.rank) * P;
   if (mine.count > 0) fetch_partition(clients, mine, step, slot);
   std::fill(slot + mine.count, slot + P, 0.0f);

@@ -41,6 +41,12 @@ class PartitionPlan {
   // Partition length P of a block (before the last one is cut short).
   size_t partition_numel(size_t block) const { return per_rank_[block]; }
   const PartitionSlice& slice(size_t block, uint32_t rank) const { return slices_[block][rank]; }
+  // The floats of a block's whole-block buffers at this world size: its numel at one rank;
+  // beyond, W partitions of P, the last one's padding included (the reduce-scatter's input,
+  // the allgather's output).
+  size_t padded_numel(size_t block) const {
+    return world_size_ == 1 ? slices_[block][0].count : world_size_ * per_rank_[block];
+  }
   // The slices `rank` owns, in block order (empty ones left out).
   std::vector<PartitionSlice> owned_by(uint32_t rank) const;
 

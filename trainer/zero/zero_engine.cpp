@@ -246,12 +246,16 @@ void ZeroEngine::reuse_block_mappings() {
   // that size instead of being faulted in and zeroed again. Eight of them: the layers'
   // parameters and gradients around the prefetch window. Not the embedding's: its mapping
   // would sit idle through the forward beside the step's other large buffers and raise the
-  // memory peak.
+  // memory peak. With several ranks a block's buffers (its gradient before the
+  // reduce-scatter, its gathered parameters) hold W partitions of P floats, padding
+  // included: that is the size to keep.
   std::map<size_t, size_t> count_by_bytes;
-  for (const auto& l : model_.layouts()) ++count_by_bytes[l.numel * sizeof(float)];
+  for (size_t b = 0; b < plan_.blocks(); ++b)
+    ++count_by_bytes[plan_.padded_numel(b) * sizeof(float)];
   size_t layer_bytes = 0;  // the largest size that repeats
   for (const auto& [bytes, count] : count_by_bytes)
     if (count > 1) layer_bytes = bytes;
+  reused_mapping_bytes_ = layer_bytes;
   const size_t limit = 8 * layer_bytes;
   // Never lower a larger limit another engine in this process set.
   const size_t before = FloatBuffer::set_cache_limit(limit, layer_bytes);

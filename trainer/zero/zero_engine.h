@@ -124,6 +124,9 @@ class ZeroEngine {
   void request_stop() { stop_requested_ = true; }
   bool stop_agreed() const { return plan_.world_size() == 1 ? stop_requested_ : stop_agreed_; }
   const PartitionPlan& plan() const { return plan_; }
+  // The size of the freed block mappings this engine has FloatBuffer keep for reuse (a
+  // transformer layer's whole-block buffer at this world size; 0: none repeats).
+  size_t reused_mapping_bytes() const { return reused_mapping_bytes_; }
   ZeroStats stats() const;
   // Time the stage-3 scheduler has waited for fetches so far (0 in stages 1/2).
   double fetch_wait_seconds() const;
@@ -186,6 +189,7 @@ class ZeroEngine {
   Precision precision_;
   GptModel model_;
   PartitionPlan plan_;
+  size_t reused_mapping_bytes_ = 0;  // reuse_block_mappings
   kernels::cpu::AdamHyper adam_;
   LossScaler scaler_;
   StepCounters counters_;  // written here only; the parts read them
