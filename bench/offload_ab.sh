@@ -6,6 +6,7 @@
 # data. Prints each run's wall time, the processes' peak RSS and CPU, the last loss (the
 # two builds must agree), and the median of B's wall times over A's.
 #   bench/offload_ab.sh OLD_DSACTOR NEW_DSACTOR [RUNS=3] [STEPS=10] [WORLD=2] [PRECISION=fp32|bf16|fp16]
+# GAS=N in the environment: gradient_accumulation_steps (1 by default).
 # Uses `--insecure` (loopback only, a throwaway job) and ports 5755-5757.
 set -euo pipefail
 A=$(realpath "$1")
@@ -13,6 +14,7 @@ B=$(realpath "$2")
 RUNS=${3:-3}
 STEPS=${4:-10}
 WORLD=${5:-2}
+GAS=${GAS:-1}
 PRECISION=${6:-fp32}
 case $PRECISION in
   fp32) HALF="" ;;
@@ -27,7 +29,7 @@ cat >"$WORK/ds.json" <<EOF
 {
   $HALF
   "train_micro_batch_size_per_gpu": 2,
-  "gradient_accumulation_steps": 1,
+  "gradient_accumulation_steps": $GAS,
   "gradient_clipping": 1.0,
   "steps_per_print": 1,
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
