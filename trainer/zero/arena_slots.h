@@ -31,7 +31,7 @@ struct ArenaSlots {
 
 // Slots hold the largest partition (the embedding's; with the reduce-scatter writing into a
 // push slot, ZeroContext::reduces_into_slots, each partition counted with its padding), so
-// no payload travels as frames beside the arena. Where a payload is converted or copied
+// no payload is too large for a slot. Where a payload is converted or copied
 // between a slot and a buffer (a half type's rounding, a fetched partition copied into the
 // allgather's buffer) a frame would be a second copy as well, and one from fresh pages:
 // sent as frames, the embedding's half-precision partition cost a third more of the
