@@ -137,13 +137,18 @@ class ZeroEngineTest : public ::testing::Test {
         SCOPED_TRACE(mode + " stage " + std::to_string(stage) + " " + device);
         const auto t0 = std::chrono::steady_clock::now();
         const DsConfig c = config(mode, stage, device, nvme_->path.string());
+        ZeroStats st;
         const Trace got =
             run_zero(kTiny, c, options(device, mode + "-" + device + "-" + std::to_string(stage)),
-                     tokens, kSteps);
+                     tokens, kSteps, &st);
         std::printf("%s stage %d %s: %d steps in %.2f s\n", mode.c_str(), stage, device.c_str(),
                     kSteps,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         expect_equal_runs(want, got);
+        // Loopback services: every payload went through the arena, from the first fetch
+        // (stages 1/2 fetch the whole model before the first step) to the last gather.
+        EXPECT_GT(st.arena_bytes, 0u);
+        EXPECT_EQ(st.payload_bytes_as_frames, 0u);
       }
   }
 

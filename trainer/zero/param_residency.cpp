@@ -110,14 +110,12 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
     scheduler_ = std::make_unique<ParamScheduler>(
         system, block_numels(z_.layouts), params_, scheduling,
         [this](size_t b, uint64_t step, size_t numel) { return fetch_resident(b, step, numel); });
-    // Not 0 when the engine took over the services' step (a resume, a reconnect).
-    scheduler_->set_committed_step(z_.counters.committed_step);
     return;
   }
   // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at world
-  // size 1 are the whole model): every block resident, refreshed after each step.
+  // size 1 are the whole model): every block resident, refreshed after each step. The first
+  // fetch is the engine's first parameters_committed, once it has mapped the arenas.
   params_ = BlockSet::zeros(z_.layouts);
-  parameters_committed(z_.counters.committed_step);
   peak_resident_bytes_ = params_.numel() * sizeof(float);
 }
 

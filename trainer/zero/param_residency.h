@@ -60,7 +60,8 @@ class ParamResidency {
   // fetcher reads them).
   void wait_fetches();
   // The services committed `step`: resident blocks go stale and are refetched as needed
-  // (stage 3), or every block is refetched now (stages 1/2).
+  // (stage 3), or every block is refetched now (stages 1/2). The engine calls it first for
+  // the step it starts from, after mapping the arenas.
   void parameters_committed(uint64_t step);
   // Stage 3 (a resident set): the block a training pass acquires first, once known.
   std::optional<size_t> first_block() const;

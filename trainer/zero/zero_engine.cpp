@@ -174,6 +174,9 @@ void ZeroEngine::start_parts() {
     gradients_->map_arenas(residency_->fetches());
     residency_->share_arenas();
   }
+  // The parameters at the committed step (not 0 after a resume or a reconnect), fetched only
+  // now so that the first fetch, like every later one, goes through the arena.
+  residency_->parameters_committed(counters_.committed_step);
   // Fetch replies from a service without an arena arrive as frames (messages/frame_heap.h).
   for (const auto& service : services_)
     if (!service->has_arena()) {
