@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
@@ -43,7 +44,10 @@ struct BenchKeys {
 // `push_ranges_gbps`: the same bytes as messages of `range_bytes` each, up to
 // kPushRangeWindow unanswered, as OffloadClient::push sends a micro-step-0 push in ranges.
 // `fetch_parts_gbps`: the fetched bytes in one reply of several frames of `part_bytes`, as
-// a service answers a fetch that asked for parts.
+// a service answers a fetch that asked for parts. `fetch_ranges_gbps`: the fetched bytes
+// asked for in ranges of `part_bytes`, up to kFetchRangeWindow unanswered, each reply
+// copied into a block as it arrives while the next are on the wire, as OffloadClient::
+// fetch_into and the trainer take a fetch over frames.
 nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iterations,
                        const BenchKeys& keys, size_t range_bytes, size_t part_bytes) {
   zmq::context_t ctx(1);
@@ -64,7 +68,17 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
       std::vector<zmq::message_t> out;
       out.emplace_back(in[0].data(), in[0].size());
       out.emplace_back();
-      if (op == "fetch" || op == "fetch_parts") {
+      if (op == "fetch_range") {
+        uint64_t range[2];  // first byte, bytes
+        std::memcpy(range, in[3].data(), sizeof(range));
+        auto owner = new std::shared_ptr<storage::AlignedBuffer>(server_buf);
+        out.emplace_back(
+            server_buf->data() + range[0], range[1],
+            [](void*, void* hint) {
+              delete static_cast<std::shared_ptr<storage::AlignedBuffer>*>(hint);
+            },
+            owner);
+      } else if (op == "fetch" || op == "fetch_parts") {
         const size_t part = op == "fetch" || part_bytes == 0 ? bytes : part_bytes;
         for (size_t at = 0; at < bytes; at += part) {
           auto owner = new std::shared_ptr<storage::AlignedBuffer>(server_buf);
@@ -118,14 +132,47 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
       if (at < bytes) send_next();
     }
   };
+  // The fetch in ranges: each reply's bytes copied into `block` as it arrives.
+  storage::AlignedBuffer block(bytes);
+  const size_t fetch_range =
+      part_bytes == 0 ? bytes : actors::push_range_elements(part_bytes, sizeof(float)) * 4;
+  auto fetch_in_ranges = [&] {
+    std::deque<uint64_t> unanswered;  // each range's first byte
+    size_t at = 0;
+    auto send_next = [&] {
+      const uint64_t range[2] = {at, std::min(fetch_range, bytes - at)};
+      std::vector<zmq::message_t> out;
+      out.emplace_back();
+      out.emplace_back(std::string("fetch_range"));
+      out.emplace_back(range, sizeof(range));
+      zmq::send_multipart(dealer, out);
+      unanswered.push_back(at);
+      at += range[1];
+    };
+    while (at < bytes && unanswered.size() < actors::kFetchRangeWindow) send_next();
+    while (!unanswered.empty()) {
+      std::vector<zmq::message_t> in;
+      (void)zmq::recv_multipart(dealer, std::back_inserter(in));
+      const uint64_t first = unanswered.front();
+      unanswered.pop_front();
+      if (at < bytes) send_next();
+      std::memcpy(block.data() + first, in.back().data(), in.back().size());
+    }
+  };
   auto measure = [&](const std::string& op) {
+    if (op == "fetch_ranges") {
+      fetch_in_ranges();
+      const auto t = Clock::now();
+      for (int i = 0; i < iterations; ++i) fetch_in_ranges();
+      return double(bytes) * iterations / seconds_since(t) / 1e9;
+    }
     round(op);
     const auto t = Clock::now();
     for (int i = 0; i < iterations; ++i) round(op);
     return double(bytes) * iterations / seconds_since(t) / 1e9;
   };
   const double push = measure("push"), fetch = measure("fetch"), ranges = measure("ranges"),
-               fetch_parts = measure("fetch_parts");
+               fetch_parts = measure("fetch_parts"), fetch_ranges = measure("fetch_ranges");
   round("stop");
   server.join();
   router.close();
@@ -133,7 +180,8 @@ nlohmann::json raw_zmq(std::shared_ptr<storage::AlignedBuffer> buf, int iteratio
   return {{"push_gbps", push},
           {"fetch_gbps", fetch},
           {"push_ranges_gbps", ranges},
-          {"fetch_parts_gbps", fetch_parts}};
+          {"fetch_parts_gbps", fetch_parts},
+          {"fetch_ranges_gbps", fetch_ranges}};
 }
 
 // Through a real (in-process) offload service. `arena`: the same-host shared-memory
@@ -183,7 +231,24 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
   t = Clock::now();
   for (int i = 0; i < iterations; ++i) (void)client.fetch(1, 0, msg::DType::fp32);
   const double fetch = double(buf->size()) * iterations / seconds_since(t) / 1e9;
-  nlohmann::json out{{"push_gbps", push}, {"fetch_gbps", fetch}};
+  // As the trainer fetches (fetch_into): into the arena, or over frames in ranges, each
+  // copied into the block as it arrives.
+  storage::AlignedBuffer block(buf->size());
+  auto fetch_into_block = [&] {
+    const auto r = client.fetch_into(1, 0, msg::DType::fp32, n, [&](actors::FetchedParameters&& f) {
+      for (size_t at = f.reply.range_offset * 4; auto piece : f.pieces()) {
+        std::memcpy(block.data() + at, piece.data(), piece.size());
+        at += piece.size();
+      }
+    });
+    if (!r.ok()) throw std::runtime_error("transport bench: fetch_into: " + r.error().message);
+  };
+  fetch_into_block();
+  t = Clock::now();
+  for (int i = 0; i < iterations; ++i) fetch_into_block();
+  const double fetch_ranges = double(buf->size()) * iterations / seconds_since(t) / 1e9;
+  nlohmann::json out{
+      {"push_gbps", push}, {"fetch_gbps", fetch}, {"fetch_ranges_gbps", fetch_ranges}};
   // Pushes as the trainer sends them (trainer/zero/gradient_pipeline.cpp: it adds a step's
   // micro-steps up itself and pushes each block once a step): micro-step 0 of a step, which
   // the service takes in as a copy into the step's sum rather than an add. Each step is
@@ -245,6 +310,10 @@ nlohmann::json ratios(const nlohmann::json& run, const nlohmann::json& raw) {
   // A frames fetch reply comes in parts: against raw ZeroMQ answering in the same parts.
   r["fetch_over_raw_parts"] =
       run["fetch_gbps"].get<double>() / raw["fetch_parts_gbps"].get<double>();
+  // A fetch as the trainer takes it, in ranges copied out as they arrive: against raw
+  // ZeroMQ in the same ranges, copied out alike.
+  r["fetch_ranges_over_raw_ranges"] =
+      run["fetch_ranges_gbps"].get<double>() / raw["fetch_ranges_gbps"].get<double>();
   return r;
 }
 

@@ -302,8 +302,8 @@ void add_transport_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       ->capture_default_str();
   transport
       ->add_option("--fetch-part-bytes", *fetch_part,
-                   "a frames fetch reply comes in frames of this many bytes (0: one frame; "
-                   "else at least 4096)")
+                   "a frames fetch goes in ranges of this many bytes, as the trainer's does, "
+                   "and a whole reply in frames of it (0: one frame; else at least 4096)")
       ->capture_default_str();
   transport->add_flag("--json", *json, "print one JSON object");
   transport->callback([part_bytes, transport_iters, range_bytes, fetch_part, json] {

@@ -126,7 +126,7 @@ std::optional<std::pair<DType, uint64_t>> payload_shape(const Body& body) {
   if (const auto* b = std::get_if<PushGradients>(&body); b && !b->arena)
     return std::pair{b->dtype, b->payload_count()};
   if (const auto* b = std::get_if<FetchReply>(&body); b && !b->arena)
-    return std::pair{b->dtype, b->element_count};
+    return std::pair{b->dtype, b->payload_count()};
   return std::nullopt;
 }
 

@@ -194,6 +194,12 @@ struct FetchParameters {
   // 0: a frame reply's payload is one frame; else frames of this many bytes, the last one
   // shorter (0 or a multiple of 8 that is >= kMinPayloadPartBytes; decode refuses others).
   uint64_t reply_part_bytes = 0;
+  // range_count > 0: only elements [range_offset, range_offset + range_count) of the
+  // partition, one of the ranges a fetch over frames is split into (OffloadClient::
+  // fetch_in_ranges); the service refuses a range past the partition's end (badRequest).
+  uint64_t range_offset = 0;
+  uint64_t range_count = 0;  // 0: the whole partition
+  bool ranged() const { return range_count > 0; }
   bool operator==(const FetchParameters&) const = default;
 };
 // The smallest part a fetch reply may be split into: bounds the frames a request can ask
@@ -210,12 +216,18 @@ static_assert(valid_reply_part_bytes(kMinPayloadPartBytes) &&
               !valid_reply_part_bytes(kMinPayloadPartBytes - 8));
 // Payload: element_count values of dtype, in frame 1 (or frames 1.., as the request's
 // reply_part_bytes asked) or, with `arena`, in that region of the arena the request named.
+// A ranged request's reply carries its range (range_offset, range_count, as asked) of the
+// partition's element_count elements.
 struct FetchReply {
   uint64_t partition_id = 0;
   uint64_t version = 0;
   DType dtype = DType::bf16;
   uint64_t element_count = 0;
   std::optional<ArenaSlice> arena;
+  uint64_t range_offset = 0;
+  uint64_t range_count = 0;  // 0: the whole partition
+  bool ranged() const { return range_count > 0; }
+  uint64_t payload_count() const { return ranged() ? range_count : element_count; }
   bool operator==(const FetchReply&) const = default;
 };
 

@@ -198,10 +198,20 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
       if (!valid_reply_part_bytes(part))
         fail(DecodeErrc::badField, "fetchParameters.replyPartBytes " + std::to_string(part) +
                                        ": allowed are " + kReplyPartBytesRule);
-      return FetchParameters{
+      FetchParameters out{
           r.getPartitionId(), r.getMinVersion(), from_wire(r.getDtype(), "fetchParameters.dtype"),
           arena_slice(r.hasArena(), r.getArena(), limits, "fetchParameters.arena", std::nullopt),
           part};
+      out.range_offset = r.getRangeOffset();
+      out.range_count = r.getRangeCount();
+      // The partition's size is the service's to check; here only what no partition allows.
+      if (out.ranged() ? out.range_count > UINT64_MAX - out.range_offset : out.range_offset != 0)
+        fail(DecodeErrc::badField, "fetchParameters.rangeOffset, rangeCount: [" +
+                                       std::to_string(out.range_offset) + ", +" +
+                                       std::to_string(out.range_count) +
+                                       ") is not a range (rangeCount 0 is the whole partition, "
+                                       "with rangeOffset 0)");
+      return out;
     }
     case wire::Header::Kind::STATS:
       return Stats{};
@@ -268,8 +278,18 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
                      from_wire(r.getDtype(), "fetchReply.dtype"),
                      r.getElementCount(),
                      {}};
+      out.range_offset = r.getRangeOffset();
+      out.range_count = r.getRangeCount();
+      if (out.ranged() ? out.range_offset > out.element_count ||
+                             out.range_count > out.element_count - out.range_offset
+                       : out.range_offset != 0)
+        fail(DecodeErrc::badField,
+             "fetchReply.rangeOffset, rangeCount: [" + std::to_string(out.range_offset) + ", +" +
+                 std::to_string(out.range_count) + ") is not a range of the " +
+                 std::to_string(out.element_count) +
+                 " elements (rangeCount 0 is the whole partition, with rangeOffset 0)");
       out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "fetchReply.arena",
-                              std::pair{out.dtype, out.element_count});
+                              std::pair{out.dtype, out.payload_count()});
       return out;
     }
     case wire::Header::Kind::STATS_REPLY: {

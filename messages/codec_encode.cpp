@@ -165,6 +165,8 @@ void set_body(wire::Header::Kind::Builder k, const FetchParameters& r) {
   b.setDtype(to_wire(r.dtype));
   if (r.arena) set_arena(b.initArena(), *r.arena);
   b.setReplyPartBytes(r.reply_part_bytes);
+  b.setRangeOffset(r.range_offset);
+  b.setRangeCount(r.range_count);
 }
 
 void set_body(wire::Header::Kind::Builder k, const FetchReply& r) {
@@ -174,6 +176,8 @@ void set_body(wire::Header::Kind::Builder k, const FetchReply& r) {
   b.setDtype(to_wire(r.dtype));
   b.setElementCount(r.element_count);
   if (r.arena) set_arena(b.initArena(), *r.arena);
+  b.setRangeOffset(r.range_offset);
+  b.setRangeCount(r.range_count);
 }
 
 void set_body(wire::Header::Kind::Builder k, const Stats&) {

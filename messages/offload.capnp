@@ -179,6 +179,12 @@ struct FetchParameters {
   # each part from memory it keeps, where one large frame would be fresh pages
   # (messages/frame_heap.h).
   replyPartBytes @4 :UInt64;
+  # rangeCount > 0: only elements [rangeOffset, rangeOffset + rangeCount) of the
+  # partition, one of the ranges a fetch over frames is split into and pipelined, so each
+  # range is copied out while the next is on the wire. 0: the whole partition (rangeOffset
+  # 0). A range past the partition's end is refused (badRequest).
+  rangeOffset @5 :UInt64;
+  rangeCount @6 :UInt64;
 }
 
 # Payload: elementCount values of dtype.
@@ -190,6 +196,10 @@ struct FetchReply {
   # Set: the values were written to this region of the arena the request named (one
   # frame; header payloadLength and payloadCrc32c are 0).
   arena @4 :ArenaSlice;
+  # As the request's: the payload is elements [rangeOffset, rangeOffset + rangeCount) of
+  # the partition's elementCount (rangeCount 0: all of them).
+  rangeOffset @5 :UInt64;
+  rangeCount @6 :UInt64;
 }
 
 struct Stats {}

@@ -74,6 +74,19 @@ struct WorkerState {
   std::map<uint64_t, int> held;
   std::map<uint64_t, storage::Extent> freed_when_unheld;
   bool verify_arena_checksum = true;
+  // A fetch in ranges of bytes no partition holds as served (read from NVMe, or converted
+  // to a half type other than the served one): made whole for its first range and kept for
+  // the others until the last range is served, so the partition is read once per fetch, not
+  // once per range. One per worker (a trainer fetches one partition's ranges before the
+  // next's); dropped by anything that changes a partition (a commit's update, an applied
+  // SetParameters or restore, a dropped job).
+  struct RangeSource {
+    PartitionKey key;
+    uint64_t version = 0;
+    messages::DType dtype = messages::DType::fp32;
+    BufPtr bytes;
+  };
+  std::optional<RangeSource> range_source;
   std::shared_ptr<ServicePhases> phases;
   metrics::ActorFigures* figures = nullptr;  // null: not counted
   static inline const char* name = "partition_worker";
@@ -308,59 +321,80 @@ struct WorkerState {
     return checksum::crc32c(data, bytes);
   }
 
-  // The reply to a fetch; into the arena when it names one and the bytes fit.
+  // The reply to a fetch, or to one range of it; into the arena when it names one and the
+  // bytes fit.
   Reply on_fetch(const detail::Incoming& in, const msg::FetchParameters& f, uint64_t version) {
     const msg::Header& h = in.message->header;
     WorkerPartition& p = at(h.job_id, f.partition_id);
+    // Subtraction, not offset + count, so huge values cannot wrap around.
+    if (f.ranged() && (f.range_offset > p.n() || f.range_count > p.n() - f.range_offset))
+      refuse(ErrorCode::malformed,
+             "partition " + std::to_string(f.partition_id) + " has " + std::to_string(p.n()) +
+                 " elements, the fetch asks for elements [" + std::to_string(f.range_offset) +
+                 ", +" + std::to_string(f.range_count) + ")");
+    const uint64_t first = f.ranged() ? f.range_offset : 0;
+    const uint64_t count = f.ranged() ? f.range_count : p.n();
+    const size_t element = msg::dtype_size(f.dtype);
     Reply r;
-    r.header = {h.request_id, h.job_id,
-                msg::FetchReply{f.partition_id, version, f.dtype, p.n(), {}}};
+    msg::FetchReply reply{f.partition_id, version, f.dtype, p.n(), {}};
+    reply.range_offset = f.range_offset;
+    reply.range_count = f.range_count;
+    r.header = {h.request_id, h.job_id, reply};
     r.part_bytes = f.reply_part_bytes;  // unused when the bytes go into the arena
-    const uint64_t bytes = p.n() * msg::dtype_size(f.dtype);
+    const uint64_t bytes = count * element;
     const bool to_arena = f.arena && bytes <= f.arena->length;
-    auto serve = [&](const BufPtr& buf, std::optional<uint32_t>& cache) {
-      r.payload = {buf->data(), bytes};
+    // The served bytes are [first, first + count) of `buf`, the partition's elements in
+    // f.dtype; `cache` (null: none) keeps their crc until the partition changes.
+    auto serve = [&](const BufPtr& buf, std::optional<uint32_t>* cache) {
+      r.payload = {buf->data() + first * element, bytes};
       r.owner = buf;
+      if (!cache) return into_arena(r, in, f, nullptr);
       // Into the arena, an unknown crc is computed by the copy (into_arena keeps it).
-      if (to_arena && !cache) return into_arena(r, in, f, &cache);
-      if (!cache) cache = served_crc(buf->data(), bytes);
-      r.crc32c = cache;
+      if (to_arena && !*cache) return into_arena(r, in, f, cache);
+      if (!*cache) *cache = served_crc(r.payload.data(), bytes);
+      r.crc32c = *cache;
       into_arena(r, in, f, nullptr);
     };
-    if (p.on_nvme()) {
-      // Converted as the master streams: only the reply holds these bytes.
-      PhaseTimer converting(phases.get(), ServicePhase::kServe, bytes);
-      BufPtr buf = HostAllocator::plain(bytes);
-      nvme_serve(*nvme, p, f.dtype, buf->data());
-      converting.stop();  // the copy into the arena counts as a pass of its own
-      r.payload = {buf->data(), bytes};
-      r.owner = buf;
-      into_arena(r, in, f, nullptr);
+    auto crc_cache = [&](std::optional<uint32_t>& whole) -> std::optional<uint32_t>* {
+      if (!f.ranged()) return &whole;
+      // A trainer asks for a handful of ranges; one asking for ever new ones finds them gone.
+      const auto key = std::tuple{f.dtype, first, count};
+      if (p.range_crcs.size() >= 256 && !p.range_crcs.count(key)) p.range_crcs.clear();
+      return &p.range_crcs[key];
+    };
+    if (!p.on_nvme() && is_half(f.dtype) && f.dtype == p.spec.served_dtype) {
+      serve(p.half, crc_cache(p.half_crc));
       return r;
     }
-    if (is_half(f.dtype) && f.dtype == p.spec.served_dtype) {
-      serve(p.half, p.half_crc);
+    if (!p.on_nvme() && f.dtype == DType::fp32) {
+      serve(p.master, crc_cache(p.master_crc));
       return r;
     }
-    if (f.dtype == DType::fp32) {
-      serve(p.master, p.master_crc);
-      return r;
-    }
-    // Converted on the fly: a half type other than the served one.
-    PhaseTimer converting(phases.get(), ServicePhase::kServe, bytes);
-    BufPtr buf = HostAllocator::plain(bytes);
-    auto emit = [&](uint64_t first, const float* src, uint64_t count) {
-      if (f.dtype == DType::fp32) {
-        std::memcpy(buf->as<float>() + first, src, count * 4);
+    // Made for this fetch: read from NVMe (converted as the master streams), or converted
+    // on the fly to a half type other than the served one. A range takes it from the
+    // worker's range source, made for the fetch's first range to arrive.
+    const PartitionKey key{h.job_id, f.partition_id};
+    auto& src = range_source;
+    const bool made =
+        f.ranged() && src && src->key == key && src->version == version && src->dtype == f.dtype;
+    BufPtr buf = made ? src->bytes : nullptr;
+    if (!buf) {
+      PhaseTimer converting(phases.get(), ServicePhase::kServe, p.n() * element);
+      buf = HostAllocator::plain(p.n() * element);
+      if (p.on_nvme()) {
+        nvme_serve(*nvme, p, f.dtype, buf->data());
       } else {
-        kc::floats_to_half(buf->as<uint16_t>() + first, src, count, half_kind(f.dtype));
+        kc::floats_to_half(buf->as<uint16_t>(), p.master->as<float>(), p.n(), half_kind(f.dtype));
       }
-    };
-    emit(0, p.master->as<float>(), p.n());
-    converting.stop();
-    r.payload = {buf->data(), bytes};
-    r.owner = buf;
-    into_arena(r, in, f, nullptr);
+      // the copy into the arena counts as a pass of its own
+    }
+    if (f.ranged()) {
+      if (first + count == p.n())
+        src.reset();  // its last range
+      else if (!made)
+        src = RangeSource{key, version, f.dtype, buf};
+    }
+    serve(buf, nullptr);
     return r;
   }
 
@@ -479,6 +513,7 @@ struct WorkerState {
                    }
                    p.half_crc.reset();
                    p.master_crc.reset();
+                   p.range_crcs.clear();
                  },
                  [] {}};
     }
@@ -600,6 +635,8 @@ struct WorkerState {
     p.ranged.reset();
     p.half_crc.reset();
     p.master_crc.reset();
+    p.range_crcs.clear();
+    range_source.reset();
     ++pub.next;
     if (auto it = pub.waiting.find(pid); it != pub.waiting.end()) {
       const auto waited = std::move(it->second);
@@ -737,6 +774,7 @@ partition_worker::behavior_type worker_behavior(
       [self](prepare_atom, const CommitWorkPtr& w) { return self->state.guarded(*w); },
       [self](prepare_atom, const RestoreWorkPtr& w) { return self->state.guarded(*w); },
       [self](apply_atom) {
+        self->state.range_source.reset();  // the partitions it was made from may change
         if (auto s = std::exchange(self->state.staged, std::nullopt)) s->apply();
         return true;
       },
@@ -763,6 +801,7 @@ partition_worker::behavior_type worker_behavior(
         }
       },
       [self](drop_atom, const std::string& job) {
+        self->state.range_source.reset();
         uint64_t released = 0;
         std::erase_if(self->state.parts, [&](auto& kv) {
           if (kv.first.first != job) return false;

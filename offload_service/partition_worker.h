@@ -26,9 +26,11 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -52,6 +54,9 @@ struct WorkerPartition {
   std::optional<NvmeLocation> loc;  // NVMe tier (set exactly when the partition lives there)
   HostBufferPtr half;               // RAM tier: served copy when spec.served_dtype is a half type
   std::optional<uint32_t> half_crc, master_crc;  // crc of the served bytes, reset by updates
+  // The same for the ranges of them fetched (FetchParameters.rangeCount), by dtype, first
+  // element and count: a trainer fetches a partition in the same ranges every time.
+  std::map<std::tuple<messages::DType, uint64_t, uint64_t>, std::optional<uint32_t>> range_crcs;
   std::shared_ptr<storage::AlignedBuffer> grad;  // RAM tier: fp32 accumulation, on first push
   // NVMe tier: the extent the next commit writes, whose master sections hold the step's
   // fp32 gradient meanwhile (crc32c of those sections); set from the step's first push.

@@ -267,12 +267,20 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
 
 uint64_t OffloadClient::send_fetch(uint64_t partition_id, uint64_t min_version, msg::DType dtype,
                                    size_t expected_bytes) {
-  msg::FetchParameters request{partition_id, min_version, dtype, {}, fetch_part_bytes_};
-  if (!pool_ || expected_bytes > pool_->slot_bytes()) return send(request);  // a frame
+  return send_fetch_request(
+      msg::FetchParameters{partition_id, min_version, dtype, {}, fetch_part_bytes_},
+      fetch_slot(expected_bytes));
+}
+
+ArenaBuffer OffloadClient::fetch_slot(size_t expected_bytes) {
+  if (!pool_ || expected_bytes > pool_->slot_bytes()) return {};  // a frame
   // The slot is chosen for the size expected, and counted as written whole until the
   // answer says what the service wrote (await_fetch): a late reply's slot may hold anything.
   const size_t slot_bytes = pool_->slot_bytes();
-  ArenaBuffer slot = pool_->take(expected_bytes > 0 ? expected_bytes : slot_bytes, slot_bytes);
+  return pool_->take(expected_bytes > 0 ? expected_bytes : slot_bytes, slot_bytes);
+}
+
+uint64_t OffloadClient::send_fetch_request(msg::FetchParameters request, ArenaBuffer slot) {
   if (!slot) return send(request);
   request.arena =
       msg::ArenaSlice{pool_->arena_id(), slot.offset(), slot.bytes().size(), 0, !arena_checksums_};
@@ -717,6 +725,75 @@ msg::CommitReply OffloadClient::commit(const msg::CommitStep& commit) {
 
 msg::CommitReply OffloadClient::skip(uint64_t step) {
   return value_or_throw(await_as<msg::CommitReply>(send(msg::SkipStep{step})));
+}
+
+ServiceResult<msg::FetchReply> OffloadClient::fetch_into(uint64_t partition_id,
+                                                         uint64_t min_version, msg::DType dtype,
+                                                         uint64_t count, const FetchTake& take) {
+  const size_t element = msg::dtype_size(dtype);
+  ArenaBuffer slot = fetch_slot(count * element);
+  const uint64_t range = push_range_elements(fetch_part_bytes_, element);
+  if (slot || range == 0 || count <= range) {
+    ServiceResult<FetchedParameters> f = await_fetch(send_fetch_request(
+        msg::FetchParameters{partition_id, min_version, dtype, {}, fetch_part_bytes_},
+        std::move(slot)));
+    if (!f.ok()) return std::move(f.error());
+    msg::FetchReply head = f->reply;
+    take(std::move(f.value()));
+    return head;
+  }
+  std::deque<std::pair<uint64_t, uint64_t>> unanswered;  // request id, first element
+  uint64_t at = 0;
+  auto send_next = [&] {
+    msg::FetchParameters request{partition_id, min_version, dtype, {}, 0};
+    request.range_offset = at;
+    request.range_count = std::min(range, count - at);
+    unanswered.emplace_back(send(request), at);
+    at += request.range_count;
+  };
+  auto abandon_rest = [&] {
+    for (const auto& [id, first] : unanswered) forget(id);
+    unanswered.clear();
+  };
+  while (at < count && unanswered.size() < kFetchRangeWindow) send_next();
+  std::optional<msg::FetchReply> head;
+  while (!unanswered.empty()) {
+    const auto [id, first] = unanswered.front();
+    unanswered.pop_front();
+    ServiceResult<FetchedParameters> f = await_fetch(id);
+    if (!f.ok()) {
+      abandon_rest();
+      return std::move(f.error());
+    }
+    const msg::FetchReply& r = f->reply;
+    const uint64_t n = std::min(range, count - first);
+    if (r.partition_id != partition_id || r.dtype != dtype || r.element_count != count ||
+        r.range_offset != first || r.range_count != n || (head && r.version != head->version)) {
+      abandon_rest();
+      return failure(
+          "answered the fetch of elements [" + std::to_string(first) + ", +" + std::to_string(n) +
+          ") of partition " + std::to_string(partition_id) + " (" + std::to_string(count) + " " +
+          std::string(msg::to_string(dtype)) + ") with elements [" +
+          std::to_string(r.range_offset) + ", +" + std::to_string(r.range_count) +
+          ") of partition " + std::to_string(r.partition_id) + " (" +
+          std::to_string(r.element_count) + " " + std::string(msg::to_string(r.dtype)) +
+          ") at version " + std::to_string(r.version) +
+          (head ? ", its first range at version " + std::to_string(head->version) : std::string()));
+    }
+    if (!head) {
+      head = r;
+      head->range_offset = 0;
+      head->range_count = 0;
+    }
+    if (at < count) send_next();  // on the wire while this range is taken
+    try {
+      take(std::move(f.value()));
+    } catch (...) {
+      abandon_rest();
+      throw;
+    }
+  }
+  return *head;
 }
 
 FetchedParameters OffloadClient::fetch(uint64_t partition_id, uint64_t min_version,

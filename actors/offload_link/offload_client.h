@@ -24,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,6 +53,8 @@ inline constexpr size_t kPushRangeWindow = 8;
 // Elements of `element_bytes` each in a range of at most `range_bytes`: whole multiples of
 // grad_stats' 4096-element blocks where a range holds more, so the service's sum of squares
 // carries no partial block from one range to the next. 0: pushes go whole.
+// OffloadClient::fetch_into's ranges unanswered at a time, for the same reason.
+inline constexpr size_t kFetchRangeWindow = kPushRangeWindow;
 inline uint64_t push_range_elements(size_t range_bytes, size_t element_bytes) {
   constexpr uint64_t kBlock = 4096;
   const uint64_t range = range_bytes / element_bytes;
@@ -224,6 +227,20 @@ class OffloadClient {
   // (arena_buffer's rule); larger than a slot, the reply comes as a frame.
   uint64_t send_fetch(uint64_t partition_id, uint64_t min_version, messages::DType dtype,
                       size_t expected_bytes = 0);
+  // A fetch of a partition of `count` elements, sent and awaited, its bytes handed to `take`
+  // as they arrive: into a free arena slot when one fits (one reply); else as frames, in
+  // ranges of fetch_part_bytes() (FetchParameters::range_count; one request when the
+  // partition fits in one), up to kFetchRangeWindow unanswered. The service serves and sends
+  // the next ranges while `take` copies one out, where a reply in parts cannot be read until
+  // its last part is in. `take` gets each reply in order (a range's says where it goes:
+  // reply.range_offset, payload_count()) and may keep it (an arena slot). Every range must
+  // be the one asked for, from the version the first came from: else a failure, and the
+  // ranges still unanswered are abandoned (as when `take` throws, which goes on up). Answers
+  // the first reply's header, without its range.
+  using FetchTake = std::function<void(FetchedParameters&&)>;
+  ServiceResult<messages::FetchReply> fetch_into(uint64_t partition_id, uint64_t min_version,
+                                                 messages::DType dtype, uint64_t count,
+                                                 const FetchTake& take);
 
   // Any reply (an ErrorReply is a reply here), its payload frame, and the arena slot the
   // request held.
@@ -297,6 +314,10 @@ class OffloadClient {
   // A request stops being outstanding without its reply: its slot stays taken until the
   // late reply comes.
   void forget(uint64_t request_id);
+  // A free slot of this client's pool for a fetch of `expected_bytes` (0: unknown): empty
+  // without one. send_fetch_request sends `request` into it (or as a frame when empty).
+  ArenaBuffer fetch_slot(size_t expected_bytes);
+  uint64_t send_fetch_request(messages::FetchParameters request, ArenaBuffer slot);
   void unmap_arena();
   // A request sent and not yet answered: what it takes to send it again after `busy`.
   struct Pending {

@@ -138,6 +138,15 @@ ServiceFuture<FetchedParameters> ServiceClient::fetch(uint64_t partition_id, uin
   });
 }
 
+ServiceFuture<msg::FetchReply> ServiceClient::fetch_into(uint64_t partition_id,
+                                                         uint64_t min_version, msg::DType dtype,
+                                                         uint64_t count,
+                                                         OffloadClient::FetchTake take) {
+  return post<msg::FetchReply>([=, take = std::move(take)](OffloadClient& c) {
+    return c.fetch_into(partition_id, min_version, dtype, count, take);
+  });
+}
+
 ServiceFuture<msg::CommitReply> ServiceClient::commit(const msg::CommitStep& commit) {
   return post<msg::CommitReply>(
       [commit](OffloadClient& c) { return c.await_as<msg::CommitReply>(c.send(commit)); });

@@ -91,6 +91,11 @@ class ServiceClient {
   // `expected_bytes` as OffloadClient::send_fetch.
   ServiceFuture<FetchedParameters> fetch(uint64_t partition_id, uint64_t min_version,
                                          messages::DType dtype, size_t expected_bytes = 0);
+  // OffloadClient::fetch_into: `take` runs on the actor's thread, once per reply (a range, as
+  // frames), while the next ones are on the wire; what it refers to must outlive the answer.
+  ServiceFuture<messages::FetchReply> fetch_into(uint64_t partition_id, uint64_t min_version,
+                                                 messages::DType dtype, uint64_t count,
+                                                 OffloadClient::FetchTake take);
   ServiceFuture<messages::CommitReply> commit(const messages::CommitStep& commit);
   ServiceFuture<messages::CommitReply> skip(uint64_t step, std::string resume_record = {});
   // `name`: where the checkpoint lives beneath the service's state directory (a relative

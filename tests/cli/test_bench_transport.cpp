@@ -3,8 +3,10 @@
 // CurveZMQ) moved its bytes both ways, the arena also in place (the trainer's one-micro-step
 // fp32 push, each push micro-step 0 of its own step), the service's paths also as the
 // trainer pushes (micro-step 0 of a step; the service refuses a micro-step 0 twice in one
-// step; through frames in ranges of --push-range-bytes, which raw ZeroMQ also sends), and every
-// ratio is the quotient of the rates printed beside it. No rate is asserted.
+// step; through frames in ranges of --push-range-bytes, which raw ZeroMQ also sends), and
+// fetched as the trainer fetches (over frames in ranges of --fetch-part-bytes, which raw ZeroMQ
+// also asks for, each range copied out as it arrives), and every ratio is the quotient of the
+// rates printed beside it. No rate is asserted.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -34,6 +36,7 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
       const auto& run = j.at(path).at(mode);
       EXPECT_GT(number_at(run, "push_gbps"), 0) << path << " " << mode;
       EXPECT_GT(number_at(run, "fetch_gbps"), 0) << path << " " << mode;
+      EXPECT_GT(number_at(run, "fetch_ranges_gbps"), 0) << path << " " << mode;
       const auto& ratio = j.at("ratio_to_raw_plain").at(std::string(path) + "_" + mode);
       EXPECT_DOUBLE_EQ(
           number_at(ratio, "push"),
@@ -54,6 +57,9 @@ TEST(BenchTransport, EveryPathMovesItsBytesAndEveryRatioIsAQuotient) {
       EXPECT_DOUBLE_EQ(number_at(ratio, "fetch_over_raw_parts"),
                        number_at(run, "fetch_gbps") /
                            number_at(j.at("raw_zmq").at("plain"), "fetch_parts_gbps"));
+      EXPECT_DOUBLE_EQ(number_at(ratio, "fetch_ranges_over_raw_ranges"),
+                       number_at(run, "fetch_ranges_gbps") /
+                           number_at(j.at("raw_zmq").at("plain"), "fetch_ranges_gbps"));
       EXPECT_DOUBLE_EQ(number_at(ratio, "push_step_over_raw_ranges"),
                        number_at(run, "push_step_gbps") /
                            number_at(j.at("raw_zmq").at("plain"), "push_ranges_gbps"));

@@ -103,6 +103,17 @@ std::vector<Header> every_kind() {
   add(PushGradients{11, 5, 0, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}, 0, 0, true});
   add(PushReply{11, 5, 0, 2.25, false, true});
   add(CommitReply{5, true, versions, true});
+  // A range of a fetch sent in ranges, and its reply carrying that range.
+  {
+    FetchParameters f{11, 4, DType::bf16, {}, 0};
+    f.range_offset = 4096;
+    f.range_count = 2048;
+    add(f);
+    FetchReply r{11, 5, DType::bf16, 10000, {}};
+    r.range_offset = 8192;
+    r.range_count = 1808;
+    add(r);
+  }
   return h;
 }
 
@@ -417,6 +428,40 @@ TEST(CodecMalformed, PushRangeOutsideThePartition) {
   EXPECT_EQ(error_of(two(forged(range(4, 0), 64, crc), payload)), DecodeErrc::badField);
   // The frame holds the range, not the partition.
   EXPECT_EQ(error_of(two(forged(range(0, 15), 64, crc), payload)), DecodeErrc::lengthMismatch);
+}
+
+TEST(CodecMalformed, FetchRangeOutsideThePartition) {
+  auto range = [](uint64_t offset, uint64_t count) {
+    return [=](wire::Header::Builder h) {
+      auto r = h.getKind().initFetchReply();
+      r.setDtype(wire::DType::FP32);
+      r.setElementCount(100);
+      r.setRangeOffset(offset);
+      r.setRangeCount(count);
+    };
+  };
+  const auto payload = random_bytes(64, 10);
+  const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+  EXPECT_TRUE(decode(two(forged(range(84, 16), 64, crc), payload)).ok());
+  EXPECT_EQ(error_of(two(forged(range(85, 16), 64, crc), payload)), DecodeErrc::badField);
+  EXPECT_EQ(error_of(two(forged(range(~uint64_t{0} - 7, 16), 64, crc), payload)),
+            DecodeErrc::badField);
+  EXPECT_EQ(error_of(two(forged(range(4, 0), 64, crc), payload)), DecodeErrc::badField);
+  // The frame holds the range, not the partition.
+  EXPECT_EQ(error_of(two(forged(range(0, 15), 64, crc), payload)), DecodeErrc::lengthMismatch);
+  // A request: the partition's size is the service's to check, but not a range that wraps
+  // around or an offset without a range.
+  auto request = [](uint64_t offset, uint64_t count) {
+    return [=](wire::Header::Builder h) {
+      auto f = h.getKind().initFetchParameters();
+      f.setDtype(wire::DType::FP32);
+      f.setRangeOffset(offset);
+      f.setRangeCount(count);
+    };
+  };
+  EXPECT_TRUE(decode(one(forged(request(1ull << 40, 16), 0, 0))).ok());
+  EXPECT_EQ(error_of(one(forged(request(~uint64_t{0} - 7, 16), 0, 0))), DecodeErrc::badField);
+  EXPECT_EQ(error_of(one(forged(request(4, 0), 0, 0))), DecodeErrc::badField);
 }
 
 TEST(CodecMalformed, PayloadLengthMismatch) {

@@ -6,6 +6,7 @@
 // late, wrongly or never: they synchronize on its requests, never on time.
 
 #include <chrono>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,6 +60,12 @@ class FakeService {
   }
   void answer(const Request& request, messages::Body body) {
     answer(request, std::move(body), request.header.request_id);
+  }
+  // Answers `request` with `body` (a kind with a payload) and these bytes as its payload.
+  void answer(const Request& request, messages::Body body, std::span<const std::byte> payload) {
+    messages::Header h{request.header.request_id, request.header.job_id, std::move(body)};
+    zmq::send_multipart(
+        socket_, messages::with_envelope(request.routing, messages::encode_copy(h, payload)));
   }
 
  private:

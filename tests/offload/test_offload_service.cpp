@@ -553,6 +553,67 @@ TEST(OffloadService, FetchRepliesInPartsCarryTheWholeReplysBytesOnEitherTier) {
   EXPECT_EQ(t.svc.stop(), 0);
 }
 
+// A fetch in ranges (OffloadClient::fetch_into over frames) hands over the bytes a whole
+// reply carries, range by range in order, on either tier and in every dtype (the RAM
+// partition serves bf16 as kept, fp16 converted; the NVMe one converts both), twice (the
+// second time from the ranges' cached crcs). A range past the partition's end is refused as
+// malformed, naming the partition's size.
+TEST(OffloadService, FetchesInRangesCarryTheWholeReplysBytesOnEitherTier) {
+  TempDir tmp;
+  TwoTierService t(tmp.path, 20000, 12000);
+  OffloadClient& c = t.client;
+  train(c, t.ref, 1, 1, 71);
+  for (auto& p : t.ref) {
+    for (DType dtype : {DType::fp32, DType::bf16, DType::fp16}) {
+      const uint64_t pid = p.spec.partition_id, n = p.spec.element_count;
+      SCOPED_TRACE("partition " + std::to_string(pid) + ", " + std::string(msg::to_string(dtype)));
+      c.set_fetch_part_bytes(0);
+      const FetchedParameters whole = c.fetch(pid, 1, dtype);
+      c.set_fetch_part_bytes(4096);
+      const size_t range = 4096 / msg::dtype_size(dtype);
+      for (int round = 0; round < 2; ++round) {
+        std::vector<std::byte> joined;
+        size_t ranges = 0;
+        const auto sent = c.requests_sent();
+        const auto head = c.fetch_into(pid, 1, dtype, n, [&](FetchedParameters&& f) {
+          EXPECT_TRUE(f.reply.ranged());
+          EXPECT_EQ(f.reply.range_offset, ranges * range);
+          EXPECT_EQ(f.reply.range_count, std::min<uint64_t>(range, n - ranges * range));
+          EXPECT_FALSE(f.in_parts());
+          joined.insert(joined.end(), f.bytes().begin(), f.bytes().end());
+          ++ranges;
+        });
+        ASSERT_TRUE(head.ok()) << head.error().message;
+        EXPECT_EQ(head.value(), whole.reply) << "the whole partition's header, without a range";
+        EXPECT_EQ(ranges, (n + range - 1) / range);
+        EXPECT_EQ(c.requests_sent() - sent, ranges);
+        ASSERT_EQ(joined.size(), whole.bytes().size());
+        EXPECT_EQ(0, std::memcmp(joined.data(), whole.bytes().data(), joined.size()));
+      }
+    }
+  }
+  // Ranges as another client would ask: the last one may end at the partition's end, not
+  // past it.
+  msg::FetchParameters last{1, 1, DType::fp32, {}, 0};
+  last.range_offset = 19990;
+  last.range_count = 10;
+  auto ok = raw_call(t.raw, enveloped(msg::encode(msg::Header{t.request++, "default", last})));
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(std::holds_alternative<msg::FetchReply>(ok->body));
+  EXPECT_EQ(std::get<msg::FetchReply>(ok->body).range_count, 10u);
+  msg::FetchParameters past = last;
+  past.range_count = 11;
+  auto refused = raw_call(t.raw, enveloped(msg::encode(msg::Header{t.request++, "default", past})));
+  ASSERT_TRUE(refused);
+  ASSERT_TRUE(std::holds_alternative<msg::ErrorReply>(refused->body));
+  const auto& e = std::get<msg::ErrorReply>(refused->body);
+  EXPECT_EQ(e.code, ErrorCode::malformed);
+  EXPECT_NE(e.message.find("has 20000 elements"), std::string::npos) << e.message;
+  c.set_fetch_part_bytes(8 << 20);
+  check(c, t.ref, 1);  // still serving
+  EXPECT_EQ(t.svc.stop(), 0);
+}
+
 // A service that admits two requests of a client at a time turns most of a window of 8
 // ranges away as busy; the ranges sent again arrive after later ones, which starts the push
 // over with fewer ranges at a time, and it still lands bit for bit.

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -169,6 +170,83 @@ TEST(ServiceClientTiming, UnusableAnswersAreFailures) {
 
 // A slot taken and filled on this thread goes with a posted push and is free again once
 // the answer is in, so the one slot serves every push.
+// A fetch over frames in ranges (fetch_into) is pipelined: the first kFetchRangeWindow
+// ranges are on their way before any is answered, the next goes out as each reply comes in,
+// and each reply is taken in order as it arrives. A range from another version than the
+// first one's is a failure naming both, after which nothing more is taken.
+TEST(ServiceClientTiming, AFetchInRangesIsPipelinedAndOneVersion) {
+  actors::Runtime runtime;
+  FakeService fake;
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 600s, "ranges");
+  client.set_fetch_part_bytes(4096);  // 1024 fp32 a range
+  constexpr uint64_t kRange = 1024, kRanges = actors::kFetchRangeWindow + 2;
+  constexpr uint64_t kCount = kRange * kRanges - 100;  // the last range shorter
+  std::vector<float> values(kCount);
+  for (size_t i = 0; i < kCount; ++i) values[i] = static_cast<float>(i) * 0.5f;
+  auto answer = [&](const FakeService::Request& r, uint64_t version) {
+    const auto& f = std::get<msg::FetchParameters>(r.header.body);
+    msg::FetchReply reply{f.partition_id, version, DType::fp32, kCount, {}};
+    reply.range_offset = f.range_offset;
+    reply.range_count = f.range_count;
+    fake.answer(r, reply, std::as_bytes(std::span(values).subspan(f.range_offset, f.range_count)));
+  };
+  for (const bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "a range of another version" : "one version");
+    std::vector<float> block(kCount, -1.0f);
+    std::atomic<size_t> taken{0};
+    auto fetched = client.fetch_into(7, 3, DType::fp32, kCount, [&](actors::FetchedParameters&& f) {
+      const auto bytes = f.bytes();
+      std::memcpy(block.data() + f.reply.range_offset, bytes.data(), bytes.size());
+      ++taken;
+    });
+    std::vector<FakeService::Request> sent;
+    for (size_t i = 0; i < actors::kFetchRangeWindow; ++i) sent.push_back(fake.next());
+    EXPECT_EQ(taken.load(), 0u) << "the window went out before any answer";
+    for (size_t i = 0; i < sent.size(); ++i) {
+      const auto& f = std::get<msg::FetchParameters>(sent[i].header.body);
+      EXPECT_EQ(f.partition_id, 7u);
+      EXPECT_EQ(f.min_version, 3u);
+      EXPECT_EQ(f.range_offset, i * kRange);
+      EXPECT_EQ(f.range_count, kRange);
+    }
+    if (mixed) {
+      answer(sent[0], 4);
+      sent.push_back(fake.next());  // the next range goes out as the first reply comes in
+      answer(sent[1], 5);
+      // The guard only keeps a broken client from hanging the test.
+      ASSERT_EQ(fetched.wait_for(60s), std::future_status::ready) << "still waiting for ranges";
+      const auto r = fetched.get();
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.error().kind, ServiceFailure::Kind::failed);
+      EXPECT_NE(r.error().message.find("at version 5, its first range at version 4"),
+                std::string::npos)
+          << r.error().message;
+      EXPECT_EQ(taken.load(), 1u);
+      // The ranges abandoned get answers the client skips: the next request gets its own.
+      for (size_t i = 2; i < sent.size(); ++i) answer(sent[i], 5);
+      auto stats = client.stats();
+      const FakeService::Request request = fake.next();
+      ASSERT_TRUE(std::holds_alternative<msg::Stats>(request.header.body));
+      fake.answer(request, msg::StatsReply{});
+      EXPECT_TRUE(stats.get().ok());
+      continue;
+    }
+    for (size_t i = 0; i < kRanges; ++i) {
+      answer(sent[i], 4);
+      if (sent.size() < kRanges) sent.push_back(fake.next());
+    }
+    const auto r = fetched.get();
+    ASSERT_TRUE(r.ok()) << actors::describe(r.error());
+    EXPECT_EQ(r->version, 4u);
+    EXPECT_EQ(r->element_count, kCount);
+    EXPECT_FALSE(r->ranged()) << "the whole partition's header";
+    EXPECT_EQ(taken.load(), kRanges);
+    const auto& last = std::get<msg::FetchParameters>(sent.back().header.body);
+    EXPECT_EQ(last.range_count, kCount - (kRanges - 1) * kRange);
+    EXPECT_EQ(block, values);
+  }
+}
+
 TEST_F(ServiceClientTest, ArenaSlotsTravelWithPushes) {
   ServiceClient client(runtime_.system(), svc_->endpoint(), svc_->client_security(), 10s, "arena");
   const auto s = spec(3, 4096);

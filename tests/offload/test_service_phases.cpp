@@ -201,6 +201,23 @@ TEST(ServicePhases, TheNvmeTierCountsTheBytesItReadsAndWrites) {
   EXPECT_GE(*read, 5 * S) << "S = " << S;
   std::printf("n = %llu: NVMe read %.0f bytes (%.2f S), written %.0f bytes (%.2f S)\n",
               static_cast<unsigned long long>(kN), *read, *read / S, *written, *written / S);
+
+  // A fetch in ranges (here 98 of 4 KiB) reads the master section once, as a whole fetch
+  // does: its first range reads it, the others are cut from what that read.
+  auto read_now = [&] {
+    return metrics::value_of(api_state(m.url), "dsactor_offload_nvme_read_bytes_total").value();
+  };
+  const double before_whole = read_now();
+  c.fetch(1, 1, DType::fp32);
+  const double whole = read_now() - before_whole;
+  EXPECT_GE(whole, S);
+  c.set_fetch_part_bytes(4096);
+  size_t ranges = 0;
+  const double before_ranges = read_now();
+  ASSERT_TRUE(
+      c.fetch_into(1, 1, DType::fp32, kN, [&](actors::FetchedParameters&&) { ++ranges; }).ok());
+  EXPECT_EQ(ranges, kN * 4 / 4096);
+  EXPECT_EQ(read_now() - before_ranges, whole);
   m.svc.stop();
 }
 

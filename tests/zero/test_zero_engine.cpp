@@ -251,8 +251,7 @@ TEST_F(ZeroEngineTest, Stage3AccumulatingMicroStepsHoldEveryGradient) {
 // give the same run bit for bit, as both give stage 0's. In fp32 the arena is used in
 // place: the backward writes each layer's gradient into the push slot the service reads,
 // and a fetched layer stays resident in the slot the service wrote it into; bf16 copies
-// (the slot holds the rounded payload). The frames run pushes in ranges and has its fetch
-// replies come in parts.
+// (the slot holds the rounded payload). The frames run pushes and fetches in ranges.
 TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
   const auto tokens = corpus(6000, 6);
   const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
@@ -267,8 +266,8 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
     ZeroStats whole_stats;
     const Trace whole =
         run_zero(kTiny, config(mode, 3, "cpu", "", extra), o, tokens, 4, &whole_stats);
-    // Pushes in ranges of 1 KiB, cut inside grad_stats' blocks, and fetch replies in parts
-    // of 4 KiB (kTiny's blocks are smaller than the defaults, which send each whole).
+    // Pushes in ranges of 1 KiB, cut inside grad_stats' blocks, and fetches in ranges of
+    // 4 KiB (kTiny's blocks are smaller than the defaults, which send each whole).
     o.job_id = "ranges-" + mode;
     o.push_range_bytes = 1024;
     o.fetch_part_bytes = 4096;
@@ -276,8 +275,10 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
         run_zero(kTiny, config(mode, 3, "cpu", "", extra), std::move(o), tokens, 4, &frame_stats);
     EXPECT_GT(frame_stats.service_requests, whole_stats.service_requests)
         << "the pushes went in ranges";
-    EXPECT_GT(frame_stats.fetches_in_parts, 0u) << "fetch replies came in parts";
-    EXPECT_EQ(whole_stats.fetches_in_parts, 0u);
+    EXPECT_GT(frame_stats.fetches_in_ranges, 0u) << "fetches came in ranges";
+    EXPECT_EQ(frame_stats.fetches_in_parts, 0u) << "each range in one frame";
+    EXPECT_EQ(whole_stats.fetches_in_ranges, 0u);
+    EXPECT_EQ(arena_stats.fetches_in_ranges, 0u);
     expect_equal_runs(want, whole);
     EXPECT_GT(arena_stats.arena_bytes, 0u) << "loopback services map an arena";
     EXPECT_EQ(frame_stats.arena_bytes, 0u);

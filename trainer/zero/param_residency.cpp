@@ -68,7 +68,10 @@ void copy_out(std::span<const std::byte> bytes, bool release, float* out, size_t
 // next reply's parts (messages/frame_heap.h), received into without a fault per page.
 void copy_fetched(actors::FetchedParameters& f, float* out, size_t count, msg::DType dtype,
                   k::HalfKind kind) {
-  if (!f.in_parts()) return copy_out(f.bytes(), !f.in_arena(), out, count, dtype, kind);
+  // A range is a heap frame as small as a part (frames of its size come back from the heap
+  // for the next range), never handed back page by page either.
+  if (!f.in_parts())
+    return copy_out(f.bytes(), !f.in_arena() && !f.reply.ranged(), out, count, dtype, kind);
   const size_t elem = msg::dtype_size(dtype);
   size_t at = 0;
   for (zmq::message_t& part : f.parts) {
@@ -179,47 +182,57 @@ BlockSet ParamResidency::gather(uint64_t step) {
   return full;
 }
 
-actors::FetchedParameters ParamResidency::receive_partition(actors::ServiceClient& client,
-                                                            const PartitionSlice& p,
-                                                            uint64_t step) {
+void ParamResidency::receive_partition(actors::ServiceClient& client, const PartitionSlice& p,
+                                       uint64_t step,
+                                       const actors::OffloadClient::FetchTake& take) {
   const msg::DType dtype = z_.wire_dtype();
-  actors::FetchedParameters f =
-      await_or_throw(client,
-                     fmt::format("the fetch of block {} (partition {}) at version {}",
-                                 z_.layouts[p.block].name, p.id, step),
-                     step, client.fetch(p.id, step, dtype, p.count * msg::dtype_size(dtype)));
+  bool ranged = false;
+  const msg::FetchReply head = await_or_throw(
+      client,
+      fmt::format("the fetch of block {} (partition {}) at version {}", z_.layouts[p.block].name,
+                  p.id, step),
+      step, client.fetch_into(p.id, step, dtype, p.count, [&](actors::FetchedParameters&& f) {
+        bytes_fetched_ += f.size_bytes();
+        if (!f.in_arena()) bytes_fetched_as_frames_ += f.size_bytes();
+        if (f.in_parts()) ++fetches_in_parts_;
+        ranged = ranged || f.reply.ranged();
+        take(std::move(f));
+      }));
+  if (ranged) ++fetches_in_ranges_;
   // A forward never mixes steps: the service must serve exactly the committed version.
-  if (f.reply.version != step || f.reply.element_count != p.count || f.reply.dtype != dtype)
+  if (head.version != step || head.element_count != p.count || head.dtype != dtype)
     throw ZeroServiceError(fmt::format(
         "offload service {} served partition {} at version {} with {} elements, expected "
         "version {} with {}: another trainer is committing to this job?",
-        client.endpoint(), p.id, f.reply.version, f.reply.element_count, step, p.count));
-  bytes_fetched_ += f.size_bytes();
-  if (!f.in_arena()) bytes_fetched_as_frames_ += f.size_bytes();
-  if (f.in_parts()) ++fetches_in_parts_;
-  return f;
+        client.endpoint(), p.id, head.version, head.element_count, step, p.count));
 }
 
 void ParamResidency::fetch_partition(ServiceClients& clients, const PartitionSlice& p,
                                      uint64_t step, float* out) {
   if (z_.local) return z_.local->read(p.block, step, out);
-  actors::FetchedParameters f = receive_partition(*clients[p.service], p, step);
-  copy_fetched(f, out, p.count, z_.wire_dtype(), z_.half_kind());
+  receive_partition(*clients[p.service], p, step, [&](actors::FetchedParameters&& f) {
+    copy_fetched(f, out + f.reply.range_offset, f.reply.payload_count(), z_.wire_dtype(),
+                 z_.half_kind());
+  });
 }
 
 FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const PartitionSlice& p,
                                            uint64_t step) {
-  actors::FetchedParameters f = receive_partition(client, p, step);
-  if (f.in_arena() && f.reply.dtype == msg::DType::fp32) {
-    // The slot stays taken (the service never writes into a taken slot) until the block
-    // is dropped; any thread may drop it (slot bookkeeping is thread-safe).
-    auto slot = std::make_shared<actors::ArenaBuffer>(std::move(f.arena));
-    float* data = reinterpret_cast<float*>(slot->bytes().data());
-    ++fetches_in_place_;
-    return FloatBuffer::adopt(data, p.count, std::move(slot));
-  }
-  FloatBuffer buf = FloatBuffer::uninitialized(p.count);
-  copy_fetched(f, buf.data(), p.count, f.reply.dtype, z_.half_kind());
+  FloatBuffer buf;
+  receive_partition(client, p, step, [&](actors::FetchedParameters&& f) {
+    if (f.in_arena() && f.reply.dtype == msg::DType::fp32 && !f.reply.ranged()) {
+      // The slot stays taken (the service never writes into a taken slot) until the block
+      // is dropped; any thread may drop it (slot bookkeeping is thread-safe).
+      auto slot = std::make_shared<actors::ArenaBuffer>(std::move(f.arena));
+      float* data = reinterpret_cast<float*>(slot->bytes().data());
+      ++fetches_in_place_;
+      buf = FloatBuffer::adopt(data, p.count, std::move(slot));
+      return;
+    }
+    if (buf.size() == 0) buf = FloatBuffer::uninitialized(p.count);
+    copy_fetched(f, buf.data() + f.reply.range_offset, f.reply.payload_count(), f.reply.dtype,
+                 z_.half_kind());
+  });
   return buf;
 }
 
@@ -281,6 +294,7 @@ void ParamResidency::add_stats(ZeroStats& s) const {
   s.fetches_in_place = fetches_in_place_.load();
   s.fetches_gathered_in_place = fetches_gathered_in_place_.load();
   s.fetches_in_parts = fetches_in_parts_.load();
+  s.fetches_in_ranges = fetches_in_ranges_.load();
   s.blocks_published_in_place = blocks_published_in_place_;
   s.bytes_published_in_place = bytes_published_in_place_;
   s.peak_resident_param_bytes = peak_resident_bytes_;

@@ -74,9 +74,11 @@ class ParamResidency {
   void add_stats(ZeroStats& s) const;
 
  private:
-  // This rank's partition at exactly `step`, checked (version, count, dtype).
-  actors::FetchedParameters receive_partition(actors::ServiceClient& client,
-                                              const PartitionSlice& p, uint64_t step);
+  // This rank's partition at exactly `step`, checked (version, count, dtype), each reply
+  // handed to `take` as it arrives (ServiceClient::fetch_into: over frames in ranges, taken
+  // on the client's thread while the next ones are on the wire).
+  void receive_partition(actors::ServiceClient& client, const PartitionSlice& p, uint64_t step,
+                         const actors::OffloadClient::FetchTake& take);
   // This rank's partition into `out`: from its service through `clients`, or read from the
   // LocalPartitions.
   void fetch_partition(ServiceClients& clients, const PartitionSlice& p, uint64_t step, float* out);
@@ -103,6 +105,7 @@ class ParamResidency {
   std::atomic<uint64_t> fetches_in_place_{0};
   std::atomic<uint64_t> fetches_gathered_in_place_{0};
   std::atomic<uint64_t> fetches_in_parts_{0};
+  std::atomic<uint64_t> fetches_in_ranges_{0};
   uint64_t blocks_published_in_place_ = 0;  // install()ed (the compute thread's)
   uint64_t bytes_published_in_place_ = 0;
   size_t peak_resident_bytes_ = 0;  // stages 1/2

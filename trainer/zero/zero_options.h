@@ -94,8 +94,9 @@ struct ZeroOptions {
   // A push as frames of more than this many bytes goes in ranges of it
   // (actors::OffloadClient::push); 0: whole. Results are bit-identical either way.
   size_t push_range_bytes = actors::kDefaultPushRangeBytes;
-  // A fetch reply as frames comes in frames of this many bytes
-  // (actors::OffloadClient::set_fetch_part_bytes); 0: one frame. Bit-identical either way.
+  // A fetch as frames of more than this many bytes goes in ranges of it, pipelined and
+  // copied into the block as each arrives (actors::OffloadClient::fetch_into); 0: whole, in
+  // one frame. Bit-identical either way.
   size_t fetch_part_bytes = actors::kDefaultPushRangeBytes;
   // Fills block b's initial fp32 weights (`dsactor start --role trainer --init`); unset:
   // GptWeightInit from the seed, the stage-0 engine's initial weights.
@@ -153,6 +154,9 @@ struct ZeroStats {
   uint64_t bytes_published_in_place = 0;  // their parameters, as fp32 (not in bytes_fetched)
   // Fetches whose reply came as frames in parts (ZeroOptions::fetch_part_bytes).
   uint64_t fetches_in_parts = 0;
+  // Fetches over frames that came in ranges (ZeroOptions::fetch_part_bytes each), copied
+  // into the block as they arrived.
+  uint64_t fetches_in_ranges = 0;
   // Requests the engine's service clients sent (register, parameters, pushes: one a range
   // of a push in ranges, commits), its stage-3 fetch clients' aside.
   uint64_t service_requests = 0;
