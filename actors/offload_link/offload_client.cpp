@@ -766,6 +766,15 @@ ServiceResult<msg::FetchReply> OffloadClient::fetch_into(uint64_t partition_id,
       return std::move(f.error());
     }
     const msg::FetchReply& r = f->reply;
+    if (!head && !r.ranged() && r.partition_id == partition_id && r.dtype == dtype &&
+        r.element_count == count) {
+      // A service older than ranges answers the first with the whole partition: taken as
+      // the whole fetch (the others' whole answers are skipped as they come).
+      abandon_rest();
+      msg::FetchReply whole = r;
+      take(std::move(f.value()));
+      return whole;
+    }
     const uint64_t n = std::min(range, count - first);
     if (r.partition_id != partition_id || r.dtype != dtype || r.element_count != count ||
         r.range_offset != first || r.range_count != n || (head && r.version != head->version)) {

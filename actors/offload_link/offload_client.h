@@ -235,8 +235,9 @@ class OffloadClient {
   // its last part is in. `take` gets each reply in order (a range's says where it goes:
   // reply.range_offset, payload_count()) and may keep it (an arena slot). Every range must
   // be the one asked for, from the version the first came from: else a failure, and the
-  // ranges still unanswered are abandoned (as when `take` throws, which goes on up). Answers
-  // the first reply's header, without its range.
+  // ranges still unanswered are abandoned (as when `take` throws, which goes on up). A
+  // service older than ranges answers the first range with the whole partition: that is
+  // the fetch, the rest abandoned. Answers the first reply's header, without its range.
   using FetchTake = std::function<void(FetchedParameters&&)>;
   ServiceResult<messages::FetchReply> fetch_into(uint64_t partition_id, uint64_t min_version,
                                                  messages::DType dtype, uint64_t count,

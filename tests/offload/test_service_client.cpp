@@ -173,7 +173,8 @@ TEST(ServiceClientTiming, UnusableAnswersAreFailures) {
 // A fetch over frames in ranges (fetch_into) is pipelined: the first kFetchRangeWindow
 // ranges are on their way before any is answered, the next goes out as each reply comes in,
 // and each reply is taken in order as it arrives. A range from another version than the
-// first one's is a failure naming both, after which nothing more is taken.
+// first one's is a failure naming both, after which nothing more is taken. A service older
+// than ranges answers each with the whole partition: the first is the fetch.
 TEST(ServiceClientTiming, AFetchInRangesIsPipelinedAndOneVersion) {
   actors::Runtime runtime;
   FakeService fake;
@@ -190,8 +191,9 @@ TEST(ServiceClientTiming, AFetchInRangesIsPipelinedAndOneVersion) {
     reply.range_count = f.range_count;
     fake.answer(r, reply, std::as_bytes(std::span(values).subspan(f.range_offset, f.range_count)));
   };
-  for (const bool mixed : {false, true}) {
-    SCOPED_TRACE(mixed ? "a range of another version" : "one version");
+  for (const std::string mode : {"one version", "mixed", "older service"}) {
+    SCOPED_TRACE(mode);
+    const bool mixed = mode == "mixed";
     std::vector<float> block(kCount, -1.0f);
     std::atomic<size_t> taken{0};
     auto fetched = client.fetch_into(7, 3, DType::fp32, kCount, [&](actors::FetchedParameters&& f) {
@@ -208,6 +210,24 @@ TEST(ServiceClientTiming, AFetchInRangesIsPipelinedAndOneVersion) {
       EXPECT_EQ(f.min_version, 3u);
       EXPECT_EQ(f.range_offset, i * kRange);
       EXPECT_EQ(f.range_count, kRange);
+    }
+    if (mode == "older service") {
+      // It ignores the range and answers the whole partition, to each of the requests.
+      for (const auto& r : sent)
+        fake.answer(r, msg::FetchReply{7, 4, DType::fp32, kCount, {}},
+                    std::as_bytes(std::span(values)));
+      ASSERT_EQ(fetched.wait_for(60s), std::future_status::ready) << "still waiting for ranges";
+      const auto got = fetched.get();
+      ASSERT_TRUE(got.ok()) << actors::describe(got.error());
+      EXPECT_EQ(got->version, 4u);
+      EXPECT_EQ(taken.load(), 1u);
+      EXPECT_EQ(block, values);
+      auto stats = client.stats();  // the other whole answers were skipped
+      const FakeService::Request request = fake.next();
+      ASSERT_TRUE(std::holds_alternative<msg::Stats>(request.header.body));
+      fake.answer(request, msg::StatsReply{});
+      EXPECT_TRUE(stats.get().ok());
+      continue;
     }
     if (mixed) {
       answer(sent[0], 4);
