@@ -214,8 +214,9 @@ TEST(ServicePhases, TheNvmeTierCountsTheBytesItReadsAndWrites) {
   c.set_fetch_part_bytes(4096);
   size_t ranges = 0;
   const double before_ranges = read_now();
-  ASSERT_TRUE(
-      c.fetch_into(1, 1, DType::fp32, kN, [&](actors::FetchedParameters&&) { ++ranges; }).ok());
+  const auto fetched =
+      c.fetch_into(1, 1, DType::fp32, kN, [&](actors::FetchedParameters&&) { ++ranges; });
+  ASSERT_TRUE(fetched.ok()) << fetched.error().message;
   EXPECT_EQ(ranges, kN * 4 / 4096);
   EXPECT_EQ(read_now() - before_ranges, whole);
   m.svc.stop();
