@@ -104,6 +104,17 @@ std::vector<PartitionVersion> versions(capnp::List<wire::PartitionVersion>::Read
 // An optional arena slice. A set one names an arena (id != 0) and a range that does not
 // wrap around; whether it fits the mapping is the receiver's check (it knows the size).
 // `shape`: the payload it stands for must fill it exactly (push, fetch reply).
+// A payload's range (a ranged push, or a fetch reply to a ranged fetch): inside the
+// `elements`, by subtraction so huge values cannot wrap around; rangeOffset 0 without one.
+void check_range(const char* kind, uint64_t offset, uint64_t count, uint64_t elements,
+                 const char* whole) {
+  if (count > 0 ? offset > elements || count > elements - offset : offset != 0)
+    fail(DecodeErrc::badField, std::string(kind) + ".rangeOffset, rangeCount: [" +
+                                   std::to_string(offset) + ", +" + std::to_string(count) +
+                                   ") is not a range of the " + std::to_string(elements) +
+                                   " elements (rangeCount 0 is " + whole + ", with rangeOffset 0)");
+}
+
 std::optional<ArenaSlice> arena_slice(bool present, wire::ArenaSlice::Reader a,
                                       const Limits& limits, const char* field,
                                       std::optional<std::pair<DType, uint64_t>> shape) {
@@ -166,15 +177,8 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
       out.range_offset = r.getRangeOffset();
       out.range_count = r.getRangeCount();
       out.keep_until_commit = r.getKeepUntilCommit();
-      // Subtraction, not offset + count, so huge values cannot wrap around.
-      if (out.ranged() ? out.range_offset > out.element_count ||
-                             out.range_count > out.element_count - out.range_offset
-                       : out.range_offset != 0)
-        fail(DecodeErrc::badField,
-             "pushGradients.rangeOffset, rangeCount: [" + std::to_string(out.range_offset) + ", +" +
-                 std::to_string(out.range_count) + ") is not a range of the " +
-                 std::to_string(out.element_count) +
-                 " elements (rangeCount 0 is the whole push, with rangeOffset 0)");
+      check_range("pushGradients", out.range_offset, out.range_count, out.element_count,
+                  "the whole push");
       out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "pushGradients.arena",
                               std::pair{out.dtype, out.payload_count()});
       return out;
@@ -280,14 +284,8 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
                      {}};
       out.range_offset = r.getRangeOffset();
       out.range_count = r.getRangeCount();
-      if (out.ranged() ? out.range_offset > out.element_count ||
-                             out.range_count > out.element_count - out.range_offset
-                       : out.range_offset != 0)
-        fail(DecodeErrc::badField,
-             "fetchReply.rangeOffset, rangeCount: [" + std::to_string(out.range_offset) + ", +" +
-                 std::to_string(out.range_count) + ") is not a range of the " +
-                 std::to_string(out.element_count) +
-                 " elements (rangeCount 0 is the whole partition, with rangeOffset 0)");
+      check_range("fetchReply", out.range_offset, out.range_count, out.element_count,
+                  "the whole partition");
       out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "fetchReply.arena",
                               std::pair{out.dtype, out.payload_count()});
       return out;
