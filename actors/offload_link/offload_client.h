@@ -50,11 +50,11 @@ inline constexpr size_t kDefaultPushRangeBytes = size_t{8} << 20;
 // Far below the service's in-flight limit per client (64 requests), which would turn the
 // ranges of a large partition away as busy.
 inline constexpr size_t kPushRangeWindow = 8;
+// OffloadClient::fetch_into's ranges unanswered at a time, for the same reason.
+inline constexpr size_t kFetchRangeWindow = kPushRangeWindow;
 // Elements of `element_bytes` each in a range of at most `range_bytes`: whole multiples of
 // grad_stats' 4096-element blocks where a range holds more, so the service's sum of squares
 // carries no partial block from one range to the next. 0: pushes go whole.
-// OffloadClient::fetch_into's ranges unanswered at a time, for the same reason.
-inline constexpr size_t kFetchRangeWindow = kPushRangeWindow;
 inline uint64_t push_range_elements(size_t range_bytes, size_t element_bytes) {
   constexpr uint64_t kBlock = 4096;
   const uint64_t range = range_bytes / element_bytes;

@@ -174,15 +174,16 @@ void ZeroEngine::start_parts() {
     gradients_->map_arenas(residency_->fetches());
     residency_->share_arenas();
   }
-  // The parameters at the committed step (not 0 after a resume or a reconnect), fetched only
-  // now so that the first fetch, like every later one, goes through the arena.
-  residency_->parameters_committed(counters_.committed_step);
   // Fetch replies from a service without an arena arrive as frames (messages/frame_heap.h).
   for (const auto& service : services_)
     if (!service->has_arena()) {
       (void)messages::keep_received_frames_on_the_heap();
       break;
     }
+  // The parameters at the committed step (not 0 after a resume or a reconnect), fetched only
+  // now: the first fetch, like every later one, goes through the arena, or over frames into
+  // a heap that keeps them.
+  residency_->parameters_committed(counters_.committed_step);
 }
 
 void ZeroEngine::reconnect(BatchLoader& loader, const ZeroServiceError& failure) {
