@@ -271,13 +271,13 @@ nlohmann::json service_path(std::shared_ptr<storage::AlignedBuffer> buf, int ite
       client.push_gradients(1, s, 0, msg::DType::fp32, buf->span(), buf);
       return seconds_since(t0);
     }
-    // The trainer's copy of a gradient it kept (several micro-steps, or larger than its
-    // in-place slots) into the slot, its crc taken as it copies.
+    // The trainer's copy of a gradient it kept (several micro-steps, or no slot free when
+    // the backward began it) into the slot, in ranges the service takes as the next is
+    // copied, each's crc taken as it copies (OffloadClient::push_copied).
     actors::ArenaBuffer slot = client.arena_buffer(buf->size());
     if (!slot) throw std::runtime_error("transport bench: no free arena slot");
-    slot.copy_in(buf->data(), buf->size());
-    client.receive_push_reply(
-        client.send_push_gradients(1, s, 0, msg::DType::fp32, n, std::move(slot)));
+    const auto r = client.push_copied(1, s, 0, msg::DType::fp32, buf->span(), std::move(slot));
+    if (!r.ok()) throw std::runtime_error("transport bench: push_copied: " + r.error().message);
     return seconds_since(t0);
   });
   if (arena) {

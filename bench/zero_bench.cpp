@@ -98,7 +98,7 @@ namespace {
 
 nlohmann::json base_config(const ZeroBenchOptions& o) {
   return {{"train_micro_batch_size_per_gpu", o.micro_batch},
-          {"gradient_accumulation_steps", 1},
+          {"gradient_accumulation_steps", o.micro_steps},
           {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}}};
 }
 
@@ -218,6 +218,7 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // Push slots lent to the service until the commit, and those that came back holding
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;
+  r["pushes_copied"] = after.pushes_copied - before.pushes_copied;
   r["blocks_published_in_place"] =
       after.blocks_published_in_place - before.blocks_published_in_place;
   r["bytes_published_in_place_per_step"] =
@@ -249,6 +250,7 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"model_bytes_fp32", model_bytes},
       {"micro_batch", o.micro_batch},
       {"seq", o.seq},
+      {"micro_steps", o.micro_steps},
       {"steps_measured", o.steps},
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
@@ -336,8 +338,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   const size_t params = parameter_count(gpt);
   // Synthetic tokens: step speed does not depend on what the tokens say.
   Rng rng(o.seed);
-  std::vector<int32_t> tokens(
-      static_cast<size_t>(o.micro_batch) * o.seq * (o.steps + o.warmup_steps + 1) + 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(o.micro_batch) * o.seq * o.micro_steps *
+                                  (o.steps + o.warmup_steps + 1) +
+                              1);
   for (auto& t : tokens)
     t = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(gpt.vocab_size));
 

@@ -12,6 +12,9 @@ namespace dsactor::bench {
 struct ZeroBenchOptions {
   std::string model = "gpt2";
   int micro_batch = 4;
+  // gradient_accumulation_steps: micro-steps a step (the trainer accumulates them and pushes
+  // each partition once a step).
+  int micro_steps = 1;
   int seq = 64;
   int warmup_steps = 1;
   int steps = 2;

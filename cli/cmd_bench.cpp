@@ -149,6 +149,10 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   zero->add_option("--seq", zo->seq, "T")->check(CLI::PositiveNumber)->capture_default_str();
+  zero->add_option("--micro-steps", zo->micro_steps,
+                   "gradient_accumulation_steps: micro-steps of B x T a step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   zero->add_option("--steps", zo->steps, "measured steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

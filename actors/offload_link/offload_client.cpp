@@ -11,6 +11,7 @@
 #include <zmq_addon.hpp>
 
 #include "checksum/crc32c.h"
+#include "checksum/crc32c_copy.h"
 #include "messages/arena_handoff.h"
 #include "messages/shm_arena.h"
 
@@ -261,7 +262,7 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
     push.arena->crc_omitted = true;  // written in place: the lease keeps it as written
   }
   const uint64_t id = send(push);
-  leases_.emplace(id, std::move(grads));
+  leases_.emplace(id, Lease{std::move(grads), nullptr});
   return id;
 }
 
@@ -285,7 +286,7 @@ uint64_t OffloadClient::send_fetch_request(msg::FetchParameters request, ArenaBu
   request.arena =
       msg::ArenaSlice{pool_->arena_id(), slot.offset(), slot.bytes().size(), 0, !arena_checksums_};
   const uint64_t id = send(request);
-  leases_.emplace(id, std::move(slot));
+  leases_.emplace(id, Lease{std::move(slot), nullptr});
   return id;
 }
 
@@ -307,7 +308,7 @@ ServiceFailure OffloadClient::failure(const std::string& message) const {
 ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
   auto take = [&](Reply r) {
     if (auto l = leases_.find(id); l != leases_.end()) {
-      r.arena = std::move(l->second);
+      r.arena = std::move(l->second.own);
       leases_.erase(l);
     }
     return r;
@@ -567,9 +568,9 @@ void OffloadClient::set_fetch_part_bytes(size_t bytes) {
 ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   // The slot the request offered, before await() hands it over with the reply.
   std::optional<msg::ArenaSlice> offered;
-  if (auto l = leases_.find(id); l != leases_.end())
-    offered = msg::ArenaSlice{l->second.pool_->arena_id(), l->second.offset(),
-                              l->second.bytes().size(), 0};
+  if (auto l = leases_.find(id); l != leases_.end() && l->second.own)
+    offered = msg::ArenaSlice{l->second.own.pool_->arena_id(), l->second.own.offset(),
+                              l->second.own.bytes().size(), 0};
   ServiceResult<Reply> reply = await(id);
   if (!reply.ok()) return std::move(reply.error());
   msg::Body& body = reply->header.body;
@@ -679,6 +680,54 @@ ServiceResult<msg::PushReply> OffloadClient::push(uint64_t partition_id, uint64_
     grads = *copy;
     owner = std::move(copy);
   }
+  return push_ranges(n, range, [&](uint64_t at, uint64_t count) {
+    return send(msg::PushGradients{partition_id, step, 0, dtype, n, {}, at, count},
+                grads.subspan(at * element, count * element), owner);
+  });
+}
+
+ServiceResult<msg::PushReply> OffloadClient::push_copied(uint64_t partition_id, uint64_t step,
+                                                         uint32_t micro_step, msg::DType dtype,
+                                                         std::span<const std::byte> grads,
+                                                         ArenaBuffer slot) {
+  if (!slot || slot.pool_ != pool_.get() || grads.size() > slot.bytes().size())
+    throw std::invalid_argument("push_copied: " + std::to_string(grads.size()) +
+                                " bytes do not fit the arena buffer given");
+  const size_t element = msg::dtype_size(dtype);
+  const uint64_t n = grads.size() / element;
+  const uint64_t range = push_range_elements(push_range_bytes_, element);
+  // Streamed stores: the service reads these bytes from another core, this thread never
+  // does again. The crc, when arena checksums are on, rides on the copy.
+  auto copy = [&](std::byte* dst, uint64_t at, uint64_t count) -> std::optional<uint32_t> {
+    const std::byte* src = grads.data() + at * element;
+    if (arena_checksums_) return checksum::crc32c_stream_copy(dst, src, count * element);
+    checksum::stream_copy(dst, src, count * element);
+    return std::nullopt;
+  };
+  if (micro_step != 0 || range == 0 || n <= range) {
+    if (const auto crc = copy(slot.bytes().data(), 0, n))
+      slot.copied_ = std::pair{grads.size(), *crc};
+    return await_as<msg::PushReply>(
+        send_push_gradients(partition_id, step, micro_step, dtype, n, std::move(slot)));
+  }
+  // Every range holds the slot; the last of them to be answered frees it.
+  auto held = std::make_shared<ArenaBuffer>(std::move(slot));
+  // Each range's crc (when checked), by index: a restart sends the copied ranges again.
+  std::vector<std::optional<uint32_t>> crcs;
+  return push_ranges(n, range, [&](uint64_t at, uint64_t count) {
+    const size_t index = at / range;
+    if (index == crcs.size()) crcs.push_back(copy(held->bytes().data() + at * element, at, count));
+    msg::PushGradients push{partition_id, step, 0, dtype, n, {}, at, count};
+    push.arena = msg::ArenaSlice{pool_->arena_id(), held->offset() + at * element, count * element,
+                                 crcs[index].value_or(0), !crcs[index]};
+    const uint64_t id = send(push);
+    leases_.emplace(id, Lease{{}, held});
+    return id;
+  });
+}
+
+ServiceResult<msg::PushReply> OffloadClient::push_ranges(
+    uint64_t n, uint64_t range, const std::function<uint64_t(uint64_t, uint64_t)>& send_range) {
   constexpr int kRestarts = 2;
   size_t window = kPushRangeWindow;
   for (int attempt = 0;; ++attempt) {
@@ -686,8 +735,7 @@ ServiceResult<msg::PushReply> OffloadClient::push(uint64_t partition_id, uint64_
     uint64_t at = 0;
     auto send_next = [&] {
       const uint64_t count = std::min(range, n - at);
-      unanswered.push_back(send(msg::PushGradients{partition_id, step, 0, dtype, n, {}, at, count},
-                                grads.subspan(at * element, count * element), owner));
+      unanswered.push_back(send_range(at, count));
       at += count;
     };
     while (at < n && unanswered.size() < window) send_next();

@@ -133,8 +133,9 @@ class OffloadClient {
   // by default: a slot stays leased from the request until its reply is received (or the
   // late reply, once abandoned), so neither side writes it while the other reads it, and
   // each check reads every byte once more. Off, fetches ask the service for no crc and
-  // in-place pushes omit theirs; a push copied into its slot (ArenaBuffer::copy_in) keeps
-  // the crc its copy computed. Frames are always checked (their decode does it).
+  // in-place pushes and push_copied's omit theirs; a push copied into its slot by the caller
+  // (ArenaBuffer::copy_in) keeps the crc its copy computed. Frames are always checked (their
+  // decode does it).
   void set_arena_checksums(bool on) { arena_checksums_ = on; }
 
   // ---- the arena -------------------------------------------------------------------------
@@ -201,6 +202,19 @@ class OffloadClient {
   ServiceResult<messages::PushReply> push(uint64_t partition_id, uint64_t step, uint32_t micro_step,
                                           messages::DType dtype, std::span<const std::byte> grads,
                                           std::shared_ptr<const void> owner = nullptr);
+  // A push copied into an arena slot of this client's pool (arena_buffer) as it goes: a
+  // micro-step 0 larger than push_range_bytes() goes in ranges of that size, each copied into
+  // the slot and sent at once, so the service adds range k while range k+1 is copied;
+  // otherwise copied whole and sent as one request. With arena checksums on, each request's
+  // crc32c is taken as its bytes are copied and the service checks it; off, it is omitted,
+  // as for a push written in place (the slot is leased, not written, until the reply). The ranges,
+  // their window and their restarts are push()'s. The slot is held until every range's reply is in
+  // (a range abandoned: until its late reply); `grads` must stay unchanged until this returns.
+  // std::invalid_argument when it does not fit.
+  ServiceResult<messages::PushReply> push_copied(uint64_t partition_id, uint64_t step,
+                                                 uint32_t micro_step, messages::DType dtype,
+                                                 std::span<const std::byte> grads,
+                                                 ArenaBuffer slot);
   // The bytes of each range push() sends (0: every push whole). Default
   // kDefaultPushRangeBytes.
   void set_push_range_bytes(size_t bytes) { push_range_bytes_ = bytes; }
@@ -319,6 +333,10 @@ class OffloadClient {
   // without one. send_fetch_request sends `request` into it (or as a frame when empty).
   ArenaBuffer fetch_slot(size_t expected_bytes);
   uint64_t send_fetch_request(messages::FetchParameters request, ArenaBuffer slot);
+  // A micro-step 0 push of `n` elements in ranges of `range`: send_range(at, count) sends one
+  // and answers its request id; push()'s window and restarts.
+  ServiceResult<messages::PushReply> push_ranges(
+      uint64_t n, uint64_t range, const std::function<uint64_t(uint64_t, uint64_t)>& send_range);
   void unmap_arena();
   // A request sent and not yet answered: what it takes to send it again after `busy`.
   struct Pending {
@@ -384,10 +402,15 @@ class OffloadClient {
   std::optional<zmq::context_t> beat_context_;
   std::optional<zmq::socket_t> beat_socket_;
   // Arena (declared after the socket: unmap_arena() in the destructor still sends on it).
-  uint64_t arena_id_ = 0;                   // the arena this client mapped (0: none; unmapped here)
-  std::shared_ptr<SlotPool> pool_;          // its slots, or those of the client it shares
-  std::map<uint64_t, ArenaBuffer> leases_;  // request id -> slot the service may touch
-  std::map<uint64_t, ArenaBuffer> stale_;   // timed out or abandoned: held until late reply
+  uint64_t arena_id_ = 0;           // the arena this client mapped (0: none; unmapped here)
+  std::shared_ptr<SlotPool> pool_;  // its slots, or those of the client it shares
+  // A slot a request holds: its own, or its share of one that a push's ranges hold together.
+  struct Lease {
+    ArenaBuffer own;
+    std::shared_ptr<ArenaBuffer> shared;
+  };
+  std::map<uint64_t, Lease> leases_;  // request id -> slot the service may touch
+  std::map<uint64_t, Lease> stale_;   // timed out or abandoned: held until late reply
 };
 
 // The failure as an exception, for callers that want one (OffloadClient's throwing calls).

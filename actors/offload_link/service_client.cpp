@@ -131,6 +131,19 @@ ServiceFuture<LentPush> ServiceClient::push_gradients(uint64_t partition_id, uin
   });
 }
 
+ServiceFuture<msg::PushReply> ServiceClient::push_copied(uint64_t partition_id, uint64_t step,
+                                                         uint32_t micro_step, msg::DType dtype,
+                                                         std::span<const std::byte> grads,
+                                                         std::shared_ptr<const void> owner,
+                                                         ArenaBuffer slot) {
+  return post<msg::PushReply>(
+      [=, owner = std::move(owner), slot = std::move(slot)](OffloadClient& c) mutable {
+        auto r = c.push_copied(partition_id, step, micro_step, dtype, grads, std::move(slot));
+        owner.reset();  // with the answer, not whenever the closure itself goes
+        return r;
+      });
+}
+
 ServiceFuture<FetchedParameters> ServiceClient::fetch(uint64_t partition_id, uint64_t min_version,
                                                       msg::DType dtype, size_t expected_bytes) {
   return post<FetchedParameters>([=](OffloadClient& c) {

@@ -87,6 +87,13 @@ class ServiceClient {
   ServiceFuture<LentPush> push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
                                          messages::DType dtype, uint64_t count, ArenaBuffer grads,
                                          bool keep_until_commit = false);
+  // OffloadClient::push_copied: `grads` (held by `owner` until the answer) copied into the
+  // arena slot on the actor's thread, range by range as the service takes them.
+  ServiceFuture<messages::PushReply> push_copied(uint64_t partition_id, uint64_t step,
+                                                 uint32_t micro_step, messages::DType dtype,
+                                                 std::span<const std::byte> grads,
+                                                 std::shared_ptr<const void> owner,
+                                                 ArenaBuffer slot);
   // Into a free arena slot when there is one (the result holds it), else as a frame;
   // `expected_bytes` as OffloadClient::send_fetch.
   ServiceFuture<FetchedParameters> fetch(uint64_t partition_id, uint64_t min_version,

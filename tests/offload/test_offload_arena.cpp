@@ -426,6 +426,53 @@ TEST_F(OffloadArena, ACopiedInPushDeclaresTheCrcOfWhatWasCopied) {
   EXPECT_THROW(c.arena_buffer(4096).copy_in(g.data(), 65536 + 4), std::invalid_argument);
 }
 
+// push_copied against a frames push of the same gradients, both in ranges of 16 KiB (74
+// ranges, the last one short), with arena checksums off and on: the same replies and the
+// same parameters after each commit, one request a range, and the slot free again once the
+// push is answered.
+TEST_F(OffloadArena, ACopiedPushInRangesEqualsAFramesPush) {
+  constexpr uint64_t kN = 300000;
+  const auto init = random_floats(kN, 21);
+  for (const bool checksums : {false, true}) {
+    SCOPED_TRACE(checksums ? "arena checksums on" : "off");
+    const std::string job = checksums ? "copied-crc" : "copied";
+    OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, job);
+    OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, job + "-frames");
+    ASSERT_TRUE(c.map_arena(kN * 4, 1));
+    c.set_arena_checksums(checksums);
+    for (OffloadClient* x : {&c, &frames}) {
+      x->set_push_range_bytes(16384);
+      x->register_partitions(0, 1, {spec(1, kN)});
+      x->set_parameters(1, 0, DType::fp32, bytes_of(init));
+    }
+    for (uint64_t step = 1; step <= 2; ++step) {
+      const auto g = random_floats(kN, 30 + static_cast<uint32_t>(step), 64.0f);
+      const uint64_t before = c.requests_sent();
+      const auto r = c.push_copied(1, step, 0, DType::fp32, bytes_of(g), c.arena_buffer(kN * 4));
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      EXPECT_EQ(c.requests_sent() - before, (kN + 4095) / 4096) << "one request a range";
+      EXPECT_TRUE(c.arena_buffer(kN * 4)) << "the slot is free once every range is answered";
+      const msg::PushReply f = frames.push_gradients(1, step, 0, DType::fp32, bytes_of(g));
+      EXPECT_EQ(r->sum_squares, f.sum_squares);
+      EXPECT_EQ(r->nonfinite, f.nonfinite);
+      const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
+      c.commit(commit);
+      frames.commit(commit);
+      auto a = c.fetch(1, step, DType::fp32);
+      auto b = frames.fetch(1, step, DType::fp32);
+      std::vector<std::byte> got, want;
+      for (auto piece : a.pieces()) got.insert(got.end(), piece.begin(), piece.end());
+      for (auto piece : b.pieces()) want.insert(want.end(), piece.begin(), piece.end());
+      EXPECT_EQ(got, want) << "step " << step;
+    }
+    const std::vector<float> larger(kN + 1024);  // past the slot's whole pages
+    EXPECT_THROW((void)c.push_copied(1, 3, 0, DType::fp32, bytes_of(larger), c.arena_buffer(4)),
+                 std::invalid_argument);
+    EXPECT_THROW((void)c.push_copied(1, 3, 0, DType::fp32, bytes_of(init), actors::ArenaBuffer{}),
+                 std::invalid_argument);
+  }
+}
+
 // A real service omits the crc of a fetch that asked for none (writing the same bytes),
 // skips the check of a push that omitted its own (and adds it all the same), and refuses a
 // slice that claims both a crc and its omission.
@@ -580,6 +627,93 @@ TEST(OffloadArenaChecksums, WhatTheClientAsksAndChecksFollowsTheSetting) {
     EXPECT_EQ(g->arena->crc_omitted, !on);
     EXPECT_EQ(g->arena->crc32c, on ? right : 0u);
   }
+}
+
+// push_copied's ranges at a stand-in service: all three go before any answer, each naming
+// its own part of the one slot in order, holding its bytes, with their crc when arena
+// checksums are on and without when off; the slot stays taken until the last range is
+// answered, whose reply is the push's, and is free after.
+TEST(OffloadArenaCopiedPush, RangesHoldTheirSlotUntilTheLastIsAnswered) {
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "arena checksums on" : "off");
+    FakeService fake;
+    const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
+    OffloadClient c(fake.endpoint(), fake.client_security(), 60s, "copied");
+    c.set_arena_checksums(on);
+    c.set_push_range_bytes(16384);  // 4096 floats a range
+    std::future<bool> mapped =
+        std::async(std::launch::async, [&] { return c.map_arena(65536, 1); });
+    const msg::UniqueFd memfd = map_for_fake(fake, door, 7);
+    ASSERT_TRUE(mapped.get());
+    constexpr uint64_t kN = 10000;  // ranges of 4096, 4096 and 1808 floats
+    const auto g = random_floats(kN, 40);
+    auto pushed = std::async(std::launch::async, [&] {
+      return c.push_copied(3, 1, 0, DType::fp32, bytes_of(g), c.arena_buffer(kN * 4));
+    });
+    std::vector<FakeService::Request> ranges;
+    for (int i = 0; i < 3; ++i) ranges.push_back(fake.next());
+    uint64_t slot_offset = 0;
+    for (uint64_t i = 0; i < 3; ++i) {
+      const auto* p = std::get_if<msg::PushGradients>(&ranges[i].header.body);
+      ASSERT_NE(p, nullptr) << msg::kind_name(ranges[i].header.body);
+      ASSERT_TRUE(p->arena);
+      const uint64_t count = std::min<uint64_t>(4096, kN - i * 4096);
+      EXPECT_EQ(p->element_count, kN);
+      EXPECT_EQ(p->range_offset, i * 4096);
+      EXPECT_EQ(p->range_count, count);
+      if (i == 0) slot_offset = p->arena->offset;
+      EXPECT_EQ(p->arena->offset, slot_offset + i * 4096 * 4);
+      EXPECT_EQ(p->arena->length, count * 4);
+      EXPECT_EQ(p->arena->crc_omitted, !on);
+      EXPECT_EQ(p->arena->crc32c, on ? checksum::crc32c(g.data() + i * 4096, count * 4) : 0u);
+      std::vector<float> in_slot(count);
+      ASSERT_EQ(
+          ::pread(memfd.get(), in_slot.data(), count * 4, static_cast<off_t>(p->arena->offset)),
+          static_cast<ssize_t>(count * 4));
+      EXPECT_EQ(std::memcmp(in_slot.data(), g.data() + i * 4096, count * 4), 0) << "range " << i;
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_FALSE(c.arena_buffer(4)) << "the slot was free with range " << i << " unanswered";
+      fake.answer(ranges[i], msg::PushReply{3, 1, 0, i == 2 ? 5.0 : 0.0, false});
+    }
+    const auto r = pushed.get();
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->sum_squares, 5.0);
+    EXPECT_TRUE(c.arena_buffer(4)) << "the slot is free once every range is answered";
+  }
+}
+
+// A push_copied whose ranges go unanswered fails with the timeout, and its slot stays taken
+// (the service may still be reading it) until the late replies come in: then it is free.
+TEST(OffloadArenaCopiedPush, AnAbandonedPushKeepsItsSlotUntilTheLateReplies) {
+  FakeService fake;
+  const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
+  OffloadClient c(fake.endpoint(), fake.client_security(), 60s, "copied-late");
+  c.set_push_range_bytes(16384);
+  std::future<bool> mapped = std::async(std::launch::async, [&] { return c.map_arena(65536, 1); });
+  const msg::UniqueFd memfd = map_for_fake(fake, door, 7);
+  ASSERT_TRUE(mapped.get());
+  c.set_timeout(300ms);
+  const auto g = random_floats(10000, 41);
+  auto pushed = std::async(std::launch::async, [&] {
+    return c.push_copied(3, 1, 0, DType::fp32, bytes_of(g), c.arena_buffer(g.size() * 4));
+  });
+  std::vector<FakeService::Request> ranges;
+  for (int i = 0; i < 3; ++i) ranges.push_back(fake.next());
+  const auto r = pushed.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, actors::ServiceFailure::Kind::timeout) << r.error().message;
+  EXPECT_FALSE(c.arena_buffer(4)) << "the slot was free with its ranges unanswered";
+  for (const auto& range : ranges) fake.answer(range, msg::PushReply{3, 1, 0, 0.0, false});
+  // The next round trip reads the late replies that came before its own.
+  c.set_timeout(60s);
+  const uint64_t skip = c.send(msg::SkipStep{1});
+  const FakeService::Request asked = fake.next();
+  ASSERT_TRUE(std::holds_alternative<msg::SkipStep>(asked.header.body))
+      << msg::kind_name(asked.header.body);
+  fake.answer(asked, msg::CommitReply{});
+  ASSERT_TRUE(c.await(skip).ok());
+  EXPECT_TRUE(c.arena_buffer(4)) << "the late replies gave the slot back";
 }
 
 // UnmapArena, answered: the id names nothing afterwards.

@@ -321,9 +321,9 @@ void GradientPipeline::push_frame(size_t b, const PartitionSlice& p, FloatBuffer
 }
 
 // The push through the service's arena: the gradient the backward wrote into a slot goes
-// as it is; otherwise its half copy (or the fp32 gradient) is written into a free slot,
-// which the service reads in place. false, with `part` untouched, when no slot fits or is
-// free: then the push goes as a frame.
+// as it is; otherwise its half copy is written into a free slot, or the service's client
+// copies the fp32 gradient into one in ranges; the service reads the slot in place. false,
+// with `part` untouched, when no slot fits or is free: then the push goes as a frame.
 bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part) {
   actors::ServiceClient& service = *z_.services[p.service];
   const msg::DType dtype = z_.wire_dtype();
@@ -350,15 +350,33 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   } else {
     slot = service.arena_buffer(bytes);
     if (!slot) return false;
-    if (z_.precision != Precision::kFp32) {
-      // Exactly the frame path's rounding (fp16 overflow turns into inf here).
-      pushed_.rounding_overflowed |= k::round_through_half(part.data(), count, z_.half_kind());
-      k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
-                        z_.half_kind());
-    } else {
-      slot.copy_in(part.data(), bytes);  // its crc taken as it copies: one pass
-    }
     memory_->add(bytes);  // the slot's bytes are this push's gradient until the answer
+    if (z_.precision == Precision::kFp32) {
+      // A gradient kept over micro-steps (or one no slot was free for when the backward
+      // began it): the service's client copies it into the slot on its own thread, range by
+      // range as the service adds them, while the backward goes on; the gradient is freed
+      // with the answer.
+      auto payload = std::make_shared<GradPayload>();
+      payload->memory = memory_;
+      payload->accounted = part.bytes();  // already counted when it was allocated
+      payload->floats = std::move(part);
+      const auto grads = std::as_bytes(std::span<const float>(payload->floats.data(), count));
+      const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
+      pushes_.push_back(PendingPush{
+          b,
+          p.service,
+          service.push_copied(p.id, step, 0, dtype, grads, std::move(payload), std::move(slot)),
+          bytes,
+          {}});
+      bytes_pushed_ += bytes;
+      ++pushes_copied_;
+      max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+      return true;
+    }
+    // Exactly the frame path's rounding (fp16 overflow turns into inf here).
+    pushed_.rounding_overflowed |= k::round_through_half(part.data(), count, z_.half_kind());
+    k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
+                      z_.half_kind());
     drop_grad(part);
   }
   // The slot goes with the request; the client frees it when the answer is in.
@@ -433,6 +451,7 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
   s.overlapped_reductions = overlapped_reductions_;
   s.pushes_in_place = pushes_in_place_;
   s.pushes_lent = pushes_lent_;
+  s.pushes_copied = pushes_copied_;
   for (const auto& service : z_.services) {
     s.arena_bytes += service->arena_bytes();
     s.arena_resident_bytes += service->resident_slot_bytes();

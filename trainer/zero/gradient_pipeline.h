@@ -153,6 +153,7 @@ class GradientPipeline {
   uint64_t bytes_pushed_as_frames_ = 0;
   uint64_t pushes_in_place_ = 0;
   uint64_t pushes_lent_ = 0;
+  uint64_t pushes_copied_ = 0;
   std::function<bool(size_t)> lend_;
   std::vector<LentSlot> lent_;  // this step's slots the services kept, in push order
   bool pool_ = false;           // the arenas hold the fetches' slots too (map_arenas)
