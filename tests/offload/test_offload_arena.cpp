@@ -542,6 +542,24 @@ msg::UniqueFd map_for_fake(FakeService& fake, const msg::FdDoor& door, uint64_t 
   return std::move(handed->fd);
 }
 
+// A client whose arena (`slots` slots of `slot_bytes`) a stand-in service mapped as arena 7;
+// `memfd` holds the arena's bytes as that service sees them.
+struct MappedAtFake {
+  FakeService fake;
+  msg::FdDoor door{"dsactor-test-" + std::to_string(getpid())};
+  OffloadClient client;
+  msg::UniqueFd memfd;
+  bool mapped = false;
+  MappedAtFake(const std::string& job, bool arena_checksums, size_t slot_bytes, size_t slots)
+      : client(fake.endpoint(), fake.client_security(), 60s, job) {
+    client.set_arena_checksums(arena_checksums);
+    std::future<bool> done =
+        std::async(std::launch::async, [&] { return client.map_arena(slot_bytes, slots); });
+    memfd = map_for_fake(fake, door, 7);
+    mapped = done.get();
+  }
+};
+
 TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
   FakeService fake;
   const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
@@ -567,13 +585,11 @@ TEST(OffloadArenaUnmap, ClientUnmapsItsArenaWhenItGoes) {
 TEST(OffloadArenaChecksums, WhatTheClientAsksAndChecksFollowsTheSetting) {
   for (const bool on : {false, true}) {
     SCOPED_TRACE(on ? "arena checksums on" : "off");
-    FakeService fake;
-    const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
-    OffloadClient c(fake.endpoint(), fake.client_security(), 60s, "checksums");
-    c.set_arena_checksums(on);
-    std::future<bool> mapped = std::async(std::launch::async, [&] { return c.map_arena(4096, 2); });
-    const msg::UniqueFd memfd = map_for_fake(fake, door, 7);
-    ASSERT_TRUE(mapped.get());
+    MappedAtFake m("checksums", on, 4096, 2);
+    ASSERT_TRUE(m.mapped);
+    FakeService& fake = m.fake;
+    OffloadClient& c = m.client;
+    const msg::UniqueFd& memfd = m.memfd;
     std::vector<float> values(64);
     for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i);
     const uint32_t right = checksum::crc32c(values.data(), 256);
@@ -636,15 +652,11 @@ TEST(OffloadArenaChecksums, WhatTheClientAsksAndChecksFollowsTheSetting) {
 TEST(OffloadArenaCopiedPush, RangesHoldTheirSlotUntilTheLastIsAnswered) {
   for (const bool on : {false, true}) {
     SCOPED_TRACE(on ? "arena checksums on" : "off");
-    FakeService fake;
-    const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
-    OffloadClient c(fake.endpoint(), fake.client_security(), 60s, "copied");
-    c.set_arena_checksums(on);
+    MappedAtFake m("copied", on, 65536, 1);
+    ASSERT_TRUE(m.mapped);
+    FakeService& fake = m.fake;
+    OffloadClient& c = m.client;
     c.set_push_range_bytes(16384);  // 4096 floats a range
-    std::future<bool> mapped =
-        std::async(std::launch::async, [&] { return c.map_arena(65536, 1); });
-    const msg::UniqueFd memfd = map_for_fake(fake, door, 7);
-    ASSERT_TRUE(mapped.get());
     constexpr uint64_t kN = 10000;  // ranges of 4096, 4096 and 1808 floats
     const auto g = random_floats(kN, 40);
     auto pushed = std::async(std::launch::async, [&] {
@@ -668,7 +680,7 @@ TEST(OffloadArenaCopiedPush, RangesHoldTheirSlotUntilTheLastIsAnswered) {
       EXPECT_EQ(p->arena->crc32c, on ? checksum::crc32c(g.data() + i * 4096, count * 4) : 0u);
       std::vector<float> in_slot(count);
       ASSERT_EQ(
-          ::pread(memfd.get(), in_slot.data(), count * 4, static_cast<off_t>(p->arena->offset)),
+          ::pread(m.memfd.get(), in_slot.data(), count * 4, static_cast<off_t>(p->arena->offset)),
           static_cast<ssize_t>(count * 4));
       EXPECT_EQ(std::memcmp(in_slot.data(), g.data() + i * 4096, count * 4), 0) << "range " << i;
     }
@@ -686,13 +698,11 @@ TEST(OffloadArenaCopiedPush, RangesHoldTheirSlotUntilTheLastIsAnswered) {
 // A push_copied whose ranges go unanswered fails with the timeout, and its slot stays taken
 // (the service may still be reading it) until the late replies come in: then it is free.
 TEST(OffloadArenaCopiedPush, AnAbandonedPushKeepsItsSlotUntilTheLateReplies) {
-  FakeService fake;
-  const msg::FdDoor door("dsactor-test-" + std::to_string(getpid()));
-  OffloadClient c(fake.endpoint(), fake.client_security(), 60s, "copied-late");
+  MappedAtFake m("copied-late", false, 65536, 1);
+  ASSERT_TRUE(m.mapped);
+  FakeService& fake = m.fake;
+  OffloadClient& c = m.client;
   c.set_push_range_bytes(16384);
-  std::future<bool> mapped = std::async(std::launch::async, [&] { return c.map_arena(65536, 1); });
-  const msg::UniqueFd memfd = map_for_fake(fake, door, 7);
-  ASSERT_TRUE(mapped.get());
   c.set_timeout(300ms);
   const auto g = random_floats(10000, 41);
   auto pushed = std::async(std::launch::async, [&] {
