@@ -922,14 +922,14 @@ const std::vector<DsKey>& ds_keys() {
                       "service on its host carry a crc32c that the receiver checks: the "
                       "parameters a service writes for a fetch (checked by the trainer, which "
                       "fails the fetch on a mismatch) and the gradients the backward writes in "
-                      "place into a push slot (checked by the service, which refuses the "
-                      "push). Off: each slot is leased to one request until its reply, so "
-                      "neither side writes it while the other reads it, as shared-memory "
-                      "transports do without a checksum; each check reads every byte once "
-                      "more (on a 2-core box, fetches' alone raised a gpt2 ZeRO-3 step's ratio "
-                      "over stage 0 by 0.04-0.08, bench/README.md). A push copied into its "
-                      "slot keeps the crc its copy computes, frames over TCP are always "
-                      "checked.",
+                      "place into a push slot, or the trainer's client copies into one "
+                      "(checked by the service, which refuses the push; a copied push's crc "
+                      "is taken in the same pass as its copy). Off: each slot is leased to one "
+                      "request until its reply, so neither side writes it while the other "
+                      "reads it, as shared-memory transports do without a checksum; each "
+                      "check reads every byte once more (on a 2-core box, fetches' alone "
+                      "raised a gpt2 ZeRO-3 step's ratio over stage 0 by 0.04-0.08, "
+                      "bench/README.md). Frames over TCP are always checked.",
                .support = key_table::Support::kDiffers,
                .support_note = "dsactor's own key: DeepSpeed's config has none"},
        .set = DS_SET(zero_optimization.offload_optimizer.arena_checksums)},
