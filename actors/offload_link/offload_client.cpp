@@ -706,7 +706,7 @@ ServiceResult<msg::PushReply> OffloadClient::push_copied(uint64_t partition_id, 
   };
   if (micro_step != 0 || range == 0 || n <= range) {
     if (const auto crc = copy(slot.bytes().data(), 0, n))
-      slot.copied_ = std::pair{grads.size(), *crc};
+      slot.copied_ = std::pair{n * element, *crc};  // the bytes the push declares
     return await_as<msg::PushReply>(
         send_push_gradients(partition_id, step, micro_step, dtype, n, std::move(slot)));
   }

@@ -195,6 +195,19 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   EXPECT_LE(served, number_at(on, "bytes_fetched_per_step"));
 }
 
+// --micro-steps 2: both runs accumulate two micro-steps a step (the report says so), and the
+// trainer still pushes each partition once a step, copied into a push slot by its service
+// client, never written there in place (that is for one micro-step).
+TEST(BenchZero, MicroStepsAccumulateAndPushCopiedOnceAStep) {
+  const auto j = bench_zero("--micro-steps 2");
+  expect_consistent(j);
+  EXPECT_EQ(number_at(j, "micro_steps"), 2);
+  const auto& on = j.at("stage3_prefetch_on");
+  EXPECT_GT(number_at(on, "pushes_copied"), 0);
+  EXPECT_EQ(number_at(on, "pushes_in_place"), 0);
+  EXPECT_EQ(number_at(on, "pushes_lent"), 0);
+}
+
 // With no block persistent (the tiny model's all are under DeepSpeed's threshold) and room
 // for the embedding and two of its layers, every use of a block fetches it unless reuse
 // keeps it. DeepSpeed's default reuse distance keeps the tied embedding from the lookup to
