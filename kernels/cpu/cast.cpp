@@ -149,6 +149,10 @@ void floats_to_half(uint16_t* out, const float* in, size_t n, HalfKind kind) {
   });
 }
 
+void floats_to_half_one_thread(uint16_t* out, const float* in, size_t n, HalfKind kind) {
+  floats_to_half_serial(out, in, n, kind, has_f16c());
+}
+
 void half_to_floats(float* out, const uint16_t* in, size_t n, HalfKind kind) {
   const bool f16c = has_f16c();
   detail::for_chunks(n, kParallelMin, 64, [&](size_t lo, size_t hi) {

@@ -13,6 +13,9 @@ uint16_t float_to_fp16(float x);
 float fp16_to_float(uint16_t h);
 
 void floats_to_half(uint16_t* out, const float* in, size_t n, HalfKind kind);
+// The same bits on the calling thread alone: for a thread outside the compute's OpenMP team
+// (a service client's), which would otherwise start a team of its own beside that one.
+void floats_to_half_one_thread(uint16_t* out, const float* in, size_t n, HalfKind kind);
 void half_to_floats(float* out, const uint16_t* in, size_t n, HalfKind kind);
 // x <- float(half(x)) in place: what the value would be after a round trip through the
 // half type. Returns true if any result is inf or NaN (the fp16 overflow check).

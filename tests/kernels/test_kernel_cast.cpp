@@ -188,6 +188,9 @@ TEST(KernelCast, ArrayPathsMatchScalar) {
   for (HalfKind kind : {HalfKind::kBF16, HalfKind::kFP16}) {
     std::vector<uint16_t> h(in.size());
     floats_to_half(h.data(), in.data(), in.size(), kind);
+    std::vector<uint16_t> one(in.size());
+    floats_to_half_one_thread(one.data(), in.data(), in.size(), kind);
+    ASSERT_EQ(one, h) << "kind=" << static_cast<int>(kind);
     std::vector<float> back(in.size());
     half_to_floats(back.data(), h.data(), h.size(), kind);
     std::vector<float> rt = in;
