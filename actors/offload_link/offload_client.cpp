@@ -694,29 +694,55 @@ ServiceResult<msg::PushReply> OffloadClient::push_copied(uint64_t partition_id, 
     throw std::invalid_argument("push_copied: " + std::to_string(grads.size()) +
                                 " bytes do not fit the arena buffer given");
   const size_t element = msg::dtype_size(dtype);
-  const uint64_t n = grads.size() / element;
-  const uint64_t range = push_range_elements(push_range_bytes_, element);
   // Streamed stores: the service reads these bytes from another core, this thread never
   // does again. The crc, when arena checksums are on, rides on the copy.
-  auto copy = [&](std::byte* dst, uint64_t at, uint64_t count) -> std::optional<uint32_t> {
-    const std::byte* src = grads.data() + at * element;
-    if (arena_checksums_) return checksum::crc32c_stream_copy(dst, src, count * element);
-    checksum::stream_copy(dst, src, count * element);
-    return std::nullopt;
-  };
+  return push_into_slot(
+      partition_id, step, micro_step, dtype, grads.size() / element, std::move(slot),
+      [&](std::byte* dst, uint64_t at, uint64_t count) -> std::optional<uint32_t> {
+        const std::byte* src = grads.data() + at * element;
+        if (arena_checksums_) return checksum::crc32c_stream_copy(dst, src, count * element);
+        checksum::stream_copy(dst, src, count * element);
+        return std::nullopt;
+      });
+}
+
+ServiceResult<msg::PushReply> OffloadClient::push_filled(uint64_t partition_id, uint64_t step,
+                                                         uint32_t micro_step, msg::DType dtype,
+                                                         uint64_t count, const PushFill& fill,
+                                                         ArenaBuffer slot) {
+  const size_t element = msg::dtype_size(dtype);
+  if (!slot || slot.pool_ != pool_.get() || count > slot.bytes().size() / element)
+    throw std::invalid_argument("push_filled: " + std::to_string(count) + " elements of " +
+                                std::to_string(element) +
+                                " bytes do not fit the arena buffer given");
+  // The written range is still in this core's cache when its crc reads it.
+  return push_into_slot(partition_id, step, micro_step, dtype, count, std::move(slot),
+                        [&](std::byte* dst, uint64_t at, uint64_t n) -> std::optional<uint32_t> {
+                          fill(dst, at, n);
+                          if (!arena_checksums_) return std::nullopt;
+                          return checksum::crc32c(dst, n * element);
+                        });
+}
+
+ServiceResult<msg::PushReply> OffloadClient::push_into_slot(uint64_t partition_id, uint64_t step,
+                                                            uint32_t micro_step, msg::DType dtype,
+                                                            uint64_t n, ArenaBuffer slot,
+                                                            const FillRange& fill) {
+  const size_t element = msg::dtype_size(dtype);
+  const uint64_t range = push_range_elements(push_range_bytes_, element);
   if (micro_step != 0 || range == 0 || n <= range) {
-    if (const auto crc = copy(slot.bytes().data(), 0, n))
+    if (const auto crc = fill(slot.bytes().data(), 0, n))
       slot.copied_ = std::pair{n * element, *crc};  // the bytes the push declares
     return await_as<msg::PushReply>(
         send_push_gradients(partition_id, step, micro_step, dtype, n, std::move(slot)));
   }
   // Every range holds the slot; the last of them to be answered frees it.
   auto held = std::make_shared<ArenaBuffer>(std::move(slot));
-  // Each range's crc (when checked), by index: a restart sends the copied ranges again.
+  // Each range's crc (when checked), by index: a restart sends the filled ranges again.
   std::vector<std::optional<uint32_t>> crcs;
   return push_ranges(n, range, [&](uint64_t at, uint64_t count) {
     const size_t index = at / range;
-    if (index == crcs.size()) crcs.push_back(copy(held->bytes().data() + at * element, at, count));
+    if (index == crcs.size()) crcs.push_back(fill(held->bytes().data() + at * element, at, count));
     msg::PushGradients push{partition_id, step, 0, dtype, n, {}, at, count};
     push.arena = msg::ArenaSlice{pool_->arena_id(), held->offset() + at * element, count * element,
                                  crcs[index].value_or(0), !crcs[index]};

@@ -215,6 +215,18 @@ class OffloadClient {
                                                  uint32_t micro_step, messages::DType dtype,
                                                  std::span<const std::byte> grads,
                                                  ArenaBuffer slot);
+  // Writes elements [at, at + count) of a push into `dst`: count * the push's dtype size bytes.
+  using PushFill = std::function<void(std::byte* dst, uint64_t at, uint64_t count)>;
+  // push_copied for `count` elements the caller holds in another form than the wire's: `fill`
+  // writes each range into the slot (an fp32 gradient rounded to the wire's half type, on this
+  // thread rather than the caller's), then, with arena checksums on, its crc is taken over the
+  // bytes written. Ranges, window, restarts and the slot's lease are push_copied's; what
+  // `fill` reads must stay unchanged until this returns. std::invalid_argument when the
+  // elements do not fit the slot.
+  ServiceResult<messages::PushReply> push_filled(uint64_t partition_id, uint64_t step,
+                                                 uint32_t micro_step, messages::DType dtype,
+                                                 uint64_t count, const PushFill& fill,
+                                                 ArenaBuffer slot);
   // The bytes of each range push() sends (0: every push whole). Default
   // kDefaultPushRangeBytes.
   void set_push_range_bytes(size_t bytes) { push_range_bytes_ = bytes; }
@@ -337,6 +349,13 @@ class OffloadClient {
   // and answers its request id; push()'s window and restarts.
   ServiceResult<messages::PushReply> push_ranges(
       uint64_t n, uint64_t range, const std::function<uint64_t(uint64_t, uint64_t)>& send_range);
+  // push_copied and push_filled: `n` elements written into `slot` by fill(dst, at, count),
+  // which answers the crc of what it wrote (none: the push omits it), whole or in ranges.
+  using FillRange = std::function<std::optional<uint32_t>(std::byte*, uint64_t, uint64_t)>;
+  ServiceResult<messages::PushReply> push_into_slot(uint64_t partition_id, uint64_t step,
+                                                    uint32_t micro_step, messages::DType dtype,
+                                                    uint64_t n, ArenaBuffer slot,
+                                                    const FillRange& fill);
   void unmap_arena();
   // A request sent and not yet answered: what it takes to send it again after `busy`.
   struct Pending {

@@ -144,6 +144,17 @@ ServiceFuture<msg::PushReply> ServiceClient::push_copied(uint64_t partition_id, 
       });
 }
 
+ServiceFuture<msg::PushReply> ServiceClient::push_filled(
+    uint64_t partition_id, uint64_t step, uint32_t micro_step, msg::DType dtype, uint64_t count,
+    OffloadClient::PushFill fill, std::shared_ptr<const void> owner, ArenaBuffer slot) {
+  return post<msg::PushReply>([=, fill = std::move(fill), owner = std::move(owner),
+                               slot = std::move(slot)](OffloadClient& c) mutable {
+    auto r = c.push_filled(partition_id, step, micro_step, dtype, count, fill, std::move(slot));
+    owner.reset();  // with the answer, not whenever the closure itself goes
+    return r;
+  });
+}
+
 ServiceFuture<FetchedParameters> ServiceClient::fetch(uint64_t partition_id, uint64_t min_version,
                                                       msg::DType dtype, size_t expected_bytes) {
   return post<FetchedParameters>([=](OffloadClient& c) {

@@ -94,6 +94,13 @@ class ServiceClient {
                                                  std::span<const std::byte> grads,
                                                  std::shared_ptr<const void> owner,
                                                  ArenaBuffer slot);
+  // OffloadClient::push_filled: `count` elements written into the arena slot by `fill` on
+  // the actor's thread (what fill reads held by `owner` until the answer).
+  ServiceFuture<messages::PushReply> push_filled(uint64_t partition_id, uint64_t step,
+                                                 uint32_t micro_step, messages::DType dtype,
+                                                 uint64_t count, OffloadClient::PushFill fill,
+                                                 std::shared_ptr<const void> owner,
+                                                 ArenaBuffer slot);
   // Into a free arena slot when there is one (the result holds it), else as a frame;
   // `expected_bytes` as OffloadClient::send_fetch.
   ServiceFuture<FetchedParameters> fetch(uint64_t partition_id, uint64_t min_version,

@@ -19,6 +19,7 @@
 #include "actors/offload_link/offload_client.h"
 #include "checksum/crc32c.h"
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/cast.h"
 #include "messages/arena_handoff.h"
 #include "messages/shm_arena.h"
 #include "tests/offload/fake_service.h"
@@ -471,6 +472,76 @@ TEST_F(OffloadArena, ACopiedPushInRangesEqualsAFramesPush) {
     EXPECT_THROW((void)c.push_copied(1, 3, 0, DType::fp32, bytes_of(init), actors::ArenaBuffer{}),
                  std::invalid_argument);
   }
+}
+
+// An fp32 gradient rounded into the slot by push_filled, in ranges (8192 half elements each),
+// against a frames push of the same gradient rounded beforehand, on a real service, in bf16
+// and fp16, arena checksums off and on: the same replies (an fp16 overflow, inf in the slot,
+// reported as nonfinite by both) and the same parameters after a commit; every range read the
+// right part of the source, and the slot is free once the last range is answered.
+TEST_F(OffloadArena, AFilledPushRoundedInRangesEqualsAHalfFramesPush) {
+  namespace kc = kernels::cpu;
+  constexpr uint64_t kN = 300000;
+  const auto init = random_floats(kN, 22);
+  for (const DType dtype : {DType::bf16, DType::fp16})
+    for (const bool checksums : {false, true}) {
+      const std::string job = std::string(msg::to_string(dtype)) + (checksums ? "-crc" : "");
+      SCOPED_TRACE(job);
+      const kc::HalfKind kind = dtype == DType::bf16 ? kc::HalfKind::kBF16 : kc::HalfKind::kFP16;
+      OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "filled-" + job);
+      OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, "filled-f-" + job);
+      ASSERT_TRUE(c.map_arena(kN * 2, 1));
+      c.set_arena_checksums(checksums);
+      for (OffloadClient* x : {&c, &frames}) {
+        x->set_push_range_bytes(16384);
+        x->register_partitions(0, 1, {spec(1, kN)});
+        x->set_parameters(1, 0, DType::fp32, bytes_of(init));
+      }
+      for (uint64_t step = 1; step <= 2; ++step) {
+        auto g = random_floats(kN, 40 + static_cast<uint32_t>(step), 64.0f);
+        if (step == 2) g[kN - 7] = 70000.0f;  // past fp16's largest: inf in fp16 only
+        std::vector<uint16_t> half(kN);
+        kc::floats_to_half(half.data(), g.data(), kN, kind);
+        std::vector<std::pair<uint64_t, uint64_t>> filled;
+        auto fill = [&](std::byte* dst, uint64_t at, uint64_t n) {
+          filled.emplace_back(at, n);
+          kc::floats_to_half_one_thread(reinterpret_cast<uint16_t*>(dst), g.data() + at, n, kind);
+        };
+        const uint64_t before = c.requests_sent();
+        const auto r = c.push_filled(1, step, 0, dtype, kN, fill, c.arena_buffer(kN * 2));
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        EXPECT_EQ(c.requests_sent() - before, (kN + 8191) / 8192) << "one request a range";
+        ASSERT_EQ(filled.size(), (kN + 8191) / 8192);
+        for (size_t i = 0; i < filled.size(); ++i)
+          EXPECT_EQ(filled[i], (std::pair<uint64_t, uint64_t>{
+                                   i * 8192, std::min<uint64_t>(8192, kN - i * 8192)}));
+        EXPECT_TRUE(c.arena_buffer(kN * 2)) << "the slot is free once every range is answered";
+        const msg::PushReply f = frames.push_gradients(
+            1, step, 0, dtype, std::as_bytes(std::span<const uint16_t>(half)));
+        EXPECT_EQ(r->sum_squares, f.sum_squares);
+        EXPECT_EQ(r->nonfinite, f.nonfinite);
+        EXPECT_EQ(r->nonfinite, step == 2 && dtype == DType::fp16);
+        if (r->nonfinite) {
+          c.skip(step);
+          frames.skip(step);
+          continue;
+        }
+        const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
+        c.commit(commit);
+        frames.commit(commit);
+        auto a = c.fetch(1, step, DType::fp32);
+        auto b = frames.fetch(1, step, DType::fp32);
+        std::vector<std::byte> got, want;
+        for (auto piece : a.pieces()) got.insert(got.end(), piece.begin(), piece.end());
+        for (auto piece : b.pieces()) want.insert(want.end(), piece.begin(), piece.end());
+        EXPECT_EQ(got, want) << "step " << step;
+      }
+      const auto no_fill = [](std::byte*, uint64_t, uint64_t) {};
+      EXPECT_THROW((void)c.push_filled(1, 3, 0, dtype, kN + 4096, no_fill, c.arena_buffer(4)),
+                   std::invalid_argument);
+      EXPECT_THROW((void)c.push_filled(1, 3, 0, dtype, kN, no_fill, actors::ArenaBuffer{}),
+                   std::invalid_argument);
+    }
 }
 
 // A real service omits the crc of a fetch that asked for none (writing the same bytes),
