@@ -321,66 +321,63 @@ void GradientPipeline::push_frame(size_t b, const PartitionSlice& p, FloatBuffer
 }
 
 // The push through the service's arena: the gradient the backward wrote into a slot goes
-// as it is; otherwise its half copy is written into a free slot, or the service's client
-// copies the fp32 gradient into one in ranges; the service reads the slot in place. false,
-// with `part` untouched, when no slot fits or is free: then the push goes as a frame.
+// as it is; otherwise the service's client writes it into a free slot in ranges (copied,
+// or rounded to the half type); the service reads the slot in place. false, with `part`
+// untouched, when no slot fits or is free: then the push goes as a frame.
 bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part) {
   actors::ServiceClient& service = *z_.services[p.service];
   const msg::DType dtype = z_.wire_dtype();
   const size_t count = p.count;
   const size_t bytes = count * msg::dtype_size(dtype);
+  const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
   // A slot per push in flight: the oldest answer first, as the frame path does.
   make_room_for_push();
   if (bytes > arena_push_limit_[p.service]) return false;
-  actors::ArenaBuffer slot;
-  bool lend = false;
-  if (grad_slots_[b]) {
-    // Lent: the service may read this gradient in the slot at the commit and leave the
-    // block's updated parameters there (no copy out of the slot, no fetch of the block).
-    lend = lend_ && lend_(b);
-    // Written in place (begin_grad_in_slot, or the reduce-scatter's reduce_target): its
-    // bytes, counted since then, are the push's until the answer (a partition's padding
-    // past its count floats is the reduce-scatter's only).
-    slot = std::move(*grad_slots_[b]);
-    grad_slots_[b].reset();
-    memory_->sub(part.bytes());
-    memory_->add(bytes);
-    part = FloatBuffer();
-    ++pushes_in_place_;
-  } else {
-    slot = service.arena_buffer(bytes);
+  if (!grad_slots_[b]) {
+    actors::ArenaBuffer slot = service.arena_buffer(bytes);
     if (!slot) return false;
     memory_->add(bytes);  // the slot's bytes are this push's gradient until the answer
+    // A gradient kept in a buffer of its own (over micro-steps, in half precision always, or
+    // when no slot was free as the backward began it): the service's client writes it into
+    // the slot on its own thread, range by range as the service adds them, while the
+    // backward goes on; the gradient is freed with the answer. Half precision is rounded
+    // there with the frame path's rounding: an fp16 overflow becomes inf in the slot, which
+    // the service's stats of the push report as nonfinite (the verdict's overflow).
+    auto payload = std::make_shared<GradPayload>();
+    payload->memory = memory_;
+    payload->accounted = part.bytes();  // already counted when it was allocated
+    payload->floats = std::move(part);
+    actors::ServiceFuture<msg::PushReply> reply;
     if (z_.precision == Precision::kFp32) {
-      // A gradient kept over micro-steps (or one no slot was free for when the backward
-      // began it): the service's client copies it into the slot on its own thread, range by
-      // range as the service adds them, while the backward goes on; the gradient is freed
-      // with the answer.
-      auto payload = std::make_shared<GradPayload>();
-      payload->memory = memory_;
-      payload->accounted = part.bytes();  // already counted when it was allocated
-      payload->floats = std::move(part);
       const auto grads = std::as_bytes(std::span<const float>(payload->floats.data(), count));
-      const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
-      pushes_.push_back(PendingPush{
-          b,
-          p.service,
-          service.push_copied(p.id, step, 0, dtype, grads, std::move(payload), std::move(slot)),
-          bytes,
-          {}});
-      bytes_pushed_ += bytes;
-      ++pushes_copied_;
-      max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
-      return true;
+      reply = service.push_copied(p.id, step, 0, dtype, grads, std::move(payload), std::move(slot));
+    } else {
+      const float* grads = payload->floats.data();
+      auto round_into = [grads, kind = z_.half_kind()](std::byte* dst, uint64_t at, uint64_t n) {
+        k::floats_to_half_one_thread(reinterpret_cast<uint16_t*>(dst), grads + at, n, kind);
+      };
+      reply = service.push_filled(p.id, step, 0, dtype, count, std::move(round_into),
+                                  std::move(payload), std::move(slot));
     }
-    // Exactly the frame path's rounding (fp16 overflow turns into inf here).
-    pushed_.rounding_overflowed |= k::round_through_half(part.data(), count, z_.half_kind());
-    k::floats_to_half(reinterpret_cast<uint16_t*>(slot.bytes().data()), part.data(), count,
-                      z_.half_kind());
-    drop_grad(part);
+    pushes_.push_back(PendingPush{b, p.service, std::move(reply), bytes, {}});
+    bytes_pushed_ += bytes;
+    ++pushes_copied_;
+    max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+    return true;
   }
-  // The slot goes with the request; the client frees it when the answer is in.
-  const uint64_t step = static_cast<uint64_t>(z_.counters.global_step) + 1;
+  // Lent: the service may read this gradient in the slot at the commit and leave the
+  // block's updated parameters there (no copy out of the slot, no fetch of the block).
+  const bool lend = lend_ && lend_(b);
+  // Written in place (begin_grad_in_slot, or the reduce-scatter's reduce_target): its
+  // bytes, counted since then, are the push's until the answer (a partition's padding past
+  // its count floats is the reduce-scatter's only). The slot goes with the request; the
+  // client frees it when the answer is in.
+  actors::ArenaBuffer slot = std::move(*grad_slots_[b]);
+  grad_slots_[b].reset();
+  memory_->sub(part.bytes());
+  memory_->add(bytes);
+  part = FloatBuffer();
+  ++pushes_in_place_;
   PendingPush push{b, p.service, {}, bytes, {}};
   push.arena_reply = service.push_gradients(p.id, step, 0, dtype, count, std::move(slot), lend);
   bytes_pushed_ += bytes;

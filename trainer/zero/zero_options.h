@@ -150,10 +150,11 @@ struct ZeroStats {
   // that came back holding the block's updated parameters and became its resident copy
   // (the next step's fetch of that block, done by the service's Adam pass).
   uint64_t pushes_lent = 0;
-  // fp32 pushes of a gradient kept in a buffer of its own (accumulated over micro-steps, or
-  // no slot free when the backward began it) that the service's client copied into a push
-  // slot: in ranges of push_range_bytes when larger, the service taking one while the next
-  // is copied (actors::OffloadClient::push_copied).
+  // Pushes of a gradient kept in a buffer of its own (accumulated over micro-steps, every
+  // half-precision one, or no slot free when the backward began it) that the service's
+  // client wrote into a push slot, copied (fp32) or rounded to the half type: in ranges of
+  // push_range_bytes when larger, the service taking one while the next is written
+  // (actors::OffloadClient::push_copied, push_filled).
   uint64_t pushes_copied = 0;
   uint64_t blocks_published_in_place = 0;
   uint64_t bytes_published_in_place = 0;  // their parameters, as fp32 (not in bytes_fetched)
