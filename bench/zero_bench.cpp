@@ -97,9 +97,16 @@ Stage3Knobs lean_stage3_knobs(const std::string& model) {
 namespace {
 
 nlohmann::json base_config(const ZeroBenchOptions& o) {
-  return {{"train_micro_batch_size_per_gpu", o.micro_batch},
-          {"gradient_accumulation_steps", o.micro_steps},
-          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}}};
+  nlohmann::json c = {{"train_micro_batch_size_per_gpu", o.micro_batch},
+                      {"gradient_accumulation_steps", o.micro_steps},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}}};
+  if (o.precision == "bf16" || o.precision == "fp16") {
+    c[o.precision] = {{"enabled", true}};
+  } else if (o.precision != "fp32") {
+    throw std::invalid_argument("bench zero: precision '" + o.precision +
+                                "'; allowed: fp32, bf16, fp16");
+  }
+  return c;
 }
 
 struct Timing {
@@ -251,6 +258,7 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"micro_batch", o.micro_batch},
       {"seq", o.seq},
       {"micro_steps", o.micro_steps},
+      {"precision", o.precision},
       {"steps_measured", o.steps},
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},

@@ -15,6 +15,9 @@ struct ZeroBenchOptions {
   // gradient_accumulation_steps: micro-steps a step (the trainer accumulates them and pushes
   // each partition once a step).
   int micro_steps = 1;
+  // The run's precision, for both runs: fp32, or bf16 / fp16 (the ds_config's section enabled
+  // with DeepSpeed's defaults), whose gradients go to the service in the half type.
+  std::string precision = "fp32";
   int seq = 64;
   int warmup_steps = 1;
   int steps = 2;

@@ -153,6 +153,10 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
                    "gradient_accumulation_steps: micro-steps of B x T a step")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  zero->add_option("--precision", zo->precision,
+                   "fp32, or bf16 / fp16 (the ds_config section enabled) for both runs")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
   zero->add_option("--steps", zo->steps, "measured steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

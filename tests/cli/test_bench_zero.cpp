@@ -208,6 +208,25 @@ TEST(BenchZero, MicroStepsAccumulateAndPushCopiedOnceAStep) {
   EXPECT_EQ(number_at(on, "pushes_lent"), 0);
 }
 
+// --precision bf16: both runs in bf16 (the report says so); its gradients go to the service
+// in bf16, half the fp32 bytes, each rounded into a push slot by the service's client (a
+// half type is never written in place), and an unknown precision is refused naming the
+// allowed ones.
+TEST(BenchZero, Bf16PushesItsRoundedGradientsThroughSlots) {
+  const auto j = bench_zero("--precision bf16");
+  EXPECT_EQ(j.at("precision"), "bf16");
+  const auto& on = j.at("stage3_prefetch_on");
+  EXPECT_GT(number_at(on, "pushes_copied"), 0);
+  EXPECT_EQ(number_at(on, "pushes_in_place"), 0);
+  EXPECT_DOUBLE_EQ(number_at(j, "pushed_per_step_over_model"), 0.5) << "bf16 on the wire";
+  EXPECT_EQ(bench_zero("").at("precision"), "fp32");
+  dsactor::testing::TempDir dir;
+  const auto bad = dsactor::testing::run_dsactor("bench zero --precision fp8", dir.path());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("fp8"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("bf16"), std::string::npos) << bad.err;
+}
+
 // With no block persistent (the tiny model's all are under DeepSpeed's threshold) and room
 // for the embedding and two of its layers, every use of a block fetches it unless reuse
 // keeps it. DeepSpeed's default reuse distance keeps the tied embedding from the lookup to
