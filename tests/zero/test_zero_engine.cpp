@@ -35,6 +35,12 @@ using test::Trace;
 const GptConfig kTiny{2, 2, 32, 64, 16};
 constexpr int kSteps = 30;
 
+int skipped_steps(const Trace& t) {
+  int skipped = 0;
+  for (const auto& s : t.steps) skipped += s.skipped;
+  return skipped;
+}
+
 nlohmann::json precision_json(const std::string& mode) {
   if (mode == "fp16")  // 2^24: the first steps overflow and are skipped
     return {{"fp16", {{"enabled", true}, {"initial_scale_power", 24}, {"loss_scale_window", 4}}}};
@@ -127,11 +133,7 @@ class ZeroEngineTest : public ::testing::Test {
     const Trace want = run_stage0(kTiny, config(mode, 0, "none", ""), tokens, kSteps);
     std::printf("%s stage 0: %d steps in %.2f s\n", mode.c_str(), kSteps,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_ref).count());
-    if (mode == "fp16") {
-      int skipped = 0;
-      for (const auto& s : want.steps) skipped += s.skipped;
-      ASSERT_GE(skipped, 1) << "the fp16 reference must skip at least one step";
-    }
+    if (mode == "fp16") ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
     for (const std::string device : {"cpu", "nvme"})
       for (int stage : {1, 2, 3}) {
         SCOPED_TRACE(mode + " stage " + std::to_string(stage) + " " + device);
@@ -182,11 +184,7 @@ class ZeroEngineTest : public ::testing::Test {
         {"zero_optimization", {{"offload_optimizer", {{"arena_checksums", true}}}}}};
     const Trace checked = run_zero(kTiny, config(mode, 3, device, nvme_->path.string(), crc),
                                    std::move(o), tokens, steps);
-    if (mode == "fp16") {
-      int skipped = 0;
-      for (const auto& s : want.steps) skipped += s.skipped;
-      ASSERT_GE(skipped, 1) << "the fp16 reference must skip at least one step";
-    }
+    if (mode == "fp16") ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
     expect_equal_runs(want, whole);
     expect_equal_runs(want, ranges);
     expect_equal_runs(want, checked);
@@ -296,29 +294,32 @@ TEST_F(ZeroEngineTest, Stage3AccumulatingMicroStepsHoldEveryGradient) {
 // arenas by default (every other test here runs that way); forced onto frames it must
 // give the same run bit for bit, as both give stage 0's. In fp32 the arena is used in
 // place: the backward writes each layer's gradient into the push slot the service reads,
-// and a fetched layer stays resident in the slot the service wrote it into; bf16 copies
-// (the slot holds the rounded payload). The frames run pushes and fetches in ranges.
+// and a fetched layer stays resident in the slot the service wrote it into; bf16 and fp16
+// write the rounded payload into a slot (fp16 with the same steps skipped on overflow as
+// stage 0, over frames and through the arena). The frames run pushes and fetches in ranges.
 TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
   const auto tokens = corpus(6000, 6);
   const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
-  for (const std::string mode : {"fp32", "bf16"}) {
+  for (const std::string mode : {"fp32", "bf16", "fp16"}) {
     SCOPED_TRACE(mode);
-    const Trace want = run_stage0(kTiny, config(mode, 0, "none", "", extra), tokens, 4);
+    const int steps = mode == "fp16" ? 8 : 4;  // fp16: the first steps overflow
+    const Trace want = run_stage0(kTiny, config(mode, 0, "none", "", extra), tokens, steps);
+    if (mode == "fp16") ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
     ZeroStats arena_stats, frame_stats;
     const Trace arena = run_zero(kTiny, config(mode, 3, "cpu", "", extra),
-                                 options("cpu", "arena-" + mode), tokens, 4, &arena_stats);
+                                 options("cpu", "arena-" + mode), tokens, steps, &arena_stats);
     ZeroOptions o = options("cpu", "frames-" + mode);
     o.shared_memory = false;
     ZeroStats whole_stats;
     const Trace whole =
-        run_zero(kTiny, config(mode, 3, "cpu", "", extra), o, tokens, 4, &whole_stats);
+        run_zero(kTiny, config(mode, 3, "cpu", "", extra), o, tokens, steps, &whole_stats);
     // Pushes in ranges of 1 KiB, cut inside grad_stats' blocks, and fetches in ranges of
     // 4 KiB (kTiny's blocks are smaller than the defaults, which send each whole).
     o.job_id = "ranges-" + mode;
     o.push_range_bytes = 1024;
     o.fetch_part_bytes = 4096;
-    const Trace frames =
-        run_zero(kTiny, config(mode, 3, "cpu", "", extra), std::move(o), tokens, 4, &frame_stats);
+    const Trace frames = run_zero(kTiny, config(mode, 3, "cpu", "", extra), std::move(o), tokens,
+                                  steps, &frame_stats);
     EXPECT_GT(frame_stats.service_requests, whole_stats.service_requests)
         << "the pushes went in ranges";
     EXPECT_GT(frame_stats.fetches_in_ranges, 0u) << "fetches came in ranges";
