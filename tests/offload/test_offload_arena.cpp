@@ -427,6 +427,38 @@ TEST_F(OffloadArena, ACopiedInPushDeclaresTheCrcOfWhatWasCopied) {
   EXPECT_THROW(c.arena_buffer(4096).copy_in(g.data(), 65536 + 4), std::invalid_argument);
 }
 
+// Two jobs of the service with partition 1 set to `init`, both pushing in ranges of 16 KiB:
+// `arena` through an arena of one slot of `slot_bytes` (its checksums on or off), `frames`
+// as frames.
+struct ArenaAndFrames {
+  OffloadClient arena, frames;
+  ArenaAndFrames(ServiceProcess& svc, const std::string& job, size_t slot_bytes, bool checksums,
+                 const std::vector<float>& init)
+      : arena(svc.endpoint(), svc.client_security(), 10s, job),
+        frames(svc.endpoint(), svc.client_security(), 10s, job + "-frames") {
+    if (!arena.map_arena(slot_bytes, 1)) throw std::runtime_error(job + ": no arena");
+    arena.set_arena_checksums(checksums);
+    for (OffloadClient* x : {&arena, &frames}) {
+      x->set_push_range_bytes(16384);
+      x->register_partitions(0, 1, {spec(1, init.size())});
+      x->set_parameters(1, 0, DType::fp32, bytes_of(init));
+    }
+  }
+};
+
+// Commits `step` of partition 1 on both clients' jobs and expects the same parameters after.
+void expect_same_commit(OffloadClient& c, OffloadClient& frames, uint64_t step) {
+  const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
+  c.commit(commit);
+  frames.commit(commit);
+  auto a = c.fetch(1, step, DType::fp32);
+  auto b = frames.fetch(1, step, DType::fp32);
+  std::vector<std::byte> got, want;
+  for (auto piece : a.pieces()) got.insert(got.end(), piece.begin(), piece.end());
+  for (auto piece : b.pieces()) want.insert(want.end(), piece.begin(), piece.end());
+  EXPECT_EQ(got, want) << "step " << step;
+}
+
 // push_copied against a frames push of the same gradients, both in ranges of 16 KiB (74
 // ranges, the last one short), with arena checksums off and on: the same replies and the
 // same parameters after each commit, one request a range, and the slot free again once the
@@ -436,16 +468,9 @@ TEST_F(OffloadArena, ACopiedPushInRangesEqualsAFramesPush) {
   const auto init = random_floats(kN, 21);
   for (const bool checksums : {false, true}) {
     SCOPED_TRACE(checksums ? "arena checksums on" : "off");
-    const std::string job = checksums ? "copied-crc" : "copied";
-    OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, job);
-    OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, job + "-frames");
-    ASSERT_TRUE(c.map_arena(kN * 4, 1));
-    c.set_arena_checksums(checksums);
-    for (OffloadClient* x : {&c, &frames}) {
-      x->set_push_range_bytes(16384);
-      x->register_partitions(0, 1, {spec(1, kN)});
-      x->set_parameters(1, 0, DType::fp32, bytes_of(init));
-    }
+    ArenaAndFrames jobs(*svc_, checksums ? "copied-crc" : "copied", kN * 4, checksums, init);
+    OffloadClient& c = jobs.arena;
+    OffloadClient& frames = jobs.frames;
     for (uint64_t step = 1; step <= 2; ++step) {
       const auto g = random_floats(kN, 30 + static_cast<uint32_t>(step), 64.0f);
       const uint64_t before = c.requests_sent();
@@ -456,15 +481,7 @@ TEST_F(OffloadArena, ACopiedPushInRangesEqualsAFramesPush) {
       const msg::PushReply f = frames.push_gradients(1, step, 0, DType::fp32, bytes_of(g));
       EXPECT_EQ(r->sum_squares, f.sum_squares);
       EXPECT_EQ(r->nonfinite, f.nonfinite);
-      const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
-      c.commit(commit);
-      frames.commit(commit);
-      auto a = c.fetch(1, step, DType::fp32);
-      auto b = frames.fetch(1, step, DType::fp32);
-      std::vector<std::byte> got, want;
-      for (auto piece : a.pieces()) got.insert(got.end(), piece.begin(), piece.end());
-      for (auto piece : b.pieces()) want.insert(want.end(), piece.begin(), piece.end());
-      EXPECT_EQ(got, want) << "step " << step;
+      expect_same_commit(c, frames, step);
     }
     const std::vector<float> larger(kN + 1024);  // past the slot's whole pages
     EXPECT_THROW((void)c.push_copied(1, 3, 0, DType::fp32, bytes_of(larger), c.arena_buffer(4)),
@@ -488,15 +505,9 @@ TEST_F(OffloadArena, AFilledPushRoundedInRangesEqualsAHalfFramesPush) {
       const std::string job = std::string(msg::to_string(dtype)) + (checksums ? "-crc" : "");
       SCOPED_TRACE(job);
       const kc::HalfKind kind = dtype == DType::bf16 ? kc::HalfKind::kBF16 : kc::HalfKind::kFP16;
-      OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "filled-" + job);
-      OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, "filled-f-" + job);
-      ASSERT_TRUE(c.map_arena(kN * 2, 1));
-      c.set_arena_checksums(checksums);
-      for (OffloadClient* x : {&c, &frames}) {
-        x->set_push_range_bytes(16384);
-        x->register_partitions(0, 1, {spec(1, kN)});
-        x->set_parameters(1, 0, DType::fp32, bytes_of(init));
-      }
+      ArenaAndFrames jobs(*svc_, "filled-" + job, kN * 2, checksums, init);
+      OffloadClient& c = jobs.arena;
+      OffloadClient& frames = jobs.frames;
       for (uint64_t step = 1; step <= 2; ++step) {
         auto g = random_floats(kN, 40 + static_cast<uint32_t>(step), 64.0f);
         if (step == 2) g[kN - 7] = 70000.0f;  // past fp16's largest: inf in fp16 only
@@ -526,15 +537,7 @@ TEST_F(OffloadArena, AFilledPushRoundedInRangesEqualsAHalfFramesPush) {
           frames.skip(step);
           continue;
         }
-        const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
-        c.commit(commit);
-        frames.commit(commit);
-        auto a = c.fetch(1, step, DType::fp32);
-        auto b = frames.fetch(1, step, DType::fp32);
-        std::vector<std::byte> got, want;
-        for (auto piece : a.pieces()) got.insert(got.end(), piece.begin(), piece.end());
-        for (auto piece : b.pieces()) want.insert(want.end(), piece.begin(), piece.end());
-        EXPECT_EQ(got, want) << "step " << step;
+        expect_same_commit(c, frames, step);
       }
       const auto no_fill = [](std::byte*, uint64_t, uint64_t) {};
       EXPECT_THROW((void)c.push_filled(1, 3, 0, dtype, kN + 4096, no_fill, c.arena_buffer(4)),
