@@ -690,14 +690,11 @@ ServiceResult<msg::PushReply> OffloadClient::push_copied(uint64_t partition_id, 
                                                          uint32_t micro_step, msg::DType dtype,
                                                          std::span<const std::byte> grads,
                                                          ArenaBuffer slot) {
-  if (!slot || slot.pool_ != pool_.get() || grads.size() > slot.bytes().size())
-    throw std::invalid_argument("push_copied: " + std::to_string(grads.size()) +
-                                " bytes do not fit the arena buffer given");
   const size_t element = msg::dtype_size(dtype);
   // Streamed stores: the service reads these bytes from another core, this thread never
   // does again. The crc, when arena checksums are on, rides on the copy.
   return push_into_slot(
-      partition_id, step, micro_step, dtype, grads.size() / element, std::move(slot),
+      "push_copied", partition_id, step, micro_step, dtype, grads.size() / element, std::move(slot),
       [&](std::byte* dst, uint64_t at, uint64_t count) -> std::optional<uint32_t> {
         const std::byte* src = grads.data() + at * element;
         if (arena_checksums_) return checksum::crc32c_stream_copy(dst, src, count * element);
@@ -711,12 +708,9 @@ ServiceResult<msg::PushReply> OffloadClient::push_filled(uint64_t partition_id, 
                                                          uint64_t count, const PushFill& fill,
                                                          ArenaBuffer slot) {
   const size_t element = msg::dtype_size(dtype);
-  if (!slot || slot.pool_ != pool_.get() || count > slot.bytes().size() / element)
-    throw std::invalid_argument("push_filled: " + std::to_string(count) + " elements of " +
-                                std::to_string(element) +
-                                " bytes do not fit the arena buffer given");
   // The written range is still in this core's cache when its crc reads it.
-  return push_into_slot(partition_id, step, micro_step, dtype, count, std::move(slot),
+  return push_into_slot("push_filled", partition_id, step, micro_step, dtype, count,
+                        std::move(slot),
                         [&](std::byte* dst, uint64_t at, uint64_t n) -> std::optional<uint32_t> {
                           fill(dst, at, n);
                           if (!arena_checksums_) return std::nullopt;
@@ -724,11 +718,16 @@ ServiceResult<msg::PushReply> OffloadClient::push_filled(uint64_t partition_id, 
                         });
 }
 
-ServiceResult<msg::PushReply> OffloadClient::push_into_slot(uint64_t partition_id, uint64_t step,
+ServiceResult<msg::PushReply> OffloadClient::push_into_slot(const char* caller,
+                                                            uint64_t partition_id, uint64_t step,
                                                             uint32_t micro_step, msg::DType dtype,
                                                             uint64_t n, ArenaBuffer slot,
                                                             const FillRange& fill) {
   const size_t element = msg::dtype_size(dtype);
+  if (!slot || slot.pool_ != pool_.get() || n > slot.bytes().size() / element)
+    throw std::invalid_argument(std::string(caller) + ": " + std::to_string(n) + " elements of " +
+                                std::to_string(element) +
+                                " bytes do not fit the arena buffer given");
   const uint64_t range = push_range_elements(push_range_bytes_, element);
   if (micro_step != 0 || range == 0 || n <= range) {
     if (const auto crc = fill(slot.bytes().data(), 0, n))

@@ -349,13 +349,15 @@ class OffloadClient {
   // and answers its request id; push()'s window and restarts.
   ServiceResult<messages::PushReply> push_ranges(
       uint64_t n, uint64_t range, const std::function<uint64_t(uint64_t, uint64_t)>& send_range);
-  // push_copied and push_filled: `n` elements written into `slot` by fill(dst, at, count),
-  // which answers the crc of what it wrote (none: the push omits it), whole or in ranges.
+  // push_copied and push_filled (`caller`, for the refusal): `n` elements written into `slot`
+  // by fill(dst, at, count), which answers the crc of what it wrote (none: the push omits
+  // it), whole or in ranges. std::invalid_argument when they do not fit the slot, or the slot
+  // is empty or of another pool.
   using FillRange = std::function<std::optional<uint32_t>(std::byte*, uint64_t, uint64_t)>;
-  ServiceResult<messages::PushReply> push_into_slot(uint64_t partition_id, uint64_t step,
-                                                    uint32_t micro_step, messages::DType dtype,
-                                                    uint64_t n, ArenaBuffer slot,
-                                                    const FillRange& fill);
+  ServiceResult<messages::PushReply> push_into_slot(const char* caller, uint64_t partition_id,
+                                                    uint64_t step, uint32_t micro_step,
+                                                    messages::DType dtype, uint64_t n,
+                                                    ArenaBuffer slot, const FillRange& fill);
   void unmap_arena();
   // A request sent and not yet answered: what it takes to send it again after `busy`.
   struct Pending {
