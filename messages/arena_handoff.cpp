@@ -147,13 +147,82 @@ std::optional<HandedFd> receive_fd(int connection, std::chrono::milliseconds tim
     why = "expected a ticket of 1.." + std::to_string(kMaxTicket) + " bytes and one fd";
     return std::nullopt;
   }
-  if (fds.size() != 1) {
-    why = "expected exactly one fd, got " + std::to_string(fds.size());
+  if (fds.size() > 1) {
+    why = "expected at most one fd, got " + std::to_string(fds.size());
     return std::nullopt;
   }
   out.ticket.assign(ticket, static_cast<size_t>(n));
-  out.fd = std::move(fds[0]);
+  if (!fds.empty()) out.fd = std::move(fds[0]);
   return out;
+}
+
+void answer_with_fd(int connection, int fd) {
+  char line[] = "ok\n";
+  iovec iov{line, 3};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  [[maybe_unused]] auto n = ::sendmsg(connection, &m, MSG_NOSIGNAL);
+}
+
+UniqueFd collect_fd(const std::string& socket, const std::string& ticket,
+                    std::chrono::milliseconds timeout) {
+  const std::string what = "master view from " + socket;
+  if (ticket.empty() || ticket.size() > kMaxTicket)
+    throw std::runtime_error(what + ": ticket of " + std::to_string(ticket.size()) + " bytes");
+  const auto [addr, len] = address_of(socket);
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s) throw sys_error(what + ": socket");
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
+    throw sys_error(what + ": connect");
+  if (::send(s.get(), ticket.data(), ticket.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(ticket.size()))
+    throw sys_error(what + ": send");
+  ::shutdown(s.get(), SHUT_WR);
+  // One recvmsg takes the fd with the first bytes of the answer; the rest of a refusal's
+  // line follows in plain reads.
+  std::string line;
+  std::vector<UniqueFd> fds;
+  char buf[512];
+  while (line.size() < 4096 && line.find('\n') == std::string::npos) {
+    if (!wait_for(s.get(), POLLIN, timeout))
+      throw std::runtime_error(what + ": no answer within " + std::to_string(timeout.count()) +
+                               " ms");
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(s.get(), &m, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
+      }
+    }
+    if (n <= 0) break;
+    line.append(buf, static_cast<size_t>(n));
+  }
+  line = line.substr(0, line.find('\n'));
+  if (line != "ok")
+    throw std::runtime_error(what + ": refused: " + (line.empty() ? "closed" : line));
+  if (fds.size() != 1)
+    throw std::runtime_error(what + ": expected one fd with the answer, got " +
+                             std::to_string(fds.size()));
+  return std::move(fds[0]);
 }
 
 void answer_hand_over(int connection, std::string_view line) {

@@ -39,6 +39,12 @@ class UniqueFd {
 void hand_over_fd(const std::string& socket, const std::string& ticket, int fd,
                   std::chrono::milliseconds timeout);
 
+// The other way (a partition's master view, FetchReply::master_view): connects to `socket`,
+// sends `ticket` without an fd, and waits up to `timeout` for the answer "ok" with one fd
+// attached, which it returns. Throws std::runtime_error naming the socket and the reason.
+UniqueFd collect_fd(const std::string& socket, const std::string& ticket,
+                    std::chrono::milliseconds timeout);
+
 // The service side: a listening Unix socket in the abstract namespace.
 class FdDoor {
  public:
@@ -57,14 +63,17 @@ struct HandedFd {
   uid_t uid = 0;  // of the peer process (SO_PEERCRED)
   pid_t pid = 0;
   std::string ticket;
-  UniqueFd fd;
+  UniqueFd fd;  // empty for a collect_fd
 };
 
 // Reads one hand-over within `timeout`: the peer's credentials, a ticket of at most 256
-// bytes and exactly one fd. nullopt, with `why`, for anything else (extra fds are closed).
+// bytes and at most one fd (none: a collect_fd). nullopt, with `why`, for anything else
+// (extra fds are closed).
 std::optional<HandedFd> receive_fd(int connection, std::chrono::milliseconds timeout,
                                    std::string& why);
 // The one-line answer ("ok", or the reason) the client of hand_over_fd waits for.
 void answer_hand_over(int connection, std::string_view line);
+// The answer "ok" with `fd` attached, which collect_fd returns.
+void answer_with_fd(int connection, int fd);
 
 }  // namespace dsactor::messages

@@ -125,7 +125,8 @@ std::optional<std::pair<DType, uint64_t>> payload_shape(const Body& body) {
   // With an arena slice the bytes are in shared memory: no frame 1.
   if (const auto* b = std::get_if<PushGradients>(&body); b && !b->arena)
     return std::pair{b->dtype, b->payload_count()};
-  if (const auto* b = std::get_if<FetchReply>(&body); b && !b->arena)
+  // Nor with a master view: the bytes are the service's own, mapped by the requester.
+  if (const auto* b = std::get_if<FetchReply>(&body); b && !b->arena && !b->master_view)
     return std::pair{b->dtype, b->payload_count()};
   return std::nullopt;
 }

@@ -199,6 +199,10 @@ struct FetchParameters {
   // fetch_in_ranges); the service refuses a range past the partition's end (badRequest).
   uint64_t range_offset = 0;
   uint64_t range_count = 0;  // 0: the whole partition
+  // The requester would map the master read-only rather than have it copied
+  // (FetchReply::master_view); held_view: the view it holds for the partition (0: none).
+  bool accept_master_view = false;
+  uint64_t held_view = 0;
   bool ranged() const { return range_count > 0; }
   bool operator==(const FetchParameters&) const = default;
 };
@@ -218,6 +222,16 @@ static_assert(valid_reply_part_bytes(kMinPayloadPartBytes) &&
 // reply_part_bytes asked) or, with `arena`, in that region of the arena the request named.
 // A ranged request's reply carries its range (range_offset, range_count, as asked) of the
 // partition's element_count elements.
+// A partition's fp32 master to map read-only (offload.capnp, MasterView).
+struct MasterView {
+  uint64_t view_id = 0;  // never 0
+  std::string ticket;    // empty: the request's held_view is this view
+  std::string socket;    // "@name"
+  bool operator==(const MasterView&) const = default;
+};
+// A view's ticket and socket are at most this long (decode refuses longer).
+inline constexpr size_t kMaxViewTicketBytes = 256;
+
 struct FetchReply {
   uint64_t partition_id = 0;
   uint64_t version = 0;
@@ -226,6 +240,8 @@ struct FetchReply {
   std::optional<ArenaSlice> arena;
   uint64_t range_offset = 0;
   uint64_t range_count = 0;  // 0: the whole partition
+  // Set: nothing was written or sent; the values are in the partition's master view.
+  std::optional<MasterView> master_view = std::nullopt;
   bool ranged() const { return range_count > 0; }
   uint64_t payload_count() const { return ranged() ? range_count : element_count; }
   bool operator==(const FetchReply&) const = default;

@@ -115,6 +115,27 @@ void check_range(const char* kind, uint64_t offset, uint64_t count, uint64_t ele
                                    " elements (rangeCount 0 is " + whole + ", with rangeOffset 0)");
 }
 
+// A fetch reply's master view: only for the whole partition in fp32, instead of an arena
+// slice, with a view id, and a ticket and socket a hand-over can carry.
+MasterView master_view(wire::MasterView::Reader v, const Limits& limits, const FetchReply& r) {
+  MasterView out{v.getViewId(), text(v.getTicket(), limits, "fetchReply.masterView.ticket"),
+                 text(v.getSocket(), limits, "fetchReply.masterView.socket")};
+  if (out.view_id == 0) fail(DecodeErrc::badField, "fetchReply.masterView.viewId: 0 names no view");
+  if (r.dtype != DType::fp32 || r.ranged() || r.arena)
+    fail(DecodeErrc::badField,
+         "fetchReply.masterView: only for a whole fp32 partition, without an arena slice");
+  if (out.ticket.size() > kMaxViewTicketBytes)
+    fail(DecodeErrc::badField,
+         "fetchReply.masterView.ticket: " + std::to_string(out.ticket.size()) + " bytes exceed " +
+             std::to_string(kMaxViewTicketBytes));
+  if (!out.ticket.empty() &&
+      (out.socket.size() < 2 || out.socket.size() > 107 || out.socket[0] != '@'))
+    fail(DecodeErrc::badField,
+         "fetchReply.masterView.socket: '" + out.socket.substr(0, 120) +
+             "' is not an abstract Unix socket name (@name, at most 107 bytes)");
+  return out;
+}
+
 std::optional<ArenaSlice> arena_slice(bool present, wire::ArenaSlice::Reader a,
                                       const Limits& limits, const char* field,
                                       std::optional<std::pair<DType, uint64_t>> shape) {
@@ -208,6 +229,8 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
           part};
       out.range_offset = r.getRangeOffset();
       out.range_count = r.getRangeCount();
+      out.accept_master_view = r.getAcceptMasterView();
+      out.held_view = r.getHeldView();
       // The partition's size is the service's to check; here only what no partition allows.
       if (out.ranged() ? out.range_count > UINT64_MAX - out.range_offset : out.range_offset != 0)
         fail(DecodeErrc::badField, "fetchParameters.rangeOffset, rangeCount: [" +
@@ -288,6 +311,7 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
                   "the whole partition");
       out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "fetchReply.arena",
                               std::pair{out.dtype, out.payload_count()});
+      if (r.hasMasterView()) out.master_view = master_view(r.getMasterView(), limits, out);
       return out;
     }
     case wire::Header::Kind::STATS_REPLY: {

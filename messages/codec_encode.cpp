@@ -167,6 +167,8 @@ void set_body(wire::Header::Kind::Builder k, const FetchParameters& r) {
   b.setReplyPartBytes(r.reply_part_bytes);
   b.setRangeOffset(r.range_offset);
   b.setRangeCount(r.range_count);
+  b.setAcceptMasterView(r.accept_master_view);
+  b.setHeldView(r.held_view);
 }
 
 void set_body(wire::Header::Kind::Builder k, const FetchReply& r) {
@@ -178,6 +180,12 @@ void set_body(wire::Header::Kind::Builder k, const FetchReply& r) {
   if (r.arena) set_arena(b.initArena(), *r.arena);
   b.setRangeOffset(r.range_offset);
   b.setRangeCount(r.range_count);
+  if (r.master_view) {
+    auto v = b.initMasterView();
+    v.setViewId(r.master_view->view_id);
+    v.setTicket(text_ptr(r.master_view->ticket));
+    v.setSocket(text_ptr(r.master_view->socket));
+  }
 }
 
 void set_body(wire::Header::Kind::Builder k, const Stats&) {

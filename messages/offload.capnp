@@ -185,6 +185,12 @@ struct FetchParameters {
   # 0). A range past the partition's end is refused (badRequest).
   rangeOffset @5 :UInt64;
   rangeCount @6 :UInt64;
+  # Set (fp32, the whole partition, arena set): the requester on this host would rather map
+  # the partition's master read-only than have it copied into its arena
+  # (FetchReply.masterView). heldView: the view it has mapped for the partition (0: none),
+  # so a reply that names the same one carries no ticket.
+  acceptMasterView @7 :Bool;
+  heldView @8 :UInt64;
 }
 
 # Payload: elementCount values of dtype.
@@ -200,6 +206,18 @@ struct FetchReply {
   # the partition's elementCount (rangeCount 0: all of them).
   rangeOffset @5 :UInt64;
   rangeCount @6 :UInt64;
+  # Set: no bytes were written or sent; the values are elements [0, elementCount) of the
+  # partition's master, to be read from a read-only view of it (one frame, no payload).
+  masterView @7 :MasterView;
+}
+
+# A RAM-tier partition's fp32 master as the service holds it: a sealed memfd the requester
+# maps read-only (MAP_SHARED), fetched once per viewId from the Unix socket (SCM_RIGHTS)
+# with the one-time ticket. Valid until the next step's commit for the partition.
+struct MasterView {
+  viewId @0 :UInt64;         # never 0; a new one whenever the partition's memory changes
+  ticket @1 :Text;           # empty: the requester's heldView is this one
+  socket @2 :Text;           # "@name": the Unix socket (abstract namespace)
 }
 
 struct Stats {}

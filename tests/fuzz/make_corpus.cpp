@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
       PushGradients{1, 3, 1, DType::bf16, 8, ArenaSlice{1, 4096, 16, 0x1234}},
       FetchParameters{1, 3, DType::fp16, ArenaSlice{1, 0, 4096, 0}},
       FetchReply{1, 3, DType::fp16, 8, ArenaSlice{1, 0, 16, 0x5678}},
+      FetchParameters{1, 3, DType::fp32, ArenaSlice{1, 0, 4096, 0, true}, 0, 0, 0, true, 5},
+      // A fetch answered with the partition's master view (no payload, no slice).
+      FetchReply{1, 3, DType::fp32, 8, {}, 0, 0, MasterView{5, "ticket", "@door"}},
   };
   int n = 0;
   auto write = [&](const std::vector<uint8_t>& bytes) {

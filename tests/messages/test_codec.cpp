@@ -114,6 +114,19 @@ std::vector<Header> every_kind() {
     r.range_count = 1808;
     add(r);
   }
+  // A fetch that would map the master read-only, holding view 7; replies naming a view
+  // with its ticket, and the view held (no ticket).
+  {
+    FetchParameters f{11, 4, DType::fp32, ArenaSlice{3, 8192, 1 << 20, 0, true}};
+    f.accept_master_view = true;
+    f.held_view = 7;
+    add(f);
+    FetchReply r{11, 5, DType::fp32, 150, {}};
+    r.master_view = MasterView{8, std::string(64, 'a'), "@dsactor-offload-1-ab"};
+    add(r);
+    r.master_view = MasterView{7, "", ""};
+    add(r);
+  }
   return h;
 }
 
@@ -462,6 +475,41 @@ TEST(CodecMalformed, FetchRangeOutsideThePartition) {
   EXPECT_TRUE(decode(one(forged(request(1ull << 40, 16), 0, 0))).ok());
   EXPECT_EQ(error_of(one(forged(request(~uint64_t{0} - 7, 16), 0, 0))), DecodeErrc::badField);
   EXPECT_EQ(error_of(one(forged(request(4, 0), 0, 0))), DecodeErrc::badField);
+}
+
+// A master view only for a whole fp32 partition without an arena slice, never view 0, with
+// a ticket a hand-over can carry and an abstract socket name.
+TEST(CodecMalformed, MasterViews) {
+  auto reply = [](wire::DType dtype, uint64_t view, std::string ticket, std::string socket,
+                  uint64_t range, bool arena) {
+    return [=](wire::Header::Builder h) {
+      auto r = h.getKind().initFetchReply();
+      r.setDtype(dtype);
+      r.setElementCount(100);
+      if (range) r.setRangeCount(range);
+      if (arena) {
+        auto a = r.initArena();
+        a.setArenaId(1);
+        a.setLength(range ? range * 4 : 400);
+        a.setCrcOmitted(true);
+      }
+      auto v = r.initMasterView();
+      v.setViewId(view);
+      v.setTicket(ticket);
+      v.setSocket(socket);
+    };
+  };
+  const std::string t(64, 'a');
+  EXPECT_TRUE(decode(one(forged(reply(wire::DType::FP32, 3, t, "@door", 0, false), 0, 0))).ok());
+  EXPECT_TRUE(decode(one(forged(reply(wire::DType::FP32, 3, "", "", 0, false), 0, 0))).ok());
+  for (auto bad : {reply(wire::DType::FP32, 0, t, "@door", 0, false),
+                   reply(wire::DType::BF16, 3, t, "@door", 0, false),
+                   reply(wire::DType::FP32, 3, t, "@door", 10, false),
+                   reply(wire::DType::FP32, 3, t, "@door", 0, true),
+                   reply(wire::DType::FP32, 3, std::string(257, 'a'), "@door", 0, false),
+                   reply(wire::DType::FP32, 3, t, "/tmp/door", 0, false),
+                   reply(wire::DType::FP32, 3, t, "@" + std::string(107, 'd'), 0, false)})
+    EXPECT_EQ(error_of(one(forged(bad, 0, 0))), DecodeErrc::badField);
 }
 
 TEST(CodecMalformed, PayloadLengthMismatch) {
