@@ -222,6 +222,7 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // Of the measured steps' pushes and fetches (as `fetches`), those that went in place.
   r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
   r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
+  r["fetches_from_master_view"] = after.fetches_from_master_view - before.fetches_from_master_view;
   // Push slots lent to the service until the commit, and those that came back holding
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;
@@ -261,6 +262,7 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"precision", o.precision},
       {"steps_measured", o.steps},
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
+      {"master_views", o.master_views},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
       {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
       // Prefetch on, the service answering each commit once decided, the update published
@@ -404,6 +406,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.timeout = std::chrono::seconds(o.timeout_seconds);
         zo.job_id = std::string("bench-zero-") + name;
         zo.shared_memory = o.shared_memory;
+        zo.master_views = o.master_views;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
         ZeroEngine engine(gpt, ds, o.seed, zo);
         // Stats is answered once every committed step is published on the service.

@@ -42,6 +42,8 @@ struct ZeroBenchOptions {
   // Payloads through the same-host shared-memory arena (ZeroOptions::shared_memory);
   // false: frames over loopback tcp, as before the arena existed.
   bool shared_memory = true;
+  // Stage-3 fetches map the service's master read-only (ZeroOptions::master_views).
+  bool master_views = true;
   // zero_optimization.offload_optimizer.arena_checksums: arena payloads carry a crc32c
   // their receiver checks (off by default, as in the ds_config).
   bool arena_checksums = false;

@@ -184,6 +184,10 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   zero->add_flag(
       "--no-shared-memory", [zo](int64_t) { zo->shared_memory = false; },
       "stage 3 moves payloads as frames over loopback tcp instead of the shared-memory arena");
+  zero->add_flag(
+      "--no-master-views", [zo](int64_t) { zo->master_views = false; },
+      "stage-3 fetches have the service copy its master into the arena instead of mapping "
+      "it read-only");
   zero->add_flag("--arena-checksums", zo->arena_checksums,
                  "arena payloads carry a crc32c their receiver checks "
                  "(offload_optimizer.arena_checksums)");

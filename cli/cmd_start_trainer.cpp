@@ -418,9 +418,11 @@ int run_zero(RankRun& run) {
       s.peak_resident_grad_bytes, s.overlapped_reductions,
       s.arena_bytes > 0
           ? fmt::format("through a {} B shared-memory arena ({} pushes in place, {} fetches in "
-                        "place, {} gathered in place; {} B as frames)",
+                        "place of which {} from the master view, {} gathered in place; {} B as "
+                        "frames)",
                         s.arena_bytes, s.pushes_in_place, s.fetches_in_place,
-                        s.fetches_gathered_in_place, s.payload_bytes_as_frames)
+                        s.fetches_from_master_view, s.fetches_gathered_in_place,
+                        s.payload_bytes_as_frames)
           : std::string("as frames"));
   log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
   if (!a.out.empty()) {

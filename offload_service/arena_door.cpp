@@ -57,7 +57,8 @@ void ArenaDoor::serve() {
     if (!c) continue;
     // One at a time: a hand-over is a few syscalls and an mmap; a peer that connects and
     // stays silent holds the door for the receive timeout only.
-    messages::answer_hand_over(c.get(), admit(c.get()));
+    if (const std::string line = admit(c.get()); !line.empty())
+      messages::answer_hand_over(c.get(), line);
   }
 }
 
@@ -76,6 +77,15 @@ std::string ArenaDoor::admit(int connection) {
     expire_locked();
     auto t = tickets_.find(handed->ticket);
     if (t == tickets_.end() || t->second.handed.mapping) return "unknown or spent ticket";
+    if (t->second.view) {
+      // A view goes one way: its ticket comes alone, and is spent by being collected.
+      if (handed->fd) return "a master view's ticket comes without an fd";
+      messages::UniqueFd view = std::move(t->second.view);
+      tickets_.erase(t);
+      messages::answer_with_fd(connection, view.get());
+      return {};
+    }
+    if (!handed->fd) return "an arena's ticket comes with its fd";
     size = t->second.size;
   }
   std::shared_ptr<messages::ArenaMapping> mapping;
@@ -100,6 +110,17 @@ void ArenaDoor::expire_locked() {
 }
 
 std::string ArenaDoor::issue(const std::string& owner, const std::string& job, uint64_t size) {
+  return issue_ticket(owner, job, size, {});
+}
+
+std::string ArenaDoor::issue_view(const std::string& owner, const std::string& job,
+                                  messages::UniqueFd fd) {
+  if (!fd) throw std::invalid_argument("ArenaDoor::issue_view: no fd");
+  return issue_ticket(owner, job, 0, std::move(fd));
+}
+
+std::string ArenaDoor::issue_ticket(const std::string& owner, const std::string& job, uint64_t size,
+                                    messages::UniqueFd view) {
   std::lock_guard lock(mutex_);
   expire_locked();
   const auto pending = std::count_if(tickets_.begin(), tickets_.end(),
@@ -108,7 +129,7 @@ std::string ArenaDoor::issue(const std::string& owner, const std::string& job, u
     throw std::runtime_error("this client holds " + std::to_string(pending) +
                              " arena tickets not yet used; wait for them to expire");
   std::string ticket = random_hex(32);
-  tickets_[ticket] = Ticket{owner, job, size, Clock::now() + kTicketLifetime, {}};
+  tickets_[ticket] = Ticket{owner, job, size, Clock::now() + kTicketLifetime, {}, std::move(view)};
   return ticket;
 }
 
@@ -117,7 +138,7 @@ ArenaDoor::Handed ArenaDoor::take(const std::string& ticket, const std::string& 
   std::lock_guard lock(mutex_);
   expire_locked();
   auto t = tickets_.find(ticket);
-  if (t == tickets_.end() || t->second.owner != owner || t->second.job != job)
+  if (t == tickets_.end() || t->second.owner != owner || t->second.job != job || t->second.view)
     throw std::runtime_error("unknown, spent or expired ticket");
   Ticket got = std::move(t->second);
   tickets_.erase(t);

@@ -44,6 +44,10 @@ class ArenaDoor {
   // A ticket for an arena of `size` bytes of (owner, job). Throws std::runtime_error when
   // the client holds kMaxPendingPerClient tickets already.
   std::string issue(const std::string& owner, const std::string& job, uint64_t size);
+  // A ticket for the read-only fd of a partition's master (FetchReply::master_view), which
+  // the requester of (owner, job) collects once (messages::collect_fd) from a process of an
+  // allowed uid. Same lifetime and per-client bound as arena tickets.
+  std::string issue_view(const std::string& owner, const std::string& job, messages::UniqueFd fd);
   // An arena as handed over: the mapping, and the process that handed it (a pidfd, which
   // becomes readable when that process exits; empty where the kernel has no pidfd_open).
   struct Handed {
@@ -61,11 +65,15 @@ class ArenaDoor {
     std::string owner, job;
     uint64_t size = 0;
     std::chrono::steady_clock::time_point expires;
-    Handed handed;  // once handed over
+    Handed handed;            // once handed over
+    messages::UniqueFd view;  // a view ticket's fd, given to whoever collects it
   };
   void serve();
-  // One connection: credentials, ticket, fd; the answer line.
+  // One connection: credentials, ticket, fd; the answer line (empty: answered already, with
+  // a view's fd).
   std::string admit(int connection);
+  std::string issue_ticket(const std::string& owner, const std::string& job, uint64_t size,
+                           messages::UniqueFd view);
   void expire_locked();
 
   messages::FdDoor door_;

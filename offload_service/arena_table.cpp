@@ -16,15 +16,18 @@ using detail::fmt_bytes;
 using detail::refuse;
 using msg::ErrorCode;
 
-ArenaTable::ArenaTable(uint64_t max_bytes, const std::vector<uint32_t>& uids)
-    : max_bytes_(max_bytes) {
-  if (max_bytes_ == 0) return;
+std::shared_ptr<ArenaDoor> open_arena_door(uint64_t max_bytes, const std::vector<uint32_t>& uids) {
+  if (max_bytes == 0) return nullptr;
   try {
-    door_ = std::make_unique<ArenaDoor>(std::vector<uid_t>(uids.begin(), uids.end()));
+    return std::make_shared<ArenaDoor>(std::vector<uid_t>(uids.begin(), uids.end()));
   } catch (const std::exception& e) {
     spdlog::warn("offload: no shared-memory arenas (same-host trainers use frames): {}", e.what());
+    return nullptr;
   }
 }
+
+ArenaTable::ArenaTable(uint64_t max_bytes, std::shared_ptr<ArenaDoor> door)
+    : max_bytes_(max_bytes), door_(max_bytes > 0 ? std::move(door) : nullptr) {}
 
 msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r,
                                    const std::string& peer) {

@@ -24,11 +24,16 @@
 
 namespace dsactor::offload {
 
+// The service's door (arena_door.h) for max_bytes (StoreOptions::max_arena_bytes; 0: none)
+// and uids (StoreOptions::arena_uids); null, with a warning, where the socket cannot be had.
+// One per store: the table hands arenas in through it, the workers master views out.
+std::shared_ptr<ArenaDoor> open_arena_door(uint64_t max_bytes, const std::vector<uint32_t>& uids);
+
 class ArenaTable {
  public:
-  // max_bytes: StoreOptions::max_arena_bytes, over all jobs (0: no arenas, no door);
-  // uids: StoreOptions::arena_uids.
-  ArenaTable(uint64_t max_bytes, const std::vector<uint32_t>& uids);
+  // max_bytes: StoreOptions::max_arena_bytes, over all jobs; door: open_arena_door's (null:
+  // no arenas).
+  ArenaTable(uint64_t max_bytes, std::shared_ptr<ArenaDoor> door);
 
   // MapArena of `peer`: without a ticket, a ticket and the door's socket; with one, the
   // arena handed over with it, mapped for the request's job. Refuses tooLarge beyond
@@ -60,7 +65,7 @@ class ArenaTable {
                      const std::string& peer) const;
 
   uint64_t max_bytes_;
-  std::unique_ptr<ArenaDoor> door_;
+  std::shared_ptr<ArenaDoor> door_;
   std::map<uint64_t, Mapped> arenas_;
   uint64_t next_id_ = 1;
   uint64_t bytes_ = 0;

@@ -1,9 +1,17 @@
 #include "offload_service/host_memory.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "storage/aligned_buffer.h"
@@ -58,6 +66,50 @@ class MappedBuffer final : public HostBuffer {
 
  private:
   storage::AlignedBuffer buf_;
+};
+
+// A memfd mapped read/write here; only its read-only fd is kept open (the mapping keeps the
+// file), so a partition costs the service one fd. Sealed against shrinking and growing, so
+// no holder of the read-only fd can take pages from under a mapping, and against further
+// seals.
+class SharedBuffer final : public HostBuffer {
+ public:
+  SharedBuffer(size_t bytes, bool lock) {
+    static std::atomic<uint64_t> next_view{1};
+    capacity_ = storage::align_up(std::max<size_t>(bytes, 1), kAlign);
+    size_ = bytes;
+    const int rw = ::memfd_create("dsactor-master", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (rw < 0) throw std::runtime_error(std::string("memfd_create: ") + std::strerror(errno));
+    auto fail = [&](const char* call) {
+      const int e = errno;
+      ::close(rw);
+      if (data_) ::munmap(data_, capacity_);
+      if (view_fd_ >= 0) ::close(view_fd_);
+      throw std::runtime_error(std::string(call) + ": " + std::strerror(e));
+    };
+    if (::ftruncate(rw, static_cast<off_t>(capacity_)) != 0) fail("ftruncate");
+    if (::fcntl(rw, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      fail("F_ADD_SEALS");
+    void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+    if (p == MAP_FAILED) fail("mmap");
+    data_ = static_cast<std::byte*>(p);
+    // A new open file description, read-only: mmap of it with PROT_WRITE and MAP_SHARED,
+    // write() and ftruncate() all fail for whoever holds it.
+    const std::string self = "/proc/self/fd/" + std::to_string(rw);
+    view_fd_ = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+    if (view_fd_ < 0) fail("open /proc/self/fd read-only");
+    ::close(rw);
+    locked_ = lock && ::mlock(data_, capacity_) == 0;
+    view_id_ = next_view.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~SharedBuffer() override {
+    ::munmap(data_, capacity_);
+    ::close(view_fd_);
+  }
+  bool locked() const { return locked_; }
+
+ private:
+  bool locked_ = false;
 };
 
 class CudaBuffer final : public HostBuffer {
@@ -156,6 +208,41 @@ HostBufferPtr HostAllocator::allocate(size_t bytes) {
     report_ = "none: " + buf->lock_status().describe() + " (after some buffers were locked)";
   }
   return buf;
+}
+
+}  // namespace dsactor::offload
+
+namespace dsactor::offload {
+
+HostBufferPtr HostAllocator::allocate_shared(size_t bytes) {
+  if (kind_ == PinningKind::kCudaHostAlloc || shared_failed_) return allocate(bytes);
+  // A shared buffer holds an fd: the soft limit on them (often 1024) goes up to the hard
+  // one, once, so a job of many partitions keeps its views.
+  static std::once_flag raised;
+  std::call_once(raised, [] {
+    rlimit r{};
+    if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+      r.rlim_cur = r.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &r);
+    }
+  });
+  try {
+    auto buf = std::make_shared<SharedBuffer>(bytes, kind_ == PinningKind::kMlock);
+    if (kind_ == PinningKind::kMlock && !buf->locked()) {
+      spdlog::warn("offload: RAM buffers no longer locked: mlock of a shared buffer failed ({})",
+                   std::strerror(errno));
+      kind_ = PinningKind::kNone;
+      report_ = "none: mlock failed (after some buffers were locked)";
+    }
+    return buf;
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "offload: partitions' masters are copied into trainers' arenas from now on: "
+        "a shareable buffer could not be had ({})",
+        e.what());
+    shared_failed_ = true;
+    return allocate(bytes);
+  }
 }
 
 }  // namespace dsactor::offload

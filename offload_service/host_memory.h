@@ -31,6 +31,10 @@ class HostBuffer {
   size_t size() const { return size_; }
   // size() rounded up to 4 KiB; all of it usable.
   size_t capacity() const { return capacity_; }
+  // A buffer of allocate_shared: a read-only fd of its memfd (this buffer's to close) and
+  // an id no other buffer of this process has had. -1 and 0 for every other buffer.
+  int view_fd() const { return view_fd_; }
+  uint64_t view_id() const { return view_id_; }
   template <typename T>
   T* as() {
     return reinterpret_cast<T*>(data_);
@@ -44,6 +48,8 @@ class HostBuffer {
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   size_t capacity_ = 0;
+  int view_fd_ = -1;
+  uint64_t view_id_ = 0;
 };
 using HostBufferPtr = std::shared_ptr<HostBuffer>;
 
@@ -66,6 +72,11 @@ class HostAllocator {
   // A pinned (per kind()) buffer of at least `bytes`. Throws std::runtime_error when the
   // memory cannot be had at all (a failed pin downgrades silently after the first report).
   HostBufferPtr allocate(size_t bytes);
+  // As allocate(), in a memfd sealed against resizing whose read-only fd (view_fd()) a
+  // same-host trainer may map (FetchReply::master_view), pinned with mlock like allocate's.
+  // With CUDA pinning (cudaHostAlloc memory is not a file), or when the memfd cannot be had
+  // (out of fds), allocate()'s buffer without a view: the caller then copies as before.
+  HostBufferPtr allocate_shared(size_t bytes);
   // An unpinned buffer (short-lived conversions, clones for in-flight replies).
   static HostBufferPtr plain(size_t bytes);
 
@@ -80,6 +91,7 @@ class HostAllocator {
   PinningKind kind_ = PinningKind::kNone;
   std::string report_;
   bool mlock_probed_ = false;
+  bool shared_failed_ = false;  // reported once
 };
 
 }  // namespace dsactor::offload

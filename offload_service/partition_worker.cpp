@@ -1,5 +1,6 @@
 #include "offload_service/partition_worker.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -64,6 +65,7 @@ struct WorkerState {
   size_t index = 0;
   caf::actor_system* system = nullptr;
   std::unique_ptr<HostAllocator> memory;
+  std::shared_ptr<ArenaDoor> door;  // null: no master views
   std::unique_ptr<NvmeIo> nvme;
   std::map<PartitionKey, WorkerPartition> parts;
   std::optional<Staged> staged;
@@ -92,12 +94,18 @@ struct WorkerState {
   static inline const char* name = "partition_worker";
 
   BufPtr alloc(uint64_t bytes) { return memory->allocate(bytes); }
+  // A RAM partition's master: in a memfd a same-host trainer may map read-only (a master
+  // view) where the service has a door to hand it out through.
+  BufPtr alloc_master(uint64_t bytes) {
+    return door ? memory->allocate_shared(bytes) : memory->allocate(bytes);
+  }
 
   // Clones a buffer that a reply still holds (ZeroMQ may still be sending it), so bytes
-  // already handed out never change. The clone becomes the live buffer: pinned like it.
+  // already handed out never change. The clone becomes the live buffer: pinned like it,
+  // and shareable like it (a new view id, so trainers map the clone).
   void unshare(BufPtr& buf) {
     if (buf && buf.use_count() > 1) {
-      auto copy = alloc(buf->size());
+      auto copy = buf->view_id() != 0 ? alloc_master(buf->size()) : alloc(buf->size());
       std::memcpy(copy->data(), buf->data(), buf->size());
       buf = std::move(copy);
     }
@@ -314,6 +322,31 @@ struct WorkerState {
     r.crc32c.reset();
   }
 
+  // A whole fp32 fetch from a same-host trainer (it named an arena) answered with the
+  // partition's master view instead of a copy: a ticket for the view's read-only fd unless
+  // the trainer holds this view already. False (served by a copy) where the master has no
+  // view or the client holds too many tickets.
+  bool view(Reply& r, const detail::Incoming& in, const msg::FetchParameters& f,
+            const HostBuffer& master) {
+    if (!door || master.view_id() == 0) return false;
+    msg::MasterView v{master.view_id(), {}, {}};
+    if (f.held_view != v.view_id) {
+      messages::UniqueFd fd(::fcntl(master.view_fd(), F_DUPFD_CLOEXEC, 0));
+      if (!fd) return false;
+      try {
+        v.ticket = door->issue_view(in.peer, in.header().job_id, std::move(fd));
+      } catch (const std::runtime_error& e) {
+        spdlog::debug("offload: fetch of partition {} served by a copy: {}", f.partition_id,
+                      e.what());
+        return false;
+      }
+      v.socket = door->address();
+    }
+    PhaseTimer viewing(phases.get(), ServicePhase::kServe, 0);
+    std::get<msg::FetchReply>(r.header.body).master_view = std::move(v);
+    return true;
+  }
+
   // The checksum of served bytes that go as a frame, computed once per version (the
   // callers cache it); into the arena it rides on the copy (into_arena).
   uint32_t served_crc(const std::byte* data, size_t bytes) {
@@ -362,6 +395,9 @@ struct WorkerState {
       if (p.range_crcs.size() >= 256 && !p.range_crcs.count(key)) p.range_crcs.clear();
       return &p.range_crcs[key];
     };
+    if (f.accept_master_view && !f.ranged() && f.dtype == DType::fp32 && !p.on_nvme() && in.arena &&
+        view(r, in, f, *p.master))
+      return r;
     if (!p.on_nvme() && is_half(f.dtype) && f.dtype == p.spec.served_dtype) {
       serve(p.half, crc_cache(p.half_crc));
       return r;
@@ -434,7 +470,7 @@ struct WorkerState {
     if (on_nvme) {
       p.loc = nvme->create(p.n());
     } else {
-      p.master = alloc(p.n() * 4);
+      p.master = alloc_master(p.n() * 4);
       p.m = alloc(p.n() * 4);
       p.v = alloc(p.n() * 4);
       if (is_half(s.served_dtype)) p.half = alloc(s.element_count * 2);
@@ -677,7 +713,7 @@ struct WorkerState {
           }
         } else {
           // Into this worker's (pinned) memory.
-          p.master = alloc(n * 4);
+          p.master = alloc_master(n * 4);
           p.m = alloc(n * 4);
           p.v = alloc(n * 4);
           std::memcpy(p.master->data(), item.master->data(), n * 4);
@@ -760,6 +796,7 @@ partition_worker::behavior_type worker_behavior(
     caf::anon_send(caf::actor_cast<partition_worker>(self), publish_atom::value);
   };
   st.memory = std::make_unique<HostAllocator>(cfg->memory);
+  st.door = cfg->door;
   if (cfg->nvme) st.nvme = std::make_unique<NvmeIo>(self->system(), *cfg->nvme);
   if (cfg->reloaded) {
     for (auto& [key, p] : *cfg->reloaded) st.parts.insert_or_assign(key, std::move(p));

@@ -38,6 +38,7 @@
 
 #include "kernels/cpu/grad_stats_stream.h"
 #include "messages/shm_arena.h"
+#include "offload_service/arena_door.h"
 #include "offload_service/host_memory.h"
 #include "offload_service/nvme_io_actor.h"
 #include "offload_service/service_phases.h"
@@ -218,6 +219,9 @@ struct WorkerConfig {
   bool verify_arena_checksum = true;           // StoreOptions::verify_arena_checksum
   std::shared_ptr<ServicePhases> phases;       // pushes, fetches and Adam passes count here
   metrics::ActorFigures* figures = nullptr;    // StoreOptions::actors' "partition_workerN"
+  // Where a fetch's master view is collected (FetchReply::master_view); null: no views,
+  // every fetch is served by a copy.
+  std::shared_ptr<ArenaDoor> door;
 };
 
 partition_worker spawn_partition_worker(caf::actor_system& system, WorkerConfig config);

@@ -53,7 +53,7 @@ struct CoordinatorState {
                   setup.workers.size()),
         quotas(options),
         state(resolved_state_dir(options)),
-        arenas(options.max_arena_bytes, options.arena_uids),
+        arenas(options.max_arena_bytes, std::move(setup.door)),
         workers(system, std::move(setup.workers)),
         two_phase(workers, std::move(setup.metadata), std::move(setup.file_name),
                   setup.phases.get()),

@@ -70,6 +70,7 @@ struct CoordinatorSetup {
   PinningKind pinning = PinningKind::kNone;
   std::shared_ptr<ProgressBoard> progress;  // the operation in flight per job, for heartbeats
   std::shared_ptr<ServicePhases> phases;    // routing, commits and metadata writes count here
+  std::shared_ptr<ArenaDoor> door;          // open_arena_door's (null: no arenas)
 };
 
 // Spawns the coordinator (detached) in front of the workers, nvme_io and metadata actors

@@ -8,6 +8,7 @@
 #include <memory>
 #include <thread>
 
+#include "offload_service/arena_table.h"
 #include "offload_service/job_table.h"
 #include "offload_service/state_dir.h"
 #include "offload_service/store_common.h"
@@ -141,6 +142,7 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
   }
   out.phases = std::make_shared<ServicePhases>();
   setup.phases = out.phases;
+  setup.door = open_arena_door(options.max_arena_bytes, options.arena_uids);
   for (unsigned i = 0; i < n_workers; ++i) {
     WorkerConfig c;
     c.index = i;
@@ -149,6 +151,7 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
     c.reloaded = per_worker[i];
     c.verify_arena_checksum = options.verify_arena_checksum;
     c.phases = out.phases;
+    c.door = setup.door;
     c.figures = metrics::figures_of(options.actors, "partition_worker" + std::to_string(i));
     out.workers.push_back(spawn_partition_worker(system, std::move(c)));
   }

@@ -1,9 +1,13 @@
 #include "actors/offload_link/offload_client.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <random>
 #include <thread>
@@ -285,6 +289,11 @@ uint64_t OffloadClient::send_fetch_request(msg::FetchParameters request, ArenaBu
   if (!slot) return send(request);
   request.arena =
       msg::ArenaSlice{pool_->arena_id(), slot.offset(), slot.bytes().size(), 0, !arena_checksums_};
+  if (master_views_ && request.dtype == msg::DType::fp32 && !request.ranged()) {
+    request.accept_master_view = true;
+    if (auto v = views_.find(request.partition_id); v != views_.end())
+      request.held_view = v->second.view_id;
+  }
   const uint64_t id = send(request);
   leases_.emplace(id, Lease{std::move(slot), nullptr});
   return id;
@@ -534,7 +543,56 @@ template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t, Aren
 template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
 template ServiceResult<msg::DeleteCheckpointReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
 
+MasterViewMapping::MasterViewMapping(int fd, size_t bytes) : size_(bytes) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw std::runtime_error(std::string("fstat of a master view: ") + std::strerror(errno));
+  // Pages past the file's end would raise SIGBUS when read; the service seals its memfd
+  // against shrinking, so a file long enough now stays so.
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes)
+    throw std::runtime_error("a master view of " + std::to_string(st.st_size) +
+                             " bytes holds less than the " + std::to_string(bytes) +
+                             " bytes of its partition");
+  if (bytes == 0) return;
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED)
+    throw std::runtime_error(std::string("mmap of a master view: ") + std::strerror(errno));
+  data_ = static_cast<const std::byte*>(p);
+}
+
+MasterViewMapping::~MasterViewMapping() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+std::optional<ServiceFailure> OffloadClient::map_view(FetchedParameters& out) {
+  const msg::MasterView& v = *out.reply.master_view;
+  const uint64_t pid = out.reply.partition_id;
+  HeldView& held = views_[pid];
+  if (!v.ticket.empty()) {
+    try {
+      held = HeldView{v.view_id, messages::collect_fd(v.socket, v.ticket, timeout_)};
+    } catch (const std::exception& e) {
+      views_.erase(pid);
+      return failure("fetch of partition " + std::to_string(pid) + ": " + e.what());
+    }
+  } else if (held.view_id != v.view_id || !held.fd) {
+    const uint64_t had = held.view_id;
+    views_.erase(pid);
+    return failure("answered a fetch of partition " + std::to_string(pid) + " with master view " +
+                   std::to_string(v.view_id) + " and no ticket, this client holds " +
+                   (had ? "view " + std::to_string(had) : std::string("none")));
+  }
+  try {
+    out.view = std::make_shared<const MasterViewMapping>(held.fd.get(),
+                                                         out.reply.element_count * sizeof(float));
+  } catch (const std::exception& e) {
+    return failure("fetch of partition " + std::to_string(pid) + ": " + e.what());
+  }
+  return std::nullopt;
+}
+
 std::span<const std::byte> FetchedParameters::bytes() const {
+  if (in_view()) return view->bytes();
   if (in_arena()) return arena_bytes;
   if (in_parts())
     throw std::logic_error("a fetch reply that came in parts has no single span (pieces())");
@@ -571,6 +629,10 @@ ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   if (auto l = leases_.find(id); l != leases_.end() && l->second.own)
     offered = msg::ArenaSlice{l->second.own.pool_->arena_id(), l->second.own.offset(),
                               l->second.own.bytes().size(), 0};
+  bool accepted_view = false;
+  if (auto o = outstanding_.find(id); o != outstanding_.end())
+    if (auto* f = std::get_if<msg::FetchParameters>(&o->second.header.body))
+      accepted_view = f->accept_master_view;
   ServiceResult<Reply> reply = await(id);
   if (!reply.ok()) return std::move(reply.error());
   msg::Body& body = reply->header.body;
@@ -584,6 +646,16 @@ ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   out.frame = std::move(reply->payload);
   out.parts = std::move(reply->payload_parts);
   out.arena = std::move(reply->arena);
+  if (out.reply.master_view) {
+    // Nothing was written into the slot: free again at once.
+    if (out.arena) out.arena.pool_->set_used(out.arena.slot_, 0);
+    out.arena = {};
+    if (!offered || !accepted_view)
+      return failure("answered a fetch of partition " + std::to_string(out.reply.partition_id) +
+                     " that accepted no master view with one");
+    if (auto f = map_view(out)) return std::move(*f);
+    return out;
+  }
   if (!out.reply.arena) {
     // The service answered with a frame (a partition larger than the slot): untouched.
     if (out.arena) out.arena.pool_->set_used(out.arena.slot_, 0);

@@ -38,6 +38,7 @@
 
 #include "actors/offload_link/service_result.h"
 #include "actors/offload_link/slot_pool.h"
+#include "messages/arena_handoff.h"
 #include "messages/codec.h"
 #include "security/transport_security.h"
 
@@ -86,6 +87,24 @@ struct LentPush {
   ArenaBuffer lent;
 };
 
+// A partition's master as the service holds it (FetchReply::master_view), mapped read-only
+// here for one fetch: the bytes its compute reads in place, unmapped when the last holder
+// lets go.
+class MasterViewMapping {
+ public:
+  // Maps the first `bytes` of `fd` (a view's read-only fd, kept open by the caller) with
+  // its pages populated. Throws std::runtime_error when the file is shorter or mmap fails.
+  MasterViewMapping(int fd, size_t bytes);
+  ~MasterViewMapping();
+  MasterViewMapping(const MasterViewMapping&) = delete;
+  MasterViewMapping& operator=(const MasterViewMapping&) = delete;
+  std::span<const std::byte> bytes() const { return {data_, size_}; }
+
+ private:
+  const std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 struct FetchedParameters {
   messages::FetchReply reply;
   zmq::message_t frame;  // owns the bytes when they came as one frame
@@ -94,7 +113,10 @@ struct FetchedParameters {
   std::vector<zmq::message_t> parts;
   ArenaBuffer arena;  // holds them when the service wrote them into the arena
   std::span<const std::byte> arena_bytes;
+  // Holds them when the service answered with its master's view (nothing was copied).
+  std::shared_ptr<const MasterViewMapping> view;
   bool in_arena() const { return static_cast<bool>(arena); }
+  bool in_view() const { return static_cast<bool>(view); }
   bool in_parts() const { return !parts.empty(); }
   // The bytes in one span: from the arena or one frame. Throws std::logic_error for a
   // reply in parts (pieces() serves every kind).
@@ -237,6 +259,12 @@ class OffloadClient {
   // (std::invalid_argument otherwise). Default kDefaultPushRangeBytes.
   void set_fetch_part_bytes(size_t bytes);
   size_t fetch_part_bytes() const { return fetch_part_bytes_; }
+  // Whether a whole fp32 fetch into an arena slot asks the service for its master's view
+  // instead of a copy (FetchParameters::accept_master_view): the reply's values are then
+  // mapped read-only from the service's memory (FetchedParameters::view) and the slot is
+  // free again. Each partition's view fd is collected once and kept. Default: off.
+  void set_master_views(bool on) { master_views_ = on; }
+  bool master_views() const { return master_views_; }
   // Requests sent so far (a push in ranges is one a range), Pings aside. Readable from any
   // thread (ServiceClient::requests_sent).
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
@@ -406,6 +434,15 @@ class OffloadClient {
   bool arena_checksums_ = false;
   size_t push_range_bytes_ = kDefaultPushRangeBytes;
   size_t fetch_part_bytes_ = kDefaultPushRangeBytes;
+  bool master_views_ = false;
+  // Per partition, the master view collected last: its id and read-only fd.
+  struct HeldView {
+    uint64_t view_id = 0;
+    messages::UniqueFd fd;
+  };
+  std::map<uint64_t, HeldView> views_;
+  // The reply's view mapped (its fd collected first when the reply carries a ticket).
+  std::optional<ServiceFailure> map_view(FetchedParameters& out);
   std::atomic<uint64_t> requests_sent_{0};
   std::set<uint64_t> pings_;  // Pings sent and not answered yet
   messages::Pong last_pong_;  // the last progress heard of (operation "" = none)

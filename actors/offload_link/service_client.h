@@ -63,6 +63,8 @@ class ServiceClient {
   void set_push_range_bytes(size_t bytes) { client_->set_push_range_bytes(bytes); }
   // OffloadClient::set_fetch_part_bytes; before the first request, as above.
   void set_fetch_part_bytes(size_t bytes) { client_->set_fetch_part_bytes(bytes); }
+  // OffloadClient::set_master_views; before the first request, as above.
+  void set_master_views(bool on) { client_->set_master_views(on); }
   uint64_t requests_sent() const { return client_->requests_sent(); }
 
   // ---- the wire's operations (messages/README.md), in posting order -------------------

@@ -188,8 +188,22 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   EXPECT_LE(number_at(on, "fetches_in_place"), number_at(on, "fetches"));
   // With arena checksums on no push slot is lent (the service keeps no slot it must check).
   EXPECT_EQ(number_at(on, "pushes_lent"), 0);
-  // Through the arena the service copies each fetched block into its slot (a fetch that
-  // found no free slot goes as a frame, zero-copy).
+  // Each block is read where the service keeps it, mapped read-only: the service copies
+  // none into a slot.
+  EXPECT_EQ(j.at("master_views"), true);
+  EXPECT_GT(number_at(on, "fetches_from_master_view"), 0);
+  EXPECT_EQ(number_at(on.at("service_phases").at("serve"), "bytes"), 0);
+}
+
+// --no-master-views: through the arena the service copies each fetched block into its slot
+// (a fetch that found no free slot goes as a frame, zero-copy).
+TEST(BenchZero, WithoutMasterViewsTheServiceCopiesEachFetch) {
+  const auto j = bench_zero("--no-master-views");
+  expect_consistent(j);
+  EXPECT_EQ(j.at("master_views"), false);
+  const auto& on = j.at("stage3_prefetch_on");
+  EXPECT_EQ(number_at(on, "fetches_from_master_view"), 0);
+  EXPECT_GT(number_at(on, "fetches_in_place"), 0);
   const double served = number_at(on.at("service_phases").at("serve"), "bytes");
   EXPECT_GT(served, 0);
   EXPECT_LE(served, number_at(on, "bytes_fetched_per_step"));

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstring>
 #include <future>
+#include <map>
 
 #include "actors/offload_link/offload_client.h"
 #include "checksum/crc32c.h"
@@ -102,6 +103,70 @@ TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
         EXPECT_EQ(copy(a.bytes()), copy(f.bytes())) << "partition " << s.partition_id;
       }
     }
+  }
+}
+
+// With master views, a whole fp32 fetch maps the service's master read-only instead of
+// having it copied into a slot: the bytes equal a frames fetch after every step (the view
+// follows the master as Adam updates it), the view's fd is collected once per partition
+// (later replies carry no ticket), another client of the job collects the same view, another
+// job's partition is another view, and bf16 fetches are still copied into the slot.
+TEST_F(OffloadArena, MasterViewsReadTheMasterWhereItLies) {
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "views");
+  OffloadClient again(svc_->endpoint(), svc_->client_security(), 10s, "views");
+  OffloadClient other(svc_->endpoint(), svc_->client_security(), 10s, "views-other");
+  OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, "views-frames");
+  const std::vector<msg::PartitionSpec> specs{spec(1, 300000), spec(2, 4097)};
+  for (OffloadClient* x : {&c, &again, &other}) {
+    ASSERT_TRUE(x->map_arena(300000 * 4, 2));
+    x->set_master_views(true);
+  }
+  for (OffloadClient* x : {&c, &other, &frames}) {
+    x->register_partitions(0, 1, specs);
+    for (const auto& s : specs)
+      x->set_parameters(s.partition_id, 0, DType::fp32,
+                        bytes_of(random_floats(s.element_count, 21 + s.partition_id)));
+  }
+  std::map<uint64_t, uint64_t> view_of;  // partition -> view id
+  for (uint64_t step = 0; step <= 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    if (step > 0) {
+      for (const auto& s : specs) {
+        const auto g = random_floats(s.element_count, 40 + step, 8.0f);
+        push_through_arena(c, s.partition_id, step, 0, DType::fp32, bytes_of(g));
+        frames.push_gradients(s.partition_id, step, 0, DType::fp32, bytes_of(g));
+      }
+      const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
+      c.commit(commit);
+      frames.commit(commit);
+    }
+    for (const auto& s : specs) {
+      auto v = c.fetch(s.partition_id, step, DType::fp32);
+      const auto f = frames.fetch(s.partition_id, step, DType::fp32);
+      ASSERT_TRUE(v.in_view()) << "partition " << s.partition_id;
+      EXPECT_FALSE(v.in_arena());
+      ASSERT_TRUE(v.reply.master_view);
+      EXPECT_EQ(v.reply.version, step);
+      EXPECT_EQ(copy(v.bytes()), copy(f.bytes())) << "partition " << s.partition_id;
+      // The first fetch of a partition collects its view; later ones name the view held.
+      EXPECT_EQ(v.reply.master_view->ticket.empty(), step > 0);
+      if (step == 0) view_of[s.partition_id] = v.reply.master_view->view_id;
+      EXPECT_EQ(v.reply.master_view->view_id, view_of[s.partition_id]);
+      const auto half = c.fetch(s.partition_id, step, DType::bf16);
+      EXPECT_TRUE(half.in_arena());
+      EXPECT_FALSE(half.in_view());
+    }
+  }
+  for (const auto& s : specs) {
+    const auto same = again.fetch(s.partition_id, 2, DType::fp32);
+    ASSERT_TRUE(same.in_view());
+    EXPECT_FALSE(same.reply.master_view->ticket.empty()) << "a client collects its own fd";
+    EXPECT_EQ(same.reply.master_view->view_id, view_of[s.partition_id]);
+    const auto theirs = other.fetch(s.partition_id, 0, DType::fp32);
+    ASSERT_TRUE(theirs.in_view());
+    EXPECT_NE(theirs.reply.master_view->view_id, view_of[s.partition_id]);
+    expect_bits_equal(random_floats(s.element_count, 21 + s.partition_id), theirs.bytes(),
+                      "the other job's partition");
   }
 }
 

@@ -2,9 +2,13 @@
 // from an authenticated MapArena. Replayed against a real keyed service: a client asks it
 // to map another process's sealed memfd by its /proc/<pid>/fd path (refused, and that
 // process's memory untouched), a second key uses the victim's ticket (refused), the
-// credentials the service sees are the peer's, and the trainer's own arena still works.
+// credentials the service sees are the peer's, and the trainer's own arena still works. A
+// partition's master view goes the other way: its fd is read-only, collected once with a
+// ticket that nothing else accepts.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,6 +103,67 @@ TEST_F(OffloadArenaHandoff, ATicketIsTheJobsAndKeysThatAskedForIt) {
       own->call(msg::FetchParameters{1, 0, msg::DType::fp32, msg::ArenaSlice{id, 0, 64, 0}});
   ASSERT_TRUE(std::holds_alternative<msg::ErrorReply>(use.body));
   EXPECT_TRUE(std::holds_alternative<msg::ErrorReply>(own->call(msg::UnmapArena{id}).body));
+  expect_victim_untouched();
+}
+
+// The victim's trainer maps its master read-only: its pages cannot be made writable, and the
+// collected fd writes, resizes and seals nothing. The ticket is collected once, never with an
+// fd of the collector's, and is no arena's ticket.
+TEST_F(OffloadArenaHandoff, AMasterViewIsReadOnlyAndItsTicketIsCollectedOnce) {
+  ASSERT_TRUE(victim_->map_arena(kVictimElements * 4, 2));
+  victim_->set_master_views(true);
+  {
+    auto f = victim_->fetch(kVictimPartition, 1, msg::DType::fp32);
+    ASSERT_TRUE(f.in_view());
+    const auto bytes = f.bytes();
+    void* page = const_cast<std::byte*>(bytes.data());
+    EXPECT_NE(::mprotect(page, bytes.size(), PROT_READ | PROT_WRITE), 0)
+        << "a master view's pages were made writable";
+    EXPECT_EQ(errno, EACCES);
+  }
+  // The request by hand, to hold the ticket.
+  msg::FetchParameters ask{kVictimPartition, 1, msg::DType::fp32,
+                           msg::ArenaSlice{victim_->arena_id(), 0, kVictimElements * 4, 0, true}};
+  ask.accept_master_view = true;
+  const msg::Header h = victim_->call(ask);
+  const auto* r = std::get_if<msg::FetchReply>(&h.body);
+  ASSERT_NE(r, nullptr) << msg::kind_name(h.body);
+  ASSERT_TRUE(r->master_view);
+  const msg::MasterView v = *r->master_view;
+  ASSERT_FALSE(v.ticket.empty());
+  auto refused = [&](const std::function<void()>& attempt, const std::string& why) {
+    try {
+      attempt();
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  // A made-up ticket, and the view's ticket handed in with an fd of the caller's.
+  refused([&] { msg::collect_fd(v.socket, std::string(64, 'e'), 10s); }, "unknown or spent ticket");
+  msg::SharedArena mine(4096);
+  refused([&] { msg::hand_over_fd(v.socket, v.ticket, mine.fd(), 10s); }, "comes without an fd");
+  // Nor is it an arena's ticket, for the victim or anyone.
+  auto stranger_client = client(stranger(), kVictimJob);
+  for (auto* c : {victim_.get(), stranger_client.get()}) {
+    const msg::Header m = c->call(msg::MapArena{"", 4096, v.ticket});
+    EXPECT_TRUE(std::holds_alternative<msg::ErrorReply>(m.body)) << msg::kind_name(m.body);
+  }
+  msg::UniqueFd fd = msg::collect_fd(v.socket, v.ticket, 10s);
+  ASSERT_TRUE(fd);
+  refused([&] { msg::collect_fd(v.socket, v.ticket, 10s); }, "unknown or spent ticket");
+  EXPECT_EQ(::fcntl(fd.get(), F_GETFL) & O_ACCMODE, O_RDONLY);
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0), MAP_FAILED);
+  const char junk[8] = {};
+  EXPECT_LT(::pwrite(fd.get(), junk, sizeof(junk), 0), 0);
+  EXPECT_NE(::ftruncate(fd.get(), 0), 0);
+  EXPECT_NE(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE), 0);
+  // What it maps is the victim's master as the victim fetches it.
+  void* ro = ::mmap(nullptr, kVictimElements * 4, PROT_READ, MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  const auto fetched = victim_->fetch(kVictimPartition, 1, msg::DType::fp32);
+  EXPECT_EQ(std::memcmp(ro, fetched.bytes().data(), kVictimElements * 4), 0);
+  ::munmap(ro, kVictimElements * 4);
   expect_victim_untouched();
 }
 

@@ -71,7 +71,8 @@ void copy_fetched(actors::FetchedParameters& f, float* out, size_t count, msg::D
   // A range is a heap frame as small as a part (frames of its size come back from the heap
   // for the next range), never handed back page by page either.
   if (!f.in_parts())
-    return copy_out(f.bytes(), !f.in_arena() && !f.reply.ranged(), out, count, dtype, kind);
+    return copy_out(f.bytes(), !f.in_arena() && !f.in_view() && !f.reply.ranged(), out, count,
+                    dtype, kind);
   const size_t elem = msg::dtype_size(dtype);
   size_t at = 0;
   for (zmq::message_t& part : f.parts) {
@@ -106,6 +107,8 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
           metrics::figures_of(z_.options.actors, "fetch_client " + z_.options.services[s])));
       fetch_clients_.back()->set_arena_checksums(zo.offload_optimizer.arena_checksums);
       fetch_clients_.back()->set_fetch_part_bytes(z_.options.fetch_part_bytes);
+      fetch_clients_.back()->set_master_views(z_.options.master_views &&
+                                              z_.options.world_size == 1);
     }
     model.set_transient_logits(true);  // not held through the backward's peak
     SchedulerOptions scheduling = SchedulerOptions::from(zo);
@@ -193,7 +196,7 @@ void ParamResidency::receive_partition(actors::ServiceClient& client, const Part
                   p.id, step),
       step, client.fetch_into(p.id, step, dtype, p.count, [&](actors::FetchedParameters&& f) {
         bytes_fetched_ += f.size_bytes();
-        if (!f.in_arena()) bytes_fetched_as_frames_ += f.size_bytes();
+        if (!f.in_arena() && !f.in_view()) bytes_fetched_as_frames_ += f.size_bytes();
         if (f.in_parts()) ++fetches_in_parts_;
         ranged = ranged || f.reply.ranged();
         take(std::move(f));
@@ -220,6 +223,17 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
                                            uint64_t step) {
   FloatBuffer buf;
   receive_partition(client, p, step, [&](actors::FetchedParameters&& f) {
+    if (f.in_view()) {
+      // The service's own pages, mapped read-only: a write would fault, never change the
+      // master. The mapping goes with the block.
+      std::shared_ptr<const actors::MasterViewMapping> view = std::move(f.view);
+      float* data = const_cast<float*>(reinterpret_cast<const float*>(view->bytes().data()));
+      ++fetches_in_place_;
+      ++fetches_from_master_view_;
+      buf = FloatBuffer::adopt(data, p.count,
+                               std::const_pointer_cast<actors::MasterViewMapping>(view));
+      return;
+    }
     if (f.in_arena() && f.reply.dtype == msg::DType::fp32 && !f.reply.ranged()) {
       // The slot stays taken (the service never writes into a taken slot) until the block
       // is dropped; any thread may drop it (slot bookkeeping is thread-safe).
@@ -293,6 +307,7 @@ void ParamResidency::add_stats(ZeroStats& s) const {
   s.payload_bytes_as_frames += bytes_fetched_as_frames_.load();
   s.fetches_in_place = fetches_in_place_.load();
   s.fetches_gathered_in_place = fetches_gathered_in_place_.load();
+  s.fetches_from_master_view = fetches_from_master_view_.load();
   s.fetches_in_parts = fetches_in_parts_.load();
   s.fetches_in_ranges = fetches_in_ranges_.load();
   s.blocks_published_in_place = blocks_published_in_place_;

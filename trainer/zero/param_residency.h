@@ -104,6 +104,7 @@ class ParamResidency {
   std::atomic<uint64_t> bytes_fetched_as_frames_{0};
   std::atomic<uint64_t> fetches_in_place_{0};
   std::atomic<uint64_t> fetches_gathered_in_place_{0};
+  std::atomic<uint64_t> fetches_from_master_view_{0};
   std::atomic<uint64_t> fetches_in_parts_{0};
   std::atomic<uint64_t> fetches_in_ranges_{0};
   uint64_t blocks_published_in_place_ = 0;  // install()ed (the compute thread's)

@@ -91,6 +91,12 @@ struct ZeroOptions {
   // no fetch of the block). false: every push slot comes back with its reply. Bit-identical
   // either way.
   bool lend_push_slots = true;
+  // Stage 3 at one rank, fp32, through the arena: a fetch maps the service's fp32 master
+  // read-only (actors::OffloadClient::set_master_views) and the block is read there, where
+  // the service would otherwise copy it into an arena slot; the service decides (a partition
+  // on NVMe, or a service without views, is copied as before). false: always copied.
+  // Bit-identical either way.
+  bool master_views = true;
   // A push as frames of more than this many bytes goes in ranges of it
   // (actors::OffloadClient::push); 0: whole. Results are bit-identical either way.
   size_t push_range_bytes = actors::kDefaultPushRangeBytes;
@@ -145,6 +151,9 @@ struct ZeroStats {
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
   uint64_t fetches_gathered_in_place = 0;
+  // Stage-3 fetches answered with the service's master view, read in place (no copy on
+  // either side; ZeroOptions::master_views). Counted in fetches_in_place too.
+  uint64_t fetches_from_master_view = 0;
   // Stage 3 at one rank, fp32, commits answered after the update: in-place pushes whose slot
   // the service kept as the gradient (PushGradients.keepUntilCommit), and of those the slots
   // that came back holding the block's updated parameters and became its resident copy
