@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 
 #include "storage/aligned_buffer.h"
@@ -75,7 +76,13 @@ class MappedBuffer final : public HostBuffer {
 class SharedBuffer final : public HostBuffer {
  public:
   SharedBuffer(size_t bytes, bool lock) {
-    static std::atomic<uint64_t> next_view{1};
+    // Ids start at a random point so that a restarted service never names a view the way
+    // its predecessor did: a trainer that held the old view's fd would read a stale master.
+    static std::atomic<uint64_t> next_view{[] {
+      std::random_device random;
+      const uint64_t start = (uint64_t{random()} << 32 | random()) >> 2;
+      return start == 0 ? 1 : start;
+    }()};
     capacity_ = storage::align_up(std::max<size_t>(bytes, 1), kAlign);
     size_ = bytes;
     const int rw = ::memfd_create("dsactor-master", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -209,10 +216,6 @@ HostBufferPtr HostAllocator::allocate(size_t bytes) {
   }
   return buf;
 }
-
-}  // namespace dsactor::offload
-
-namespace dsactor::offload {
 
 HostBufferPtr HostAllocator::allocate_shared(size_t bytes) {
   if (kind_ == PinningKind::kCudaHostAlloc || shared_failed_) return allocate(bytes);

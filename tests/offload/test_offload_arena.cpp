@@ -170,6 +170,61 @@ TEST_F(OffloadArena, MasterViewsReadTheMasterWhereItLies) {
   }
 }
 
+// A trainer keeps each partition's view fd across a service's restart (recovery reconnects
+// the same clients): were the restarted service to name its new view like the old one, the
+// trainer would read the old, stale master through the fd it held. Two fresh services, the
+// same job and partition: their views' ids differ.
+TEST(MasterViewIds, TwoServicesNeverNameTheirViewsAlike) {
+  TempDir logs;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 2; ++i) {
+    ServiceProcess svc({}, logs.path);
+    OffloadClient c(svc.endpoint(), svc.client_security(), 10s, "restarted");
+    ASSERT_TRUE(c.map_arena(4096 * 4, 1));
+    c.set_master_views(true);
+    c.register_partitions(0, 1, {spec(1, 4096)});
+    c.set_parameters(1, 0, DType::fp32, bytes_of(random_floats(4096, 5)));
+    const auto f = c.fetch(1, 0, DType::fp32);
+    ASSERT_TRUE(f.in_view());
+    ids.push_back(f.reply.master_view->view_id);
+    svc.stop();
+  }
+  EXPECT_NE(ids[0], ids[1]);
+}
+
+// The trainer maps a view only where no read can fault: a memfd sealed against shrinking
+// that holds the partition; anything else (an unsealed memfd, a short one) is refused naming
+// why, before anything is mapped.
+TEST(MasterViewMapping, MapsOnlyASealedMemfdHoldingThePartition) {
+  auto memfd = [](size_t bytes, bool seal) {
+    msg::UniqueFd fd(::memfd_create("view-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    EXPECT_TRUE(fd);
+    EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
+    const float x = 1.5f;
+    EXPECT_EQ(::pwrite(fd.get(), &x, sizeof(x), 0), static_cast<ssize_t>(sizeof(x)));
+    if (seal) {
+      EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    }
+    return fd;
+  };
+  auto refusal = [](int fd, size_t bytes) -> std::string {
+    try {
+      actors::MasterViewMapping m(fd, bytes);
+      return "";
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+  };
+  EXPECT_NE(refusal(memfd(8192, false).get(), 4096).find("not a memfd sealed"), std::string::npos);
+  EXPECT_NE(refusal(memfd(4096, true).get(), 8192).find("holds less than"), std::string::npos);
+  const auto ok = memfd(8192, true);
+  actors::MasterViewMapping m(ok.get(), 8192);
+  ASSERT_EQ(m.bytes().size(), 8192u);
+  float x;
+  std::memcpy(&x, m.bytes().data(), sizeof(x));
+  EXPECT_EQ(x, 1.5f);
+}
+
 // A fetch larger than the slot it offered is answered with a frame, same bytes.
 TEST_F(OffloadArena, FetchLargerThanTheSlotComesAsAFrame) {
   OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "small-slot");

@@ -929,7 +929,9 @@ const std::vector<DsKey>& ds_keys() {
                       "reads it, as shared-memory transports do without a checksum; each "
                       "check reads every byte once more (on a 2-core box, fetches' alone "
                       "raised a gpt2 ZeRO-3 step's ratio over stage 0 by 0.04-0.08, "
-                      "bench/README.md). Frames over TCP are always checked.",
+                      "bench/README.md). Frames over TCP are always checked. A stage-3 fetch "
+                      "answered with the service's master view (read where the service keeps "
+                      "it, nothing written or sent) has no payload to check.",
                .support = key_table::Support::kDiffers,
                .support_note = "dsactor's own key: DeepSpeed's config has none"},
        .set = DS_SET(zero_optimization.offload_optimizer.arena_checksums)},
