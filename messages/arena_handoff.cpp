@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <span>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,6 +46,80 @@ std::runtime_error sys_error(const std::string& what) {
   return std::runtime_error(what + ": " + std::strerror(errno));
 }
 
+// A connected stream socket to `socket` ("@name" or a path); `what` names the errors.
+UniqueFd connect_to(const std::string& socket, const std::string& what) {
+  const auto [addr, len] = address_of(socket);
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s) throw sys_error(what + ": socket");
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
+    throw sys_error(what + ": connect");
+  return s;
+}
+
+// `bytes` with `fd` attached as SCM_RIGHTS; what sendmsg answers.
+ssize_t send_with_fd(int s, std::string_view bytes, int fd) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  return ::sendmsg(s, &m, MSG_NOSIGNAL);
+}
+
+// Bytes from `s` into `buf`, and the fds that came with them (owned by `fds` from here, so
+// none leaks whatever the caller expected); what recvmsg answers. `flags` go to recvmsg.
+ssize_t receive_with_fds(int s, std::span<char> buf, std::vector<UniqueFd>& fds, int flags,
+                         bool& truncated) {
+  iovec iov{buf.data(), buf.size()};
+  // Room for a few fds, so a sender of several is read (and its fds closed) in one go.
+  alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(s, &m, MSG_CMSG_CLOEXEC | flags);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  truncated = (m.msg_flags & MSG_CTRUNC) != 0;
+  return n;
+}
+
+// Reads the service's one-line answer within `timeout` after the request went, and throws
+// unless it is "ok"; the fds that came with it go to `fds`.
+void read_answer(int s, std::chrono::milliseconds timeout, const std::string& what,
+                 std::vector<UniqueFd>& fds) {
+  std::string line;
+  char buf[512];
+  while (line.size() < 4096 && line.find('\n') == std::string::npos) {
+    if (!wait_for(s, POLLIN, timeout))
+      throw std::runtime_error(what + ": no answer within " + std::to_string(timeout.count()) +
+                               " ms");
+    bool truncated = false;
+    const ssize_t n = receive_with_fds(s, buf, fds, 0, truncated);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    line.append(buf, static_cast<size_t>(n));
+  }
+  line = line.substr(0, line.find('\n'));
+  if (line != "ok")
+    throw std::runtime_error(what + ": refused: " + (line.empty() ? "closed" : line));
+}
+
 }  // namespace
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
@@ -63,40 +139,12 @@ void hand_over_fd(const std::string& socket, const std::string& ticket, int fd,
   const std::string what = "arena hand-over to " + socket;
   if (ticket.empty() || ticket.size() > kMaxTicket)
     throw std::runtime_error(what + ": ticket of " + std::to_string(ticket.size()) + " bytes");
-  const auto [addr, len] = address_of(socket);
-  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s) throw sys_error(what + ": socket");
-  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
-    throw sys_error(what + ": connect");
-  iovec iov{const_cast<char*>(ticket.data()), ticket.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (::sendmsg(s.get(), &m, MSG_NOSIGNAL) != static_cast<ssize_t>(ticket.size()))
+  const UniqueFd s = connect_to(socket, what);
+  if (send_with_fd(s.get(), ticket, fd) != static_cast<ssize_t>(ticket.size()))
     throw sys_error(what + ": sendmsg");
   ::shutdown(s.get(), SHUT_WR);
-  std::string line;
-  char buf[512];
-  while (line.size() < 4096 && line.find('\n') == std::string::npos) {
-    if (!wait_for(s.get(), POLLIN, timeout))
-      throw std::runtime_error(what + ": no answer within " + std::to_string(timeout.count()) +
-                               " ms");
-    const ssize_t n = ::read(s.get(), buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    line.append(buf, static_cast<size_t>(n));
-  }
-  line = line.substr(0, line.find('\n'));
-  if (line != "ok")
-    throw std::runtime_error(what + ": refused: " + (line.empty() ? "closed" : line));
+  std::vector<UniqueFd> unexpected;  // the service sends none with an arena's answer
+  read_answer(s.get(), timeout, what, unexpected);
 }
 
 FdDoor::FdDoor(const std::string& name) : address_("@" + name) {
@@ -124,27 +172,11 @@ std::optional<HandedFd> receive_fd(int connection, std::chrono::milliseconds tim
     return std::nullopt;
   }
   char ticket[kMaxTicket + 1];
-  iovec iov{ticket, sizeof(ticket)};
-  // Room for a few fds, so a sender of several is read (and its fds closed) in one go.
-  alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  const ssize_t n = ::recvmsg(connection, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   std::vector<UniqueFd> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(fd);
-    }
-  }
-  if (n <= 0 || static_cast<size_t>(n) > kMaxTicket || (m.msg_flags & MSG_CTRUNC)) {
-    why = "expected a ticket of 1.." + std::to_string(kMaxTicket) + " bytes and one fd";
+  bool truncated = false;
+  const ssize_t n = receive_with_fds(connection, ticket, fds, MSG_DONTWAIT, truncated);
+  if (n <= 0 || static_cast<size_t>(n) > kMaxTicket || truncated) {
+    why = "expected a ticket of 1.." + std::to_string(kMaxTicket) + " bytes and at most one fd";
     return std::nullopt;
   }
   if (fds.size() > 1) {
@@ -157,20 +189,7 @@ std::optional<HandedFd> receive_fd(int connection, std::chrono::milliseconds tim
 }
 
 void answer_with_fd(int connection, int fd) {
-  char line[] = "ok\n";
-  iovec iov{line, 3};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  [[maybe_unused]] auto n = ::sendmsg(connection, &m, MSG_NOSIGNAL);
+  [[maybe_unused]] auto n = send_with_fd(connection, "ok\n", fd);
 }
 
 UniqueFd collect_fd(const std::string& socket, const std::string& ticket,
@@ -178,47 +197,13 @@ UniqueFd collect_fd(const std::string& socket, const std::string& ticket,
   const std::string what = "master view from " + socket;
   if (ticket.empty() || ticket.size() > kMaxTicket)
     throw std::runtime_error(what + ": ticket of " + std::to_string(ticket.size()) + " bytes");
-  const auto [addr, len] = address_of(socket);
-  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s) throw sys_error(what + ": socket");
-  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0)
-    throw sys_error(what + ": connect");
+  const UniqueFd s = connect_to(socket, what);
   if (::send(s.get(), ticket.data(), ticket.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(ticket.size()))
     throw sys_error(what + ": send");
   ::shutdown(s.get(), SHUT_WR);
-  // One recvmsg takes the fd with the first bytes of the answer; the rest of a refusal's
-  // line follows in plain reads.
-  std::string line;
   std::vector<UniqueFd> fds;
-  char buf[512];
-  while (line.size() < 4096 && line.find('\n') == std::string::npos) {
-    if (!wait_for(s.get(), POLLIN, timeout))
-      throw std::runtime_error(what + ": no answer within " + std::to_string(timeout.count()) +
-                               " ms");
-    iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(s.get(), &m, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.emplace_back(fd);
-      }
-    }
-    if (n <= 0) break;
-    line.append(buf, static_cast<size_t>(n));
-  }
-  line = line.substr(0, line.find('\n'));
-  if (line != "ok")
-    throw std::runtime_error(what + ": refused: " + (line.empty() ? "closed" : line));
+  read_answer(s.get(), timeout, what, fds);
   if (fds.size() != 1)
     throw std::runtime_error(what + ": expected one fd with the answer, got " +
                              std::to_string(fds.size()));
