@@ -30,19 +30,37 @@ bool is_local_endpoint(std::string_view ep) {
          starts("tcp://localhost:") || starts("tcp://[::1]:");
 }
 
+int create_sealed_memfd(const char* name, size_t bytes) {
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) throw sys_error("memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    auto e = sys_error("memfd of " + std::to_string(bytes) + " bytes: ftruncate/seal");
+    ::close(fd);
+    throw e;
+  }
+  return fd;
+}
+
+void check_sealed_memfd(int fd, uint64_t bytes, const std::string& what) {
+  auto fail = [&](const std::string& why) { return std::runtime_error(what + ": " + why); };
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw fail("not a regular file");
+  // F_GET_SEALS fails on anything but a memfd; without F_SEAL_SHRINK its owner could
+  // truncate it and turn our reads into SIGBUS.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) throw fail("not a sealable memfd");
+  if (!(seals & F_SEAL_SHRINK)) throw fail("not sealed against shrinking (F_SEAL_SHRINK)");
+  if (static_cast<uint64_t>(st.st_size) < bytes)
+    throw fail("holds " + std::to_string(st.st_size) + " bytes, asked to map " +
+               std::to_string(bytes));
+}
+
 SharedArena::SharedArena(size_t bytes) {
   if (bytes == 0) throw std::invalid_argument("SharedArena: size 0");
   const size_t page = page_size();
   size_ = (bytes + page - 1) / page * page;
-  fd_ = memfd_create("dsactor-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd_ < 0) throw sys_error("memfd_create");
-  // Sealed before anyone else can see it: the peer's mapping cannot shrink under it.
-  if (ftruncate(fd_, static_cast<off_t>(size_)) != 0 ||
-      fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    auto e = sys_error("memfd of " + std::to_string(size_) + " bytes: ftruncate/seal");
-    ::close(fd_);
-    throw e;
-  }
+  fd_ = create_sealed_memfd("dsactor-arena", size_);
   void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
   if (p == MAP_FAILED) {
     auto e = sys_error("mmap of a " + std::to_string(size_) + "-byte arena");
@@ -67,16 +85,12 @@ std::shared_ptr<ArenaMapping> ArenaMapping::adopt(int fd, uint64_t bytes) {
   if (bytes == 0) throw fail("size 0");
   if (bytes > static_cast<uint64_t>(SIZE_MAX / 2))
     throw fail("size " + std::to_string(bytes) + " too large");
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw fail("not a regular file");
-  // F_GET_SEALS fails on anything but a memfd; without F_SEAL_SHRINK its owner could
-  // truncate it and turn our reads into SIGBUS.
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0) throw fail("not a sealable memfd");
-  if (!(seals & F_SEAL_SHRINK)) throw fail("not sealed against shrinking (F_SEAL_SHRINK)");
-  if (static_cast<uint64_t>(st.st_size) < bytes)
-    throw fail("holds " + std::to_string(st.st_size) + " bytes, asked to map " +
-               std::to_string(bytes));
+  try {
+    check_sealed_memfd(fd, bytes, what);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;

@@ -29,6 +29,17 @@ namespace dsactor::messages {
 // by mapping.
 bool is_local_endpoint(std::string_view endpoint);
 
+// A memfd of `bytes` (> 0, not rounded) sealed against shrinking, growing and further seals
+// before anyone else can see it, so no mapping of it can lose pages (a truncated shared file
+// raises SIGBUS on access). Returns the fd (the caller's to close); throws
+// std::runtime_error naming the system call that failed. `name` shows in /proc/<pid>/maps.
+int create_sealed_memfd(const char* name, size_t bytes);
+
+// Throws std::runtime_error("<what>: <why>") unless `fd` is a regular memfd sealed with
+// F_SEAL_SHRINK holding at least `bytes` bytes: the one check before mapping a peer's memfd,
+// whichever side it came from. Leaves `fd` open.
+void check_sealed_memfd(int fd, uint64_t bytes, const std::string& what);
+
 // The creating side: a sealed memfd of `bytes` (rounded up to whole pages) mapped
 // read/write. Throws std::runtime_error naming the system call that failed.
 class SharedArena {

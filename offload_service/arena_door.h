@@ -44,9 +44,10 @@ class ArenaDoor {
   // A ticket for an arena of `size` bytes of (owner, job). Throws std::runtime_error when
   // the client holds kMaxPendingPerClient tickets already.
   std::string issue(const std::string& owner, const std::string& job, uint64_t size);
-  // A ticket for the read-only fd of a partition's master (FetchReply::master_view), which
-  // the requester of (owner, job) collects once (messages::collect_fd) from a process of an
-  // allowed uid. Same lifetime and per-client bound as arena tickets.
+  // A ticket for the read-only fd of a partition's master (FetchReply::master_view), counted
+  // against `owner`'s bound and sent only in a reply to (owner, job). The door sees no key:
+  // the first process of an allowed uid to present it collects the fd (messages::collect_fd),
+  // once. Same lifetime and per-client bound as arena tickets.
   std::string issue_view(const std::string& owner, const std::string& job, messages::UniqueFd fd);
   // An arena as handed over: the mapping, and the process that handed it (a pidfd, which
   // becomes readable when that process exits; empty where the kernel has no pidfd_open).

@@ -15,6 +15,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "messages/shm_arena.h"
 #include "storage/aligned_buffer.h"
 
 namespace dsactor::offload {
@@ -85,18 +86,13 @@ class SharedBuffer final : public HostBuffer {
     }()};
     capacity_ = storage::align_up(std::max<size_t>(bytes, 1), kAlign);
     size_ = bytes;
-    const int rw = ::memfd_create("dsactor-master", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (rw < 0) throw std::runtime_error(std::string("memfd_create: ") + std::strerror(errno));
+    const int rw = messages::create_sealed_memfd("dsactor-master", capacity_);
     auto fail = [&](const char* call) {
       const int e = errno;
       ::close(rw);
       if (data_) ::munmap(data_, capacity_);
-      if (view_fd_ >= 0) ::close(view_fd_);
       throw std::runtime_error(std::string(call) + ": " + std::strerror(e));
     };
-    if (::ftruncate(rw, static_cast<off_t>(capacity_)) != 0) fail("ftruncate");
-    if (::fcntl(rw, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-      fail("F_ADD_SEALS");
     void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
     if (p == MAP_FAILED) fail("mmap");
     data_ = static_cast<std::byte*>(p);

@@ -1,9 +1,7 @@
 #include "actors/offload_link/offload_client.h"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -545,18 +543,9 @@ template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t, Aren
 template ServiceResult<msg::DeleteCheckpointReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
 
 MasterViewMapping::MasterViewMapping(int fd, size_t bytes) : size_(bytes) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0)
-    throw std::runtime_error(std::string("fstat of a master view: ") + std::strerror(errno));
   // Pages past the file's end would raise SIGBUS when read: only a memfd sealed against
   // shrinking is mapped, so a file long enough now stays so.
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (!S_ISREG(st.st_mode) || seals < 0 || !(seals & F_SEAL_SHRINK))
-    throw std::runtime_error("a master view's fd is not a memfd sealed against shrinking");
-  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes)
-    throw std::runtime_error("a master view of " + std::to_string(st.st_size) +
-                             " bytes holds less than the " + std::to_string(bytes) +
-                             " bytes of its partition");
+  messages::check_sealed_memfd(fd, bytes, "master view");
   if (bytes == 0) return;
   void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED)
