@@ -4,7 +4,6 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <exception>
-#include <thread>
 
 #include "cli/commands.h"
 #include "cli/unknown_option.h"
@@ -20,7 +19,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"dsactor: ZeRO-3 / ZeRO-Infinity training with every memory tier as a service"};
   app.require_subcommand(1);
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = dsactor::kernels::cpu::available_cpus();
   app.add_option("--threads", threads,
                  "threads for kernels and BLAS (same count + seed = same bits)")
       ->check(CLI::Range(1, 1024))

@@ -59,6 +59,7 @@ struct Heads {
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const Heads H{B, T, C, NH};
   const int hs = H.hs, C3 = H.C3;
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < H.count(); ++bh) {
     const float* q = qkv + H.qkv_offset(bh);
@@ -81,6 +82,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   const int hs = H.hs, C3 = H.C3;
   const float scale = H.scale;
   // Each head writes only its own channels of dq, dk, dv in its own batch row: no overlap.
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < H.count(); ++bh) {
     const float* q = qkv + H.qkv_offset(bh);

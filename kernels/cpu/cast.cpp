@@ -164,6 +164,7 @@ bool round_through_half(float* x, size_t n, HalfKind kind) {
   const bool f16c = has_f16c();
   bool nonfinite = false;
   if (n < kParallelMin) return round_through_half_serial(x, n, kind, f16c);
+  adopt_threads();
 #pragma omp parallel reduction(|| : nonfinite)
   {
     const size_t nt = static_cast<size_t>(omp_get_num_threads());

@@ -21,6 +21,7 @@ float row_max(const float* x, int V) {
 
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
                           int Vp) {
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* x = logits + static_cast<size_t>(n) * Vp;
@@ -38,6 +39,7 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
   // dlogits may alias logits: everything needed from a row of logits (max, target logit) is
   // read before the row is overwritten, and the overwrite reads each element only at its
   // own index.
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* x = logits + static_cast<size_t>(n) * Vp;

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/threads.h"
+
 namespace dsactor::kernels::cpu::detail {
 
 // Runs f(lo, hi) on one contiguous piece of [0,n) per OpenMP thread, pieces aligned to
@@ -18,6 +20,7 @@ void for_chunks(size_t n, size_t serial_below, size_t align, F&& f) {
     f(size_t{0}, n);
     return;
   }
+  adopt_threads();
 #pragma omp parallel
   {
     const size_t nt = static_cast<size_t>(omp_get_num_threads());

@@ -1,4 +1,5 @@
 #include "kernels/cpu/encoder.h"
+#include "kernels/cpu/threads.h"
 
 #include <algorithm>
 
@@ -7,6 +8,7 @@ namespace dsactor::kernels::cpu {
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
                      int T, int C) {
   const int N = B * T;
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int bt = 0; bt < N; ++bt) {
     const int t = bt % T;
@@ -25,6 +27,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   constexpr int kBlock = 64;
   const int nblocks = (C + kBlock - 1) / kBlock;
   const int N = B * T;
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < nblocks; ++blk) {
     const int c0 = blk * kBlock;

@@ -26,6 +26,7 @@ inline float exp_neg2u(float x) {
 
 void gelu_forward(float* out, const float* inp, size_t n) {
   const int64_t N = static_cast<int64_t>(n);
+  adopt_threads();
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
@@ -36,6 +37,7 @@ void gelu_forward(float* out, const float* inp, size_t n) {
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   const int64_t N = static_cast<int64_t>(n);
+  adopt_threads();
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];

@@ -8,6 +8,7 @@
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/grad_stats_stream.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/threads.h"
 
 namespace dsactor::kernels::cpu {
 
@@ -72,6 +73,7 @@ GradStats grad_stats_with(BlockFn block, const float* grad, size_t n) {
   const size_t nblocks = (n + kStatsBlock - 1) / kStatsBlock;
   std::vector<double> partial(nblocks, 0.0);
   const auto nb = static_cast<int64_t>(nblocks);
+  adopt_threads();
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t b = 0; b < nb; ++b) {
     const size_t lo = static_cast<size_t>(b) * kStatsBlock;

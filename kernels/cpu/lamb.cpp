@@ -85,6 +85,7 @@ float lamb_step(float* param, float* m, float* v, const float* grad, size_t n, c
   const size_t nchunks = (n + kChunk - 1) / kChunk;
   std::vector<double> w2(nchunks, 0.0), u2(nchunks, 0.0);
   const auto nc = static_cast<int64_t>(nchunks);
+  adopt_threads();
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t c = 0; c < nc; ++c) {
     const size_t lo = static_cast<size_t>(c) * kChunk;

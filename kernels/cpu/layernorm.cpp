@@ -1,4 +1,5 @@
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/threads.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@ constexpr float kEps = 1e-5f;
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<size_t>(n) * C;
@@ -39,6 +41,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
   // dinp: rows are independent.
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<size_t>(n) * C;
@@ -67,6 +70,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   // in order, so the result is the same for any thread count.
   constexpr int kBlock = 64;
   const int nblocks = (C + kBlock - 1) / kBlock;
+  adopt_threads();
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < nblocks; ++blk) {
     const int c0 = blk * kBlock;

@@ -1,4 +1,5 @@
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/threads.h"
 
 #include <cblas.h>
 
@@ -13,8 +14,10 @@ namespace dsactor::kernels::cpu {
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   if (N <= 0 || OC <= 0) return;
+  adopt_threads();  // sgemm's team follows this thread's OpenMP count
   float beta = 0.0f;
   if (bias != nullptr) {
+    adopt_threads();
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
       float* o = out + static_cast<size_t>(n) * OC;
@@ -30,6 +33,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
   if (N <= 0) return;
+  adopt_threads();  // sgemm's team follows this thread's OpenMP count
   if (dinp != nullptr) {
     // dinp (N,C) += dout (N,OC) @ weight (OC,C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
@@ -45,6 +49,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     // the result does not depend on scheduling.
     constexpr int kBlock = 64;
     const int nblocks = (OC + kBlock - 1) / kBlock;
+    adopt_threads();
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < nblocks; ++blk) {
       const int o0 = blk * kBlock;

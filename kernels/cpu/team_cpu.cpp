@@ -4,10 +4,13 @@
 
 #include <ctime>
 
+#include "kernels/cpu/threads.h"
+
 namespace dsactor::kernels::cpu {
 
 uint64_t team_cpu_nanoseconds() {
   uint64_t total = 0;
+  adopt_threads();  // the same team as the kernels this thread ran
 #pragma omp parallel reduction(+ : total)
   {
     timespec t{};

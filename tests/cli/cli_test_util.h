@@ -21,7 +21,9 @@ struct CommandResult {
 
 inline CommandResult run_dsactor(const std::string& args, const std::filesystem::path& workdir) {
   const auto err_file = workdir / ("stderr_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = "cd '" + workdir.string() + "' && '" DSACTOR_BINARY "' --threads 2 " +
+  // Two kernel threads unless the caller names a count.
+  const std::string threads = args.rfind("--threads ", 0) == 0 ? "" : "--threads 2 ";
+  const std::string cmd = "cd '" + workdir.string() + "' && '" DSACTOR_BINARY "' " + threads +
                           args + " 2>'" + err_file.string() + "'";
   CommandResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kernels/cpu/threads.h"
 #include "tests/cli/cli_test_util.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/data/token_file.h"
@@ -66,6 +67,22 @@ TEST_F(CliTrain, ResumedRunEndsWithTheSameWeightsAsAStraightRun) {
   auto four = run_dsactor(train_args("four", 4), dir_);
   ASSERT_EQ(four.exit_code, 0) << four.err;
   EXPECT_FALSE(same_params(c, load_checkpoint_weights(dir_ / "four" / "checkpoint")));
+}
+
+// `--threads` holds on every thread that computes: `start --role trainer` runs its engine in
+// an actor's thread, and with the count given (not OpenMP's default, the CPU count) it must
+// learn what `train`, computing on the main thread, learns with that count, bit for bit.
+TEST_F(CliTrain, TheTrainerRoleComputesWithTheThreadsItIsGiven) {
+  const std::string threads = "--threads " + std::to_string(kernels::cpu::available_cpus() + 2);
+  auto plain = run_dsactor(threads + " " + train_args("plain", 6), dir_);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  auto role = run_dsactor(threads + " start --role trainer --config " +
+                              repo_path("configs/ds_tiny_fp32.json") +
+                              " --model tiny --data corpus.txt --seq 32 --steps 6 --out role",
+                          dir_);
+  ASSERT_EQ(role.exit_code, 0) << role.err;
+  EXPECT_TRUE(same_params(load_checkpoint_weights(dir_ / "plain" / "checkpoint"),
+                          load_checkpoint_weights(dir_ / "role" / "checkpoint")));
 }
 
 // ZeRO stages 1-3 without offload in one process: the rank holds every partition, and the
