@@ -32,7 +32,7 @@ const char* to_string(PinningKind kind) {
   return "?";
 }
 
-// The three CUDA runtime entry points we use, resolved from a dlopen'ed libcudart.
+// The CUDA runtime entry points we use, resolved from a dlopen'ed libcudart.
 // cudaError_t is an enum whose success value is 0; declared as int so no CUDA header is
 // needed.
 struct HostAllocator::Cuda {
@@ -40,6 +40,8 @@ struct HostAllocator::Cuda {
   int (*get_device_count)(int*) = nullptr;
   int (*host_alloc)(void**, size_t, unsigned) = nullptr;
   int (*free_host)(void*) = nullptr;
+  int (*host_register)(void*, size_t, unsigned) = nullptr;
+  int (*host_unregister)(void*) = nullptr;
   const char* (*error_string)(int) = nullptr;
   ~Cuda() {
     if (lib) dlclose(lib);
@@ -51,7 +53,8 @@ struct HostAllocator::Cuda {
 
 namespace {
 
-constexpr unsigned kCudaHostAllocPortable = 1;  // pinned for every CUDA context
+constexpr unsigned kCudaHostAllocPortable = 1;     // pinned for every CUDA context
+constexpr unsigned kCudaHostRegisterPortable = 1;  // likewise, for registered memory
 constexpr size_t kAlign = storage::AlignedBuffer::kAlignment;
 
 class MappedBuffer final : public HostBuffer {
@@ -106,13 +109,29 @@ class SharedBuffer final : public HostBuffer {
     view_id_ = next_view.fetch_add(1, std::memory_order_relaxed);
   }
   ~SharedBuffer() override {
+    if (host_unregister_) host_unregister_(data_);
     ::munmap(data_, capacity_);
     ::close(view_fd_);
   }
   bool locked() const { return locked_; }
+  // Pins the mapping for CUDA (cudaHostRegister) instead of mlock: the same page-locked
+  // memory a cudaHostAlloc buffer is, which a device on this host copies from directly.
+  // Returns the runtime's error code (0: registered; unregistered again at destruction).
+  int register_with_cuda(std::shared_ptr<const void> cuda,
+                         int (*host_register)(void*, size_t, unsigned),
+                         int (*host_unregister)(void*)) {
+    const int rc = host_register(data_, capacity_, kCudaHostRegisterPortable);
+    if (rc == 0) {
+      cuda_ = std::move(cuda);
+      host_unregister_ = host_unregister;
+    }
+    return rc;
+  }
 
  private:
   bool locked_ = false;
+  std::shared_ptr<const void> cuda_;  // keeps libcudart loaded while registered
+  int (*host_unregister_)(void*) = nullptr;
 };
 
 class CudaBuffer final : public HostBuffer {
@@ -155,6 +174,9 @@ HostAllocator::HostAllocator(const HostMemoryOptions& options) : options_(option
       c->host_alloc =
           reinterpret_cast<int (*)(void**, size_t, unsigned)>(dlsym(lib, "cudaHostAlloc"));
       c->free_host = reinterpret_cast<int (*)(void*)>(dlsym(lib, "cudaFreeHost"));
+      c->host_register =
+          reinterpret_cast<int (*)(void*, size_t, unsigned)>(dlsym(lib, "cudaHostRegister"));
+      c->host_unregister = reinterpret_cast<int (*)(void*)>(dlsym(lib, "cudaHostUnregister"));
       c->error_string = reinterpret_cast<const char* (*)(int)>(dlsym(lib, "cudaGetErrorString"));
       int devices = 0;
       if (!c->get_device_count || !c->host_alloc || !c->free_host) {
@@ -214,7 +236,9 @@ HostBufferPtr HostAllocator::allocate(size_t bytes) {
 }
 
 HostBufferPtr HostAllocator::allocate_shared(size_t bytes) {
-  if (kind_ == PinningKind::kCudaHostAlloc || shared_failed_) return allocate(bytes);
+  if (shared_failed_) return allocate(bytes);
+  const bool cuda = kind_ == PinningKind::kCudaHostAlloc;
+  if (cuda && (!cuda_->host_register || !cuda_->host_unregister)) return allocate(bytes);
   // A shared buffer holds an fd: the soft limit on them (often 1024) goes up to the hard
   // one, once, so a job of many partitions keeps its views.
   static std::once_flag raised;
@@ -227,6 +251,13 @@ HostBufferPtr HostAllocator::allocate_shared(size_t bytes) {
   });
   try {
     auto buf = std::make_shared<SharedBuffer>(bytes, kind_ == PinningKind::kMlock);
+    if (cuda) {
+      if (const int rc =
+              buf->register_with_cuda(cuda_, cuda_->host_register, cuda_->host_unregister);
+          rc != 0)
+        throw std::runtime_error("cudaHostRegister: " + cuda_->error(rc));
+      return buf;
+    }
     if (kind_ == PinningKind::kMlock && !buf->locked()) {
       spdlog::warn("offload: RAM buffers no longer locked: mlock of a shared buffer failed ({})",
                    std::strerror(errno));

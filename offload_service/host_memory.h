@@ -1,10 +1,10 @@
 #pragma once
 
 // Host memory of the offload service: RAM-tier partitions and the NVMe staging buffers.
-// With a CUDA device present the buffers are pinned with cudaHostAlloc, so a trainer's
-// device on this host could DMA from them; otherwise they are mlock()ed where allowed.
-// The build never needs CUDA: libcudart is opened at run time with dlopen and only three
-// symbols are used (cudaGetDeviceCount, cudaHostAlloc, cudaFreeHost).
+// With a CUDA device present the buffers are pinned for CUDA (cudaHostAlloc; a master's
+// memfd with cudaHostRegister), so a trainer's device on this host could DMA from them;
+// otherwise they are mlock()ed where allowed. The build never needs CUDA: libcudart is
+// opened at run time with dlopen and only its host-memory entry points are used.
 
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +18,8 @@ namespace dsactor::offload {
 enum class PinningKind {
   kNone,           // not requested (--no-mlock), or mlock refused (the reason is logged)
   kMlock,          // mmap + mlock
-  kCudaHostAlloc,  // cudaHostAlloc(portable) through the dlopen'ed CUDA runtime
+  kCudaHostAlloc,  // cudaHostAlloc(portable), or cudaHostRegister(portable) of a shared
+                   // buffer, through the dlopen'ed CUDA runtime
 };
 const char* to_string(PinningKind kind);
 
@@ -73,9 +74,10 @@ class HostAllocator {
   // memory cannot be had at all (a failed pin downgrades silently after the first report).
   HostBufferPtr allocate(size_t bytes);
   // As allocate(), in a memfd sealed against resizing whose read-only fd (view_fd()) a
-  // same-host trainer may map (FetchReply::master_view), pinned with mlock like allocate's.
-  // With CUDA pinning (cudaHostAlloc memory is not a file), or when the memfd cannot be had
-  // (out of fds), allocate()'s buffer without a view: the caller then copies as before.
+  // same-host trainer may map (FetchReply::master_view), pinned like allocate's: mlock, or
+  // cudaHostRegister where CUDA pins. When the memfd cannot be had (out of fds) or CUDA
+  // cannot register it, allocate()'s buffer without a view (said once): the caller then
+  // copies as before.
   HostBufferPtr allocate_shared(size_t bytes);
   // An unpinned buffer (short-lived conversions, clones for in-flight replies).
   static HostBufferPtr plain(size_t bytes);
