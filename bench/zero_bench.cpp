@@ -223,6 +223,8 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
   r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
   r["fetches_from_master_view"] = after.fetches_from_master_view - before.fetches_from_master_view;
+  // Of those, views fetched earlier in the step mapped again: no request to the service.
+  r["fetches_from_held_view"] = after.fetches_from_held_view - before.fetches_from_held_view;
   // Push slots lent to the service until the commit, and those that came back holding
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;

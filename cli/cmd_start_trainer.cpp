@@ -417,12 +417,12 @@ int run_zero(RankRun& run) {
       s.optimizer_state_bytes, s.peak_resident_param_bytes, s.total_param_bytes,
       s.peak_resident_grad_bytes, s.overlapped_reductions,
       s.arena_bytes > 0
-          ? fmt::format("through a {} B shared-memory arena ({} pushes in place, {} fetches in "
-                        "place of which {} from the master view, {} gathered in place; {} B as "
-                        "frames)",
-                        s.arena_bytes, s.pushes_in_place, s.fetches_in_place,
-                        s.fetches_from_master_view, s.fetches_gathered_in_place,
-                        s.payload_bytes_as_frames)
+          ? fmt::format(
+                "through a {} B shared-memory arena ({} pushes in place, {} fetches in "
+                "place of which {} from the master view ({} mapped again without a request), {} "
+                "gathered in place; {} B as frames)",
+                s.arena_bytes, s.pushes_in_place, s.fetches_in_place, s.fetches_from_master_view,
+                s.fetches_from_held_view, s.fetches_gathered_in_place, s.payload_bytes_as_frames)
           : std::string("as frames"));
   log_validation(engine, run.split, run.B, run.T, a.seed, a.name);
   if (!a.out.empty()) {

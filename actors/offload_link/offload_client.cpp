@@ -542,12 +542,14 @@ template ServiceResult<msg::RestoreReply> OffloadClient::await_as(uint64_t, Aren
 template ServiceResult<msg::DropJobReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
 template ServiceResult<msg::DeleteCheckpointReply> OffloadClient::await_as(uint64_t, ArenaBuffer*);
 
-MasterViewMapping::MasterViewMapping(int fd, size_t bytes) : size_(bytes) {
+MasterViewMapping::MasterViewMapping(std::shared_ptr<const messages::UniqueFd> fd, size_t bytes)
+    : fd_(std::move(fd)), size_(bytes) {
+  if (!fd_ || !*fd_) throw std::runtime_error("master view: no fd to map");
   // Pages past the file's end would raise SIGBUS when read: only a memfd sealed against
   // shrinking is mapped, so a file long enough now stays so.
-  messages::check_sealed_memfd(fd, bytes, "master view");
+  messages::check_sealed_memfd(fd_->get(), bytes, "master view");
   if (bytes == 0) return;
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd_->get(), 0);
   if (p == MAP_FAILED)
     throw std::runtime_error(std::string("mmap of a master view: ") + std::strerror(errno));
   data_ = static_cast<const std::byte*>(p);
@@ -563,7 +565,8 @@ std::optional<ServiceFailure> OffloadClient::map_view(FetchedParameters& out) {
   HeldView& held = views_[pid];
   if (!v.ticket.empty()) {
     try {
-      held = HeldView{v.view_id, messages::collect_fd(v.socket, v.ticket, timeout_)};
+      held = HeldView{v.view_id, std::make_shared<const messages::UniqueFd>(
+                                     messages::collect_fd(v.socket, v.ticket, timeout_))};
     } catch (const std::exception& e) {
       views_.erase(pid);
       return failure("fetch of partition " + std::to_string(pid) + ": " + e.what());
@@ -576,8 +579,8 @@ std::optional<ServiceFailure> OffloadClient::map_view(FetchedParameters& out) {
                    (had ? "view " + std::to_string(had) : std::string("none")));
   }
   try {
-    out.view = std::make_shared<const MasterViewMapping>(held.fd.get(),
-                                                         out.reply.element_count * sizeof(float));
+    out.view =
+        std::make_shared<const MasterViewMapping>(held.fd, out.reply.element_count * sizeof(float));
   } catch (const std::exception& e) {
     return failure("fetch of partition " + std::to_string(pid) + ": " + e.what());
   }

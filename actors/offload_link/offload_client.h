@@ -92,15 +92,21 @@ struct LentPush {
 // lets go.
 class MasterViewMapping {
  public:
-  // Maps the first `bytes` of `fd` (a view's read-only fd, kept open by the caller) with
-  // its pages populated. Throws std::runtime_error when the file is shorter or mmap fails.
-  MasterViewMapping(int fd, size_t bytes);
+  // Maps the first `bytes` of `fd` (a view's read-only fd) with its pages populated, and
+  // keeps the fd open while it lives. Throws std::runtime_error when the fd is not a memfd
+  // sealed against shrinking that holds `bytes`, or mmap fails.
+  MasterViewMapping(std::shared_ptr<const messages::UniqueFd> fd, size_t bytes);
   ~MasterViewMapping();
   MasterViewMapping(const MasterViewMapping&) = delete;
   MasterViewMapping& operator=(const MasterViewMapping&) = delete;
   std::span<const std::byte> bytes() const { return {data_, size_}; }
+  // The view's fd, to map the same view again without asking the service: a trainer that
+  // needs the block again within the step it fetched it for (the master cannot change
+  // before that step's commit).
+  const std::shared_ptr<const messages::UniqueFd>& file() const { return fd_; }
 
  private:
+  std::shared_ptr<const messages::UniqueFd> fd_;
   const std::byte* data_ = nullptr;
   size_t size_ = 0;
 };
@@ -438,7 +444,7 @@ class OffloadClient {
   // Per partition, the master view collected last: its id and read-only fd.
   struct HeldView {
     uint64_t view_id = 0;
-    messages::UniqueFd fd;
+    std::shared_ptr<const messages::UniqueFd> fd;  // mappings of the view hold it too
   };
   std::map<uint64_t, HeldView> views_;
   // The reply's view mapped (its fd collected first when the reply carries a ticket).

@@ -192,6 +192,7 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   // none into a slot.
   EXPECT_EQ(j.at("master_views"), true);
   EXPECT_GT(number_at(on, "fetches_from_master_view"), 0);
+  EXPECT_LE(number_at(on, "fetches_from_held_view"), number_at(on, "fetches_from_master_view"));
   EXPECT_EQ(number_at(on.at("service_phases").at("serve"), "bytes"), 0);
 }
 
@@ -203,6 +204,7 @@ TEST(BenchZero, WithoutMasterViewsTheServiceCopiesEachFetch) {
   EXPECT_EQ(j.at("master_views"), false);
   const auto& on = j.at("stage3_prefetch_on");
   EXPECT_EQ(number_at(on, "fetches_from_master_view"), 0);
+  EXPECT_EQ(number_at(on, "fetches_from_held_view"), 0);
   EXPECT_GT(number_at(on, "fetches_in_place"), 0);
   const double served = number_at(on.at("service_phases").at("serve"), "bytes");
   EXPECT_GT(served, 0);

@@ -207,20 +207,19 @@ TEST(MasterViewMapping, MapsOnlyASealedMemfdHoldingThePartition) {
     }
     return fd;
   };
-  auto refusal = [](int fd, size_t bytes) -> std::string {
+  auto refusal = [](msg::UniqueFd fd, size_t bytes) -> std::string {
     try {
-      actors::MasterViewMapping m(fd, bytes);
+      actors::MasterViewMapping m(std::make_shared<const msg::UniqueFd>(std::move(fd)), bytes);
       return "";
     } catch (const std::runtime_error& e) {
       return e.what();
     }
   };
-  EXPECT_NE(refusal(memfd(8192, false).get(), 4096).find("not sealed against shrinking"),
+  EXPECT_NE(refusal(memfd(8192, false), 4096).find("not sealed against shrinking"),
             std::string::npos);
-  EXPECT_NE(refusal(memfd(4096, true).get(), 8192).find("holds 4096 bytes, asked to map 8192"),
+  EXPECT_NE(refusal(memfd(4096, true), 8192).find("holds 4096 bytes, asked to map 8192"),
             std::string::npos);
-  const auto ok = memfd(8192, true);
-  actors::MasterViewMapping m(ok.get(), 8192);
+  actors::MasterViewMapping m(std::make_shared<const msg::UniqueFd>(memfd(8192, true)), 8192);
   ASSERT_EQ(m.bytes().size(), 8192u);
   float x;
   std::memcpy(&x, m.bytes().data(), sizeof(x));

@@ -156,6 +156,10 @@ void ParamResidency::wait_fetches() {
 }
 
 void ParamResidency::parameters_committed(uint64_t step) {
+  {
+    const std::lock_guard lock(held_views_mutex_);
+    held_views_.clear();
+  }
   if (scheduler_) return scheduler_->set_committed_step(step);  // refetched lazily (prefetched)
   for (size_t b = 0; b < params_.blocks.size(); ++b)
     fetch_block(z_.services, z_.options.grad_comm, b, step, params_.blocks[b].data());
@@ -222,16 +226,33 @@ void ParamResidency::fetch_partition(ServiceClients& clients, const PartitionSli
 FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const PartitionSlice& p,
                                            uint64_t step) {
   FloatBuffer buf;
+  // The service's own pages, mapped read-only: a write would fault, never change the master.
+  // The mapping goes with the block.
+  auto adopt_view = [&](std::shared_ptr<const actors::MasterViewMapping> view) {
+    float* data = const_cast<float*>(reinterpret_cast<const float*>(view->bytes().data()));
+    ++fetches_in_place_;
+    ++fetches_from_master_view_;
+    buf =
+        FloatBuffer::adopt(data, p.count, std::const_pointer_cast<actors::MasterViewMapping>(view));
+  };
+  const std::pair<size_t, uint64_t> key{p.service, p.id};
+  std::shared_ptr<const messages::UniqueFd> held;
+  {
+    const std::lock_guard lock(held_views_mutex_);
+    if (auto it = held_views_.find(key); it != held_views_.end() && it->second.step == step)
+      held = it->second.file;
+  }
+  if (held) {
+    adopt_view(std::make_shared<const actors::MasterViewMapping>(held, p.count * sizeof(float)));
+    ++fetches_from_held_view_;
+    bytes_fetched_ += p.count * sizeof(float);
+    return buf;
+  }
+  std::shared_ptr<const messages::UniqueFd> fetched_view;
   receive_partition(client, p, step, [&](actors::FetchedParameters&& f) {
     if (f.in_view()) {
-      // The service's own pages, mapped read-only: a write would fault, never change the
-      // master. The mapping goes with the block.
-      std::shared_ptr<const actors::MasterViewMapping> view = std::move(f.view);
-      float* data = const_cast<float*>(reinterpret_cast<const float*>(view->bytes().data()));
-      ++fetches_in_place_;
-      ++fetches_from_master_view_;
-      buf = FloatBuffer::adopt(data, p.count,
-                               std::const_pointer_cast<actors::MasterViewMapping>(view));
+      fetched_view = f.view->file();
+      adopt_view(std::move(f.view));
       return;
     }
     if (f.in_arena() && f.reply.dtype == msg::DType::fp32 && !f.reply.ranged()) {
@@ -247,6 +268,10 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
     copy_fetched(f, buf.data() + f.reply.range_offset, f.reply.payload_count(), f.reply.dtype,
                  z_.half_kind());
   });
+  if (fetched_view) {  // the reply checked (version, count): held for the rest of the step
+    const std::lock_guard lock(held_views_mutex_);
+    held_views_[key] = HeldView{step, std::move(fetched_view)};
+  }
   return buf;
 }
 
@@ -308,6 +333,7 @@ void ParamResidency::add_stats(ZeroStats& s) const {
   s.fetches_in_place = fetches_in_place_.load();
   s.fetches_gathered_in_place = fetches_gathered_in_place_.load();
   s.fetches_from_master_view = fetches_from_master_view_.load();
+  s.fetches_from_held_view = fetches_from_held_view_.load();
   s.fetches_in_parts = fetches_in_parts_.load();
   s.fetches_in_ranges = fetches_in_ranges_.load();
   s.blocks_published_in_place = blocks_published_in_place_;

@@ -15,8 +15,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <utility>
 
 #include "actors/offload_link/service_client.h"
 #include "trainer/model/gpt.h"
@@ -105,6 +108,17 @@ class ParamResidency {
   std::atomic<uint64_t> fetches_in_place_{0};
   std::atomic<uint64_t> fetches_gathered_in_place_{0};
   std::atomic<uint64_t> fetches_from_master_view_{0};
+  std::atomic<uint64_t> fetches_from_held_view_{0};
+  // The master views fetched at the current committed step, per (service, partition): a
+  // block needed again within the step (the backward after the forward, another
+  // micro-step) maps its view again without a request. The service writes a master only at
+  // the step's commit, after this rank's pushes; parameters_committed empties it.
+  struct HeldView {
+    uint64_t step = 0;
+    std::shared_ptr<const messages::UniqueFd> file;
+  };
+  std::mutex held_views_mutex_;  // the fetcher's thread and the compute thread both fetch
+  std::map<std::pair<size_t, uint64_t>, HeldView> held_views_;
   std::atomic<uint64_t> fetches_in_parts_{0};
   std::atomic<uint64_t> fetches_in_ranges_{0};
   uint64_t blocks_published_in_place_ = 0;  // install()ed (the compute thread's)

@@ -154,6 +154,9 @@ struct ZeroStats {
   // Stage-3 fetches answered with the service's master view, read in place (no copy on
   // either side; ZeroOptions::master_views). Counted in fetches_in_place too.
   uint64_t fetches_from_master_view = 0;
+  // Of those, the ones that mapped a view this rank had fetched earlier in the same step
+  // again, with no request to the service (a block needed again within the step).
+  uint64_t fetches_from_held_view = 0;
   // Stage 3 at one rank, fp32, commits answered after the update: in-place pushes whose slot
   // the service kept as the gradient (PushGradients.keepUntilCommit), and of those the slots
   // that came back holding the block's updated parameters and became its resident copy
