@@ -238,7 +238,13 @@ HostBufferPtr HostAllocator::allocate(size_t bytes) {
 HostBufferPtr HostAllocator::allocate_shared(size_t bytes) {
   if (shared_failed_) return allocate(bytes);
   const bool cuda = kind_ == PinningKind::kCudaHostAlloc;
-  if (cuda && (!cuda_->host_register || !cuda_->host_unregister)) return allocate(bytes);
+  if (cuda && (!cuda_->host_register || !cuda_->host_unregister)) {
+    spdlog::warn(
+        "offload: partitions' masters are copied into trainers' arenas: this libcudart has no "
+        "cudaHostRegister/cudaHostUnregister to pin a shareable buffer");
+    shared_failed_ = true;
+    return allocate(bytes);
+  }
   // A shared buffer holds an fd: the soft limit on them (often 1024) goes up to the hard
   // one, once, so a job of many partitions keeps its views.
   static std::once_flag raised;

@@ -425,21 +425,29 @@ TEST_F(ZeroEngineTest, Stage3LentSlotsComeBackHoldingTheUpdate) {
   EXPECT_EQ(lent.bytes_pushed, none.bytes_pushed);
 }
 
+// gpt2's shape in miniature (the tied embedding 5.7 layers) with bench zero's knobs: every
+// block fetched, a layer of prefetch, the resident set bounded to the embedding and two
+// layers, so a layer is dropped between its forward and its backward.
+const GptConfig kGpt2Miniature{6, 2, 32, 2200, 16};
+nlohmann::json gpt2_miniature_knobs(const std::vector<BlockLayout>& layouts) {
+  const size_t largest = layouts.front().numel, layer = layouts[1].numel;
+  return {{"gradient_accumulation_steps", 1},
+          {"zero_optimization",
+           {{"stage3_prefetch_bucket_size", layer},
+            {"stage3_max_live_parameters", largest + 2 * layer},
+            {"stage3_max_reuse_distance", 1000000000},
+            {"stage3_param_persistence_threshold", 0}}}};
+}
+
 // A layer that the resident set drops after its forward is needed again for its backward:
 // the master view fetched in that step is mapped again, asking the service nothing. Never
 // across a commit: behind the reply the service updates a partition after answering the
 // commit, and a view mapped then would read a master half updated. Both publications
 // equal stage 0 bit for bit, and each asks the service for each block about once a step.
 TEST_F(ZeroEngineTest, Stage3MapsAMasterViewAgainOnlyWithinItsStep) {
-  const GptConfig model{6, 2, 32, 2200, 16};
+  const GptConfig model = kGpt2Miniature;
   const auto layouts = gpt_block_layouts(model);
-  const size_t largest = layouts.front().numel, layer = layouts[1].numel;
-  const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1},
-                                    {"zero_optimization",
-                                     {{"stage3_prefetch_bucket_size", layer},
-                                      {"stage3_max_live_parameters", largest + 2 * layer},
-                                      {"stage3_max_reuse_distance", 1000000000},
-                                      {"stage3_param_persistence_threshold", 0}}}};
+  const auto extra = gpt2_miniature_knobs(layouts);
   const auto tokens = corpus(6000, 11);
   constexpr int kSteps = 6;
   const Trace want = run_stage0(model, config("fp32", 0, "none", "", extra), tokens, kSteps);
@@ -585,17 +593,12 @@ TEST_F(ZeroEngineTest, Stage3ArenaPagesAreFaultedInOnceNotEveryStep) {
 // step's memory peak (bench zero saw peak RSS rise from 0.238 to 0.251 of stage 0). The
 // run stays stage 0's bit for bit, whichever slots kept what.
 TEST_F(ZeroEngineTest, Stage3ArenaKeepsTheStepsSteadyStateOnly) {
-  const GptConfig model{6, 2, 32, 2200, 16};
+  const GptConfig model = kGpt2Miniature;
   const auto layouts = gpt_block_layouts(model);
   const size_t largest = layouts.front().numel, layer = layouts[1].numel;
   ASSERT_GT(largest, 5 * layer) << "the embedding is gpt2's 5.5 layers";
   auto pages = [](size_t numel) { return (numel * sizeof(float) + 4095) / 4096 * 4096; };
-  const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1},
-                                    {"zero_optimization",
-                                     {{"stage3_prefetch_bucket_size", layer},
-                                      {"stage3_max_live_parameters", largest + 2 * layer},
-                                      {"stage3_max_reuse_distance", 1000000000},
-                                      {"stage3_param_persistence_threshold", 0}}}};
+  const auto extra = gpt2_miniature_knobs(layouts);
   const auto tokens = corpus(6000, 8);
   constexpr int kSteps = 8;
   const Trace want = run_stage0(model, config("fp32", 0, "none", "", extra), tokens, kSteps);
