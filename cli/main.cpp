@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"dsactor: ZeRO-3 / ZeRO-Infinity training with every memory tier as a service"};
   app.require_subcommand(1);
-  int threads = dsactor::kernels::cpu::available_cpus();
+  int threads = dsactor::kernels::cpu::openmp_default_threads();
   app.add_option("--threads", threads,
                  "threads for kernels and BLAS (same count + seed = same bits)")
       ->check(CLI::Range(1, 1024))

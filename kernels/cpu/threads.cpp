@@ -32,6 +32,10 @@ int available_cpus() {
   return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
 }
 
+int openmp_default_threads() {
+  return omp_get_max_threads();
+}
+
 int threads() {
   return process_threads.load(std::memory_order_relaxed);
 }

@@ -12,9 +12,12 @@ namespace dsactor::kernels::cpu {
 // calls adopt_threads() before its parallel work.
 void set_threads(int threads);
 
-// The CPUs this process may run on (its affinity mask): OpenMP's own default count, and
-// `dsactor --threads`'s. At least 1.
+// The CPUs this process may run on (its affinity mask). At least 1.
 int available_cpus();
+
+// OpenMP's default count, `dsactor --threads`'s: OMP_NUM_THREADS where it is set, else the
+// CPUs of the affinity mask. Read before any set_threads.
+int openmp_default_threads();
 
 // The count set_threads gave; 0 before any call (every thread then keeps OpenMP's default).
 int threads();

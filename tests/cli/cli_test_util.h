@@ -19,12 +19,15 @@ struct CommandResult {
   std::string err;  // stderr
 };
 
-inline CommandResult run_dsactor(const std::string& args, const std::filesystem::path& workdir) {
+// `env` ("NAME=value ...") goes before the binary; without it the run gets two kernel
+// threads unless `args` names a count.
+inline CommandResult run_dsactor(const std::string& args, const std::filesystem::path& workdir,
+                                 const std::string& env = "") {
   const auto err_file = workdir / ("stderr_" + std::to_string(::getpid()) + ".txt");
-  // Two kernel threads unless the caller names a count.
-  const std::string threads = args.rfind("--threads ", 0) == 0 ? "" : "--threads 2 ";
-  const std::string cmd = "cd '" + workdir.string() + "' && '" DSACTOR_BINARY "' " + threads +
-                          args + " 2>'" + err_file.string() + "'";
+  const std::string threads =
+      !env.empty() || args.rfind("--threads ", 0) == 0 ? "" : "--threads 2 ";
+  const std::string cmd = "cd '" + workdir.string() + "' && " + env + " '" DSACTOR_BINARY "' " +
+                          threads + args + " 2>'" + err_file.string() + "'";
   CommandResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) return r;

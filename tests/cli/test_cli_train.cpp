@@ -83,6 +83,16 @@ TEST_F(CliTrain, TheTrainerRoleComputesWithTheThreadsItIsGiven) {
   ASSERT_EQ(role.exit_code, 0) << role.err;
   EXPECT_TRUE(same_params(load_checkpoint_weights(dir_ / "plain" / "checkpoint"),
                           load_checkpoint_weights(dir_ / "role" / "checkpoint")));
+  // Without --threads the count is OpenMP's default, OMP_NUM_THREADS where it is set (a
+  // deployment's env: block gives its roles one thread so): the trainer role computes with
+  // it on its actor's thread, as `train --threads` with that count does.
+  auto from_env =
+      run_dsactor("start --role trainer --config " + repo_path("configs/ds_tiny_fp32.json") +
+                      " --model tiny --data corpus.txt --seq 32 --steps 6 --out env",
+                  dir_, "OMP_NUM_THREADS=" + std::to_string(kernels::cpu::available_cpus() + 2));
+  ASSERT_EQ(from_env.exit_code, 0) << from_env.err;
+  EXPECT_TRUE(same_params(load_checkpoint_weights(dir_ / "plain" / "checkpoint"),
+                          load_checkpoint_weights(dir_ / "env" / "checkpoint")));
 }
 
 // ZeRO stages 1-3 without offload in one process: the rank holds every partition, and the
