@@ -56,7 +56,8 @@ TEST(KernelThreads, ANewThreadComputesWithTheProcesssCountAndFollowsItsChanges) 
   ASSERT_EQ(other.out.size(), main_thread.out.size());
   EXPECT_EQ(std::memcmp(other.out.data(), main_thread.out.data(), other.out.size() * 4), 0);
 
-  // A later set_threads reaches a thread that had adopted the earlier count.
+  // A later set_threads, called on another thread, reaches this one, which had adopted the
+  // earlier count, and new threads.
   int before = 0, after = 0;
   std::thread t([&] {
     before = run_matmul_here(inp, w, N, C, OC).team;
@@ -66,6 +67,7 @@ TEST(KernelThreads, ANewThreadComputesWithTheProcesssCountAndFollowsItsChanges) 
   t.join();
   EXPECT_EQ(before, count);
   EXPECT_EQ(after, 1);
+  EXPECT_EQ(run_matmul_here(inp, w, N, C, OC).team, 1);
   EXPECT_EQ(run_matmul_on_a_new_thread(inp, w, N, C, OC).team, 1);
 }
 
