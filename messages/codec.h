@@ -175,12 +175,20 @@ struct SkipStep {
   std::string resume_record = {};  // as CommitStep's
   bool operator==(const SkipStep&) const = default;
 };
+struct CurrentView {
+  uint64_t partition_id = 0;
+  uint64_t view_id = 0;
+  bool operator==(const CurrentView&) const = default;
+};
 struct CommitReply {
   uint64_t step = 0;
   bool applied = true;  // false answers a SkipStep
   std::vector<PartitionVersion> partitions;
   // The slices kept by this step's pushes hold their partitions' fp32 parameters at `step`.
   bool kept_hold_parameters = false;
+  // Answered after the update: the view each RAM partition's master is in now
+  // (offload.capnp's CommitReply.currentViews).
+  std::vector<CurrentView> current_views;
   bool operator==(const CommitReply&) const = default;
 };
 

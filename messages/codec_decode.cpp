@@ -101,6 +101,20 @@ std::vector<PartitionVersion> versions(capnp::List<wire::PartitionVersion>::Read
   return out;
 }
 
+// A view id is never 0 (MasterView.viewId).
+std::vector<CurrentView> current_views(capnp::List<wire::CurrentView>::Reader list,
+                                       const Limits& limits) {
+  check_list(list, limits, "commitReply.currentViews");
+  std::vector<CurrentView> out;
+  out.reserve(list.size());
+  for (auto v : list) {
+    if (v.getViewId() == 0)
+      fail(DecodeErrc::badField, "commitReply.currentViews: view id 0 (view ids are never 0)");
+    out.push_back({v.getPartitionId(), v.getViewId()});
+  }
+  return out;
+}
+
 // An optional arena slice. A set one names an arena (id != 0) and a range that does not
 // wrap around; whether it fits the mapping is the receiver's check (it knows the size).
 // `shape`: the payload it stands for must fill it exactly (push, fetch reply).
@@ -294,9 +308,10 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
     }
     case wire::Header::Kind::COMMIT_REPLY: {
       auto r = k.getCommitReply();
-      return CommitReply{r.getStep(), r.getApplied(),
-                         versions(r.getPartitions(), limits, "commitReply.partitions"),
-                         r.getKeptHoldParameters()};
+      CommitReply out{r.getStep(), r.getApplied(),
+                      versions(r.getPartitions(), limits, "commitReply.partitions"),
+                      r.getKeptHoldParameters(), current_views(r.getCurrentViews(), limits)};
+      return out;
     }
     case wire::Header::Kind::FETCH_REPLY: {
       auto r = k.getFetchReply();

@@ -156,6 +156,11 @@ void set_body(wire::Header::Kind::Builder k, const CommitReply& r) {
   b.setApplied(r.applied);
   set_versions(b.initPartitions(static_cast<unsigned>(r.partitions.size())), r.partitions);
   b.setKeptHoldParameters(r.kept_hold_parameters);
+  auto views = b.initCurrentViews(static_cast<unsigned>(r.current_views.size()));
+  for (size_t i = 0; i < r.current_views.size(); ++i) {
+    views[i].setPartitionId(r.current_views[i].partition_id);
+    views[i].setViewId(r.current_views[i].view_id);
+  }
 }
 
 void set_body(wire::Header::Kind::Builder k, const FetchParameters& r) {

@@ -164,6 +164,16 @@ struct CommitReply {
   # parameters at `step` (the commit was answered after the update). Unset: a kept slice's
   # bytes are not parameters, and it is the trainer's again.
   keptHoldParameters @3 :Bool;
+  # Answered after the update: the master view (FetchReply.masterView) each RAM partition's
+  # fp32 parameters at `step` are in now. A trainer holding that view reads them there
+  # until its next commit, asking nothing; one holding another view id (the master was
+  # copied on write since) fetches again. Empty for a commit answered before the update.
+  currentViews @4 :List(CurrentView);
+}
+
+struct CurrentView {
+  partitionId @0 :UInt64;
+  viewId @1 :UInt64;
 }
 
 struct FetchParameters {

@@ -665,6 +665,8 @@ struct WorkerState {
       p.next.reset();  // it is p.loc now
     } else {
       ram_adam(p, w, i);
+      if (w.current_views && p.master->view_id() != 0)
+        w.current_views->push_back({pid, p.master->view_id()});
       if (w.done) w.done->fetch_add(1, std::memory_order_relaxed);
     }
     p.micro_steps = 0;

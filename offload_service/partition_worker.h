@@ -134,6 +134,10 @@ struct CommitWork {
   // The commit is answered after the update: Adam writes a kept gradient's partition's
   // updated parameters into its slice (else the slice is copied out before the reply).
   bool publish_into_kept = false;
+  // Set (by the coordinator of a commit answered after the update): the worker adds the
+  // view each of its RAM partitions' masters is in once updated (a copy on write gives a new
+  // one), for the reply's CommitReply::current_views. Read only after `publication` waited.
+  std::shared_ptr<std::vector<messages::CurrentView>> current_views;
   // Partitions updated so far, across the job's workers (the progress a heartbeat reports).
   std::shared_ptr<std::atomic<uint64_t>> done;
   // Told when this worker has updated its last partition of the step (null: nobody waits).

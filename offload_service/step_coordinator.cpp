@@ -210,6 +210,8 @@ struct CoordinatorState {
       w.commit = c;
       w.multiplier = multiplier;
       w.publish_into_kept = after_update;
+      if (after_update && !w.current_views)
+        w.current_views = std::make_shared<std::vector<msg::CurrentView>>();
       w.done = progress->done();
     }
     auto publication = std::make_shared<StepPublication>(pw.by_worker.size(), board, progress);
@@ -225,8 +227,13 @@ struct CoordinatorState {
     jobs.put(h.job_id, std::move(next));
     steps_applied++;
     // Answered after the update: every slice the step's pushes left kept holds its
-    // partition's new parameters.
-    return msg::CommitReply{c.step, true, jobs.find(h.job_id)->versions(), after_update};
+    // partition's new parameters, and each RAM partition's master view holds them.
+    msg::CommitReply reply{c.step, true, jobs.find(h.job_id)->versions(), after_update, {}};
+    if (after_update)
+      for (const auto& [w, e] : pw.by_worker)
+        reply.current_views.insert(reply.current_views.end(), e.work->current_views->begin(),
+                                   e.work->current_views->end());
+    return reply;
   }
 
   msg::Body on_skip(const msg::Header& h, const msg::SkipStep& sk) {
@@ -236,7 +243,7 @@ struct CoordinatorState {
     two_phase.write_manifest(h.job_id, next);
     workers.skip(h.job_id, next);
     jobs.put(h.job_id, std::move(next));
-    return msg::CommitReply{sk.step, false, jobs.find(h.job_id)->versions()};
+    return msg::CommitReply{sk.step, false, jobs.find(h.job_id)->versions(), false, {}};
   }
 
   // A Checkpoint: the job's snapshot at its step, taken now (later requests wait behind

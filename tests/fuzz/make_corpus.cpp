@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
       PushReply{1, 3, 1, 2.5, false},
       CommitStep{3, 1.0, 1024.0, 1e-4},
       SkipStep{4},
-      CommitReply{3, true, versions},
+      CommitReply{3, true, versions, true, {{1, 7}}},
       FetchParameters{1, 3, DType::fp16, {}},
       FetchReply{1, 3, DType::fp16, 8, {}},
       Stats{},

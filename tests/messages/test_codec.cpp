@@ -103,6 +103,8 @@ std::vector<Header> every_kind() {
   add(PushGradients{11, 5, 0, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}, 0, 0, true});
   add(PushReply{11, 5, 0, 2.25, false, true});
   add(CommitReply{5, true, versions, true});
+  // Answered after the update: the views the updated masters are in.
+  add(CommitReply{5, true, versions, true, {{7, 0x8000000000000001ull}, {1ull << 40, 2}}});
   // A range of a fetch sent in ranges, and its reply carrying that range.
   {
     FetchParameters f{11, 4, DType::bf16, {}, 0};
@@ -510,6 +512,27 @@ TEST(CodecMalformed, MasterViews) {
                    reply(wire::DType::FP32, 3, t, "/tmp/door", 0, false),
                    reply(wire::DType::FP32, 3, t, "@" + std::string(107, 'd'), 0, false)})
     EXPECT_EQ(error_of(one(forged(bad, 0, 0))), DecodeErrc::badField);
+}
+
+// A commit reply's current view names a view id, never 0 (as a fetch reply's master view).
+TEST(CodecMalformed, CommitReplyCurrentViews) {
+  auto reply = [](uint64_t view) {
+    return [=](wire::Header::Builder h) {
+      auto r = h.getKind().initCommitReply();
+      r.setStep(5);
+      r.setApplied(true);
+      auto v = r.initCurrentViews(2);
+      v[0].setPartitionId(1);
+      v[0].setViewId(9);
+      v[1].setPartitionId(2);
+      v[1].setViewId(view);
+    };
+  };
+  const auto good = decode(one(forged(reply(10), 0, 0)));
+  ASSERT_TRUE(good.ok());
+  const auto& views = std::get<CommitReply>(good->header.body).current_views;
+  EXPECT_EQ(views, (std::vector<CurrentView>{{1, 9}, {2, 10}}));
+  EXPECT_EQ(error_of(one(forged(reply(0), 0, 0))), DecodeErrc::badField);
 }
 
 TEST(CodecMalformed, PayloadLengthMismatch) {

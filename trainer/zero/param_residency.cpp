@@ -155,10 +155,24 @@ void ParamResidency::wait_fetches() {
   if (scheduler_) scheduler_->wait_fetches();
 }
 
-void ParamResidency::parameters_committed(uint64_t step) {
+void ParamResidency::parameters_committed(
+    uint64_t step, const std::vector<std::vector<msg::CurrentView>>& current_views) {
   {
     const std::lock_guard lock(held_views_mutex_);
-    held_views_.clear();
+    for (auto it = held_views_.begin(); it != held_views_.end();) {
+      const auto& [service, partition] = it->first;
+      const bool current = service < current_views.size() &&
+                           std::any_of(current_views[service].begin(), current_views[service].end(),
+                                       [&, id = it->second.view_id](const msg::CurrentView& v) {
+                                         return v.partition_id == partition && v.view_id == id;
+                                       });
+      if (current) {
+        it->second.step = step;
+        ++it;
+      } else {
+        it = held_views_.erase(it);
+      }
+    }
   }
   if (scheduler_) return scheduler_->set_committed_step(step);  // refetched lazily (prefetched)
   for (size_t b = 0; b < params_.blocks.size(); ++b)
@@ -249,9 +263,11 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
     return buf;
   }
   std::shared_ptr<const messages::UniqueFd> fetched_view;
+  uint64_t view_id = 0;
   receive_partition(client, p, step, [&](actors::FetchedParameters&& f) {
     if (f.in_view()) {
       fetched_view = f.view->file();
+      view_id = f.reply.master_view->view_id;
       adopt_view(std::move(f.view));
       return;
     }
@@ -270,7 +286,7 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
   });
   if (fetched_view) {  // the reply checked (version, count): held for the rest of the step
     const std::lock_guard lock(held_views_mutex_);
-    held_views_[key] = HeldView{step, std::move(fetched_view)};
+    held_views_[key] = HeldView{step, view_id, std::move(fetched_view)};
   }
   return buf;
 }

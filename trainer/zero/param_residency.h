@@ -64,8 +64,11 @@ class ParamResidency {
   void wait_fetches();
   // The services committed `step`: resident blocks go stale and are refetched as needed
   // (stage 3), or every block is refetched now (stages 1/2). The engine calls it first for
-  // the step it starts from, after mapping the arenas.
-  void parameters_committed(uint64_t step);
+  // the step it starts from, after mapping the arenas. `current_views[s]`: the master
+  // views service s's commit reply said hold `step` (CommitReply::current_views); a view
+  // held from the last step that is among them is mapped again without a fetch.
+  void parameters_committed(
+      uint64_t step, const std::vector<std::vector<messages::CurrentView>>& current_views = {});
   // Stage 3 (a resident set): the block a training pass acquires first, once known.
   std::optional<size_t> first_block() const;
   // Stage 3 at one rank: block b's parameters at committed step `step` in an arena slot the
@@ -109,12 +112,15 @@ class ParamResidency {
   std::atomic<uint64_t> fetches_gathered_in_place_{0};
   std::atomic<uint64_t> fetches_from_master_view_{0};
   std::atomic<uint64_t> fetches_from_held_view_{0};
-  // The master views fetched at the current committed step, per (service, partition): a
-  // block needed again within the step (the backward after the forward, another
-  // micro-step) maps its view again without a request. The service writes a master only at
-  // the step's commit, after this rank's pushes; parameters_committed empties it.
+  // The master views that hold the current committed step, per (service, partition): a
+  // block needed again (the backward after the forward, another micro-step, the next
+  // steps) maps its view again without a request. The service writes a master only at a
+  // commit, after this rank's pushes. A commit answered after the update names the views
+  // that then hold the new step (parameters_committed keeps those); any other commit, a
+  // load or a resume empties the map.
   struct HeldView {
     uint64_t step = 0;
+    uint64_t view_id = 0;
     std::shared_ptr<const messages::UniqueFd> file;
   };
   std::mutex held_views_mutex_;  // the fetcher's thread and the compute thread both fetch

@@ -526,7 +526,7 @@ bool ZeroEngine::lends_push_slot(size_t b) const {
   return commits_after_update(*services_[context_.mine(b).service]);
 }
 
-std::vector<LentSlot> ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
+ZeroEngine::Committed ZeroEngine::commit_everywhere(const msg::CommitStep& commit) {
   if (local_) {
     // Stage 3's fetcher reads the partitions: nothing of the old step may be in flight.
     residency_->wait_fetches();
@@ -562,13 +562,14 @@ std::vector<LentSlot> ZeroEngine::commit_everywhere(const msg::CommitStep& commi
           e.what(), commit.step, committed, services_.size()));
     }
   }
-  std::vector<LentSlot> published;
+  Committed out;
   for (size_t s = 0; s < services_.size(); ++s) {
+    out.current_views.push_back(std::move(answers[s]->current_views));
     auto lent = gradients_->take_lent(s);  // the others go back to the pool here
     if (!answers[s]->kept_hold_parameters) continue;
-    for (auto& l : lent) published.push_back(std::move(l));
+    for (auto& l : lent) out.published.push_back(std::move(l));
   }
-  return published;
+  return out;
 }
 
 StepResult ZeroEngine::train_step(BatchLoader& loader) {
@@ -635,8 +636,9 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   StepCounters after = counters_;
   ++after.optimizer_steps;
   after.committed_step = step;
-  auto published = commit_everywhere({step, k::clip_coefficient(norm, config_.gradient_clipping),
-                                      r.loss_scale, r.lr, resume_record(after, scaler_, loader)});
+  Committed committed =
+      commit_everywhere({step, k::clip_coefficient(norm, config_.gradient_clipping), r.loss_scale,
+                         r.lr, resume_record(after, scaler_, loader)});
   r.commit_seconds += seconds_since(t_apply);
   ++counters_.optimizer_steps;
   counters_.committed_step = step;
@@ -644,9 +646,10 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
     delayed_refresh_ = step;  // the next step runs on the parameters it has
   } else {
     const auto t_refetch = Clock::now();
-    residency_->parameters_committed(step);
+    // Held master views the services updated in place are mapped again, with no fetch.
+    residency_->parameters_committed(step, committed.current_views);
     // Blocks whose lent slots came back holding the step's parameters need no fetch.
-    for (auto& l : published) (void)residency_->install(l.block, step, std::move(l.slot));
+    for (auto& l : committed.published) (void)residency_->install(l.block, step, std::move(l.slot));
     r.fetch_seconds += seconds_since(t_refetch);
   }
   r.optimizer_seconds = seconds_since(t_opt);

@@ -171,8 +171,13 @@ class ZeroEngine {
   Verdict reach_verdict(StepResult& r);
   Verdict combine_across_ranks(const PushedGradients& pushed, StepResult& r);
   void skip_everywhere(uint64_t step, std::string record);
-  // The lent push slots that came back holding their blocks' parameters at the step.
-  std::vector<LentSlot> commit_everywhere(const messages::CommitStep& commit);
+  struct Committed {
+    // The lent push slots that came back holding their blocks' parameters at the step.
+    std::vector<LentSlot> published;
+    // Per service: the master views its reply says hold the step (CommitReply).
+    std::vector<std::vector<messages::CurrentView>> current_views;
+  };
+  Committed commit_everywhere(const messages::CommitStep& commit);
   // Whether `service` answers this trainer's commits only after the update
   // (CommitStep.publish_before_reply, as update_publication decides it).
   bool commits_after_update(const actors::ServiceClient& service) const;
