@@ -352,15 +352,22 @@ uint64_t own_cpu_nanoseconds() {
 TEST(AdamCpu, TeamClockCountsTheHelperThreads) {
   // On two threads each runs half of the pass, so the calling thread's own clock sees
   // about half of the kernel's CPU and the team's clock all of it (the service's Adam
-  // phase counts it so).
+  // phase counts it so). On a loaded box the caller may spin at the team's barrier while
+  // the helper waits for a core, which its own clock counts: up to three tries, so only a
+  // team clock that never sees the helper fails (it would, every time).
   State s = make_state(size_t{1} << 23, 41);
   AdamHyper h;
   with_threads(2, [&] {
     adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.size(), h, 1, 1.0f);  // warm
-    const uint64_t own0 = own_cpu_nanoseconds(), team0 = team_cpu_nanoseconds();
-    for (int t = 2; t < 6; ++t)
-      adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.size(), h, t, 1.0f);
-    const uint64_t team = team_cpu_nanoseconds() - team0, own = own_cpu_nanoseconds() - own0;
+    uint64_t team = 0, own = 0;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const uint64_t own0 = own_cpu_nanoseconds(), team0 = team_cpu_nanoseconds();
+      for (int t = 2; t < 6; ++t)
+        adam_step(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.size(), h, t, 1.0f);
+      team = team_cpu_nanoseconds() - team0;
+      own = own_cpu_nanoseconds() - own0;
+      if (static_cast<double>(team) > 1.4 * static_cast<double>(own)) break;
+    }
     EXPECT_GT(static_cast<double>(team), 1.4 * static_cast<double>(own))
         << "team " << team << " ns, own thread " << own << " ns";
   });

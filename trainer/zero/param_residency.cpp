@@ -159,14 +159,13 @@ void ParamResidency::parameters_committed(
     uint64_t step, const std::vector<std::vector<msg::CurrentView>>& current_views) {
   {
     const std::lock_guard lock(held_views_mutex_);
+    // (service, partition) -> the view its master is in now, as the commits' replies say.
+    std::map<std::pair<size_t, uint64_t>, uint64_t> current;
+    for (size_t s = 0; s < current_views.size(); ++s)
+      for (const msg::CurrentView& v : current_views[s]) current[{s, v.partition_id}] = v.view_id;
     for (auto it = held_views_.begin(); it != held_views_.end();) {
-      const auto& [service, partition] = it->first;
-      const bool current = service < current_views.size() &&
-                           std::any_of(current_views[service].begin(), current_views[service].end(),
-                                       [&, id = it->second.view_id](const msg::CurrentView& v) {
-                                         return v.partition_id == partition && v.view_id == id;
-                                       });
-      if (current) {
+      const auto now = current.find(it->first);
+      if (now != current.end() && now->second == it->second.view_id) {
         it->second.step = step;
         ++it;
       } else {
@@ -284,7 +283,7 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
     copy_fetched(f, buf.data() + f.reply.range_offset, f.reply.payload_count(), f.reply.dtype,
                  z_.half_kind());
   });
-  if (fetched_view) {  // the reply checked (version, count): held for the rest of the step
+  if (fetched_view) {  // the reply checked (version, count): held until a commit moves it
     const std::lock_guard lock(held_views_mutex_);
     held_views_[key] = HeldView{step, view_id, std::move(fetched_view)};
   }
