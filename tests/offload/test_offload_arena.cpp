@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <future>
@@ -30,6 +31,7 @@ namespace dsactor::offload::test {
 namespace {
 
 namespace msg = dsactor::messages;
+using actors::FetchedParameters;
 using actors::OffloadClient;
 using msg::DType;
 using msg::ErrorCode;
@@ -110,7 +112,10 @@ TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
 // having it copied into a slot: the bytes equal a frames fetch after every step (the view
 // follows the master as Adam updates it), the view's fd is collected once per partition
 // (later replies carry no ticket), another client of the job collects the same view, another
-// job's partition is another view, and bf16 fetches are still copied into the slot.
+// job's partition is another view, and bf16 fetches are still copied into the slot. A
+// commit answered after the update names each partition's view (CommitReply::current_views),
+// and a view mapped before that commit then reads the committed step; one answered before
+// the update names none.
 TEST_F(OffloadArena, MasterViewsReadTheMasterWhereItLies) {
   OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "views");
   OffloadClient again(svc_->endpoint(), svc_->client_security(), 10s, "views");
@@ -127,7 +132,8 @@ TEST_F(OffloadArena, MasterViewsReadTheMasterWhereItLies) {
       x->set_parameters(s.partition_id, 0, DType::fp32,
                         bytes_of(random_floats(s.element_count, 21 + s.partition_id)));
   }
-  std::map<uint64_t, uint64_t> view_of;  // partition -> view id
+  std::map<uint64_t, uint64_t> view_of;        // partition -> view id
+  std::map<uint64_t, FetchedParameters> held;  // partition -> its view mapped at step 1
   for (uint64_t step = 0; step <= 2; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     if (step > 0) {
@@ -136,9 +142,25 @@ TEST_F(OffloadArena, MasterViewsReadTheMasterWhereItLies) {
         push_through_arena(c, s.partition_id, step, 0, DType::fp32, bytes_of(g));
         frames.push_gradients(s.partition_id, step, 0, DType::fp32, bytes_of(g));
       }
-      const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
-      c.commit(commit);
+      msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
       frames.commit(commit);
+      commit.publish_before_reply = step == 2;
+      const msg::CommitReply reply = c.commit(commit);
+      if (step == 2) {
+        std::vector<msg::CurrentView> want;
+        for (const auto& s : specs) want.push_back({s.partition_id, view_of[s.partition_id]});
+        auto got = reply.current_views;
+        std::sort(got.begin(), got.end(),
+                  [](const auto& a, const auto& b) { return a.partition_id < b.partition_id; });
+        EXPECT_EQ(got, want);
+        for (const auto& s : specs) {
+          const auto f = frames.fetch(s.partition_id, step, DType::fp32);
+          EXPECT_EQ(copy(held.at(s.partition_id).bytes()), copy(f.bytes()))
+              << "the view mapped at step 1 reads step 2, partition " << s.partition_id;
+        }
+      } else {
+        EXPECT_TRUE(reply.current_views.empty()) << "answered before the update";
+      }
     }
     for (const auto& s : specs) {
       auto v = c.fetch(s.partition_id, step, DType::fp32);
@@ -155,6 +177,7 @@ TEST_F(OffloadArena, MasterViewsReadTheMasterWhereItLies) {
       const auto half = c.fetch(s.partition_id, step, DType::bf16);
       EXPECT_TRUE(half.in_arena());
       EXPECT_FALSE(half.in_view());
+      if (step == 1) held.emplace(s.partition_id, std::move(v));
     }
   }
   for (const auto& s : specs) {
