@@ -308,10 +308,9 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
     }
     case wire::Header::Kind::COMMIT_REPLY: {
       auto r = k.getCommitReply();
-      CommitReply out{r.getStep(), r.getApplied(),
-                      versions(r.getPartitions(), limits, "commitReply.partitions"),
-                      r.getKeptHoldParameters(), current_views(r.getCurrentViews(), limits)};
-      return out;
+      return CommitReply{r.getStep(), r.getApplied(),
+                         versions(r.getPartitions(), limits, "commitReply.partitions"),
+                         r.getKeptHoldParameters(), current_views(r.getCurrentViews(), limits)};
     }
     case wire::Header::Kind::FETCH_REPLY: {
       auto r = k.getFetchReply();
