@@ -298,9 +298,11 @@ roles:
 )");
   const DeployConfig cfg = load_deploy_config(dir / "deploy.yaml");
   const auto d = [&](const std::string& f) { return (dir / f).string(); };
-  // Each stand-in appends its PID to pids_<name>. t0 fails at its first start (once t1 has
-  // started); service a ends at its first start once both trainers run again (their second
-  // generation); t1 ends in its third generation, t0 with it.
+  // Each stand-in appends its PID to pids_<name>. t0 fails at its first start, once t1 has
+  // written its PID: the file exists from the shell's open of it, and a kill between that open
+  // and the write would leave t1 a line short and service a waiting for good. Service a ends
+  // at its first start once both trainers run again (their second generation); t1 ends in its
+  // third generation, t0 with it.
   const auto pid = [&](const std::string& name) {
     return "echo $$ >> " + d("pids_" + name) + "; ";
   };
@@ -323,8 +325,8 @@ roles:
     else if (n == "t0")
       c = sh(n,
              pid(n) + "if [ " + lines(n) + " -eq 1 ]; then until [ -f " + d("pids_t1") +
-                 " ]; do sleep 0.05; done; exit 3; fi; " + "until [ " + lines("t1") +
-                 " -ge 3 ]; do sleep 0.05; done; echo finished",
+                 " ] && [ " + lines("t1") + " -ge 1 ]; do sleep 0.05; done; exit 3; fi; " +
+                 "until [ " + lines("t1") + " -ge 3 ]; do sleep 0.05; done; echo finished",
              false, 3);
     else
       c = sh(n, pid(n) + "if [ " + lines(n) + " -lt 3 ]; then exec sleep 300; fi; echo finished",
