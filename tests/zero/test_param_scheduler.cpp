@@ -5,12 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
 #include <map>
 #include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "actors/runtime/runtime.h"
 #include "trainer/zero/param_scheduler.h"
+#include "trainer/zero/view_unmaps.h"
 
 namespace dsactor::trainer {
 namespace {
@@ -186,6 +191,123 @@ TEST_F(ParamSchedulerTest, APrefetchThatCannotFitDropsNothing) {
   const auto f = custom_pass(2);
   EXPECT_EQ(f.at(1), 1) << "layer 1 was dropped for a prefetch that could not fit";
   EXPECT_EQ(f.at(0), 1);
+}
+
+// A task posted to the fetcher runs on the fetcher's thread (not the caller's), after the
+// fetches asked for before it and before those asked for after it: what lets a view
+// dropped on the compute thread be unmapped before the fetcher maps the next one.
+TEST_F(ParamSchedulerTest, APostedTaskRunsOnTheFetcherInOrderWithItsFetches) {
+  std::vector<std::pair<std::string, std::thread::id>> events;
+  SchedulerOptions o{/*prefetch_bucket_size=*/0, /*max_live_parameters=*/1000,
+                     /*max_reuse_distance=*/0, /*persistence_threshold=*/0};
+  ParamScheduler s(runtime_.system(), numel(), params_, o, [&](size_t b, uint64_t, size_t n) {
+    std::lock_guard lock(mu_);
+    events.emplace_back("fetch " + std::to_string(b), std::this_thread::get_id());
+    return FloatBuffer(n);
+  });
+  s.set_committed_step(1);
+  s.begin_pass(false);
+  s.acquire(1);
+  s.post([&] {
+    std::lock_guard lock(mu_);
+    events.emplace_back("task", std::this_thread::get_id());
+  });
+  s.acquire(2);  // its fetch comes after the task
+  s.release(1);
+  s.release(2);
+  s.end_pass();
+  std::lock_guard lock(mu_);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].first, "fetch 1");
+  EXPECT_EQ(events[1].first, "task");
+  EXPECT_EQ(events[2].first, "fetch 2");
+  for (const auto& [what, thread] : events) {
+    EXPECT_NE(thread, std::this_thread::get_id()) << what << " ran on the caller's thread";
+    EXPECT_EQ(thread, events[0].second) << what << " ran on another thread than the fetches";
+  }
+}
+
+// Blocks adopted from views (ViewUnmaps::owner), as ParamResidency serves a block from
+// its service's master view: each block the compute thread drops lets its view go on the
+// fetcher's thread, before the fetcher maps the next one, and none is left mapped.
+TEST_F(ParamSchedulerTest, TheViewsOfDroppedBlocksAreLetGoOnTheFetcherBeforeItsNextFetch) {
+  auto unmaps = std::make_shared<ViewUnmaps>();
+  std::vector<std::pair<std::string, std::thread::id>> events;
+  std::unique_ptr<ParamScheduler> s;
+  const auto note = [&](std::string what) {
+    std::lock_guard lock(mu_);
+    events.emplace_back(std::move(what), std::this_thread::get_id());
+  };
+  SchedulerOptions o{/*prefetch_bucket_size=*/0, /*max_live_parameters=*/1000,
+                     /*max_reuse_distance=*/0, /*persistence_threshold=*/0};
+  s = std::make_unique<ParamScheduler>(
+      runtime_.system(), numel(), params_, o, [&](size_t b, uint64_t step, size_t n) {
+        unmaps->unmap_queued();  // as ParamResidency::fetch_adopting does
+        note("map " + std::to_string(b));
+        // The "view": memory of its own whose end is the unmap.
+        auto pages = std::make_shared<FloatBuffer>(n);
+        for (size_t i = 0; i < n; ++i) (*pages)[i] = value(b, step);
+        float* data = pages->data();
+        std::shared_ptr<const void> view(
+            data, [&, b, pages](const void*) { note("unmap " + std::to_string(b)); });
+        return FloatBuffer::adopt(data, n, ViewUnmaps::owner(unmaps, data, std::move(view)));
+      });
+  unmaps->set_wake([&] { s->post([unmaps] { unmaps->unmap_queued(); }); });
+  s->set_committed_step(1);
+  s->begin_pass(false);
+  for (size_t b : {1, 2, 3}) {
+    s->acquire(b);
+    EXPECT_EQ(params_.blocks[b][0], value(b, 1));
+    s->release(b);  // dropped here, on this thread
+  }
+  s->end_pass();
+  // Everything posted before this has run once this has.
+  std::promise<void> flushed;
+  s->post([&] { flushed.set_value(); });
+  flushed.get_future().wait();
+  unmaps->set_wake({});
+  EXPECT_EQ(unmaps->queued(), 0u) << "a dropped block's view was left mapped";
+  std::lock_guard lock(mu_);
+  const std::vector<std::string> expected{"map 1",   "unmap 1", "map 2",
+                                          "unmap 2", "map 3",   "unmap 3"};
+  ASSERT_EQ(events.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(events[i].first, expected[i]);
+    EXPECT_NE(events[i].second, std::this_thread::get_id())
+        << events[i].first << " ran on the compute thread";
+  }
+}
+
+// The queue on its own: a wake when it turns non-empty (one per batch, not per view);
+// without a wake, views wait for unmap_queued; a view the queue holds stays mapped.
+TEST(ViewUnmaps, WakesOncePerBatchAndHoldsViewsUntilUnmapped) {
+  auto unmaps = std::make_shared<ViewUnmaps>();
+  int wakes = 0;
+  unmaps->set_wake([&] { ++wakes; });
+  std::vector<std::weak_ptr<const void>> views;
+  std::vector<FloatBuffer> blocks;
+  for (int i = 0; i < 3; ++i) {
+    auto pages = std::make_shared<FloatBuffer>(16);
+    views.push_back(pages);
+    float* data = pages->data();
+    blocks.push_back(FloatBuffer::adopt(data, 16, ViewUnmaps::owner(unmaps, data, pages)));
+  }
+  blocks[0] = FloatBuffer();
+  blocks[1] = FloatBuffer();
+  EXPECT_EQ(wakes, 1);
+  EXPECT_EQ(unmaps->queued(), 2u);
+  EXPECT_FALSE(views[0].expired()) << "the view went with its block, not with the queue";
+  unmaps->unmap_queued();
+  EXPECT_TRUE(views[0].expired());
+  EXPECT_TRUE(views[1].expired());
+  EXPECT_FALSE(views[2].expired()) << "a block still held lost its view";
+  unmaps->set_wake({});
+  blocks[2] = FloatBuffer();
+  EXPECT_EQ(wakes, 1);
+  EXPECT_EQ(unmaps->queued(), 1u);
+  EXPECT_FALSE(views[2].expired());
+  unmaps.reset();  // the queue's end lets its views go
+  EXPECT_TRUE(views[2].expired());
 }
 
 }  // namespace

@@ -116,6 +116,11 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
     scheduler_ = std::make_unique<ParamScheduler>(
         system, block_numels(z_.layouts), params_, scheduling,
         [this](size_t b, uint64_t step, size_t numel) { return fetch_resident(b, step, numel); });
+    view_unmaps_->set_wake([this, unmaps = std::weak_ptr<ViewUnmaps>(view_unmaps_)] {
+      scheduler_->post([unmaps] {
+        if (auto u = unmaps.lock()) u->unmap_queued();
+      });
+    });
     return;
   }
   // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at world
@@ -126,6 +131,7 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
 }
 
 ParamResidency::~ParamResidency() {
+  view_unmaps_->set_wake({});  // the blocks' views are let go of here, with the blocks
   scheduler_.reset();
   params_.blocks.clear();
 }
@@ -245,9 +251,10 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
     float* data = const_cast<float*>(reinterpret_cast<const float*>(view->bytes().data()));
     ++fetches_in_place_;
     ++fetches_from_master_view_;
-    buf =
-        FloatBuffer::adopt(data, p.count, std::const_pointer_cast<actors::MasterViewMapping>(view));
+    buf = FloatBuffer::adopt(data, p.count, ViewUnmaps::owner(view_unmaps_, data, std::move(view)));
   };
+  // Views dropped since the last fetch are unmapped before this one maps another.
+  view_unmaps_->unmap_queued();
   const std::pair<size_t, uint64_t> key{p.service, p.id};
   std::shared_ptr<const messages::UniqueFd> held;
   {

@@ -24,6 +24,7 @@
 #include "actors/offload_link/service_client.h"
 #include "trainer/model/gpt.h"
 #include "trainer/zero/param_scheduler.h"
+#include "trainer/zero/view_unmaps.h"
 #include "trainer/zero/zero_context.h"
 
 namespace caf {
@@ -125,6 +126,9 @@ class ParamResidency {
   };
   std::mutex held_views_mutex_;  // the fetcher's thread and the compute thread both fetch
   std::map<std::pair<size_t, uint64_t>, HeldView> held_views_;
+  // The views of dropped blocks, unmapped on the fetcher's thread (view_unmaps.h); shared
+  // with the blocks' owners, which may outlive this object.
+  std::shared_ptr<ViewUnmaps> view_unmaps_ = std::make_shared<ViewUnmaps>();
   std::atomic<uint64_t> fetches_in_parts_{0};
   std::atomic<uint64_t> fetches_in_ranges_{0};
   uint64_t blocks_published_in_place_ = 0;  // install()ed (the compute thread's)

@@ -19,6 +19,7 @@ SchedulerOptions SchedulerOptions::from(const ZeroConfig& z) {
 namespace {
 
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
+using run_atom = caf::atom_constant<caf::atom("run")>;
 
 // One block to fetch, and where its buffer (or the failure) goes.
 struct FetchJob {
@@ -28,6 +29,12 @@ struct FetchJob {
   std::promise<FloatBuffer> promise;
 };
 using FetchJobPtr = std::shared_ptr<FetchJob>;
+
+// Work for the fetcher's thread that is not a fetch (ParamScheduler::post).
+struct FetcherTask {
+  std::function<void()> run;
+};
+using FetcherTaskPtr = std::shared_ptr<FetcherTask>;
 
 // The text of the exception being handled (the fetcher's last error).
 std::string describe_exception() {
@@ -45,6 +52,7 @@ std::string describe_exception() {
 }  // namespace dsactor::trainer
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::trainer::FetchJobPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(dsactor::trainer::FetcherTaskPtr)
 
 namespace dsactor::trainer {
 
@@ -69,7 +77,8 @@ ParamScheduler::ParamScheduler(caf::actor_system& system, std::vector<size_t> bl
 
 caf::behavior ParamScheduler::fetcher_behavior(caf::event_based_actor* self) {
   return metrics::timed_behavior<caf::behavior>(
-      self, options_.figures, [this](fetch_atom, const FetchJobPtr& job) {
+      self, options_.figures,
+      [this](fetch_atom, const FetchJobPtr& job) {
         const auto t0 = std::chrono::steady_clock::now();
         try {
           FloatBuffer buf = fetch_(job->block, job->step, job->numel);
@@ -82,7 +91,20 @@ caf::behavior ParamScheduler::fetcher_behavior(caf::event_based_actor* self) {
           if (options_.figures) options_.figures->error(describe_exception());
           job->promise.set_exception(std::current_exception());
         }
+      },
+      [this](run_atom, const FetcherTaskPtr& task) {
+        try {
+          task->run();
+        } catch (...) {
+          if (options_.figures) options_.figures->error(describe_exception());
+        }
       });
+}
+
+void ParamScheduler::post(std::function<void()> task) {
+  auto t = std::make_shared<FetcherTask>();
+  t->run = std::move(task);
+  caf::anon_send(fetcher_, run_atom::value, std::move(t));
 }
 
 ParamScheduler::~ParamScheduler() {

@@ -78,6 +78,9 @@ class ParamScheduler final : public BlockHooks {
   void end_pass();
   // Waits until every fetch in flight has arrived (they stay resident).
   void wait_fetches();
+  // Runs `task` on the fetcher's thread, after the fetches asked for before it and before
+  // those asked for after it. An exception it throws is counted as the fetcher's error.
+  void post(std::function<void()> task);
 
   // Block `block` at committed step `step` is already at hand (a slot the service wrote the
   // update into): resident from now, no fetch. False, with `buf` dropped, when the block is
