@@ -552,7 +552,9 @@ int run_start_trainer(const StartTrainerArgs& a) {
     if (comms.param) add_collective_metrics(*registry, "param", comms.param->counts());
   }
 
-  actors::Runtime runtime;
+  // Every actor but the monitor (a message a step) is detached: polling scheduler threads
+  // would take CPU from the step's compute (runtime.h).
+  actors::Runtime runtime{{.block_when_idle = true}};
   MonitorOptions mo;
   mo.name = a.name;
   mo.out = a.out.empty() ? std::filesystem::path("runs/trainer") : std::filesystem::path(a.out);

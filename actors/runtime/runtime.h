@@ -19,7 +19,10 @@ struct RuntimeOptions {
   // Idle scheduler threads block until work comes (CAF's work sharing) instead of polling
   // their queues (work stealing: each thread wakes about 100 times a second, forever). For
   // a role whose actors are all detached, whose scheduler only ever idles: the offload
-  // service, where that polling was CPU outside every phase it counts.
+  // service, where that polling was CPU outside every phase it counts, and the trainer
+  // (only its monitor is scheduled), where it took cores from the step's compute. On the
+  // 2-core VM an idle stealing scheduler cost 9 ms of CPU a second, and 70 ms a second
+  // with a message every 100 ms; a sharing one under 1 ms.
   bool block_when_idle = false;
 };
 

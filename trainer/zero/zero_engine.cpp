@@ -138,7 +138,10 @@ ZeroEngine::ZeroEngine(const GptConfig& model, const DsConfig& config, uint64_t 
                precision_,       counters_, services_, local_.get()} {
   system_ = options_.system;
   if (!system_) {
-    own_runtime_ = std::make_unique<actors::Runtime>();
+    // Its actors are all detached: scheduler threads would only poll, on the cores the
+    // step computes on.
+    own_runtime_ =
+        std::make_unique<actors::Runtime>(actors::RuntimeOptions{.block_when_idle = true});
     system_ = &own_runtime_->system();
   }
   connect_services();
