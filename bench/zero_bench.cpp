@@ -225,6 +225,9 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   r["fetches_from_master_view"] = after.fetches_from_master_view - before.fetches_from_master_view;
   // Of those, views fetched earlier in the step mapped again: no request to the service.
   r["fetches_from_held_view"] = after.fetches_from_held_view - before.fetches_from_held_view;
+  // Dropped blocks' views the fetcher's thread unmapped (the compute thread unmaps none).
+  r["master_views_unmapped_by_fetcher"] =
+      after.master_views_unmapped_by_fetcher - before.master_views_unmapped_by_fetcher;
   // Push slots lent to the service until the commit, and those that came back holding
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;

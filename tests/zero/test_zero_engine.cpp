@@ -466,6 +466,11 @@ TEST_F(ZeroEngineTest, Stage3MapsAMasterViewAgainUntilACommitMovesIt) {
     expect_equal_runs(want, got);
     EXPECT_GT(st.fetches_from_held_view, 0u);
     EXPECT_EQ(st.fetches_from_master_view, st.fetches_in_place);
+    // Dropped blocks' views are unmapped on the fetcher's thread: all but those still
+    // resident or queued when the run ended (at most one per block each).
+    EXPECT_GT(st.master_views_unmapped_by_fetcher, 0u);
+    EXPECT_GE(st.master_views_unmapped_by_fetcher + 2 * layouts.size(),
+              st.fetches_from_master_view);
     const uint64_t asked = st.fetches_from_master_view - st.fetches_from_held_view;
     if (by_host) {
       // Each block fetched once (the first step), or not at all when a lent push slot

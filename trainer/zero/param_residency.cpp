@@ -356,6 +356,7 @@ void ParamResidency::add_stats(ZeroStats& s) const {
   s.fetches_gathered_in_place = fetches_gathered_in_place_.load();
   s.fetches_from_master_view = fetches_from_master_view_.load();
   s.fetches_from_held_view = fetches_from_held_view_.load();
+  s.master_views_unmapped_by_fetcher = view_unmaps_->unmapped();
   s.fetches_in_parts = fetches_in_parts_.load();
   s.fetches_in_ranges = fetches_in_ranges_.load();
   s.blocks_published_in_place = blocks_published_in_place_;

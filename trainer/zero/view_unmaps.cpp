@@ -19,6 +19,7 @@ void ViewUnmaps::unmap_queued() {
     const std::lock_guard lock(mu_);
     views.swap(queued_);
   }
+  unmapped_ += views.size();
   views.clear();  // the munmaps, outside the lock
 }
 

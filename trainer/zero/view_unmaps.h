@@ -7,6 +7,8 @@
 // strace: 26 munmaps a step, all on the compute thread). The fetcher unmaps them instead,
 // before its next mapping: no more is mapped at once than when the compute thread unmapped.
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -26,6 +28,8 @@ class ViewUnmaps {
   void set_wake(std::function<void()> wake);
   // Views queued now (tests).
   size_t queued() const;
+  // Views unmap_queued() has let go of.
+  uint64_t unmapped() const { return unmapped_.load(); }
 
   // The owner of a block adopted at `data` from `view` (FloatBuffer::adopt; the view is an
   // actors::MasterViewMapping, held as anything whose end unmaps it): hands the view to
@@ -37,6 +41,7 @@ class ViewUnmaps {
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<const void>> queued_;
   std::function<void()> wake_;
+  std::atomic<uint64_t> unmapped_{0};
 };
 
 }  // namespace dsactor::trainer

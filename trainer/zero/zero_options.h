@@ -157,6 +157,9 @@ struct ZeroStats {
   // Of those, the ones that mapped a view this rank had fetched earlier in the same step
   // again, with no request to the service (a block needed again within the step).
   uint64_t fetches_from_held_view = 0;
+  // Master views of dropped blocks the fetcher's thread unmapped (trainer/zero/view_unmaps.h);
+  // the compute thread unmaps none.
+  uint64_t master_views_unmapped_by_fetcher = 0;
   // Stage 3 at one rank, fp32, commits answered after the update: in-place pushes whose slot
   // the service kept as the gradient (PushGradients.keepUntilCommit), and of those the slots
   // that came back holding the block's updated parameters and became its resident copy
