@@ -116,11 +116,9 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
     scheduler_ = std::make_unique<ParamScheduler>(
         system, block_numels(z_.layouts), params_, scheduling,
         [this](size_t b, uint64_t step, size_t numel) { return fetch_resident(b, step, numel); });
-    view_unmaps_->set_wake([this, unmaps = std::weak_ptr<ViewUnmaps>(view_unmaps_)] {
-      scheduler_->post([unmaps] {
-        if (auto u = unmaps.lock()) u->unmap_queued();
-      });
-    });
+    // The task runs on the fetcher, which stops (dropping what is still queued) before this
+    // object's members go.
+    view_unmaps_->set_wake([this] { scheduler_->post([this] { view_unmaps_->unmap_queued(); }); });
     return;
   }
   // Stages 1/2 (and stage 3 without offload_param: this rank's partitions, which at world
