@@ -61,7 +61,12 @@ double process_cpu_seconds(pid_t pid) {
   return process_stat_sum(pid, 14, 15) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-std::map<std::string, double> thread_cpu_seconds(pid_t pid) {
+namespace {
+
+// A figure of each live thread of a process, summed by thread name
+// (/proc/<pid>/task/*/comm); a thread whose figure cannot be read (it just ended) is left out.
+template <class Figure>
+std::map<std::string, double> by_thread_name(pid_t pid, Figure figure) {
   std::map<std::string, double> out;
   if (pid <= 0) return out;
   const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
@@ -70,11 +75,27 @@ std::map<std::string, double> thread_cpu_seconds(pid_t pid) {
     std::ifstream comm_in(task.path() / "comm");
     std::string comm;
     std::getline(comm_in, comm);
-    const auto seconds = thread_cpu(task.path());
-    if (comm.empty() || !seconds) continue;  // the thread just ended
-    out[comm] += *seconds;
+    const std::optional<double> value = figure(task.path());
+    if (comm.empty() || !value) continue;
+    out[comm] += *value;
   }
   return out;
+}
+
+}  // namespace
+
+std::map<std::string, double> thread_cpu_seconds(pid_t pid) {
+  return by_thread_name(pid, thread_cpu);
+}
+
+std::map<std::string, double> thread_runs(pid_t pid) {
+  return by_thread_name(pid, [](const std::filesystem::path& task) -> std::optional<double> {
+    // schedstat: time on a CPU (ns), time waiting to run (ns), times run on a CPU.
+    std::ifstream schedstat(task / "schedstat");
+    double on_cpu = 0, waiting = 0, runs = 0;
+    if (schedstat >> on_cpu >> waiting >> runs) return runs;
+    return std::nullopt;
+  });
 }
 
 double process_minor_faults(pid_t pid) {

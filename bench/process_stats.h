@@ -21,6 +21,11 @@ double process_cpu_seconds(pid_t pid);
 // which of its threads the CPU went to. From each thread's schedstat (nanoseconds), or its
 // stat's utime + stime (clock ticks) where the kernel has no schedstat. Empty when unknown.
 std::map<std::string, double> thread_cpu_seconds(pid_t pid);
+// How many times each of a process's live threads was put on a CPU (schedstat's third
+// field: wake-ups and returns from preemption), summed by thread name. A thread that wakes
+// for every message costs its wake-ups besides its work, which on a paravirtualized guest
+// can be most of it. Empty where the kernel has no schedstat.
+std::map<std::string, double> thread_runs(pid_t pid);
 // Minor page faults (field 10): the arena's pages the service touches after the trainer
 // gave them back each cost one.
 double process_minor_faults(pid_t pid);

@@ -123,15 +123,20 @@ struct Timing {
   // This process's (the trainer's) the same way: its compute threads beside its fetcher,
   // pusher and ZeroMQ threads.
   std::map<std::string, double> trainer_cpu_by_thread;
+  // Times each thread was put on a CPU, per step, by name: the wake-ups behind the CPU
+  // above (a thread woken for every message pays for each).
+  std::map<std::string, double> service_runs_by_thread, trainer_runs_by_thread;
   nlohmann::json to_json() const {
-    auto ms = [](const std::map<std::string, double>& by_thread) {
+    auto scaled = [](const std::map<std::string, double>& by_thread, double scale) {
       nlohmann::json j = nlohmann::json::object();
-      for (const auto& [name, s] : by_thread) j[name] = s * 1e3;
+      for (const auto& [name, s] : by_thread) j[name] = s * scale;
       return j;
     };
     return {{"ms_per_step", step_s * 1e3},
-            {"service_cpu_ms_per_step_by_thread", ms(service_cpu_by_thread)},
-            {"trainer_cpu_ms_per_step_by_thread", ms(trainer_cpu_by_thread)},
+            {"service_cpu_ms_per_step_by_thread", scaled(service_cpu_by_thread, 1e3)},
+            {"trainer_cpu_ms_per_step_by_thread", scaled(trainer_cpu_by_thread, 1e3)},
+            {"service_runs_per_step_by_thread", scaled(service_runs_by_thread, 1)},
+            {"trainer_runs_per_step_by_thread", scaled(trainer_runs_by_thread, 1)},
             {"forward_ms", fwd * 1e3},
             {"backward_ms", bwd * 1e3},
             {"optimizer_ms", opt * 1e3},
@@ -157,6 +162,8 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
   const double svc0 = process_cpu_seconds(service);
   const auto threads0 = thread_cpu_seconds(service);
   const auto own_threads0 = thread_cpu_seconds(getpid());
+  const auto runs0 = thread_runs(service);
+  const auto own_runs0 = thread_runs(getpid());
   const double faults0 = own_minor_faults(), svc_faults0 = process_minor_faults(service);
   const auto t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
@@ -185,6 +192,8 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
   };
   t.service_cpu_by_thread = per_step(threads0, thread_cpu_seconds(service));
   t.trainer_cpu_by_thread = per_step(own_threads0, thread_cpu_seconds(getpid()));
+  t.service_runs_by_thread = per_step(runs0, thread_runs(service));
+  t.trainer_runs_by_thread = per_step(own_runs0, thread_runs(getpid()));
   t.minor_faults = (own_minor_faults() - faults0) / steps;
   t.service_minor_faults = (process_minor_faults(service) - svc_faults0) / steps;
   return t;
@@ -433,6 +442,9 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         // Which way the commits went: the service counts those asking before_reply.
         r["commits_before_reply_per_step"] =
             counted_per_step("dsactor_offload_commits_before_reply_total", {});
+        // What reached its gateway: each request wakes its threads (the gateway's, the
+        // coordinator's, a worker's, ZeroMQ's I/O) on the way in and its reply on the way out.
+        r["service_requests_per_step"] = counted_per_step("dsactor_offload_requests_total", {});
         r["update_publication"] = publication;
         if (split) {
           // As the kernel has them, not as asked.

@@ -181,6 +181,9 @@ nlohmann::json step_breakdown(const nlohmann::json& s3, const nlohmann::json& ra
           {"service_cpu_outside_phases_seconds", cpu_s - counted_cpu_s},
           {"service_cpu_ms_per_step_by_thread", s3.at("service_cpu_ms_per_step_by_thread")},
           {"trainer_cpu_ms_per_step_by_thread", s3.at("trainer_cpu_ms_per_step_by_thread")},
+          {"service_runs_per_step_by_thread", s3.at("service_runs_per_step_by_thread")},
+          {"trainer_runs_per_step_by_thread", s3.at("trainer_runs_per_step_by_thread")},
+          {"service_requests_per_step", s3.at("service_requests_per_step")},
           {"service_cpu_goal", 2.0},
           {"trainer_minor_faults_per_step", s3.at("minor_faults_per_step")},
           {"service_minor_faults_per_step", s3.at("service_minor_faults_per_step")},
@@ -225,12 +228,21 @@ std::string breakdown_table(const nlohmann::json& b) {
   out += fmt::format("  of it outside every phase: {:.1f} ms (its other threads)\n",
                      b.at("service_cpu_outside_phases_seconds").get<double>() * 1e3);
   for (const char* side : {"service", "trainer"}) {
+    // Each thread's CPU, and in brackets the times it was put on a CPU (where the kernel
+    // counts them).
+    const auto& runs = b.at(std::string(side) + "_runs_per_step_by_thread");
     std::string threads;
-    for (const auto& [name, ms] : b.at(std::string(side) + "_cpu_ms_per_step_by_thread").items())
-      threads += fmt::format(" {} {:.0f},", name, ms.get<double>());
+    for (const auto& [name, ms] : b.at(std::string(side) + "_cpu_ms_per_step_by_thread").items()) {
+      threads += fmt::format(" {} {:.0f}", name, ms.get<double>());
+      if (runs.contains(name))
+        threads += fmt::format(" ({:.0f} runs)", runs.at(name).get<double>());
+      threads += ',';
+    }
     if (!threads.empty()) threads.pop_back();
     out += fmt::format("  {} CPU ms per step by thread:{}\n", side, threads);
   }
+  out += fmt::format("  requests the service's gateway decoded per step: {:.1f}\n",
+                     b.at("service_requests_per_step").get<double>());
   out += fmt::format("  minor page faults per step: trainer {:.0f}, service {:.0f}\n",
                      b.at("trainer_minor_faults_per_step").get<double>(),
                      b.at("service_minor_faults_per_step").get<double>());

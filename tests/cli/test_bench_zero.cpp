@@ -136,6 +136,27 @@ void expect_consistent(const nlohmann::json& j) {
     EXPECT_GT(trainer_threads, 0);
   else
     EXPECT_GE(trainer_threads, 0);
+  // The requests the service's gateway decoded: at least every block's push and the
+  // commit of each step.
+  const double blocks =
+      static_cast<double>(trainer::gpt_block_layouts(trainer::resolve_model("tiny")).size());
+  EXPECT_GE(number_at(on, "service_requests_per_step"), blocks + 1);
+  EXPECT_DOUBLE_EQ(number_at(b, "service_requests_per_step"),
+                   number_at(on, "service_requests_per_step"));
+  EXPECT_EQ(b.at("service_runs_per_step_by_thread"), on.at("service_runs_per_step_by_thread"));
+  // The times each thread was put on a CPU: the service's actor threads (its gateway and
+  // worker among them) woke for those requests, and the trainer's threads ran. Only where
+  // the kernel counts them (schedstat). No count is asserted: a thread may take several
+  // requests in one wake-up.
+  if (std::filesystem::exists("/proc/self/schedstat")) {
+    EXPECT_GT(number_at(on.at("service_runs_per_step_by_thread"), "caf.actor"), 0);
+    double trainer_runs = 0;
+    for (const auto& [name, runs] : on.at("trainer_runs_per_step_by_thread").items())
+      trainer_runs += runs.get<double>();
+    EXPECT_GT(trainer_runs, 0);
+  } else {
+    EXPECT_TRUE(on.at("service_runs_per_step_by_thread").empty());
+  }
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
