@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "actors/runtime/thread_name.h"
 #include "storage/crash_point.h"
 
 namespace dsactor::offload {
@@ -43,6 +44,7 @@ struct WriterState {
 checkpoint_writer::behavior_type writer_behavior(
     checkpoint_writer::stateful_pointer<WriterState> self, std::optional<nvme_io_actor> nvme_io,
     std::shared_ptr<ProgressBoard> progress, metrics::ActorFigures* figures) {
+  actors::name_this_thread("ckpt-writer");
   if (nvme_io) self->state.nvme = std::make_unique<NvmeIo>(self->system(), *nvme_io);
   self->state.board = std::move(progress);
   return metrics::timed_behavior<checkpoint_writer::behavior_type>(

@@ -1,5 +1,7 @@
 #include "offload_service/metadata_actor.h"
 
+#include "actors/runtime/thread_name.h"
+
 namespace dsactor::offload {
 
 namespace {
@@ -13,6 +15,7 @@ metadata_actor::behavior_type metadata_behavior(
     metadata_actor::stateful_pointer<MetadataState> self,
     std::shared_ptr<std::unique_ptr<storage::MetadataStore>> store,
     metrics::ActorFigures* figures) {
+  actors::name_this_thread("metadata");
   self->state.store = std::move(*store);
   return metrics::timed_behavior<metadata_actor::behavior_type>(
       self, figures,

@@ -1,5 +1,6 @@
 #include "offload_service/nvme_io_actor.h"
 
+#include "actors/runtime/thread_name.h"
 #include "offload_service/store_common.h"
 
 namespace dsactor::offload {
@@ -20,6 +21,7 @@ struct Owned {
 
 nvme_io_actor::behavior_type nvme_io_behavior(nvme_io_actor::stateful_pointer<NvmeIoState> self,
                                               std::shared_ptr<Owned> owned) {
+  actors::name_this_thread("nvme-io");
   self->state.memory = std::move(owned->memory);
   self->state.tier = std::move(owned->tier);
   metrics::ActorFigures* figures = owned->figures;

@@ -9,6 +9,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "actors/runtime/thread_name.h"
 #include "checksum/crc32c.h"
 #include "checksum/crc32c_copy.h"
 #include "offload_service/nvme_partition.h"
@@ -787,6 +788,8 @@ struct WorkerState {
 
 partition_worker::behavior_type worker_behavior(
     partition_worker::stateful_pointer<WorkerState> self, std::shared_ptr<WorkerConfig> cfg) {
+  // Its OpenMP team, started by its first Adam pass, inherits the name.
+  actors::name_this_thread("worker-" + std::to_string(cfg->index));
   auto& st = self->state;
   st.index = cfg->index;
   st.verify_arena_checksum = cfg->verify_arena_checksum;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "actors/runtime/thread_name.h"
 #include "offload_service/arena_table.h"
 #include "offload_service/job_checkpoint.h"
 #include "offload_service/placement.h"
@@ -487,6 +488,7 @@ struct CoordinatorActorState {
 step_coordinator::behavior_type coordinator_behavior(
     step_coordinator::stateful_pointer<CoordinatorActorState> self,
     std::shared_ptr<CoordinatorSetup> setup) {
+  actors::name_this_thread("coordinator");
   self->state.c = std::make_unique<CoordinatorState>(self->system(), std::move(*setup));
   // Weak: the coordinator's own state must not keep it alive.
   self->state.c->written = [addr = self->address()](BackgroundCheckpointPtr job) {

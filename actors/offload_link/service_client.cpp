@@ -4,6 +4,8 @@
 #include <string>
 #include <type_traits>
 
+#include "actors/runtime/thread_name.h"
+
 namespace dsactor::actors {
 
 namespace msg = dsactor::messages;
@@ -65,6 +67,7 @@ ServiceClient::ServiceClient(caf::actor_system& system, std::string endpoint,
   actor_ = system_.spawn<caf::detached>(
       [](caf::event_based_actor* self, OffloadClient* client,
          metrics::ActorFigures* figures) -> caf::behavior {
+        actors::name_this_thread("service-client");
         return metrics::timed_behavior<caf::behavior>(
             self, figures, [client, figures](request_atom, const RequestPtr& request) {
               const auto failure = request->run(*client);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "actors/runtime/thread_name.h"
 #include "security/zap_handler.h"
 
 namespace dsactor::actors {
@@ -198,6 +199,7 @@ struct Gateway::Shared {
   }
 
   void loop() {
+    name_this_thread("gateway");
     zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
                                {nullptr, sink->fd(), ZMQ_POLLIN, 0}};
     std::vector<zmq::message_t> frames;

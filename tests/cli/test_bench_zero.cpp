@@ -115,8 +115,13 @@ void expect_consistent(const nlohmann::json& j) {
   for (const auto& [name, row] : b.at("service").items()) counted += number_at(row, "cpu_seconds");
   EXPECT_NEAR(number_at(b, "service_cpu_outside_phases_seconds"),
               number_at(b, "service_cpu_seconds_per_step") - counted, 1e-12);
-  // Where the rest went, by the service's thread names: its actor threads among them.
-  EXPECT_TRUE(b.at("service_cpu_ms_per_step_by_thread").contains("caf.actor"));
+  // Where the rest went, by the service's thread names: each detached actor names its
+  // thread (the gateway, the step coordinator, the first partition worker), the trainer's
+  // too (its fetcher and its service client's actor).
+  for (const char* thread : {"gateway", "coordinator", "worker-0"})
+    EXPECT_TRUE(b.at("service_cpu_ms_per_step_by_thread").contains(thread)) << thread;
+  for (const char* thread : {"fetcher", "service-client"})
+    EXPECT_TRUE(b.at("trainer_cpu_ms_per_step_by_thread").contains(thread)) << thread;
   EXPECT_EQ(b.at("service_cpu_ms_per_step_by_thread"), on.at("service_cpu_ms_per_step_by_thread"));
   // The trainer's own CPU by thread: its compute threads worked, and no thread's share
   // exceeds the process's CPU per step, within what a thread's figure can differ by: it is
@@ -144,12 +149,13 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_DOUBLE_EQ(number_at(b, "service_requests_per_step"),
                    number_at(on, "service_requests_per_step"));
   EXPECT_EQ(b.at("service_runs_per_step_by_thread"), on.at("service_runs_per_step_by_thread"));
-  // The times each thread was put on a CPU: the service's actor threads (its gateway and
-  // worker among them) woke for those requests, and the trainer's threads ran. Only where
-  // the kernel counts them (schedstat). No count is asserted: a thread may take several
-  // requests in one wake-up.
+  // The times each thread was put on a CPU: the service's gateway, coordinator and first
+  // worker woke for those requests, and the trainer's threads ran. Only where the kernel
+  // counts them (schedstat). No count is asserted: a thread may take several requests in
+  // one wake-up.
   if (std::filesystem::exists("/proc/self/schedstat")) {
-    EXPECT_GT(number_at(on.at("service_runs_per_step_by_thread"), "caf.actor"), 0);
+    for (const char* thread : {"gateway", "coordinator", "worker-0"})
+      EXPECT_GT(number_at(on.at("service_runs_per_step_by_thread"), thread), 0) << thread;
     double trainer_runs = 0;
     for (const auto& [name, runs] : on.at("trainer_runs_per_step_by_thread").items())
       trainer_runs += runs.get<double>();

@@ -4,6 +4,8 @@
 #include <exception>
 #include <optional>
 
+#include "actors/runtime/thread_name.h"
+
 namespace dsactor::trainer {
 
 namespace {
@@ -40,6 +42,7 @@ void finish(EngineState& s, RunOutcome o) {
 
 engine_actor::behavior_type engine_behavior(engine_actor::stateful_pointer<EngineState> self,
                                             std::shared_ptr<EngineSetup> setup) {
+  actors::name_this_thread("engine");
   self->state.engine = setup->engine;
   self->state.loader = setup->loader;
   self->state.monitor = setup->monitor;

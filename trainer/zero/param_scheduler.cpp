@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "actors/runtime/thread_name.h"
+
 namespace dsactor::trainer {
 
 SchedulerOptions SchedulerOptions::from(const ZeroConfig& z) {
@@ -70,6 +72,7 @@ ParamScheduler::ParamScheduler(caf::actor_system& system, std::vector<size_t> bl
   // tuple for argument-less spawns (UBSan in the sanitizer configuration).
   fetcher_ = system_.spawn<caf::detached>(
       [](caf::event_based_actor* self, ParamScheduler* scheduler) -> caf::behavior {
+        actors::name_this_thread("fetcher");
         return scheduler->fetcher_behavior(self);
       },
       this);
