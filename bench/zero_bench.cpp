@@ -240,6 +240,7 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // Push slots lent to the service until the commit, and those that came back holding
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;
+  r["pushes_grouped"] = after.pushes_grouped - before.pushes_grouped;
   r["pushes_copied"] = after.pushes_copied - before.pushes_copied;
   r["blocks_published_in_place"] =
       after.blocks_published_in_place - before.blocks_published_in_place;
@@ -421,6 +422,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.job_id = std::string("bench-zero-") + name;
         zo.shared_memory = o.shared_memory;
         zo.master_views = o.master_views;
+        if (o.pushes_together) zo.pushes_sent_together = *o.pushes_together;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
         ZeroEngine engine(gpt, ds, o.seed, zo);
         // Stats is answered once every committed step is published on the service.
@@ -434,6 +436,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         const ZeroStats after = engine.stats();
         const nlohmann::json phases_after = scrape_service_state(metrics);
         r["service_phases"] = service_phases_per_step(phases_before, phases_after, o.steps);
+        r["pushes_sent_together"] = zo.pushes_sent_together;
         auto counted_per_step = [&](const char* name, const metrics::Labels& labels) {
           return (metrics::sum_of(phases_after, name, labels) -
                   metrics::sum_of(phases_before, name, labels)) /

@@ -44,6 +44,9 @@ struct ZeroBenchOptions {
   bool shared_memory = true;
   // Stage-3 fetches map the service's master read-only (ZeroOptions::master_views).
   bool master_views = true;
+  // ZeroOptions::pushes_sent_together: in-place pushes sent to the service as one group;
+  // unset: the engine's default.
+  std::optional<size_t> pushes_together;
   // zero_optimization.offload_optimizer.arena_checksums: arena payloads carry a crc32c
   // their receiver checks (off by default, as in the ds_config).
   bool arena_checksums = false;

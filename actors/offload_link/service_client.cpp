@@ -44,6 +44,50 @@ struct RoundTrip final : Request {
   std::promise<ServiceResult<T>> promise;
 };
 
+// Several pushes from arena slots: all sent, then each answer awaited, each to its own
+// poster's future.
+struct PushesTogether final : Request {
+  std::optional<std::string> run(OffloadClient& client) override {
+    std::vector<uint64_t> sent;
+    std::optional<std::string> failure;
+    auto fail = [&](size_t i, const std::string& what) {
+      ServiceFailure f{ServiceFailure::Kind::failed, msg::ErrorCode::internal,
+                       "offload client for " + client.endpoint() + ": " + what};
+      if (!failure) failure = describe(f);
+      answers[i].set_value(std::move(f));
+    };
+    std::string send_error;
+    try {
+      for (auto& p : pushes)
+        sent.push_back(client.send_push_gradients(p.partition_id, p.step, p.micro_step, p.dtype,
+                                                  p.count, std::move(p.grads),
+                                                  p.keep_until_commit));
+    } catch (const std::exception& e) {
+      send_error = e.what();
+    }
+    // The slots of pushes not sent go back before anyone hears of their failure.
+    const size_t group = pushes.size();
+    pushes.clear();
+    for (size_t i = sent.size(); i < group; ++i)
+      fail(i, i == sent.size() ? send_error
+                               : std::string("not sent: an earlier push of its group failed"));
+    for (size_t i = 0; i < sent.size(); ++i) {
+      ServiceResult<LentPush> result = ServiceFailure{};
+      try {
+        result = client.await_push(sent[i]);
+      } catch (const std::exception& e) {
+        fail(i, e.what());
+        continue;
+      }
+      if (!result && !failure) failure = describe(result.error());
+      answers[i].set_value(std::move(result));
+    }
+    return failure;
+  }
+  std::vector<ArenaPush> pushes;
+  std::vector<std::promise<ServiceResult<LentPush>>> answers;
+};
+
 }  // namespace
 
 }  // namespace dsactor::actors
@@ -132,6 +176,16 @@ ServiceFuture<LentPush> ServiceClient::push_gradients(uint64_t partition_id, uin
     return c.await_push(c.send_push_gradients(partition_id, step, micro_step, dtype, count,
                                               std::move(grads), keep_until_commit));
   });
+}
+
+std::vector<ServiceFuture<LentPush>> ServiceClient::push_gradients(std::vector<ArenaPush> pushes) {
+  auto request = std::make_shared<PushesTogether>();
+  request->answers.resize(pushes.size());
+  std::vector<ServiceFuture<LentPush>> futures;
+  for (auto& a : request->answers) futures.push_back(a.get_future());
+  request->pushes = std::move(pushes);
+  caf::anon_send(actor_, request_atom::value, RequestPtr(std::move(request)));
+  return futures;
 }
 
 ServiceFuture<msg::PushReply> ServiceClient::push_copied(uint64_t partition_id, uint64_t step,

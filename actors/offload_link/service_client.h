@@ -37,6 +37,18 @@ namespace dsactor::actors {
 template <class T>
 using ServiceFuture = std::future<ServiceResult<T>>;
 
+// One push from an arena slot, as push_gradients(partition_id, ..., grads, keep_until_commit)
+// takes it.
+struct ArenaPush {
+  uint64_t partition_id = 0;
+  uint64_t step = 0;
+  uint32_t micro_step = 0;
+  messages::DType dtype = messages::DType::fp32;
+  uint64_t count = 0;
+  ArenaBuffer grads;
+  bool keep_until_commit = false;
+};
+
 class ServiceClient {
  public:
   // Connects (lazily, like OffloadClient, secured as `security` says) and spawns the actor
@@ -89,6 +101,12 @@ class ServiceClient {
   ServiceFuture<LentPush> push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
                                          messages::DType dtype, uint64_t count, ArenaBuffer grads,
                                          bool keep_until_commit = false);
+  // Pushes from arena slots sent back to back, then their answers awaited in order: one
+  // answer per push, in the same order. The service's threads take requests that arrive
+  // together in one wake-up each (its ZeroMQ I/O thread, its gateway), where pushes sent one
+  // at a time cost them a wake-up each, both ways. A push the socket did not take fails, and
+  // so does every later one of the group (not sent); those sent are awaited as usual.
+  std::vector<ServiceFuture<LentPush>> push_gradients(std::vector<ArenaPush> pushes);
   // OffloadClient::push_copied: `grads` (held by `owner` until the answer) copied into the
   // arena slot on the actor's thread, range by range as the service takes them.
   ServiceFuture<messages::PushReply> push_copied(uint64_t partition_id, uint64_t step,

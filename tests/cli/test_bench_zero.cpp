@@ -212,6 +212,10 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   EXPECT_GT(number_at(on, "arena_keep_limit_bytes"), 0);
   EXPECT_LE(number_at(on, "arena_keep_limit_bytes"), number_at(on, "arena_bytes"));
   EXPECT_GT(number_at(on, "pushes_in_place"), 0);
+  // In-place pushes went to the service in groups (the engine's default, two).
+  EXPECT_EQ(number_at(on, "pushes_sent_together"), 2);
+  EXPECT_GT(number_at(on, "pushes_grouped"), 0);
+  EXPECT_LE(number_at(on, "pushes_grouped"), number_at(on, "pushes_in_place"));
   EXPECT_LE(number_at(on, "fetches_in_place"), number_at(on, "fetches"));
   // With arena checksums on no push slot is lent (the service keeps no slot it must check).
   EXPECT_EQ(number_at(on, "pushes_lent"), 0);
@@ -224,15 +228,19 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
 }
 
 // --no-master-views: through the arena the service copies each fetched block into its slot
-// (a fetch that found no free slot goes as a frame, zero-copy).
+// (a fetch that found no free slot goes as a frame, zero-copy). With --pushes-together 1
+// each push goes alone as soon as it is ready.
 TEST(BenchZero, WithoutMasterViewsTheServiceCopiesEachFetch) {
-  const auto j = bench_zero("--no-master-views");
+  const auto j = bench_zero("--no-master-views --pushes-together 1");
   expect_consistent(j);
   EXPECT_EQ(j.at("master_views"), false);
   const auto& on = j.at("stage3_prefetch_on");
   EXPECT_EQ(number_at(on, "fetches_from_master_view"), 0);
   EXPECT_EQ(number_at(on, "fetches_from_held_view"), 0);
   EXPECT_GT(number_at(on, "fetches_in_place"), 0);
+  EXPECT_EQ(number_at(on, "pushes_sent_together"), 1);
+  EXPECT_GT(number_at(on, "pushes_in_place"), 0);
+  EXPECT_EQ(number_at(on, "pushes_grouped"), 0);
   const double served = number_at(on.at("service_phases").at("serve"), "bytes");
   EXPECT_GT(served, 0);
   EXPECT_LE(served, number_at(on, "bytes_fetched_per_step"));

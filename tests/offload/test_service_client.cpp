@@ -5,6 +5,9 @@
 // whether it is answered, so it synchronizes on those events, never on time.
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -14,6 +17,7 @@
 
 #include "actors/offload_link/service_client.h"
 #include "actors/runtime/runtime.h"
+#include "messages/arena_handoff.h"
 #include "tests/offload/fake_service.h"
 #include "tests/offload/offload_test_util.h"
 
@@ -144,6 +148,64 @@ TEST(ServiceClientTiming, ATimeoutIsATimeoutFailureAndItsLateAnswerIsSkipped) {
   auto s = second.get();
   ASSERT_TRUE(s.ok()) << actors::describe(s.error());
   EXPECT_EQ(s->partitions, 2u);
+}
+
+// Maps an arena of `slots` slots of `slot_bytes` between `client` and the stand-in: the
+// ticket, the memfd over a Unix socket the test listens on, the mapping.
+void grant_arena(FakeService& fake, ServiceClient& client, size_t slot_bytes, size_t slots) {
+  auto mapped = client.map_arena(slot_bytes, slots, {});
+  msg::FdDoor door("dsactor-test-door-" + std::to_string(::getpid()));
+  auto ask = fake.next();
+  ASSERT_TRUE(std::holds_alternative<msg::MapArena>(ask.header.body));
+  const uint64_t size = std::get<msg::MapArena>(ask.header.body).size;
+  fake.answer(ask, msg::MapArenaReply{0, size, "ticket", door.address()});
+  pollfd door_ready{door.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&door_ready, 1, 60000), 1) << "the client never came to the door";
+  const int connection = ::accept4(door.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(connection, 0);
+  std::string why;
+  const auto handed = msg::receive_fd(connection, 10s, why);
+  msg::answer_hand_over(connection, handed ? "ok" : why);
+  ::close(connection);
+  ASSERT_TRUE(handed) << why;
+  auto map = fake.next();
+  fake.answer(map, msg::MapArenaReply{1, size, "", ""});
+  auto r = mapped.get();
+  ASSERT_TRUE(r.ok() && r.value()) << "the arena was not mapped";
+}
+
+// What a push group is for: every push of it is on the wire before the first answer, so a
+// service takes them in one wake-up. The stand-in receives both requests while it has
+// answered neither, then answers them in reverse; each future gets its own answer, and the
+// slots come back with them.
+TEST(ServiceClientTiming, APushGroupIsSentBeforeAnyAnswer) {
+  FakeService fake;
+  actors::Runtime runtime;
+  ServiceClient client(runtime.system(), fake.endpoint(), fake.client_security(), 10s, "group");
+  grant_arena(fake, client, 4096, 2);
+  if (HasFatalFailure()) return;
+  std::vector<actors::ArenaPush> pushes;
+  for (uint64_t id : {1u, 2u}) {
+    actors::ArenaBuffer slot = client.arena_buffer(64);
+    ASSERT_TRUE(slot);
+    pushes.push_back({id, 1, 0, DType::fp32, 16, std::move(slot), false});
+  }
+  auto answers = client.push_gradients(std::move(pushes));
+  const auto a = fake.next();
+  const auto b = fake.next();  // before any answer: the group went together
+  ASSERT_TRUE(std::holds_alternative<msg::PushGradients>(a.header.body));
+  ASSERT_TRUE(std::holds_alternative<msg::PushGradients>(b.header.body));
+  EXPECT_EQ(std::get<msg::PushGradients>(a.header.body).partition_id, 1u);
+  EXPECT_EQ(std::get<msg::PushGradients>(b.header.body).partition_id, 2u);
+  EXPECT_TRUE(std::get<msg::PushGradients>(b.header.body).arena.has_value());
+  fake.answer(b, msg::PushReply{2, 1, 0, 2.0, false, false});
+  fake.answer(a, msg::PushReply{1, 1, 0, 1.0, false, false});
+  auto first = answers[0].get(), second = answers[1].get();
+  ASSERT_TRUE(first.ok()) << actors::describe(first.error());
+  ASSERT_TRUE(second.ok()) << actors::describe(second.error());
+  EXPECT_EQ(first->reply.sum_squares, 1.0);
+  EXPECT_EQ(second->reply.sum_squares, 2.0);
+  EXPECT_TRUE(client.arena_buffer(4096) && client.arena_buffer(4096)) << "slots came back";
 }
 
 // An answer of another kind, and one the service could not tie to a request (id 0), are
@@ -292,6 +354,87 @@ TEST_F(ServiceClientTest, ArenaSlotsTravelWithPushes) {
     EXPECT_FALSE(r->reply.kept) << "not asked to keep it";
     EXPECT_FALSE(r->lent) << "the slot goes back with the reply";
   }
+}
+
+// Pushes sent as one group: each answer goes to its own future, in order, with what the
+// service computed of its own gradient; every one is a request of its own (the service
+// checks each as it would alone); the slots come back with the answers. A push in the
+// group that is refused fails alone, and one that cannot be sent fails with those after it
+// (never sent) while those before it are answered.
+TEST_F(ServiceClientTest, APushGroupAnswersEachPushOnItsOwn) {
+  ServiceClient client(runtime_.system(), svc_->endpoint(), svc_->client_security(), 10s, "group");
+  const std::vector<uint64_t> ids = {11, 12, 13};
+  std::vector<msg::PartitionSpec> specs;
+  for (uint64_t id : ids) specs.push_back(spec(id, 1000 * id));
+  ASSERT_TRUE(client.register_partitions(0, 1, specs).get().ok());
+  for (const auto& s : specs) {
+    const auto init = held(random_floats(s.element_count, 5));
+    ASSERT_TRUE(
+        client.set_parameters(s.partition_id, 0, DType::fp32, bytes_of(*init), init).get().ok());
+  }
+  auto mapped = client.map_arena(13000 * 4, 3, {}).get();
+  ASSERT_TRUE(mapped.ok() && mapped.value());
+  auto group = [&](uint64_t step, uint32_t seed, std::vector<double>& want) {
+    std::vector<actors::ArenaPush> pushes;
+    want.clear();
+    for (const auto& s : specs) {
+      const auto g = random_floats(s.element_count, seed++);
+      actors::ArenaBuffer slot = client.arena_buffer(g.size() * 4);
+      EXPECT_TRUE(slot);
+      std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
+      double sum = 0;
+      for (float x : g) sum += static_cast<double>(x) * x;
+      want.push_back(sum);
+      pushes.push_back({s.partition_id, step, 0, DType::fp32, g.size(), std::move(slot), false});
+    }
+    return pushes;
+  };
+  const uint64_t sent_before = client.requests_sent();
+  std::vector<double> want;
+  auto answers = client.push_gradients(group(1, 30, want));
+  ASSERT_EQ(answers.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto r = answers[i].get();
+    ASSERT_TRUE(r.ok()) << actors::describe(r.error());
+    EXPECT_EQ(r->reply.partition_id, ids[i]) << "answers in the group's order";
+    EXPECT_NEAR(r->reply.sum_squares, want[i], 1e-6 * want[i]);
+    EXPECT_FALSE(r->lent);
+  }
+  EXPECT_EQ(client.requests_sent() - sent_before, ids.size()) << "a request per push";
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(client.arena_buffer(13000 * 4)) << "slots came back";
+
+  // The middle one has no slot: it cannot be sent, nor can the last; the first is answered.
+  ASSERT_TRUE(client.commit(msg::CommitStep{1, 1.0, 1.0, 1e-3}).get().ok());
+  auto pushes = group(2, 40, want);
+  pushes[1].grads = actors::ArenaBuffer();
+  const uint64_t sent_before_failed = client.requests_sent();
+  answers = client.push_gradients(std::move(pushes));
+  auto first = answers[0].get(), middle = answers[1].get(), last = answers[2].get();
+  ASSERT_TRUE(first.ok()) << actors::describe(first.error());
+  EXPECT_NEAR(first->reply.sum_squares, want[0], 1e-6 * want[0]);
+  ASSERT_FALSE(middle.ok());
+  EXPECT_EQ(middle.error().kind, ServiceFailure::Kind::failed);
+  EXPECT_NE(middle.error().message.find("do not fit the arena buffer"), std::string::npos)
+      << middle.error().message;
+  ASSERT_FALSE(last.ok());
+  EXPECT_NE(last.error().message.find("not sent"), std::string::npos) << last.error().message;
+  EXPECT_EQ(client.requests_sent() - sent_before_failed, 1u) << "only the first was sent";
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(client.arena_buffer(13000 * 4)) << "slots came back";
+
+  // Of the two not pushed yet, the first names a step the job is not at: refused alone,
+  // and the push after it is answered.
+  pushes = group(2, 60, want);
+  pushes.erase(pushes.begin());
+  want.erase(want.begin());
+  pushes[0].step = 7;
+  answers = client.push_gradients(std::move(pushes));
+  auto refused = answers[0].get(), after = answers[1].get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().kind, ServiceFailure::Kind::refused);
+  EXPECT_EQ(refused.error().code, msg::ErrorCode::versionOrder);
+  ASSERT_TRUE(after.ok()) << actors::describe(after.error());
+  EXPECT_EQ(after->reply.partition_id, 13u);
+  EXPECT_NEAR(after->reply.sum_squares, want[1], 1e-6 * want[1]);
 }
 
 // A fetch into the arena: the result holds the slot the service wrote (so nothing else

@@ -381,6 +381,37 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
 
 // fp32 copied and bf16 rounded into push slots, whole and in ranges, on RAM and NVMe services
 // (expect_slot_pushes_in_ranges_equal_stage0).
+// In-place pushes sent to their service in groups (ZeroOptions::pushes_sent_together):
+// each push is still a request of its own, the step the same bit for bit as stage 0's,
+// whether each goes alone or several wait for each other (their slots held meanwhile,
+// within max_pushes_in_flight).
+TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
+  const auto tokens = corpus(6000, 6);
+  const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
+  const int steps = 4;
+  const Trace want = run_stage0(kTiny, config("fp32", 0, "none", "", extra), tokens, steps);
+  ZeroStats alone_stats, grouped_stats;
+  ZeroOptions alone = options("cpu", "pushes-alone");
+  alone.pushes_sent_together = 1;
+  const Trace one = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), std::move(alone), tokens,
+                             steps, &alone_stats);
+  ZeroOptions grouped = options("cpu", "pushes-grouped");
+  grouped.pushes_sent_together = 3;
+  grouped.max_pushes_in_flight = 6;  // two services: three each
+  const Trace three = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), std::move(grouped),
+                               tokens, steps, &grouped_stats);
+  EXPECT_GT(alone_stats.pushes_in_place, 0u);
+  EXPECT_EQ(alone_stats.pushes_grouped, 0u) << "each push sent as soon as it was ready";
+  EXPECT_EQ(grouped_stats.pushes_in_place, alone_stats.pushes_in_place);
+  EXPECT_GT(grouped_stats.pushes_grouped, 0u) << "pushes waited for each other";
+  EXPECT_LE(grouped_stats.pushes_grouped, grouped_stats.pushes_in_place);
+  EXPECT_EQ(grouped_stats.service_requests, alone_stats.service_requests)
+      << "a group is one request per push";
+  EXPECT_EQ(grouped_stats.payload_bytes_as_frames, 0u);
+  expect_equal_runs(want, one);
+  expect_equal_runs(want, three);
+}
+
 TEST_F(ZeroEngineTest, Stage3WritesAccumulatedGradientsIntoSlotsInRangesBitForBit) {
   for (const std::string mode : {"fp32", "bf16"})
     for (const std::string device : {"cpu", "nvme"}) {

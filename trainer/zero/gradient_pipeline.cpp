@@ -50,11 +50,13 @@ GradientPipeline::GradientPipeline(const ZeroContext& z)
   pushed_.nonfinite.assign(nblocks, 0);
   block_pushed_.assign(nblocks, 0);
   arena_push_limit_.assign(z_.services.size(), 0);
+  held_.resize(z_.services.size());
 }
 
 GradientPipeline::~GradientPipeline() {
   drain_reductions();
   // Gradients in push slots go back to their clients before anything else is torn down.
+  held_.clear();
   grads_.blocks.clear();
   grad_slots_.clear();
   lent_.clear();
@@ -152,7 +154,8 @@ std::shared_ptr<actors::ArenaBuffer> GradientPipeline::take_push_slot(
     actors::ServiceClient& service, size_t bytes) {
   actors::ArenaBuffer slot = service.arena_buffer(bytes);
   // Every slot in flight: the oldest push's answer frees one (it is usually long there).
-  while (!slot && !pushes_.empty()) {
+  while (!slot && (!pushes_.empty() || held_count_ > 0)) {
+    if (pushes_.empty()) send_all_held();
     collect_push();
     slot = service.arena_buffer(bytes);
   }
@@ -281,8 +284,33 @@ void GradientPipeline::drop_kept() {
 }
 
 void GradientPipeline::make_room_for_push() {
-  // At most max_pushes_in_flight unanswered: the oldest answer first (usually long there).
-  while (pushes_.size() >= z_.options.max_pushes_in_flight) collect_push();
+  // At most max_pushes_in_flight unanswered, counting those held to go together: the oldest
+  // answer first (usually long there).
+  while (pushes_.size() + held_count_ >= z_.options.max_pushes_in_flight) {
+    if (pushes_.empty()) send_all_held();
+    collect_push();
+  }
+}
+
+void GradientPipeline::send_held(size_t service) {
+  std::vector<HeldPush>& held = held_[service];
+  if (held.empty()) return;
+  std::vector<actors::ArenaPush> group;
+  for (auto& h : held) group.push_back(std::move(h.push));
+  if (held.size() > 1) pushes_grouped_ += held.size();
+  auto replies = z_.services[service]->push_gradients(std::move(group));
+  for (size_t i = 0; i < held.size(); ++i) {
+    PendingPush push{held[i].block, service, {}, held[i].bytes, {}};
+    push.arena_reply = std::move(replies[i]);
+    pushes_.push_back(std::move(push));
+  }
+  held_count_ -= held.size();
+  held.clear();
+  max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+}
+
+void GradientPipeline::send_all_held() {
+  for (size_t s = 0; s < held_.size(); ++s) send_held(s);
 }
 
 void GradientPipeline::push_frame(size_t b, const PartitionSlice& p, FloatBuffer part) {
@@ -378,11 +406,17 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   memory_->add(bytes);
   part = FloatBuffer();
   ++pushes_in_place_;
-  PendingPush push{b, p.service, {}, bytes, {}};
-  push.arena_reply = service.push_gradients(p.id, step, 0, dtype, count, std::move(slot), lend);
+  // Held until the next in-place pushes to the same service join it: sent together, the
+  // service's threads wake once for the group, not once a push.
+  std::vector<HeldPush>& held = held_[p.service];
+  held.push_back(
+      HeldPush{b, bytes, actors::ArenaPush{p.id, step, 0, dtype, count, std::move(slot), lend}});
+  ++held_count_;
   bytes_pushed_ += bytes;
-  pushes_.push_back(std::move(push));
-  max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
+  // Never more than may be in flight: with one, a held push would wait a whole block's
+  // backward and then be awaited at once, its service's work no longer behind the compute.
+  const size_t group = std::min(z_.options.pushes_sent_together, z_.options.max_pushes_in_flight);
+  if (held.size() >= group) send_held(p.service);
   return true;
 }
 
@@ -426,10 +460,16 @@ void GradientPipeline::abandon_pushes() {
   // Their clients finish the round trips (or time out) and drop the answers.
   for (const auto& push : pushes_) memory_->sub(push.arena_bytes);
   pushes_.clear();
+  for (auto& held : held_) {
+    for (const auto& h : held) memory_->sub(h.bytes);
+    held.clear();  // their slots go back unsent
+  }
+  held_count_ = 0;
 }
 
 const PushedGradients& GradientPipeline::finish() {
   while (!reductions_.empty()) complete_oldest_reduction();
+  send_all_held();
   // A service that failed a push stops the step here, before any commit.
   while (!pushes_.empty()) collect_push();
   for (size_t b = 0; b < block_pushed_.size(); ++b)
@@ -448,6 +488,7 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
   s.overlapped_reductions = overlapped_reductions_;
   s.pushes_in_place = pushes_in_place_;
   s.pushes_lent = pushes_lent_;
+  s.pushes_grouped = pushes_grouped_;
   s.pushes_copied = pushes_copied_;
   for (const auto& service : z_.services) {
     s.arena_bytes += service->arena_bytes();

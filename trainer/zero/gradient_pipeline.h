@@ -103,6 +103,13 @@ class GradientPipeline {
     size_t arena_bytes = 0;  // gradient bytes held in an arena slot until the reply
     actors::ServiceFuture<actors::LentPush> arena_reply;  // an arena slot's (valid() then)
   };
+  // An in-place push ready and not sent yet: it goes with the next ones to the same
+  // service (ZeroOptions::pushes_sent_together).
+  struct HeldPush {
+    size_t block;
+    size_t bytes;
+    actors::ArenaPush push;
+  };
   struct PendingReduction {
     size_t block;
     FloatBuffer full, reduced;  // the comm thread reads full and writes reduced
@@ -128,6 +135,8 @@ class GradientPipeline {
   bool push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part);
   void push_frame(size_t b, const PartitionSlice& p, FloatBuffer part);
   void make_room_for_push();
+  void send_held(size_t service);
+  void send_all_held();
   void collect_push();
   void abandon_pushes();
   [[noreturn]] void reduce_scatter_failed(size_t b, const std::exception& e) const;
@@ -142,6 +151,8 @@ class GradientPipeline {
   std::vector<size_t> arena_push_limit_;     // per service: larger pushes go as frames
   std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished
   std::deque<PendingPush> pushes_;           // sent, answers not collected, oldest first
+  std::vector<std::vector<HeldPush>> held_;  // per service: ready, not sent, in order
+  size_t held_count_ = 0;                    // over all services
   PushedGradients pushed_;
   BlockSet kept_;  // LocalPartitions: per block this rank's partition, until drop_kept
   std::vector<char> block_pushed_;
@@ -153,6 +164,7 @@ class GradientPipeline {
   uint64_t bytes_pushed_as_frames_ = 0;
   uint64_t pushes_in_place_ = 0;
   uint64_t pushes_lent_ = 0;
+  uint64_t pushes_grouped_ = 0;
   uint64_t pushes_copied_ = 0;
   std::function<bool(size_t)> lend_;
   std::vector<LentSlot> lent_;  // this step's slots the services kept, in push order

@@ -67,6 +67,8 @@ void check_zero_config(const DsConfig& c, const ZeroOptions& o) {
         c.source, z.stage, to_string(z.offload_optimizer.device)));
   if (o.max_pushes_in_flight < 1)
     throw ConfigError("ZeroOptions::max_pushes_in_flight must be at least 1");
+  if (o.pushes_sent_together < 1)
+    throw ConfigError("ZeroOptions::pushes_sent_together must be at least 1");
   if (o.service_security.size() != o.services.size())
     throw ConfigError(fmt::format(
         "ZeroOptions::service_security has {} entries for {} services: one per service (its "

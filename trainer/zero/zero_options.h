@@ -76,6 +76,13 @@ struct ZeroOptions {
   // block b-1 runs while block b's push travels and the service sums its squares. Each one
   // in flight holds its gradient payload, so this also bounds that memory. At least 1.
   size_t max_pushes_in_flight = 2;
+  // In-place pushes (the gradient written into its arena slot) sent to their service
+  // together, as one group of back-to-back requests: each waits for the next ones ready,
+  // up to this many (and at most max_pushes_in_flight), and the step's last goes with
+  // whatever waits. On a host where waking a thread is dear (a VM), each request costs the
+  // service and this trainer several wake-ups, which a group shares. 1: each push is sent
+  // as soon as it is ready. At least 1.
+  size_t pushes_sent_together = 2;
   // The actor system the engine's actors (service clients, stage 3's parameter fetcher)
   // run in; null: the engine starts one of its own.
   caf::actor_system* system = nullptr;
@@ -165,6 +172,8 @@ struct ZeroStats {
   // that came back holding the block's updated parameters and became its resident copy
   // (the next step's fetch of that block, done by the service's Adam pass).
   uint64_t pushes_lent = 0;
+  // In-place pushes sent in a group of more than one (ZeroOptions::pushes_sent_together).
+  uint64_t pushes_grouped = 0;
   // Pushes of a gradient kept in a buffer of its own (accumulated over micro-steps, every
   // half-precision one, or no slot free when the backward began it) that the service's
   // client wrote into a push slot, copied (fp32) or rounded to the half type: in ranges of
