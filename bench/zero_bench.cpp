@@ -476,12 +476,17 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
     fs::remove_all(dir, ec);
     return j;
   };
+  const auto measure_rates = [&] {
+    return ForkedChild("bench zero rates",
+                       [&] { return machine_rates(params, o.service_own_core); })
+        .result();
+  };
+  // The references just before and just after the phase the breakdown sets against them.
+  nlohmann::json rates_before = measure_rates();
   const nlohmann::json on = stage3("stage3_prefetch_on", bucket_on, "by_host");
+  const nlohmann::json rates = mean_rates({std::move(rates_before), measure_rates()});
   const nlohmann::json off = stage3("stage3_prefetch_off", 0, "by_host");
   const nlohmann::json behind_reply = stage3("stage3_behind_reply", bucket_on, "behind_reply");
-  const nlohmann::json rates = ForkedChild("bench zero rates", [&] {
-                                 return machine_rates(params, o.service_own_core);
-                               }).result();
 
   nlohmann::json out = zero_bench_summary(o, gpt, stage0, on, off, behind_reply);
   if (o.pairs > 1) {

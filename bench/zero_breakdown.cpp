@@ -91,6 +91,20 @@ nlohmann::json machine_rates(size_t model_parameters, bool one_thread_too) {
   return rates;
 }
 
+nlohmann::json mean_rates(const std::vector<nlohmann::json>& samples) {
+  if (samples.empty()) throw std::invalid_argument("mean_rates: no samples");
+  nlohmann::json out = samples.front();
+  for (auto& [key, value] : out.items()) {
+    // Counts and names (the kernel's parameters, threads, ISA) are the same in every sample.
+    if (!value.is_number_float()) continue;
+    double sum = 0;
+    for (const auto& s : samples) sum += s.at(key).get<double>();
+    value = sum / static_cast<double>(samples.size());
+  }
+  out["samples"] = samples;
+  return out;
+}
+
 nlohmann::json scrape_service_state(const std::string& metrics_url) {
   httplib::Client client(metrics_url);
   client.set_read_timeout(30, 0);

@@ -16,6 +16,11 @@ namespace dsactor::bench {
 // (adam_one_thread_*). Runs OpenMP: call it in a forked child, never in a parent that forks
 // later.
 nlohmann::json machine_rates(size_t model_parameters, bool one_thread_too);
+// Rates measured more than once (machine_rates' objects): each figure the mean of the
+// samples, and the samples themselves under `samples`. On a shared box the kernel's CPU per
+// parameter swings between measurements a few seconds apart; sampled on both sides of the
+// phase it is set against, its mean stands for the machine the phase ran on.
+nlohmann::json mean_rates(const std::vector<nlohmann::json>& samples);
 
 // The service's /api/state at `metrics_url` (http://host:port), or throws naming the url.
 nlohmann::json scrape_service_state(const std::string& metrics_url);

@@ -105,6 +105,15 @@ void expect_consistent(const nlohmann::json& j) {
   EXPECT_DOUBLE_EQ(number_at(b, "adam_kernel_seconds_for_model"),
                    number_at(j, "parameters") * number_at(rates, "adam_cpu_seconds_per_param"));
   EXPECT_GT(number_at(rates, "adam_in_cache_cpu_seconds_per_param"), 0);
+  // Timed just before and just after the phase it is set against: the mean of the two.
+  const auto& samples = rates.at("samples");
+  ASSERT_EQ(samples.size(), 2u);
+  for (const char* key : {"adam_cpu_seconds_per_param", "memcpy_bytes_per_s"}) {
+    EXPECT_GT(number_at(samples[0], key), 0) << key;
+    EXPECT_DOUBLE_EQ(number_at(rates, key),
+                     (number_at(samples[0], key) + number_at(samples[1], key)) / 2)
+        << key;
+  }
   EXPECT_EQ(rates.contains("adam_one_thread_cpu_seconds_per_param"),
             j.contains("stage3_service_own_core"))
       << "timed only for --service-own-core";
