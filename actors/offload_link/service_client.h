@@ -104,8 +104,9 @@ class ServiceClient {
   // Pushes from arena slots sent back to back, then their answers awaited in order: one
   // answer per push, in the same order. The service's threads take requests that arrive
   // together in one wake-up each (its ZeroMQ I/O thread, its gateway), where pushes sent one
-  // at a time cost them a wake-up each, both ways. A push the socket did not take fails, and
-  // so does every later one of the group (not sent); those sent are awaited as usual.
+  // at a time cost them a wake-up each, both ways. A push that cannot be sent (a slot that
+  // does not hold it, a failed send) fails, and so does every later one of the group (not
+  // sent, its slot back before the failure is told); those sent are awaited as usual.
   std::vector<ServiceFuture<LentPush>> push_gradients(std::vector<ArenaPush> pushes);
   // OffloadClient::push_copied: `grads` (held by `owner` until the answer) copied into the
   // arena slot on the actor's thread, range by range as the service takes them.
