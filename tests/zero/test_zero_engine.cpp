@@ -384,7 +384,7 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
 // In-place pushes sent to their service in groups (ZeroOptions::pushes_sent_together):
 // each push is still a request of its own, the step the same bit for bit as stage 0's,
 // whether each goes alone or several wait for each other (their slots held meanwhile,
-// within max_pushes_in_flight).
+// within max_pushes_in_flight). Where the fetches take slots of the same pool, none waits.
 TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
   const auto tokens = corpus(6000, 6);
   const auto extra = nlohmann::json{{"gradient_accumulation_steps", 1}};
@@ -408,8 +408,21 @@ TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
   EXPECT_EQ(grouped_stats.service_requests, alone_stats.service_requests)
       << "a group is one request per push";
   EXPECT_EQ(grouped_stats.payload_bytes_as_frames, 0u);
+  // Fetches copied into slots of the pool the pushes share (no master views): a held push
+  // would take a fetch's slot, so none waits.
+  ZeroStats copied_stats;
+  ZeroOptions copied = options("cpu", "pushes-beside-copied-fetches");
+  copied.pushes_sent_together = 3;
+  copied.max_pushes_in_flight = 6;
+  copied.master_views = false;
+  const Trace beside = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), std::move(copied),
+                                tokens, steps, &copied_stats);
+  EXPECT_GT(copied_stats.fetches_in_place, 0u) << "fetches were read in their slots";
+  EXPECT_GT(copied_stats.pushes_in_place, 0u);
+  EXPECT_EQ(copied_stats.pushes_grouped, 0u) << "no push held while fetches take slots";
   expect_equal_runs(want, one);
   expect_equal_runs(want, three);
+  expect_equal_runs(want, beside);
 }
 
 TEST_F(ZeroEngineTest, Stage3WritesAccumulatedGradientsIntoSlotsInRangesBitForBit) {

@@ -415,7 +415,9 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   bytes_pushed_ += bytes;
   // Never more than may be in flight: with one, a held push would wait a whole block's
   // backward and then be awaited at once, its service's work no longer behind the compute.
-  const size_t group = std::min(z_.options.pushes_sent_together, z_.options.max_pushes_in_flight);
+  const size_t group = !group_ || group_() ? std::min(z_.options.pushes_sent_together,
+                                                      z_.options.max_pushes_in_flight)
+                                           : 1;
   if (held.size() >= group) send_held(p.service);
   return true;
 }

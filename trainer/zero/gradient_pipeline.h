@@ -82,6 +82,11 @@ class GradientPipeline {
   // Which block's in-place push slot to lend to its service until the step's commit
   // (PushGradients.keepUntilCommit): asked at each arena push; null or false: none.
   void set_lend_slot(std::function<bool(size_t block)> lend) { lend_ = std::move(lend); }
+  // Whether in-place pushes may wait for each other (ZeroOptions::pushes_sent_together),
+  // asked at each one; null: always. A held push keeps its slot for a block's backward
+  // longer, a slot the step's fetches would otherwise have had (with its pages kept) where
+  // they share the pool.
+  void set_group_pushes(std::function<bool()> group) { group_ = std::move(group); }
   // The step's lent slots of `service`, taken out of the pipeline.
   std::vector<LentSlot> take_lent(size_t service);
   // Every lent slot back to its pool (a skipped or failed step; the next step's start).
@@ -167,6 +172,7 @@ class GradientPipeline {
   uint64_t pushes_grouped_ = 0;
   uint64_t pushes_copied_ = 0;
   std::function<bool(size_t)> lend_;
+  std::function<bool()> group_;
   std::vector<LentSlot> lent_;  // this step's slots the services kept, in push order
   bool pool_ = false;           // the arenas hold the fetches' slots too (map_arenas)
 };

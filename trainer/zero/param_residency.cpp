@@ -218,6 +218,7 @@ void ParamResidency::receive_partition(actors::ServiceClient& client, const Part
       step, client.fetch_into(p.id, step, dtype, p.count, [&](actors::FetchedParameters&& f) {
         bytes_fetched_ += f.size_bytes();
         if (!f.in_arena() && !f.in_view()) bytes_fetched_as_frames_ += f.size_bytes();
+        if (f.in_arena()) ++fetches_through_slots_;
         if (f.in_parts()) ++fetches_in_parts_;
         ranged = ranged || f.reply.ranged();
         take(std::move(f));

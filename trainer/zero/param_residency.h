@@ -49,6 +49,9 @@ class ParamResidency {
   // Whether stage 3 fetches through clients of its own (then the push clients' arenas hold
   // slots for the fetches too: GradientPipeline::map_arenas).
   bool fetches() const { return !fetch_clients_.empty(); }
+  // Fetch replies that came in a slot of the pool the pushes share (not in a master view,
+  // not as frames) so far: readable from any thread.
+  uint64_t fetches_through_slots() const { return fetches_through_slots_.load(); }
   // Same host: each fetch client takes its slots from the arena its service's push client
   // mapped, so one pool of pages serves a step's fetches and pushes.
   void share_arenas();
@@ -113,6 +116,7 @@ class ParamResidency {
   std::atomic<uint64_t> fetches_gathered_in_place_{0};
   std::atomic<uint64_t> fetches_from_master_view_{0};
   std::atomic<uint64_t> fetches_from_held_view_{0};
+  std::atomic<uint64_t> fetches_through_slots_{0};
   // The master views that hold the current committed step, per (service, partition): a
   // block needed again (the backward after the forward, another micro-step, the next
   // steps) maps its view again without a request. The service writes a master only at a

@@ -175,6 +175,12 @@ void ZeroEngine::start_parts() {
   residency_ = std::make_unique<ParamResidency>(context_, *system_, model_);
   gradients_ = std::make_unique<GradientPipeline>(context_);
   gradients_->set_lend_slot([this](size_t b) { return lends_push_slot(b); });
+  // Stage 3's fetches share the pushes' pool: pushes wait for each other only while no fetch
+  // has taken a slot of it (they are read in the service's master views). Where fetches are
+  // copied into slots, a held push takes the slot a fetch would have had with its pages
+  // kept, and the fetch faults a layer's pages in (bench/README.md, session 30).
+  gradients_->set_group_pushes(
+      [this] { return !residency_->fetches() || residency_->fetches_through_slots() == 0; });
   if (options_.shared_memory) {
     gradients_->map_arenas(residency_->fetches());
     residency_->share_arenas();
