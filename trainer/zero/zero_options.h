@@ -80,8 +80,10 @@ struct ZeroOptions {
   // together, as one group of back-to-back requests: each waits for the next ones ready,
   // up to this many (and at most max_pushes_in_flight), and the step's last goes with
   // whatever waits. On a host where waking a thread is dear (a VM), each request costs the
-  // service and this trainer several wake-ups, which a group shares. 1: each push is sent
-  // as soon as it is ready. At least 1.
+  // service and this trainer several wake-ups, which a group shares. Stage 3 groups only
+  // while its fetches take no slot of the pool the pushes share (master views): a held push
+  // would keep the slot a fetch needs. 1: each push is sent as soon as it is ready. At
+  // least 1.
   size_t pushes_sent_together = 2;
   // The actor system the engine's actors (service clients, stage 3's parameter fetcher)
   // run in; null: the engine starts one of its own.
