@@ -22,18 +22,23 @@ struct Request {
 };
 using RequestPtr = std::shared_ptr<Request>;
 
+// What still throws on the client is a local error (a failed send, memory, a slot that does
+// not hold the push): `failed`, named with the endpoint, at the actor's edge.
+ServiceFailure local_failure(const OffloadClient& client, const std::string& what) {
+  return {ServiceFailure::Kind::failed, msg::ErrorCode::internal,
+          "offload client for " + client.endpoint() + ": " + what};
+}
+
 template <class T, class F>
 struct RoundTrip final : Request {
   RoundTrip(F f) : round_trip(std::move(f)) {}
   std::optional<std::string> run(OffloadClient& client) override {
-    // Timeouts, refusals and unusable replies are values already; what still throws is a
-    // local error (a failed send, memory): it becomes `failed` here, at the actor's edge.
+    // Timeouts, refusals and unusable replies are values already.
     ServiceResult<T> result = ServiceFailure{};
     try {
       result = round_trip(client);
     } catch (const std::exception& e) {
-      result = ServiceFailure{ServiceFailure::Kind::failed, msg::ErrorCode::internal,
-                              "offload client for " + client.endpoint() + ": " + e.what()};
+      result = local_failure(client, e.what());
     }
     std::optional<std::string> failure;
     if (!result) failure = describe(result.error());
@@ -51,8 +56,7 @@ struct PushesTogether final : Request {
     std::vector<uint64_t> sent;
     std::optional<std::string> failure;
     auto fail = [&](size_t i, const std::string& what) {
-      ServiceFailure f{ServiceFailure::Kind::failed, msg::ErrorCode::internal,
-                       "offload client for " + client.endpoint() + ": " + what};
+      ServiceFailure f = local_failure(client, what);
       if (!failure) failure = describe(f);
       answers[i].set_value(std::move(f));
     };
@@ -172,10 +176,10 @@ ServiceFuture<LentPush> ServiceClient::push_gradients(uint64_t partition_id, uin
                                                       uint32_t micro_step, msg::DType dtype,
                                                       uint64_t count, ArenaBuffer grads,
                                                       bool keep_until_commit) {
-  return post<LentPush>([=, grads = std::move(grads)](OffloadClient& c) mutable {
-    return c.await_push(c.send_push_gradients(partition_id, step, micro_step, dtype, count,
-                                              std::move(grads), keep_until_commit));
-  });
+  std::vector<ArenaPush> one;
+  one.push_back(
+      {partition_id, step, micro_step, dtype, count, std::move(grads), keep_until_commit});
+  return std::move(push_gradients(std::move(one)).front());
 }
 
 std::vector<ServiceFuture<LentPush>> ServiceClient::push_gradients(std::vector<ArenaPush> pushes) {

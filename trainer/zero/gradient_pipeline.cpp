@@ -154,7 +154,7 @@ std::shared_ptr<actors::ArenaBuffer> GradientPipeline::take_push_slot(
     actors::ServiceClient& service, size_t bytes) {
   actors::ArenaBuffer slot = service.arena_buffer(bytes);
   // Every slot in flight: the oldest push's answer frees one (it is usually long there).
-  while (!slot && (!pushes_.empty() || held_count_ > 0)) {
+  while (!slot && (!pushes_.empty() || held_count() > 0)) {
     if (pushes_.empty()) send_all_held();
     collect_push();
     slot = service.arena_buffer(bytes);
@@ -286,10 +286,16 @@ void GradientPipeline::drop_kept() {
 void GradientPipeline::make_room_for_push() {
   // At most max_pushes_in_flight unanswered, counting those held to go together: the oldest
   // answer first (usually long there).
-  while (pushes_.size() + held_count_ >= z_.options.max_pushes_in_flight) {
+  while (pushes_.size() + held_count() >= z_.options.max_pushes_in_flight) {
     if (pushes_.empty()) send_all_held();
     collect_push();
   }
+}
+
+size_t GradientPipeline::held_count() const {
+  size_t n = 0;
+  for (const auto& held : held_) n += held.size();
+  return n;
 }
 
 void GradientPipeline::send_held(size_t service) {
@@ -304,7 +310,6 @@ void GradientPipeline::send_held(size_t service) {
     push.arena_reply = std::move(replies[i]);
     pushes_.push_back(std::move(push));
   }
-  held_count_ -= held.size();
   held.clear();
   max_pushes_seen_ = std::max(max_pushes_seen_, pushes_.size());
 }
@@ -411,7 +416,6 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   std::vector<HeldPush>& held = held_[p.service];
   held.push_back(
       HeldPush{b, bytes, actors::ArenaPush{p.id, step, 0, dtype, count, std::move(slot), lend}});
-  ++held_count_;
   bytes_pushed_ += bytes;
   // Never more than may be in flight: with one, a held push would wait a whole block's
   // backward and then be awaited at once, its service's work no longer behind the compute.
@@ -466,7 +470,6 @@ void GradientPipeline::abandon_pushes() {
     for (const auto& h : held) memory_->sub(h.bytes);
     held.clear();  // their slots go back unsent
   }
-  held_count_ = 0;
 }
 
 const PushedGradients& GradientPipeline::finish() {

@@ -140,6 +140,7 @@ class GradientPipeline {
   bool push_through_arena(size_t b, const PartitionSlice& p, FloatBuffer& part);
   void push_frame(size_t b, const PartitionSlice& p, FloatBuffer part);
   void make_room_for_push();
+  size_t held_count() const;  // over all services
   void send_held(size_t service);
   void send_all_held();
   void collect_push();
@@ -157,7 +158,6 @@ class GradientPipeline {
   std::deque<PendingReduction> reductions_;  // W > 1, overlap_comm: started, not finished
   std::deque<PendingPush> pushes_;           // sent, answers not collected, oldest first
   std::vector<std::vector<HeldPush>> held_;  // per service: ready, not sent, in order
-  size_t held_count_ = 0;                    // over all services
   PushedGradients pushed_;
   BlockSet kept_;  // LocalPartitions: per block this rank's partition, until drop_kept
   std::vector<char> block_pushed_;
