@@ -241,6 +241,8 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;
   r["pushes_grouped"] = after.pushes_grouped - before.pushes_grouped;
+  r["channel_requests_per_step"] =
+      static_cast<double>(after.channel_requests - before.channel_requests) / n;
   r["pushes_copied"] = after.pushes_copied - before.pushes_copied;
   r["blocks_published_in_place"] =
       after.blocks_published_in_place - before.blocks_published_in_place;
@@ -278,6 +280,7 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"steps_measured", o.steps},
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"master_views", o.master_views},
+      {"request_channel", o.request_channel},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
       {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},
       // Prefetch on, the service answering each commit once decided, the update published
@@ -422,6 +425,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.job_id = std::string("bench-zero-") + name;
         zo.shared_memory = o.shared_memory;
         zo.master_views = o.master_views;
+        zo.request_channel = o.request_channel;
         if (o.pushes_together) zo.pushes_sent_together = *o.pushes_together;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);
         ZeroEngine engine(gpt, ds, o.seed, zo);

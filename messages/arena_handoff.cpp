@@ -56,20 +56,22 @@ UniqueFd connect_to(const std::string& socket, const std::string& what) {
   return s;
 }
 
-// `bytes` with `fd` attached as SCM_RIGHTS; what sendmsg answers.
-ssize_t send_with_fd(int s, std::string_view bytes, int fd) {
+// `bytes` with `fd` (and `second`, when >= 0) attached as SCM_RIGHTS; what sendmsg answers.
+ssize_t send_with_fd(int s, std::string_view bytes, int fd, int second = -1) {
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  const int fds[2] = {fd, second};
+  const size_t count = second >= 0 ? 2 : 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr m{};
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
   m.msg_control = control;
-  m.msg_controllen = sizeof(control);
+  m.msg_controllen = CMSG_SPACE(count * sizeof(int));
   cmsghdr* c = CMSG_FIRSTHDR(&m);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  c->cmsg_len = CMSG_LEN(count * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds, count * sizeof(int));
   return ::sendmsg(s, &m, MSG_NOSIGNAL);
 }
 
@@ -135,12 +137,12 @@ UniqueFd::~UniqueFd() {
 }
 
 void hand_over_fd(const std::string& socket, const std::string& ticket, int fd,
-                  std::chrono::milliseconds timeout) {
+                  std::chrono::milliseconds timeout, int channel) {
   const std::string what = "arena hand-over to " + socket;
   if (ticket.empty() || ticket.size() > kMaxTicket)
     throw std::runtime_error(what + ": ticket of " + std::to_string(ticket.size()) + " bytes");
   const UniqueFd s = connect_to(socket, what);
-  if (send_with_fd(s.get(), ticket, fd) != static_cast<ssize_t>(ticket.size()))
+  if (send_with_fd(s.get(), ticket, fd, channel) != static_cast<ssize_t>(ticket.size()))
     throw sys_error(what + ": sendmsg");
   ::shutdown(s.get(), SHUT_WR);
   std::vector<UniqueFd> unexpected;  // the service sends none with an arena's answer
@@ -176,15 +178,16 @@ std::optional<HandedFd> receive_fd(int connection, std::chrono::milliseconds tim
   bool truncated = false;
   const ssize_t n = receive_with_fds(connection, ticket, fds, MSG_DONTWAIT, truncated);
   if (n <= 0 || static_cast<size_t>(n) > kMaxTicket || truncated) {
-    why = "expected a ticket of 1.." + std::to_string(kMaxTicket) + " bytes and at most one fd";
+    why = "expected a ticket of 1.." + std::to_string(kMaxTicket) + " bytes and at most two fds";
     return std::nullopt;
   }
-  if (fds.size() > 1) {
-    why = "expected at most one fd, got " + std::to_string(fds.size());
+  if (fds.size() > 2) {
+    why = "expected at most two fds, got " + std::to_string(fds.size());
     return std::nullopt;
   }
   out.ticket.assign(ticket, static_cast<size_t>(n));
   if (!fds.empty()) out.fd = std::move(fds[0]);
+  if (fds.size() == 2) out.channel = std::move(fds[1]);
   return out;
 }
 

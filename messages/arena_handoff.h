@@ -34,10 +34,12 @@ class UniqueFd {
 };
 
 // The client side: connects to `socket` ("@name" abstract, else a path), sends `ticket`
-// with `fd` attached, and waits up to `timeout` for the answer. Throws std::runtime_error
-// naming the socket and the reason (cannot connect, the service refused: its words).
+// with `fd` attached (and `channel`, when >= 0: the service's end of a request channel,
+// messages/request_channel.h), and waits up to `timeout` for the answer. Throws
+// std::runtime_error naming the socket and the reason (cannot connect, the service refused:
+// its words).
 void hand_over_fd(const std::string& socket, const std::string& ticket, int fd,
-                  std::chrono::milliseconds timeout);
+                  std::chrono::milliseconds timeout, int channel = -1);
 
 // The other way (a partition's master view, FetchReply::master_view): connects to `socket`,
 // sends `ticket` without an fd, and waits up to `timeout` for the answer "ok" with one fd
@@ -63,12 +65,13 @@ struct HandedFd {
   uid_t uid = 0;  // of the peer process (SO_PEERCRED)
   pid_t pid = 0;
   std::string ticket;
-  UniqueFd fd;  // empty for a collect_fd
+  UniqueFd fd;       // empty for a collect_fd
+  UniqueFd channel;  // the second fd of an arena's hand-over, when one came
 };
 
 // Reads one hand-over within `timeout`: the peer's credentials, a ticket of at most 256
-// bytes and at most one fd (none: a collect_fd). nullopt, with `why`, for anything else
-// (extra fds are closed).
+// bytes and at most two fds (none: a collect_fd; an arena's, then its request channel's).
+// nullopt, with `why`, for anything else (extra fds are closed).
 std::optional<HandedFd> receive_fd(int connection, std::chrono::milliseconds timeout,
                                    std::string& why);
 // The one-line answer ("ok", or the reason) the client of hand_over_fd waits for.

@@ -335,6 +335,9 @@ struct MapArenaReply {
   uint64_t size = 0;
   std::string ticket;
   std::string socket;  // "@name": a Unix socket in the abstract namespace
+  // The service took the request channel handed over with the arena's fd
+  // (messages/request_channel.h): the job's arena pushes may go there instead.
+  bool channel = false;
   bool operator==(const MapArenaReply&) const = default;
 };
 struct UnmapArena {

@@ -373,7 +373,7 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
       auto r = k.getMapArenaReply();
       return MapArenaReply{r.getArenaId(), r.getSize(),
                            text(r.getTicket(), limits, "mapArenaReply.ticket"),
-                           text(r.getSocket(), limits, "mapArenaReply.socket")};
+                           text(r.getSocket(), limits, "mapArenaReply.socket"), r.getChannel()};
     }
     case wire::Header::Kind::UNMAP_ARENA_REPLY:
       return UnmapArenaReply{k.getUnmapArenaReply().getArenaId()};

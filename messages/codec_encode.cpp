@@ -276,6 +276,7 @@ void set_body(wire::Header::Kind::Builder k, const MapArenaReply& r) {
   b.setSize(r.size);
   b.setTicket(text_ptr(r.ticket));
   b.setSocket(text_ptr(r.socket));
+  b.setChannel(r.channel);
 }
 
 void set_body(wire::Header::Kind::Builder k, const UnmapArena& r) {

@@ -328,6 +328,10 @@ struct MapArenaReply {
   size @1 :UInt64;
   ticket @2 :Text;
   socket @3 :Text;           # the Unix socket ("@name": abstract namespace)
+  # In the answer that names the arena: the service took the request channel handed over
+  # with the fd (one end of a SOCK_SEQPACKET socketpair) and reads the job's arena pushes
+  # there, each datagram one request's header, answered on it.
+  channel @4 :Bool;
 }
 
 struct UnmapArena {

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "messages/request_channel.h"
 #include "security/keyed_mac.h"
 
 namespace dsactor::offload {
@@ -79,7 +80,7 @@ std::string ArenaDoor::admit(int connection) {
     if (t == tickets_.end() || t->second.handed.mapping) return "unknown or spent ticket";
     if (t->second.view) {
       // A view goes one way: its ticket comes alone, and is spent by being collected.
-      if (handed->fd) return "a master view's ticket comes without an fd";
+      if (handed->fd || handed->channel) return "a master view's ticket comes without an fd";
       messages::UniqueFd view = std::move(t->second.view);
       tickets_.erase(t);
       messages::answer_with_fd(connection, view.get());
@@ -88,6 +89,9 @@ std::string ArenaDoor::admit(int connection) {
     if (!handed->fd) return "an arena's ticket comes with its fd";
     size = t->second.size;
   }
+  if (std::string what;
+      handed->channel && !messages::is_request_channel(handed->channel.get(), what))
+    return "the second fd is not a request channel: " + what;
   std::shared_ptr<messages::ArenaMapping> mapping;
   try {
     mapping = messages::ArenaMapping::adopt(handed->fd.release(), size);
@@ -100,7 +104,8 @@ std::string ArenaDoor::admit(int connection) {
   std::lock_guard lock(mutex_);
   auto t = tickets_.find(handed->ticket);
   if (t == tickets_.end() || t->second.handed.mapping) return "unknown or spent ticket";
-  t->second.handed = Handed{std::move(mapping), std::move(holder), handed->pid};
+  t->second.handed =
+      Handed{std::move(mapping), std::move(holder), handed->pid, std::move(handed->channel)};
   return "ok";
 }
 

@@ -55,6 +55,9 @@ class ArenaDoor {
     std::shared_ptr<messages::ArenaMapping> mapping;
     messages::UniqueFd holder;
     pid_t pid = 0;
+    // The service's end of the trainer's request channel, when one came with the arena's fd
+    // (checked: messages::is_request_channel).
+    messages::UniqueFd channel;
   };
   // The arena handed over with `ticket`, which must have been issued to (owner, job) and
   // used once; the ticket is spent then, handed over or not. Throws std::runtime_error

@@ -26,8 +26,11 @@ std::shared_ptr<ArenaDoor> open_arena_door(uint64_t max_bytes, const std::vector
   }
 }
 
-ArenaTable::ArenaTable(uint64_t max_bytes, std::shared_ptr<ArenaDoor> door)
-    : max_bytes_(max_bytes), door_(max_bytes > 0 ? std::move(door) : nullptr) {}
+ArenaTable::ArenaTable(uint64_t max_bytes, std::shared_ptr<ArenaDoor> door,
+                       std::shared_ptr<actors::RequestChannels> channels)
+    : max_bytes_(max_bytes),
+      door_(max_bytes > 0 ? std::move(door) : nullptr),
+      channels_(std::move(channels)) {}
 
 msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r,
                                    const std::string& peer) {
@@ -64,13 +67,20 @@ msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r,
     refuse(ErrorCode::malformed, "mapArena.size: " + std::to_string(r.size) +
                                      " is not the size the ticket was issued for");
   }
+  std::unique_ptr<AttachedChannel> channel;
+  if (handed.channel && channels_) {
+    // Checked at the door; attach checks again and throws only on what it was not.
+    channel = std::make_unique<AttachedChannel>(
+        channels_, channels_->attach(std::move(handed.channel), peer, h.job_id));
+  }
+  const bool with_channel = channel != nullptr;
   const uint64_t id = next_id_++;
-  arenas_.emplace(
-      id, Mapped{peer, h.job_id, std::move(handed.mapping), std::move(handed.holder), handed.pid});
+  arenas_.emplace(id, Mapped{peer, h.job_id, std::move(handed.mapping), std::move(handed.holder),
+                             handed.pid, std::move(channel)});
   bytes_ += r.size;
-  spdlog::info("offload: job '{}' mapped a {} arena as {} (same-host payloads)", h.job_id,
-               fmt_bytes(r.size), id);
-  return msg::MapArenaReply{id, r.size, {}, {}};
+  spdlog::info("offload: job '{}' mapped a {} arena as {} (same-host payloads{})", h.job_id,
+               fmt_bytes(r.size), id, with_channel ? ", pushes over its request channel" : "");
+  return msg::MapArenaReply{id, r.size, {}, {}, with_channel};
 }
 
 msg::UnmapArenaReply ArenaTable::unmap(const msg::Header& h, const msg::UnmapArena& r,

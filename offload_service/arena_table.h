@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/runtime/request_channels.h"
 #include "messages/codec.h"
 #include "messages/shm_arena.h"
 #include "offload_service/arena_door.h"
@@ -32,8 +33,11 @@ std::shared_ptr<ArenaDoor> open_arena_door(uint64_t max_bytes, const std::vector
 class ArenaTable {
  public:
   // max_bytes: StoreOptions::max_arena_bytes, over all jobs; door: open_arena_door's (null:
-  // no arenas).
-  ArenaTable(uint64_t max_bytes, std::shared_ptr<ArenaDoor> door);
+  // no arenas). channels: where an arena's request channel is attached for the gateway to
+  // read, for as long as the arena is mapped (null: channels handed over are closed, and
+  // the reply says so).
+  ArenaTable(uint64_t max_bytes, std::shared_ptr<ArenaDoor> door,
+             std::shared_ptr<actors::RequestChannels> channels = nullptr);
 
   // MapArena of `peer`: without a ticket, a ticket and the door's socket; with one, the
   // arena handed over with it, mapped for the request's job. Refuses tooLarge beyond
@@ -54,11 +58,22 @@ class ArenaTable {
   size_t unmap_orphans();
 
  private:
+  // An arena's request channel, detached from the gateway's list when its arena goes.
+  struct AttachedChannel {
+    std::shared_ptr<actors::RequestChannels> channels;
+    uint64_t id = 0;
+    AttachedChannel(std::shared_ptr<actors::RequestChannels> c, uint64_t i)
+        : channels(std::move(c)), id(i) {}
+    AttachedChannel(const AttachedChannel&) = delete;
+    AttachedChannel& operator=(const AttachedChannel&) = delete;
+    ~AttachedChannel() { channels->detach(id); }
+  };
   struct Mapped {
     std::string owner, job;
     std::shared_ptr<const messages::ArenaMapping> mapping;
     messages::UniqueFd holder;  // pidfd of the process that handed the arena over
     pid_t pid = 0;
+    std::unique_ptr<AttachedChannel> channel;
   };
   // The arena `id` of the request's job and key, or a refusal naming `field`.
   const Mapped& find(const messages::Header& h, uint64_t id, const std::string& field,
@@ -66,6 +81,7 @@ class ArenaTable {
 
   uint64_t max_bytes_;
   std::shared_ptr<ArenaDoor> door_;
+  std::shared_ptr<actors::RequestChannels> channels_;
   std::map<uint64_t, Mapped> arenas_;
   uint64_t next_id_ = 1;
   uint64_t bytes_ = 0;

@@ -18,6 +18,8 @@ struct OffloadService::Impl {
   // Two I/O threads: CurveZMQ encrypts a whole reply on the I/O thread of its connection,
   // and a trainer's heartbeat connection, placed on the other thread, is answered meanwhile.
   zmq::context_t context{2};
+  // Same-host trainers' request channels: the arena table attaches them, the gateway reads.
+  std::shared_ptr<actors::RequestChannels> channels = std::make_shared<actors::RequestChannels>();
   StoreActors store;
   std::unique_ptr<actors::Gateway> gateway;
   bool stopped = false;
@@ -27,7 +29,7 @@ OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<
   security::check_listen_security(options.listen, messages::is_local_endpoint(options.listen),
                                   options.security, "offload service");
   options.store.verify_arena_checksum = options.limits.verify_checksum;
-  impl_->store = spawn_store(impl_->runtime.system(), options.store);
+  impl_->store = spawn_store(impl_->runtime.system(), options.store, impl_->channels);
   const StoreOptions& st = options.store;
   actors::GatewayOptions g;
   g.listen = options.listen;
@@ -39,6 +41,7 @@ OffloadService::OffloadService(ServiceOptions options) : impl_(std::make_unique<
   g.security = options.security;
   g.name = "offload service";
   g.figures = metrics::figures_of(st.actors, "gateway");
+  g.channels = impl_->channels;
   g.inflight = {st.max_requests_in_flight, st.max_bytes_in_flight_per_client,
                 st.max_bytes_in_flight};
   // Heartbeats are answered at once, with the progress of the job's operation in flight.

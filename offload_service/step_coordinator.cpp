@@ -54,7 +54,7 @@ struct CoordinatorState {
                   setup.workers.size()),
         quotas(options),
         state(resolved_state_dir(options)),
-        arenas(options.max_arena_bytes, std::move(setup.door)),
+        arenas(options.max_arena_bytes, std::move(setup.door), std::move(setup.channels)),
         workers(system, std::move(setup.workers)),
         two_phase(workers, std::move(setup.metadata), std::move(setup.file_name),
                   setup.phases.get()),

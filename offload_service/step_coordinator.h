@@ -71,6 +71,8 @@ struct CoordinatorSetup {
   std::shared_ptr<ProgressBoard> progress;  // the operation in flight per job, for heartbeats
   std::shared_ptr<ServicePhases> phases;    // routing, commits and metadata writes count here
   std::shared_ptr<ArenaDoor> door;          // open_arena_door's (null: no arenas)
+  // The gateway's request channels, where arenas' channels are attached (null: none).
+  std::shared_ptr<actors::RequestChannels> channels;
 };
 
 // Spawns the coordinator (detached) in front of the workers, nvme_io and metadata actors

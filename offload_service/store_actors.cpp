@@ -96,7 +96,8 @@ void StoreActors::stop() const {
   caf::anon_send_exit(writer, caf::exit_reason::user_shutdown);
 }
 
-StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) {
+StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options,
+                        std::shared_ptr<actors::RequestChannels> channels) {
   const StagingOptions staging = validate(options);
   check_resolve_beneath();
   CoordinatorSetup setup;
@@ -143,6 +144,7 @@ StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options) 
   out.phases = std::make_shared<ServicePhases>();
   setup.phases = out.phases;
   setup.door = open_arena_door(options.max_arena_bytes, options.arena_uids);
+  setup.channels = std::move(channels);
   for (unsigned i = 0; i < n_workers; ++i) {
     WorkerConfig c;
     c.index = i;

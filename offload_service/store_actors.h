@@ -36,7 +36,9 @@ struct StoreActors {
 
 // Opens the NVMe tier and its metadata (reloading every job) when options.nvme_dir is
 // set, and spawns the coordinator, options.workers (resolved) partition workers, nvme_io
-// and metadata. Throws like PartitionStore's constructor.
-StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options);
+// and metadata. Throws like PartitionStore's constructor. `channels`: where arenas' request
+// channels go for the service's gateway to read (null: none are taken).
+StoreActors spawn_store(caf::actor_system& system, const StoreOptions& options,
+                        std::shared_ptr<actors::RequestChannels> channels = nullptr);
 
 }  // namespace dsactor::offload

@@ -1,5 +1,6 @@
 #include "actors/offload_link/offload_client.h"
 
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 
@@ -16,6 +17,7 @@
 #include "checksum/crc32c.h"
 #include "checksum/crc32c_copy.h"
 #include "messages/arena_handoff.h"
+#include "messages/request_channel.h"
 #include "messages/shm_arena.h"
 
 namespace dsactor::actors {
@@ -110,11 +112,16 @@ ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots
   const auto* ticket = std::get_if<msg::MapArenaReply>(body);
   if (!ticket || ticket->ticket.empty() || ticket->socket.empty())
     return fallback("no ticket in the reply " + std::string(msg::kind_name(*body)));
+  // The request channel goes with the arena: the same door, the same ticket and checks.
+  std::pair<msg::UniqueFd, msg::UniqueFd> channel;
   try {
-    msg::hand_over_fd(ticket->socket, ticket->ticket, arena->fd(), timeout_);
+    if (request_channel_on_) channel = msg::request_channel_pair();
+    msg::hand_over_fd(ticket->socket, ticket->ticket, arena->fd(), timeout_,
+                      channel.second ? channel.second.get() : -1);
   } catch (const std::exception& e) {
     return fallback(e.what());
   }
+  channel.second = {};  // the service holds its own copy now
   reply = await(send(msg::MapArena{{}, arena->size(), ticket->ticket}));
   if (!reply.ok()) return std::move(reply.error());
   body = &reply->header.body;
@@ -127,6 +134,7 @@ ServiceResult<bool> OffloadClient::try_map_arena(size_t slot_bytes, size_t slots
                 ok->arena_id);
   arena_id_ = ok->arena_id;
   pool_ = std::make_shared<SlotPool>(std::move(arena), ok->arena_id, slot, slots, keep);
+  if (ok->channel) channel_ = std::move(channel.first);
   return true;
 }
 
@@ -145,6 +153,9 @@ void OffloadClient::unmap_arena() {
   if (arena_id_ == 0) return;
   // Best effort: a service that is gone unmaps everything when it stops anyway. The
   // linger lets the request leave before the socket closes, without waiting for a reply.
+  // The channel first: nothing waits here for its answers (the arena and its slots go).
+  channel_ = {};
+  on_channel_.clear();
   try {
     send(msg::UnmapArena{arena_id_});
     socket_.set(zmq::sockopt::linger, 200);
@@ -189,7 +200,39 @@ bool OffloadClient::transmit(const Pending& p) {
   std::vector<zmq::message_t> frames = msg::has_payload(p.header.body)
                                            ? msg::encode(p.header, p.payload, p.owner)
                                            : msg::encode(p.header);
+  if (p.on_channel && channel_ && frames.size() == 1) {
+    const std::span<const std::byte> bytes(static_cast<const std::byte*>(frames[0].data()),
+                                           frames[0].size());
+    // The service's gateway reads its channels as fast as it decodes; a full queue means
+    // it is gone or stuck, and a wait bounded like a ZeroMQ send's tells which.
+    bool sent = msg::send_datagram(channel_.get(), bytes, false);
+    if (!sent && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd out{channel_.get(), POLLOUT, 0};
+      sent = ::poll(&out, 1, static_cast<int>(timeout_.count())) == 1 &&
+             msg::send_datagram(channel_.get(), bytes, false);
+    }
+    if (sent) channel_requests_sent_.fetch_add(1, std::memory_order_relaxed);
+    return sent;
+  }
   return zmq::send_multipart(socket_, msg::with_envelope({}, std::move(frames))).has_value();
+}
+
+bool OffloadClient::channel_reply(std::vector<zmq::message_t>& frames) {
+  if (!channel_) return false;
+  switch (msg::receive_datagram(channel_.get(), datagram_, msg::kMaxChannelRequestBytes)) {
+    case msg::Datagram::message:
+      frames.clear();
+      frames.emplace_back(datagram_.data(), datagram_.size());
+      return true;
+    case msg::Datagram::closed:
+      spdlog::warn("offload client: the service at {} closed the request channel", endpoint_);
+      channel_ = {};
+      return false;
+    case msg::Datagram::truncated:  // no reply is that long: not the service's
+    case msg::Datagram::none:
+      return false;
+  }
+  return false;
 }
 
 uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
@@ -210,9 +253,37 @@ uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
     p.payload = payload;
     p.owner = std::move(owner);
   }
+  const auto* push = std::get_if<msg::PushGradients>(&p.header.body);
+  p.on_channel = channel_ && push && push->arena && !socket_requests_unanswered();
+  if (!p.on_channel) await_channel_replies();
   p.sent = transmit(p);
+  if (p.on_channel && p.sent) on_channel_.insert(id);
   outstanding_.emplace(id, std::move(p));
   return id;
+}
+
+bool OffloadClient::socket_requests_unanswered() const {
+  return std::any_of(outstanding_.begin(), outstanding_.end(),
+                     [](const auto& o) { return o.second.sent && !o.second.on_channel; });
+}
+
+void OffloadClient::await_channel_replies() {
+  const auto until = Clock::now() + timeout_;
+  while (!on_channel_.empty() && channel_) {
+    const auto now = Clock::now();
+    if (now >= until) {
+      // The service is gone or stuck: what is sent next will tell, as it would have alone.
+      spdlog::warn("offload client: {} request(s) on the channel to {} unanswered after {} ms",
+                   on_channel_.size(), endpoint_, timeout_.count());
+      on_channel_.clear();
+      return;
+    }
+    poll_sockets(std::chrono::duration_cast<std::chrono::milliseconds>(until - now));
+    // Each reply is kept for its own await (or skipped, when its request was abandoned).
+    while (take_reply(std::nullopt).message) {
+    }
+  }
+  if (!channel_) on_channel_.clear();
 }
 
 bool OffloadClient::retry_busy(uint64_t id) {
@@ -380,12 +451,20 @@ ServiceResult<OffloadClient::Reply> OffloadClient::await(uint64_t id) {
 OffloadClient::Taken OffloadClient::take_reply(std::optional<uint64_t> waiting) {
   Taken got;
   std::vector<zmq::message_t> frames;
-  if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
-    return got;
-  got.message = true;
-  auto env = msg::split_envelope(frames);
-  if (!env) return got;
-  auto decoded = msg::decode(env->body);
+  // A reply on the request channel is its one frame, with no envelope.
+  size_t routing = 0;
+  if (channel_reply(frames)) {
+    got.message = true;
+  } else {
+    if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
+      return got;
+    got.message = true;
+    auto env = msg::split_envelope(frames);
+    if (!env) return got;
+    routing = frames.size() - env->body.size();
+  }
+  const std::span<const zmq::message_t> body(frames.data() + routing, frames.size() - routing);
+  auto decoded = msg::decode(body);
   if (!decoded) {
     if (waiting) {
       forget(*waiting);
@@ -394,6 +473,7 @@ OffloadClient::Taken OffloadClient::take_reply(std::optional<uint64_t> waiting) 
     return got;
   }
   const uint64_t rid = decoded->header.request_id;
+  on_channel_.erase(rid);
   got.heard = true;
   // The gateway's answer to a request it could not read (id 0) is taken as this one's,
   // the request being waited for.
@@ -410,12 +490,12 @@ OffloadClient::Taken OffloadClient::take_reply(std::optional<uint64_t> waiting) 
     return got;  // sent again; its answer is still to come
   }
   Reply r{std::move(decoded->header), {}, {}, {}};
-  if (msg::has_payload(r.header.body) && env->body.size() == 2) {
+  if (msg::has_payload(r.header.body) && body.size() == 2) {
     // The decoded payload views the last frame; keep the frame itself.
     r.payload = std::move(frames.back());
-  } else if (msg::has_payload(r.header.body) && env->body.size() > 2) {
+  } else if (msg::has_payload(r.header.body) && body.size() > 2) {
     // The body's frames end the message: header, then each part.
-    const size_t parts = env->body.size() - 1;
+    const size_t parts = body.size() - 1;
     for (size_t i = frames.size() - parts; i < frames.size(); ++i)
       r.payload_parts.push_back(std::move(frames[i]));
   }
@@ -463,14 +543,18 @@ zmq::socket_t& OffloadClient::beat_socket() {
 }
 
 OffloadClient::Heard OffloadClient::poll_sockets(std::chrono::milliseconds left) {
-  zmq::pollitem_t items[2] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
-                              {beat_socket_ ? beat_socket_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-  const size_t polled = beat_socket_ ? 2 : 1;
+  // The request socket, the heartbeat socket (when open), the request channel (when taken);
+  // a raw fd's item has no socket, and an item of neither is skipped by zmq_poll.
+  zmq::pollitem_t items[3] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                              {beat_socket_ ? beat_socket_->handle() : nullptr, -1, ZMQ_POLLIN, 0},
+                              {nullptr, channel_ ? channel_.get() : -1, ZMQ_POLLIN, 0}};
+  const size_t polled = channel_ ? 3 : beat_socket_ ? 2 : 1;
   Heard heard;
   if (zmq::poll(items, polled, left) == 0) return heard;
-  heard.reply = (items[0].revents & ZMQ_POLLIN) != 0;
+  heard.reply = (items[0].revents & ZMQ_POLLIN) != 0 ||
+                (polled == 3 && (items[2].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) != 0);
   std::vector<zmq::message_t> frames;
-  if (polled < 2 || !(items[1].revents & ZMQ_POLLIN) ||
+  if (!beat_socket_ || !(items[1].revents & ZMQ_POLLIN) ||
       !zmq::recv_multipart(*beat_socket_, std::back_inserter(frames), zmq::recv_flags::dontwait))
     return heard;
   // Anything the service sends on the heartbeat connection is a sign of life; only a Pong to

@@ -271,6 +271,17 @@ class OffloadClient {
   // free again. Each partition's view fd is collected once and kept. Default: off.
   void set_master_views(bool on) { master_views_ = on; }
   bool master_views() const { return master_views_; }
+  // Whether the arena this client maps comes with a request channel
+  // (messages/request_channel.h): the arena pushes then go there, each a datagram read by
+  // the service's gateway and answered by the worker that took it, instead of through
+  // ZeroMQ. Before try_map_arena; default on. Results are bit-identical either way.
+  void set_request_channel(bool on) { request_channel_on_ = on; }
+  // Whether the service took this client's channel (its arena pushes go there).
+  bool has_request_channel() const { return static_cast<bool>(channel_); }
+  // Requests sent over the request channel so far (of requests_sent).
+  uint64_t channel_requests_sent() const {
+    return channel_requests_sent_.load(std::memory_order_relaxed);
+  }
   // Requests sent so far (a push in ranges is one a range), Pings aside. Readable from any
   // thread (ServiceClient::requests_sent).
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
@@ -400,6 +411,7 @@ class OffloadClient {
     std::span<const std::byte> payload;
     std::shared_ptr<const void> owner;  // keeps the payload until the answer
     bool sent = false;                  // false: no connection took it within the timeout
+    bool on_channel = false;            // travels on the request channel, not the socket
     int busy = 0;                       // `busy` answers so far
     std::chrono::steady_clock::time_point first_busy;
   };
@@ -450,6 +462,7 @@ class OffloadClient {
   // The reply's view mapped (its fd collected first when the reply carries a ticket).
   std::optional<ServiceFailure> map_view(FetchedParameters& out);
   std::atomic<uint64_t> requests_sent_{0};
+  std::atomic<uint64_t> channel_requests_sent_{0};
   std::set<uint64_t> pings_;  // Pings sent and not answered yet
   messages::Pong last_pong_;  // the last progress heard of (operation "" = none)
   std::string job_id_;
@@ -468,6 +481,21 @@ class OffloadClient {
   // Arena (declared after the socket: unmap_arena() in the destructor still sends on it).
   uint64_t arena_id_ = 0;           // the arena this client mapped (0: none; unmapped here)
   std::shared_ptr<SlotPool> pool_;  // its slots, or those of the client it shares
+  bool request_channel_on_ = true;
+  messages::UniqueFd channel_;  // this end of the request channel the service took
+  std::vector<std::byte> datagram_;
+  // The next reply waiting on the request channel, as its one frame; false when none (a
+  // channel the service closed is closed here too, its requests then time out).
+  bool channel_reply(std::vector<zmq::message_t>& frames);
+  // Requests sent on the channel and not answered yet, abandoned ones included.
+  std::set<uint64_t> on_channel_;
+  // The service takes the requests of its two paths in whatever order they reach it, so a
+  // request never overtakes an earlier one of this client by taking the other path: a push
+  // goes on the channel only when no request sent on the socket is unanswered (a
+  // checkpoint written in the background, say), and a request goes on the socket only once
+  // every one sent on the channel is answered (waited for here, up to the timeout).
+  bool socket_requests_unanswered() const;
+  void await_channel_replies();
   // A slot a request holds: its own, or its share of one that a push's ranges hold together.
   struct Lease {
     ArenaBuffer own;

@@ -77,6 +77,10 @@ class ServiceClient {
   void set_fetch_part_bytes(size_t bytes) { client_->set_fetch_part_bytes(bytes); }
   // OffloadClient::set_master_views; before the first request, as above.
   void set_master_views(bool on) { client_->set_master_views(on); }
+  // OffloadClient::set_request_channel; before map_arena.
+  void set_request_channel(bool on) { client_->set_request_channel(on); }
+  // OffloadClient::channel_requests_sent; readable from any thread.
+  uint64_t channel_requests_sent() const { return client_->channel_requests_sent(); }
   uint64_t requests_sent() const { return client_->requests_sent(); }
 
   // ---- the wire's operations (messages/README.md), in posting order -------------------

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "actors/runtime/thread_name.h"
+#include "messages/request_channel.h"
 #include "security/zap_handler.h"
 
 namespace dsactor::actors {
@@ -85,6 +86,22 @@ uint64_t InflightLedger::bytes() const {
 }
 
 void Request::reply(std::vector<zmq::message_t> body) const {
+  if (channel) {
+    if (body.size() != 1) {
+      const auto& h = message.header;
+      body = msg::encode(msg::Header{
+          h.request_id, h.job_id,
+          msg::ErrorReply{msg::ErrorCode::internal,
+                          "the reply has a payload frame, which a request channel cannot carry"}});
+    }
+    const auto& f = body.front();
+    // Never waits: a trainer that stops reading its answers loses them, not the service
+    // its worker.
+    const bool sent = msg::send_datagram(
+        channel->get(), {static_cast<const std::byte*>(f.data()), f.size()}, false);
+    if (counters) (sent ? counters->replies : counters->dropped)++;
+    return;
+  }
   std::span<const zmq::message_t> routing(frames.data(), routing_frames);
   sink->push(msg::with_envelope(routing, std::move(body)));
 }
@@ -198,18 +215,121 @@ struct Gateway::Shared {
     caf::anon_send(handler, handle_atom::value, RequestPtr(std::move(req)));
   }
 
+  // Answers a request read from channel `c` that the gateway refuses, on the channel.
+  void refuse_on_channel(const RequestChannels::Channel& c, uint64_t request_id,
+                         const std::string& job, msg::ErrorCode code, const std::string& why) {
+    counters->refused++;
+    spdlog::debug("gateway: refused a request on a channel: {}", why);
+    if (options.figures) options.figures->error("refused a request on a channel: " + why);
+    auto reply = msg::encode(msg::Header{request_id, job, msg::ErrorReply{code, why}});
+    const auto& f = reply.front();
+    if (msg::send_datagram(c.fd->get(), {static_cast<const std::byte*>(f.data()), f.size()}, false))
+      counters->replies++;
+    else
+      counters->dropped++;
+  }
+
+  void on_channel_message(const RequestChannels::Channel& c, std::span<const std::byte> bytes) {
+    const metrics::ActorFigures::Handling handling(options.figures, 0);
+    auto req = std::make_shared<Request>();
+    req->frames.emplace_back(bytes.data(), bytes.size());
+    req->routing_frames = 0;
+    auto decoded = msg::decode(req->frames, options.limits);
+    if (!decoded) {
+      const auto& e = decoded.error();
+      refuse_on_channel(c, 0, "", msg::reply_code(e.code),
+                        std::string(msg::to_string(e.code)) + ": " + e.message);
+      return;
+    }
+    req->message = std::move(decoded.value());
+    const auto& h = req->message.header;
+    // What the channel is for, and nothing else: a same-host push of its arena's job. Any
+    // other request goes over the ROUTER, where its key is checked as it arrives.
+    const auto* push = std::get_if<msg::PushGradients>(&h.body);
+    if (!push || !push->arena || h.job_id != c.job) {
+      refuse_on_channel(c, h.request_id, h.job_id, msg::ErrorCode::malformed,
+                        "a request channel carries arena pushes of job '" + c.job + "' only; got " +
+                            std::string(msg::kind_name(h.body)) +
+                            (push && push->arena ? " of job '" + h.job_id + "'" : ""));
+      return;
+    }
+    req->peer = c.peer;
+    const uint64_t bytes_in = bytes.size();
+    if (!ledger->admit(req->peer, bytes_in)) {
+      counters->busy++;
+      if (options.figures)
+        options.figures->error("busy: too many requests in flight from a client");
+      refuse_on_channel(c, h.request_id, h.job_id, msg::ErrorCode::busy,
+                        "too many requests in flight from this client; retry after a pause");
+      return;
+    }
+    req->ledger = ledger;
+    req->bytes = bytes_in;
+    req->channel = c.fd;
+    req->counters = counters;
+    counters->requests++;
+    counters->channel_requests++;
+    counters->traffic.count(req->message);
+    caf::anon_send(handler, handle_atom::value, RequestPtr(std::move(req)));
+  }
+
+  // Reads a bounded batch of channel `c`'s datagrams; false once its trainer closed it.
+  bool read_channel(const RequestChannels::Channel& c, std::vector<std::byte>& datagram) {
+    const size_t max = std::min(options.limits.max_header_bytes, msg::kMaxChannelRequestBytes);
+    for (int i = 0; i < 64; ++i) {
+      switch (msg::receive_datagram(c.fd->get(), datagram, max)) {
+        case msg::Datagram::message:
+          on_channel_message(c, datagram);
+          break;
+        case msg::Datagram::truncated:
+          refuse_on_channel(c, 0, "", msg::ErrorCode::malformed,
+                            "a request on a channel is one header frame of at most " +
+                                std::to_string(max) + " bytes");
+          break;
+        case msg::Datagram::none:
+          return true;
+        case msg::Datagram::closed:
+          return false;
+      }
+    }
+    return true;
+  }
+
   void loop() {
     name_this_thread("gateway");
-    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
-                               {nullptr, sink->fd(), ZMQ_POLLIN, 0}};
+    std::vector<zmq::pollitem_t> items;
+    std::vector<RequestChannels::Channel> channels;
+    // The ROUTER, the replies' eventfd, then (with channels) the list's eventfd and each
+    // channel, rebuilt whenever the list changes.
+    const size_t first_channel = options.channels ? 3 : 2;
+    auto rebuild = [&] {
+      items = {{router.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, sink->fd(), ZMQ_POLLIN, 0}};
+      if (!options.channels) return;
+      channels = options.channels->current();
+      items.push_back({nullptr, options.channels->changed_fd(), ZMQ_POLLIN, 0});
+      for (const auto& c : channels) items.push_back({nullptr, c.fd->get(), ZMQ_POLLIN, 0});
+    };
+    rebuild();
     std::vector<zmq::message_t> frames;
+    std::vector<std::byte> datagram;
     while (!stop.load()) {
-      zmq::poll(items, 2, std::chrono::milliseconds(500));
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(500));
       if (items[1].revents & ZMQ_POLLIN) flush_replies();
       if (items[0].revents & ZMQ_POLLIN) {
         // A bounded batch, so replies keep flowing under a flood of requests.
         for (int i = 0; i < 64 && receive(frames); ++i) on_message(std::move(frames));
       }
+      bool changed = options.channels && (items[2].revents & ZMQ_POLLIN);
+      for (size_t i = first_channel; i < items.size(); ++i) {
+        if (!(items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) continue;
+        const auto& c = channels[i - first_channel];
+        if (!read_channel(c, datagram)) {
+          spdlog::debug("gateway: a trainer closed its request channel (job '{}')", c.job);
+          options.channels->detach(c.id);
+          changed = true;
+        }
+      }
+      if (changed) rebuild();
     }
     flush_replies();
     router.close();

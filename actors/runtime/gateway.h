@@ -33,6 +33,7 @@
 #include <zmq.hpp>
 
 #include "actors/runtime/job_traffic.h"
+#include "actors/runtime/request_channels.h"
 #include "messages/codec.h"
 #include "metrics/actor_figures.h"
 #include "security/transport_security.h"
@@ -40,6 +41,7 @@
 namespace dsactor::actors {
 
 class InflightLedger;
+struct GatewayCounters;
 
 // Thread-safe queue of outgoing multipart messages, with an eventfd the gateway's
 // zmq_poll watches.
@@ -73,13 +75,19 @@ struct Request {
   std::string peer;
   std::shared_ptr<InflightLedger> ledger;
   uint64_t bytes = 0;  // of frames, as counted in flight
+  // Read from a same-host request channel (GatewayOptions::channels): `frames` is its one
+  // header frame, no envelope, and the reply goes back on the channel from the replying
+  // thread (no gateway wake-up), counted in `counters`.
+  std::shared_ptr<const messages::UniqueFd> channel;
+  std::shared_ptr<GatewayCounters> counters;
 
   Request() = default;
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
   ~Request();
 
-  // Sends `body` (a reply without envelope) back to the requester.
+  // Sends `body` (a reply without envelope) back to the requester. Over a channel only a
+  // body of one frame fits: another is answered with an ErrorReply saying so.
   void reply(std::vector<zmq::message_t> body) const;
 };
 using RequestPtr = std::shared_ptr<const Request>;
@@ -148,15 +156,21 @@ struct GatewayOptions {
   // Where the gateway counts each message it handles and the text of each it refuses
   // (the process's ActorBoard, "gateway"); null: not counted.
   metrics::ActorFigures* figures = nullptr;
+  // Same-host request channels the gateway reads beside the ROUTER (request_channels.h).
+  // Each carries arena pushes (PushGradients with an arena slice) of its own job only, from
+  // the client key its arena was mapped under; anything else read there is refused on it.
+  // Null: none.
+  std::shared_ptr<RequestChannels> channels;
 };
 
 struct GatewayCounters {
-  std::atomic<uint64_t> requests{0};  // decoded and handed to the handler
-  std::atomic<uint64_t> refused{0};   // answered with an ErrorReply by the gateway
-  std::atomic<uint64_t> busy{0};      // of those, `busy` (past the in-flight limits)
-  std::atomic<uint64_t> dropped{0};   // could not be answered
-  std::atomic<uint64_t> replies{0};   // sent back
-  JobTraffic traffic;                 // per job, from the decoded requests
+  std::atomic<uint64_t> requests{0};          // decoded and handed to the handler
+  std::atomic<uint64_t> refused{0};           // answered with an ErrorReply by the gateway
+  std::atomic<uint64_t> busy{0};              // of those, `busy` (past the in-flight limits)
+  std::atomic<uint64_t> dropped{0};           // could not be answered
+  std::atomic<uint64_t> replies{0};           // sent back
+  std::atomic<uint64_t> channel_requests{0};  // of `requests`, read from request channels
+  JobTraffic traffic;                         // per job, from the decoded requests
 };
 
 class Gateway {

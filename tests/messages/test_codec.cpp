@@ -80,6 +80,7 @@ std::vector<Header> every_kind() {
   add(ErrorReply{ErrorCode::versionOrder, "step 4 < committed 5"});
   add(MapArena{"", 1ull << 30, "0123abcd"});
   add(MapArenaReply{3, 1ull << 30, "0123abcd", "@dsactor-offload-1-ab"});
+  add(MapArenaReply{4, 1ull << 20, "", "", true});
   add(UnmapArena{3});
   add(UnmapArenaReply{3});
   add(DropJob{});

@@ -68,6 +68,7 @@ TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
   const std::vector<msg::PartitionSpec> specs{spec(1, 300000), spec(2, 4097)};
   ASSERT_TRUE(arena.map_arena(300000 * 4, 3));
   EXPECT_FALSE(frames.has_arena());
+  EXPECT_TRUE(arena.has_request_channel()) << "the service took the arena's request channel";
   for (OffloadClient* c : {&arena, &frames}) {
     c->register_partitions(0, 1, specs);
     for (const auto& s : specs)
@@ -91,6 +92,9 @@ TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
         EXPECT_EQ(a.nonfinite, f.nonfinite);
       }
     }
+    // Every arena push went over the request channel, no other request did.
+    EXPECT_EQ(arena.channel_requests_sent(), step * 2 * specs.size());
+    EXPECT_EQ(frames.channel_requests_sent(), 0u);
     const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
     arena.commit(commit);
     frames.commit(commit);

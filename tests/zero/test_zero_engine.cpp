@@ -408,6 +408,18 @@ TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
   EXPECT_EQ(grouped_stats.service_requests, alone_stats.service_requests)
       << "a group is one request per push";
   EXPECT_EQ(grouped_stats.payload_bytes_as_frames, 0u);
+  // In-place pushes went over the arenas' request channels (ZeroOptions::request_channel),
+  // and nothing else did.
+  EXPECT_EQ(grouped_stats.channel_requests, grouped_stats.pushes_in_place);
+  EXPECT_EQ(alone_stats.channel_requests, alone_stats.pushes_in_place);
+  // The same run with every request over ZeroMQ.
+  ZeroStats socket_stats;
+  ZeroOptions socket_only = options("cpu", "pushes-over-zeromq");
+  socket_only.request_channel = false;
+  const Trace over_zeromq = run_zero(kTiny, config("fp32", 3, "cpu", "", extra),
+                                     std::move(socket_only), tokens, steps, &socket_stats);
+  EXPECT_EQ(socket_stats.channel_requests, 0u);
+  EXPECT_EQ(socket_stats.pushes_in_place, alone_stats.pushes_in_place);
   // Fetches copied into slots of the pool the pushes share (no master views): a held push
   // would take a fetch's slot, so none waits.
   ZeroStats copied_stats;
@@ -423,6 +435,7 @@ TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
   expect_equal_runs(want, one);
   expect_equal_runs(want, three);
   expect_equal_runs(want, beside);
+  expect_equal_runs(want, over_zeromq);
 }
 
 TEST_F(ZeroEngineTest, Stage3WritesAccumulatedGradientsIntoSlotsInRangesBitForBit) {

@@ -502,6 +502,7 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
     s.arena_peak_idle_bytes += service->peak_idle_slot_bytes();
     s.arena_keep_limit_bytes += service->slot_keep_limit_bytes();
     s.service_requests += service->requests_sent();
+    s.channel_requests += service->channel_requests_sent();
   }
 }
 

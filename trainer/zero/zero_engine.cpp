@@ -166,6 +166,7 @@ void ZeroEngine::connect_services() {
     services_.back()->set_arena_checksums(
         config_.zero_optimization.offload_optimizer.arena_checksums);
     services_.back()->set_push_range_bytes(options_.push_range_bytes);
+    services_.back()->set_request_channel(options_.request_channel);
     services_.back()->set_fetch_part_bytes(options_.fetch_part_bytes);
   }
 }

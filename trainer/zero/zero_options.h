@@ -106,6 +106,12 @@ struct ZeroOptions {
   // on NVMe, or a service without views, is copied as before). false: always copied.
   // Bit-identical either way.
   bool master_views = true;
+  // Same host, through the arena: the arena goes with a request channel
+  // (messages/request_channel.h) and the pushes from its slots travel there, read by the
+  // service's gateway and answered by the worker that took each, instead of through the
+  // ZeroMQ socket (whose I/O threads, on both sides, wake for every request and reply).
+  // false: every request over ZeroMQ. Bit-identical either way.
+  bool request_channel = true;
   // A push as frames of more than this many bytes goes in ranges of it
   // (actors::OffloadClient::push); 0: whole. Results are bit-identical either way.
   size_t push_range_bytes = actors::kDefaultPushRangeBytes;
@@ -192,6 +198,8 @@ struct ZeroStats {
   // Requests the engine's service clients sent (register, parameters, pushes: one a range
   // of a push in ranges, commits), its stage-3 fetch clients' aside.
   uint64_t service_requests = 0;
+  // Of those, the pushes sent over request channels (ZeroOptions::request_channel).
+  uint64_t channel_requests = 0;
   // Arena slot pages: resident now (kept by free slots, held by taken ones), faulted in so
   // far (a use's bytes beyond what its slot kept: what giving pages back costs), the most
   // kept by free slots at once (memory beyond the peaks above), and the bound on what slots
