@@ -45,7 +45,7 @@ struct ZeroBenchOptions {
   // Stage-3 fetches map the service's master read-only (ZeroOptions::master_views).
   bool master_views = true;
   // Arena pushes over a request channel (ZeroOptions::request_channel).
-  bool request_channel = true;
+  bool request_channel = false;
   // ZeroOptions::pushes_sent_together: in-place pushes sent to the service as one group;
   // unset: the engine's default.
   std::optional<size_t> pushes_together;

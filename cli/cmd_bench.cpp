@@ -188,9 +188,9 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       "--no-master-views", [zo](int64_t) { zo->master_views = false; },
       "stage-3 fetches have the service copy its master into the arena instead of mapping "
       "it read-only");
-  zero->add_flag(
-      "--no-request-channel", [zo](int64_t) { zo->request_channel = false; },
-      "stage-3 arena pushes go over the ZeroMQ socket instead of the arena's request channel");
+  zero->add_flag("--request-channel", zo->request_channel,
+                 "stage-3 arena pushes go over a request channel handed over with the arena "
+                 "instead of the ZeroMQ socket (ZeroOptions::request_channel)");
   zero->add_option("--pushes-together", zo->pushes_together,
                    "in-place pushes sent to the service as one group of back-to-back requests "
                    "(1: each as soon as it is ready; default: the engine's)")

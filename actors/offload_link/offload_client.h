@@ -274,7 +274,8 @@ class OffloadClient {
   // Whether the arena this client maps comes with a request channel
   // (messages/request_channel.h): the arena pushes then go there, each a datagram read by
   // the service's gateway and answered by the worker that took it, instead of through
-  // ZeroMQ. Before try_map_arena; default on. Results are bit-identical either way.
+  // ZeroMQ. Before try_map_arena; default off (ZeroOptions::request_channel says why).
+  // Results are bit-identical either way.
   void set_request_channel(bool on) { request_channel_on_ = on; }
   // Whether the service took this client's channel (its arena pushes go there).
   bool has_request_channel() const { return static_cast<bool>(channel_); }
@@ -481,7 +482,7 @@ class OffloadClient {
   // Arena (declared after the socket: unmap_arena() in the destructor still sends on it).
   uint64_t arena_id_ = 0;           // the arena this client mapped (0: none; unmapped here)
   std::shared_ptr<SlotPool> pool_;  // its slots, or those of the client it shares
-  bool request_channel_on_ = true;
+  bool request_channel_on_ = false;
   messages::UniqueFd channel_;  // this end of the request channel the service took
   std::vector<std::byte> datagram_;
   // The next reply waiting on the request channel, as its one frame; false when none (a

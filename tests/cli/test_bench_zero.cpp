@@ -224,6 +224,9 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   // In-place pushes went to the service in groups (the engine's default, two).
   EXPECT_EQ(number_at(on, "pushes_sent_together"), 2);
   EXPECT_GT(number_at(on, "pushes_grouped"), 0);
+  // Every request over ZeroMQ unless --request-channel asks otherwise.
+  EXPECT_EQ(j.at("request_channel"), false);
+  EXPECT_EQ(number_at(on, "channel_requests_per_step"), 0);
   EXPECT_LE(number_at(on, "pushes_grouped"), number_at(on, "pushes_in_place"));
   EXPECT_LE(number_at(on, "fetches_in_place"), number_at(on, "fetches"));
   // With arena checksums on no push slot is lent (the service keeps no slot it must check).
@@ -238,9 +241,10 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
 
 // --no-master-views: through the arena the service copies each fetched block into its slot
 // (a fetch that found no free slot goes as a frame, zero-copy). With --pushes-together 1
-// each push goes alone as soon as it is ready.
+// each push goes alone as soon as it is ready, and with --request-channel on the arena's
+// request channel: every in-place push of a step, and nothing else.
 TEST(BenchZero, WithoutMasterViewsTheServiceCopiesEachFetch) {
-  const auto j = bench_zero("--no-master-views --pushes-together 1");
+  const auto j = bench_zero("--no-master-views --pushes-together 1 --request-channel");
   expect_consistent(j);
   EXPECT_EQ(j.at("master_views"), false);
   const auto& on = j.at("stage3_prefetch_on");
@@ -250,6 +254,9 @@ TEST(BenchZero, WithoutMasterViewsTheServiceCopiesEachFetch) {
   EXPECT_EQ(number_at(on, "pushes_sent_together"), 1);
   EXPECT_GT(number_at(on, "pushes_in_place"), 0);
   EXPECT_EQ(number_at(on, "pushes_grouped"), 0);
+  EXPECT_EQ(j.at("request_channel"), true);
+  EXPECT_DOUBLE_EQ(number_at(on, "channel_requests_per_step") * number_at(j, "steps_measured"),
+                   number_at(on, "pushes_in_place"));
   const double served = number_at(on.at("service_phases").at("serve"), "bytes");
   EXPECT_GT(served, 0);
   EXPECT_LE(served, number_at(on, "bytes_fetched_per_step"));

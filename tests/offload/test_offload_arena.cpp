@@ -66,6 +66,7 @@ TEST_F(OffloadArena, PushesAndFetchesEqualFrames) {
   OffloadClient arena(svc_->endpoint(), svc_->client_security(), 10s, "arena");
   OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, "frames");
   const std::vector<msg::PartitionSpec> specs{spec(1, 300000), spec(2, 4097)};
+  arena.set_request_channel(true);
   ASSERT_TRUE(arena.map_arena(300000 * 4, 3));
   EXPECT_FALSE(frames.has_arena());
   EXPECT_TRUE(arena.has_request_channel()) << "the service took the arena's request channel";

@@ -243,6 +243,7 @@ TEST_F(ServiceRequestChannel, HostileDatagramsAreRefusedOnTheChannelAndServiceKe
 TEST_F(ServiceRequestChannel, RequestsNeverOvertakeEachOtherAcrossThePaths) {
   OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "channel-order");
   OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, "channel-order-frames");
+  c.set_request_channel(true);
   ASSERT_TRUE(c.map_arena(4096, 2));
   ASSERT_TRUE(c.has_request_channel());
   const auto values = random_floats(1024, 21);
@@ -295,7 +296,8 @@ TEST_F(ServiceRequestChannel, RequestsNeverOvertakeEachOtherAcrossThePaths) {
 }
 
 // A second fd that is not a channel fails the whole hand-over, and the arena's ticket then
-// maps nothing; a client that asks for no channel maps its arena and pushes over ZeroMQ.
+// maps nothing; a client that asks for no channel (the default) maps its arena and pushes
+// over ZeroMQ.
 TEST_F(ServiceRequestChannel, OnlyAChannelIsTakenAsOne) {
   OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "channel-kinds");
   msg::SharedArena arena(65536);
@@ -316,8 +318,7 @@ TEST_F(ServiceRequestChannel, OnlyAChannelIsTakenAsOne) {
   expect_error(refused, ErrorCode::malformed, "no arena was handed over");
 
   OffloadClient plain(svc_->endpoint(), svc_->client_security(), 10s, "channel-off");
-  plain.set_request_channel(false);
-  ASSERT_TRUE(plain.map_arena(4096, 1));
+  ASSERT_TRUE(plain.map_arena(4096, 1));  // a channel is asked for only when set
   EXPECT_FALSE(plain.has_request_channel());
   plain.register_partitions(0, 1, {spec(1, 1024)});
   plain.set_parameters(1, 0, DType::fp32, bytes_of(random_floats(1024, 9)));

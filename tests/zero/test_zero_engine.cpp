@@ -393,11 +393,13 @@ TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
   ZeroStats alone_stats, grouped_stats;
   ZeroOptions alone = options("cpu", "pushes-alone");
   alone.pushes_sent_together = 1;
+  alone.request_channel = true;
   const Trace one = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), std::move(alone), tokens,
                              steps, &alone_stats);
   ZeroOptions grouped = options("cpu", "pushes-grouped");
   grouped.pushes_sent_together = 3;
   grouped.max_pushes_in_flight = 6;  // two services: three each
+  grouped.request_channel = true;
   const Trace three = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), std::move(grouped),
                                tokens, steps, &grouped_stats);
   EXPECT_GT(alone_stats.pushes_in_place, 0u);

@@ -110,8 +110,11 @@ struct ZeroOptions {
   // (messages/request_channel.h) and the pushes from its slots travel there, read by the
   // service's gateway and answered by the worker that took each, instead of through the
   // ZeroMQ socket (whose I/O threads, on both sides, wake for every request and reply).
-  // false: every request over ZeroMQ. Bit-identical either way.
-  bool request_channel = true;
+  // Bit-identical either way. Off by default: on this project's 2-core VMs it moved the
+  // cost of each push's wake-up from the service's ZeroMQ I/O thread to its gateway (the
+  // first of the service's threads to run pays it, whichever that is) and left the service's
+  // CPU per step where it was (bench/README.md, session 31).
+  bool request_channel = false;
   // A push as frames of more than this many bytes goes in ranges of it
   // (actors::OffloadClient::push); 0: whole. Results are bit-identical either way.
   size_t push_range_bytes = actors::kDefaultPushRangeBytes;
