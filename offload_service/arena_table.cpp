@@ -69,9 +69,10 @@ msg::MapArenaReply ArenaTable::map(const msg::Header& h, const msg::MapArena& r,
   }
   std::unique_ptr<AttachedChannel> channel;
   if (handed.channel && channels_) {
-    // Checked at the door; attach checks again and throws only on what it was not.
-    channel = std::make_unique<AttachedChannel>(
-        channels_, channels_->attach(std::move(handed.channel), peer, h.job_id));
+    // Checked at the door; attach checks again and throws only on what it was not. Past its
+    // key's bound the arena maps without it.
+    if (const uint64_t attached = channels_->attach(std::move(handed.channel), peer, h.job_id))
+      channel = std::make_unique<AttachedChannel>(channels_, attached);
   }
   const bool with_channel = channel != nullptr;
   const uint64_t id = next_id_++;

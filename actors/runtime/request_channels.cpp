@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -22,6 +23,9 @@ uint64_t RequestChannels::attach(messages::UniqueFd fd, std::string peer, std::s
   uint64_t id;
   {
     std::lock_guard lock(mutex_);
+    const auto held = std::count_if(channels_.begin(), channels_.end(),
+                                    [&](const auto& c) { return c.second.peer == peer; });
+    if (static_cast<size_t>(held) >= kMaxPerClient) return 0;
     id = next_id_++;
     channels_[id] = Channel{id, std::make_shared<const messages::UniqueFd>(std::move(fd)),
                             std::move(peer), std::move(job)};

@@ -30,12 +30,17 @@ class RequestChannels {
     std::string job;   // the only job whose requests the channel carries
   };
 
+  // Channels one client key may have attached at once (a trainer has one per service): each
+  // is an fd the gateway polls, so a key mapping many small arenas cannot run the service
+  // out of fds.
+  static constexpr size_t kMaxPerClient = 16;
+
   RequestChannels();
   RequestChannels(const RequestChannels&) = delete;
   RequestChannels& operator=(const RequestChannels&) = delete;
 
   // Adds `fd` (checked: messages::is_request_channel; std::invalid_argument saying what it
-  // is otherwise). Returns its id, never 0.
+  // is otherwise). Returns its id, or 0 (the fd closed) when `peer` holds kMaxPerClient.
   uint64_t attach(messages::UniqueFd fd, std::string peer, std::string job);
   // Removes channel `id` (unknown ids are ignored: the gateway may have dropped it first).
   void detach(uint64_t id);

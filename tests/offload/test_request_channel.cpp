@@ -234,6 +234,40 @@ TEST_F(ServiceRequestChannel, HostileDatagramsAreRefusedOnTheChannelAndServiceKe
   EXPECT_EQ(msg::receive_datagram(ch, d, 64), Datagram::closed);
 }
 
+// A key that maps many arenas, each with a channel, gets at most kMaxPerClient of them
+// attached (each an fd the gateway polls); past that its arenas map without one, and
+// unmapping one makes room again.
+TEST_F(ServiceRequestChannel, AClientKeyHoldsABoundedNumberOfChannels) {
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "channel-many");
+  std::vector<HandMappedArena> mapped;
+  for (size_t i = 0; i < actors::RequestChannels::kMaxPerClient; ++i) {
+    mapped.push_back(map_with_channel(c));
+    ASSERT_TRUE(mapped.back().channel) << "arena " << i;
+  }
+  const auto map_one = [&] {
+    auto arena = std::make_unique<msg::SharedArena>(4096);
+    const msg::Header ask = c.call(msg::MapArena{"", arena->size(), ""});
+    const auto* t = std::get_if<msg::MapArenaReply>(&ask.body);
+    EXPECT_NE(t, nullptr);
+    auto [mine, theirs] = msg::request_channel_pair();
+    msg::hand_over_fd(t->socket, t->ticket, arena->fd(), 5s, theirs.get());
+    const msg::Header mapped_reply = c.call(msg::MapArena{"", arena->size(), t->ticket});
+    const auto* ok = std::get_if<msg::MapArenaReply>(&mapped_reply.body);
+    EXPECT_NE(ok, nullptr) << msg::kind_name(mapped_reply.body);
+    return ok ? *ok : msg::MapArenaReply{};
+  };
+  const msg::MapArenaReply over = map_one();
+  EXPECT_NE(over.arena_id, 0u) << "the arena still maps";
+  EXPECT_FALSE(over.channel) << "past the bound no channel is attached";
+  const msg::Header unmapped = c.call(msg::UnmapArena{mapped.front().arena_id});
+  ASSERT_TRUE(std::holds_alternative<msg::UnmapArenaReply>(unmapped.body));
+  const msg::MapArenaReply again = map_one();
+  EXPECT_TRUE(again.channel) << "an unmapped arena's channel makes room";
+  // Unmapped here, so the suite's later tests (the same key) start with room.
+  for (uint64_t id : {over.arena_id, again.arena_id}) c.call(msg::UnmapArena{id});
+  for (size_t i = 1; i < mapped.size(); ++i) c.call(msg::UnmapArena{mapped[i].arena_id});
+}
+
 // The service takes what reaches it on its two paths in whatever order it arrives, so the
 // client keeps the order it sent: a commit sent right after a push on the channel waits for
 // that push's answer (the commit then applies the push, as a frames job's commit applies
