@@ -6,6 +6,7 @@
 
 #include "checksum/crc32c.h"
 #include "checksum/crc32c_copy.h"
+#include "kernels/cpu/adam.h"
 #include "kernels/cpu/grad_stats_stream.h"
 #include "offload_service/store_common.h"
 
@@ -36,29 +37,6 @@ void stream_first_micro_step(float* sum, const float* g, uint64_t n) {
   for (; k < n; ++k) sum[k] = 0.0f + g[k];
 }
 
-// Whether any of g[0..n) is -0 (the bit pattern 0x80000000).
-bool any_negative_zero(const float* g, uint64_t n) {
-  uint64_t k = 0;
-  bool found = false;
-#if defined(__x86_64__)
-  const __m128i sign = _mm_set1_epi32(static_cast<int>(0x80000000u));
-  __m128i seen = _mm_setzero_si128();
-  for (; k + 16 <= n; k += 16) {
-    for (uint64_t j = 0; j < 16; j += 4) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + k + j));
-      seen = _mm_or_si128(seen, _mm_cmpeq_epi32(v, sign));
-    }
-  }
-  found = _mm_movemask_epi8(seen) != 0;
-#endif
-  for (; k < n && !found; ++k) {
-    uint32_t bits;
-    std::memcpy(&bits, g + k, sizeof bits);
-    found = bits == 0x80000000u;
-  }
-  return found;
-}
-
 }  // namespace
 
 KeptGradientStats kept_gradient_stats(const float* g, uint64_t n) {
@@ -68,7 +46,7 @@ KeptGradientStats kept_gradient_stats(const float* g, uint64_t n) {
   for (uint64_t i = 0; i < n; i += kPiece) {
     const uint64_t c = std::min(kPiece, n - i);
     stream.add(g + i, c);
-    out.negative_zero = out.negative_zero || any_negative_zero(g + i, c);
+    out.negative_zero = out.negative_zero || kernels::cpu::has_negative_zero(g + i, c);
   }
   out.stats = stream.finish();
   return out;

@@ -74,6 +74,19 @@ struct GradStats {
   bool nonfinite = false;
 };
 GradStats grad_stats(const float* grad, size_t n);
+// Whether any element is -0 (0 + g would turn it into +0, which a sum into a zeroed buffer
+// does and an update read straight from the gradient would not).
+bool has_negative_zero(const float* grad, size_t n);
+
+// adam_step and grad_stats in one pass over the gradient, for an update taken as the
+// gradient arrives (an offload service's update on the push): each of grad_stats' blocks
+// has its squares summed, then is updated while it is in cache. Returns grad_stats(grad, n)
+// bit for bit, and the update is adam_step's over 0 + grad (a -0 counts as +0, as in the sum
+// a push is otherwise added into) bit for bit. The update runs whatever the stats say.
+// `fp32_copy` as adam_step's (it may be the gradient's own memory).
+GradStats adam_step_with_stats(float* param, float* m, float* v, const float* grad, size_t n,
+                               const AdamHyper& h, int64_t step, float grad_multiplier,
+                               float* fp32_copy = nullptr);
 // grad_stats on one vector path ("avx512", "avx2" or "scalar"; adam_step_isa's rules), so
 // tests can check that every path returns the same bits.
 GradStats grad_stats_isa(const char* isa, const float* grad, size_t n);

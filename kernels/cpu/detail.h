@@ -11,6 +11,11 @@
 
 namespace dsactor::kernels::cpu::detail {
 
+// grad_stats' block: its sums are taken over blocks of this many elements, added in order.
+inline constexpr size_t kGradStatsBlock = 4096;
+// One block's sum of squares as grad_stats takes it (n <= kGradStatsBlock).
+double grad_stats_block(const float* g, size_t n);
+
 // Runs f(lo, hi) on one contiguous piece of [0,n) per OpenMP thread, pieces aligned to
 // `align` elements, or on all of [0,n) inline when n < serial_below. Elementwise kernels
 // use it so every element sees the same code path whatever the thread count.

@@ -2,19 +2,26 @@
 // and the offload service both take it, on every pushed partition, so it runs at memory
 // speed (32 independent sums) and returns the same bits on every vector path.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/detail.h"
 #include "kernels/cpu/grad_stats_stream.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/threads.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 namespace dsactor::kernels::cpu {
 
 namespace {
 
-constexpr size_t kStatsBlock = 4096;
+constexpr size_t kStatsBlock = detail::kGradStatsBlock;
 constexpr size_t kLanes = 32;
 constexpr size_t kParallelMin = size_t{1} << 15;
 
@@ -86,6 +93,30 @@ GradStats grad_stats_with(BlockFn block, const float* grad, size_t n) {
 }
 
 }  // namespace
+
+double detail::grad_stats_block(const float* g, size_t n) {
+  return best_block_fn()(g, n);
+}
+
+bool has_negative_zero(const float* grad, size_t n) {
+  // Compared as bits (-0 == +0 as floats), 16 at a time with SSE2 (every x86-64 CPU has
+  // it), so the check runs at the speed of the loads.
+  size_t k = 0;
+  bool found = false;
+#if defined(__x86_64__)
+  const __m128i sign = _mm_set1_epi32(static_cast<int>(0x80000000u));
+  __m128i seen = _mm_setzero_si128();
+  for (; k + 16 <= n; k += 16) {
+    for (size_t j = 0; j < 16; j += 4) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(grad + k + j));
+      seen = _mm_or_si128(seen, _mm_cmpeq_epi32(v, sign));
+    }
+  }
+  found = _mm_movemask_epi8(seen) != 0;
+#endif
+  for (; k < n && !found; ++k) found = std::bit_cast<uint32_t>(grad[k]) == 0x80000000u;
+  return found;
+}
 
 GradStats grad_stats(const float* grad, size_t n) {
   return grad_stats_with(best_block_fn(), grad, n);

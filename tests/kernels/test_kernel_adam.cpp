@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -138,6 +139,78 @@ TEST(KernelAdam, MillionsOfElementsBitIdentical) {
     ASSERT_TRUE(bit_equal(s.v, ref.v));
     ASSERT_EQ(s.half, ref.half);
   }
+}
+
+// The update on the push: stats and Adam in one pass equal grad_stats and the reference
+// Adam over 0 + g, bit for bit, on one and two threads, for a length that ends inside a
+// stats block; a -0 counts as +0 (here m is -0 where the gradient is, so the sign would
+// show in m), an inf or nan is flagged (and applied: the caller decides).
+TEST(KernelAdam, WithStatsEqualsGradStatsAndTheUpdateOfZeroPlusG) {
+  const size_t n = (size_t{1} << 16) + 4096 * 3 + 77;
+  for (const Config& c : {Config{true, 0.1f, true, 0}, Config{false, 0.01f, false, 0}}) {
+    const AdamHyper h = hyper_for(c);
+    State ref = make_state(n, 21);
+    for (size_t i = 0; i < n; i += 997) {
+      ref.g[i] = -0.0f;
+      ref.m[i] = -0.0f;
+    }
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::to_string(threads) + " thread(s)");
+      State want = ref, got = ref;
+      std::vector<float> plus_zero(n);
+      for (size_t i = 0; i < n; ++i) plus_zero[i] = 0.0f + ref.g[i];
+      adam_step_reference(want.p.data(), want.m.data(), want.v.data(), plus_zero.data(), n, h, 4,
+                          1.0f);
+      GradStats st;
+      with_threads(threads, [&] {
+        st = adam_step_with_stats(got.p.data(), got.m.data(), got.v.data(), got.g.data(), n, h, 4,
+                                  1.0f);
+      });
+      const GradStats stats_want = grad_stats(ref.g.data(), n);
+      EXPECT_EQ(std::memcmp(&st.sum_squares, &stats_want.sum_squares, sizeof(double)), 0);
+      EXPECT_FALSE(st.nonfinite);
+      EXPECT_TRUE(bit_equal(got.p, want.p));
+      EXPECT_TRUE(bit_equal(got.m, want.m));
+      EXPECT_TRUE(bit_equal(got.v, want.v));
+      EXPECT_TRUE(bit_equal(got.g, ref.g)) << "the gradient is only read";
+      // The updated parameters copied over the gradient itself, as into a lent push slot.
+      State over = ref;
+      GradStats st_over;
+      with_threads(threads, [&] {
+        st_over = adam_step_with_stats(over.p.data(), over.m.data(), over.v.data(), over.g.data(),
+                                       n, h, 4, 1.0f, over.g.data());
+      });
+      EXPECT_EQ(std::memcmp(&st_over.sum_squares, &stats_want.sum_squares, sizeof(double)), 0);
+      EXPECT_TRUE(bit_equal(over.p, want.p));
+      EXPECT_TRUE(bit_equal(over.g, want.p)) << "the copy is the updated parameters";
+    }
+    // Without the +0 the first -0 element's m would keep its sign (AdamW: no L2 term is
+    // added to the gradient first).
+    if (c.adamw) {
+      State direct = ref;
+      adam_step_reference(direct.p.data(), direct.m.data(), direct.v.data(), direct.g.data(), n, h,
+                          4, 1.0f);
+      EXPECT_TRUE(std::signbit(direct.m[0]));
+      std::vector<float> plus_zero(ref.g);
+      for (float& x : plus_zero) x = 0.0f + x;
+      State summed = ref;
+      adam_step_reference(summed.p.data(), summed.m.data(), summed.v.data(), plus_zero.data(), n, h,
+                          4, 1.0f);
+      EXPECT_FALSE(std::signbit(summed.m[0]));
+    }
+  }
+  State s = make_state(5000, 3);
+  s.g[4500] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(adam_step_with_stats(s.p.data(), s.m.data(), s.v.data(), s.g.data(), 5000,
+                                   hyper_for({true, 0.0f, true, 0}), 1, 1.0f)
+                  .nonfinite);
+  std::vector<float> g(100, 1.0f);
+  EXPECT_FALSE(has_negative_zero(g.data(), g.size()));
+  g[99] = -0.0f;
+  EXPECT_TRUE(has_negative_zero(g.data(), g.size()));
+  EXPECT_FALSE(has_negative_zero(g.data(), 99));
+  g[3] = -0.0f;
+  EXPECT_TRUE(has_negative_zero(g.data(), 16));
 }
 
 // Textbook Adam/AdamW in double, DeepSpeed's formulas written out independently.
