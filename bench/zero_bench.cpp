@@ -240,6 +240,7 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // Push slots lent to the service until the commit, and those that came back holding
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;
+  r["pushes_updated"] = after.pushes_updated - before.pushes_updated;
   r["pushes_grouped"] = after.pushes_grouped - before.pushes_grouped;
   r["channel_requests_per_step"] =
       static_cast<double>(after.channel_requests - before.channel_requests) / n;
@@ -410,7 +411,8 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
                                     {"offload_optimizer",
                                      {{"device", "cpu"},
                                       {"update_publication", publication},
-                                      {"arena_checksums", o.arena_checksums}}},
+                                      {"arena_checksums", o.arena_checksums},
+                                      {"update_at_push", o.update_at_push}}},
                                     {"offload_param", {{"device", "cpu"}}},
                                     {"stage3_prefetch_bucket_size", bucket},
                                     {"stage3_max_live_parameters", max_live},
@@ -460,6 +462,7 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         }
         // Whether the trainer's clients omitted the arena's crcs, as the service saw them.
         r["arena_checksums"] = ds.zero_optimization.offload_optimizer.arena_checksums;
+        r["update_at_push"] = ds.zero_optimization.offload_optimizer.update_at_push;
         for (const auto& [field, kind] : {std::pair{"pushes_without_crc_per_step", "push"},
                                           std::pair{"fetches_without_crc_per_step", "fetch"}})
           r[field] =

@@ -52,6 +52,9 @@ struct ZeroBenchOptions {
   // zero_optimization.offload_optimizer.arena_checksums: arena payloads carry a crc32c
   // their receiver checks (off by default, as in the ds_config).
   bool arena_checksums = false;
+  // zero_optimization.offload_optimizer.update_at_push: the service runs each partition's
+  // Adam step on its push, in the backward, instead of at the commit.
+  bool update_at_push = false;
   // Stage 0 and stage 3 (prefetch on) run this many times, alternating, after the first
   // pair of the usual phases; the step-time and CPU ratios are then also given pair by
   // pair and as their median. On a shared box whose speed drifts between phases, a pair

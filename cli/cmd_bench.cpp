@@ -198,6 +198,9 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
   zero->add_flag("--arena-checksums", zo->arena_checksums,
                  "arena payloads carry a crc32c their receiver checks "
                  "(offload_optimizer.arena_checksums)");
+  zero->add_flag("--update-at-push", zo->update_at_push,
+                 "the service runs each partition's Adam step on its push, during the backward "
+                 "(offload_optimizer.update_at_push)");
   zero->add_flag("--service-own-core", zo->service_own_core,
                  "one more stage-3 phase with the service on a core of its own and the trainer "
                  "on the others: the service's CPU per step without sharing a core");

@@ -143,6 +143,10 @@ struct PushGradients {
   // The service may keep the arena slice as the gradient until the step's commit
   // (offload.capnp's PushGradients.keepUntilCommit; PushReply::kept says whether it did).
   bool keep_until_commit = false;
+  // The service may run the partition's optimizer step on this push (offload.capnp's
+  // PushGradients.updateAtPush, with the step's lr; PushReply::updated says whether it did).
+  bool update_at_push = false;
+  double update_lr = 0.0;
   bool ranged() const { return range_count > 0; }
   uint64_t payload_count() const { return ranged() ? range_count : element_count; }
   bool operator==(const PushGradients&) const = default;
@@ -153,7 +157,8 @@ struct PushReply {
   uint32_t micro_step = 0;
   double sum_squares = 0.0;
   bool nonfinite = false;
-  bool kept = false;  // the arena slice stays the service's until the step's commit reply
+  bool kept = false;     // the arena slice stays the service's until the step's commit reply
+  bool updated = false;  // the partition's optimizer step ran on this push
   bool operator==(const PushReply&) const = default;
 };
 

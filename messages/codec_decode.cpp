@@ -4,6 +4,7 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -212,6 +213,11 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
       out.range_offset = r.getRangeOffset();
       out.range_count = r.getRangeCount();
       out.keep_until_commit = r.getKeepUntilCommit();
+      out.update_at_push = r.getUpdateAtPush();
+      out.update_lr = r.getUpdateLr();
+      if (out.update_at_push && !(std::isfinite(out.update_lr) && out.update_lr >= 0))
+        fail(DecodeErrc::badField, "pushGradients.updateLr: " + std::to_string(out.update_lr) +
+                                       " with updateAtPush; it must be a finite lr >= 0");
       check_range("pushGradients", out.range_offset, out.range_count, out.element_count,
                   "the whole push");
       out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "pushGradients.arena",
@@ -303,8 +309,8 @@ std::optional<Body> decode_reply(wire::Header::Kind::Reader k, const Limits& lim
     }
     case wire::Header::Kind::PUSH_REPLY: {
       auto r = k.getPushReply();
-      return PushReply{r.getPartitionId(), r.getStep(),      r.getMicroStep(),
-                       r.getSumSquares(),  r.getNonfinite(), r.getKept()};
+      return PushReply{r.getPartitionId(), r.getStep(), r.getMicroStep(), r.getSumSquares(),
+                       r.getNonfinite(),   r.getKept(), r.getUpdated()};
     }
     case wire::Header::Kind::COMMIT_REPLY: {
       auto r = k.getCommitReply();

@@ -122,6 +122,8 @@ void set_body(wire::Header::Kind::Builder k, const PushGradients& r) {
   b.setRangeOffset(r.range_offset);
   b.setRangeCount(r.range_count);
   b.setKeepUntilCommit(r.keep_until_commit);
+  b.setUpdateAtPush(r.update_at_push);
+  b.setUpdateLr(r.update_lr);
 }
 
 void set_body(wire::Header::Kind::Builder k, const PushReply& r) {
@@ -132,6 +134,7 @@ void set_body(wire::Header::Kind::Builder k, const PushReply& r) {
   b.setSumSquares(r.sum_squares);
   b.setNonfinite(r.nonfinite);
   b.setKept(r.kept);
+  b.setUpdated(r.updated);
 }
 
 void set_body(wire::Header::Kind::Builder k, const CommitStep& r) {

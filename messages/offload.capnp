@@ -125,6 +125,16 @@ struct PushGradients {
   # answered after the update (CommitReply.keptHoldParameters) leaves the partition's
   # updated fp32 parameters in it, the next step's fetch of it already done.
   keepUntilCommit @8 :Bool;
+  # Set (updateLr the step's learning rate): the trainer asks for the optimizer step in the
+  # push, as PyTorch's optimizer-in-backward does: the service runs the partition's Adam
+  # pass on this gradient now (Adam's t the partition's next, no clipping, loss scale 1)
+  # instead of keeping it for the commit, and says so in PushReply.updated. It does so for
+  # an fp32 micro-step-0 push into a RAM partition (in ranges: at the last), whatever the
+  # gradient holds (the reply's stats come from the same pass). The step is then partly
+  # applied until its commit: no fetch of the partition is served, and it can be neither
+  # skipped nor resumed.
+  updateAtPush @9 :Bool;
+  updateLr @10 :Float64;
 }
 
 struct PushReply {
@@ -134,6 +144,7 @@ struct PushReply {
   sumSquares @3 :Float64;    # of the (unscaled) accumulated gradient partition
   nonfinite @4 :Bool;        # any inf/nan seen
   kept @5 :Bool;             # the push's arena slice is kept (PushGradients.keepUntilCommit)
+  updated @6 :Bool;          # the partition's Adam step ran on this push (updateAtPush)
 }
 
 struct CommitStep {

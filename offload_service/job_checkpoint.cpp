@@ -337,6 +337,14 @@ PendingCheckpoint start_checkpoint(const JobTable& jobs, WorkerGroup& workers, S
                  std::to_string(job.step + 1) + "; commit or skip before a checkpoint");
     }
   }
+  // Left by a session gone in the middle of a step updated at its pushes: not a state of
+  // any step (offload_service/README.md, "Why Adam runs at two points").
+  if (const auto updated = workers.updated_at_push(h.job_id, job); !updated.empty())
+    refuse(ErrorCode::versionOrder,
+           "partition " + std::to_string(updated.front()) + " holds part of step " +
+               std::to_string(job.step + 1) +
+               ", updated at its push by a session that is gone; set its parameters or restore "
+               "a checkpoint first");
   return PendingCheckpoint{workers.snapshot(h.job_id, job), c.tag, std::move(dir), key};
 }
 

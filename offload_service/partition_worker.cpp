@@ -137,10 +137,16 @@ struct WorkerState {
 
   // ---- requests answered here ----
 
-  Reply on_push(const detail::Incoming& in, const msg::PushGradients& g, uint64_t next_step) {
+  Reply on_push(const detail::Incoming& in, const msg::PushGradients& g, uint64_t next_step,
+                int64_t adam_t) {
     const msg::Message& m = *in.message;
     WorkerPartition& p = at(m.header.job_id, g.partition_id);
     const std::string id = "partition " + std::to_string(g.partition_id);
+    if (p.updated_at_push) {
+      refuse(ErrorCode::versionOrder,
+             id + " was updated at its push of step " + std::to_string(p.updated_at_push->step) +
+                 " (updateAtPush); a step updated at its push takes no other push");
+    }
     // The gradient: frame 1 (its length checked by the codec, its crc left to us) or the
     // arena range the coordinator checked against the mapping. The trainer can change arena
     // bytes while we read them; that only spoils its own step, never our memory.
@@ -189,8 +195,17 @@ struct WorkerState {
     } else if (p.kept) {
       keep_no_longer(p);  // a later micro-step adds into the sum
     }
-    if (g.ranged()) return on_push_range(m, p, g, payload, check, check_crc);
+    if (g.ranged()) return on_push_range(m, p, g, payload, check, check_crc, adam_t);
     p.ranged.reset();  // a whole push rewrites what ranges of an unfinished one added
+    if (g.update_at_push && first && g.dtype == DType::fp32 && !p.on_nvme()) {
+      if (check) {
+        PhaseTimer checking(phases.get(), ServicePhase::kChecksum, payload.size());
+        const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+        checking.stop();
+        check_crc(crc);
+      }
+      return update_on_push(in, p, g, payload, adam_t, check);
+    }
     const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
     if (g.keep_until_commit && first && g.arena && !check && g.dtype == DType::fp32 &&
         !p.on_nvme() && !is_half(p.spec.served_dtype) &&
@@ -230,6 +245,63 @@ struct WorkerState {
             {}};
   }
 
+  // The step's Adam pass on the push itself (PushGradients.updateAtPush), as PyTorch's
+  // optimizer-in-backward runs it: the gradient is read once, where the push left it, for
+  // its stats and the update together (adam_step_with_stats), and no copy of it is kept.
+  // The trainer asks only where the commit would pass clip coefficient 1 and loss scale 1
+  // (fp32, no gradient clipping), so this is the commit's pass bit for bit; the commit
+  // checks its lr and multiplier against this one's. A gradient with an inf or nan is
+  // applied too and reported as nonfinite: in fp32 the trainer's verdict then ends the run
+  // (diverged), which restarts from a checkpoint. Bytes not aligned for floats, or a
+  // partition that serves a half copy, go through the sum (0 + g) first. A slot lent until
+  // the commit (keepUntilCommit, no crc to check) gets the updated parameters written over
+  // the gradient in the same pass and is kept, as a kept gradient's slot would be after a
+  // commit answered after the update: the trainer installs it at the commit's reply.
+  Reply update_on_push(const detail::Incoming& in, WorkerPartition& p, const msg::PushGradients& g,
+                       std::span<const std::byte> payload, int64_t adam_t, bool check) {
+    const msg::Message& m = *in.message;
+    kernels::cpu::GradStats stats;
+    const bool aligned = reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0;
+    bool kept = false;
+    if (aligned && !is_half(p.spec.served_dtype)) {
+      float* slot = nullptr;
+      if (g.keep_until_commit && g.arena && !check) {
+        slot = reinterpret_cast<float*>(in.arena->range(g.arena->offset, g.arena->length)->data());
+        p.kept = WorkerPartition::KeptGradient{in.arena, slot};
+        kept = true;
+      }
+      stats = update_now(p, reinterpret_cast<const float*>(payload.data()), g, adam_t, true, slot);
+    } else {
+      {
+        const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
+        if (!p.grad) p.grad = std::make_shared<storage::AlignedBuffer>(p.n() * 4);
+        stats = accumulate_push(p.grad->as<float>(), payload, g.dtype, p.n(), true, false).stats;
+      }
+      update_now(p, p.grad->as<float>(), g, adam_t, false);
+    }
+    p.micro_steps++;
+    msg::PushReply reply{g.partition_id,  g.step, g.micro_step, stats.sum_squares,
+                         stats.nonfinite, kept,   true};
+    return {{m.header.request_id, m.header.job_id, reply}, {}, {}, {}};
+  }
+
+  // The push's update of its RAM partition, from `grad`; the partition serves nothing and
+  // takes no push until the step's commit publishes it. With `with_stats`, grad_stats of
+  // `grad` too, taken in the same pass; `publish`: where the updated parameters are copied.
+  kernels::cpu::GradStats update_now(WorkerPartition& p, const float* grad,
+                                     const msg::PushGradients& g, int64_t adam_t, bool with_stats,
+                                     float* publish = nullptr) {
+    const float multiplier = grad_multiplier(1.0, 1.0);
+    const auto stats = adam_in_place(p, grad, detail::hyper(p.spec.optimizer, g.update_lr), adam_t,
+                                     multiplier, publish, with_stats);
+    p.updated_at_push = WorkerPartition::UpdatedAtPush{g.step, g.update_lr, multiplier};
+    p.half_crc.reset();
+    p.master_crc.reset();
+    p.range_crcs.clear();
+    range_source.reset();
+    return stats;
+  }
+
   // One range of a micro-step-0 push sent in ranges (its step and micro-step checked): taken
   // in order, a range at element 0 starting the push over; added into the sum at its offset
   // (RAM) or gathered (NVMe), its crc checked in that same pass; the last range counts the
@@ -237,7 +309,8 @@ struct WorkerState {
   // Any refusal drops what the push had taken, so it can only start over from element 0.
   template <class CheckCrc>
   Reply on_push_range(const msg::Message& m, WorkerPartition& p, const msg::PushGradients& g,
-                      std::span<const std::byte> payload, bool check, const CheckCrc& check_crc) {
+                      std::span<const std::byte> payload, bool check, const CheckCrc& check_crc,
+                      int64_t adam_t) {
     const std::string id = "partition " + std::to_string(g.partition_id);
     const uint64_t expected = p.ranged && p.ranged->step == g.step ? p.ranged->next : 0;
     msg::PushReply reply{g.partition_id, g.step, 0, 0.0, false};
@@ -284,6 +357,12 @@ struct WorkerState {
           st = p.ranged->stats.finish();
           p.ranged.reset();
           p.micro_steps++;
+          // The last range of a push asking for the update: Adam from the sum the ranges
+          // were added into.
+          if (g.update_at_push && g.dtype == DType::fp32) {
+            update_now(p, p.grad->as<float>(), g, adam_t, false);
+            reply.updated = true;
+          }
         }
         reply.sum_squares = st.sum_squares;
         reply.nonfinite = st.nonfinite;
@@ -360,6 +439,11 @@ struct WorkerState {
   Reply on_fetch(const detail::Incoming& in, const msg::FetchParameters& f, uint64_t version) {
     const msg::Header& h = in.message->header;
     WorkerPartition& p = at(h.job_id, f.partition_id);
+    if (p.updated_at_push)
+      refuse(ErrorCode::versionOrder,
+             "partition " + std::to_string(f.partition_id) + " was updated at its push of step " +
+                 std::to_string(p.updated_at_push->step) +
+                 " (updateAtPush): it is served again once that step is committed");
     // Subtraction, not offset + count, so huge values cannot wrap around.
     if (f.ranged() && (f.range_offset > p.n() || f.range_count > p.n() - f.range_offset))
       refuse(ErrorCode::malformed,
@@ -447,7 +531,7 @@ struct WorkerState {
     detail::answer(*in, figures, [&]() -> Reply {
       const auto& m = *in->message;
       if (auto* g = std::get_if<msg::PushGradients>(&m.header.body)) {
-        return on_push(*in, *g, ctx.next_step);
+        return on_push(*in, *g, ctx.next_step, ctx.adam_t);
       }
       return on_fetch(*in, std::get<msg::FetchParameters>(m.header.body), ctx.version);
     });
@@ -540,6 +624,7 @@ struct WorkerState {
                    unshare(p.master);
                    unshare(p.m);  // a checkpoint's snapshot may hold them
                    unshare(p.v);
+                   p.updated_at_push.reset();  // a session gone mid-step left it
                    detail::payload_to_floats(p.master->as<float>(), m.payload, s.dtype, 0, p.n());
                    std::memset(p.m->data(), 0, p.n() * 4);
                    std::memset(p.v->data(), 0, p.n() * 4);
@@ -570,6 +655,21 @@ struct WorkerState {
   //    Adam runs at two points"). Apply publishes the partitions one by one (below).
   WorkResult prepare(const CommitWork& w) {
     WorkResult r;
+    // A partition updated at its push took this step's lr and multiplier then; a commit
+    // asking for others cannot be honoured for it (the update is done).
+    for (size_t i = 0; i < w.partitions.size(); ++i) {
+      const auto& u = at(w.job, w.partitions[i]).updated_at_push;
+      if (u && (u->lr != w.commit.lr || u->multiplier != w.multiplier))
+        return failed(ErrorCode::malformed,
+                      "partition " + std::to_string(w.partitions[i]) +
+                          " was updated at its push with lr " + std::to_string(u->lr) +
+                          " and gradient multiplier " + std::to_string(u->multiplier) +
+                          "; the commit of step " + std::to_string(w.commit.step) +
+                          " asks for lr " + std::to_string(w.commit.lr) + " and multiplier " +
+                          std::to_string(w.multiplier) +
+                          " (updateAtPush needs clip coefficient 1 and loss scale 1)",
+                      i);
+    }
     auto fresh = std::make_shared<std::vector<NvmeLocation>>();  // the NVMe partitions', in order
     auto drop = [this, w] {
       for (uint64_t pid : w.partitions) {
@@ -623,21 +723,37 @@ struct WorkerState {
   // holds are cloned first: copy-on-write). A kept gradient is read in its slice, and the
   // updated parameters written there too when the commit is answered after the update.
   void ram_adam(WorkerPartition& p, const CommitWork& w, size_t i) {
+    if (std::exchange(p.updated_at_push, std::nullopt)) {
+      p.kept.reset();  // done by its push (a kept slot holds the parameters already)
+      return;
+    }
+    const float* grad = p.kept ? p.kept->floats : p.grad->as<float>();
+    float* publish = p.kept && w.publish_into_kept ? p.kept->floats : nullptr;
+    adam_in_place(p, grad, detail::hyper(p.spec.optimizer, w.commit.lr), w.adam_t[i], w.multiplier,
+                  publish);
+    p.kept.reset();
+  }
+
+  // `with_stats` (no half copy): grad_stats of `grad` taken in the same pass; otherwise the
+  // stats returned are empty.
+  kc::GradStats adam_in_place(WorkerPartition& p, const float* grad, const kc::AdamHyper& hyper,
+                              int64_t adam_t, float multiplier, float* publish,
+                              bool with_stats = false) {
     const PhaseTimer stepping(phases.get(), ServicePhase::kAdam, p.n() * 4);
     unshare(p.master);
     unshare(p.m);
     unshare(p.v);
+    if (with_stats)
+      return kc::adam_step_with_stats(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(),
+                                      grad, p.n(), hyper, adam_t, multiplier, publish);
     kc::HalfCopy hc;
     if (is_half(p.spec.served_dtype)) {
       unshare(p.half);
       hc = {p.half->as<uint16_t>(), half_kind(p.spec.served_dtype)};
     }
-    const float* grad = p.kept ? p.kept->floats : p.grad->as<float>();
-    float* publish = p.kept && w.publish_into_kept ? p.kept->floats : nullptr;
-    kc::adam_step(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(), grad, p.n(),
-                  detail::hyper(p.spec.optimizer, w.commit.lr), w.adam_t[i], w.multiplier, hc,
-                  publish);
-    p.kept.reset();
+    kc::adam_step(p.master->as<float>(), p.m->as<float>(), p.v->as<float>(), grad, p.n(), hyper,
+                  adam_t, multiplier, hc, publish);
+    return {};
   }
 
   // ---- publishing a commit ----
@@ -648,7 +764,12 @@ struct WorkerState {
     // Answered before the update: the trainer has its kept slices back at the reply.
     if (!work->publish_into_kept)
       for (uint64_t pid : work->partitions)
-        if (WorkerPartition& p = at(work->job, pid); p.kept) keep_no_longer(p);
+        if (WorkerPartition& p = at(work->job, pid); p.kept) {
+          if (p.updated_at_push)
+            p.kept.reset();  // it holds the update already, and nothing reads it any more
+          else
+            keep_no_longer(p);
+        }
     publishing.emplace(std::move(work), std::move(fresh));
     publish_later();
   }
@@ -754,7 +875,10 @@ struct WorkerState {
 
   WorkResult grads(const PartitionQuery& q) {
     WorkResult r;
-    for (uint64_t pid : q.partitions) r.micro_steps.push_back(at(q.job, pid).micro_steps);
+    for (uint64_t pid : q.partitions) {
+      r.micro_steps.push_back(at(q.job, pid).micro_steps);
+      r.updated_at_push.push_back(at(q.job, pid).updated_at_push ? 1 : 0);
+    }
     return r;
   }
 
@@ -835,6 +959,9 @@ partition_worker::behavior_type worker_behavior(
       [self](unhold_atom, const std::vector<storage::Extent>& e) { self->state.unhold(e); },
       [self](skip_atom, const std::string& job) {
         for (auto& [key, p] : self->state.parts) {
+          // A partition updated at its push (only a resuming Register skips then) cannot
+          // go back: it keeps updated_at_push, so it serves nothing, takes no push and is
+          // in no checkpoint until SetParameters or a Restore replaces its state.
           if (key.first != job) continue;
           if (p.on_nvme()) drop_gradient(*self->state.nvme, p);
           p.micro_steps = 0;

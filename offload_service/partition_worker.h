@@ -85,6 +85,17 @@ struct WorkerPartition {
     float* floats = nullptr;
   };
   std::optional<KeptGradient> kept;
+  // RAM tier: the job's next step's Adam pass already ran on the push
+  // (PushGradients.updateAtPush) with this lr and gradient multiplier; the commit publishes
+  // it without another pass. Until then the partition serves no fetch and takes no push; a
+  // session gone mid-step leaves it so (its micro-steps dropped by the resuming Register, so
+  // no commit either) until SetParameters or a Restore replaces its state.
+  struct UpdatedAtPush {
+    uint64_t step = 0;
+    double lr = 0.0;
+    float multiplier = 1.0f;
+  };
+  std::optional<UpdatedAtPush> updated_at_push;
 
   uint64_t n() const { return spec.element_count; }
   bool on_nvme() const { return loc.has_value(); }
@@ -102,8 +113,10 @@ struct WorkResult {
   size_t failed_index = 0;  // index into the request's partition list
   // Per requested partition (prepares): the fresh extent, when one was written.
   std::vector<std::optional<NvmeLocation>> locations;
-  // Per requested partition (gradients query): micro-steps accumulated.
+  // Per requested partition (gradients query): micro-steps accumulated, and whether the
+  // next step's update already ran on its push (1) or not (0).
   std::vector<uint32_t> micro_steps;
+  std::vector<uint8_t> updated_at_push;
   // Per requested partition (snapshot): a RAM partition's master, m and v buffers (empty
   // for an NVMe partition, whose extent is in `locations`).
   std::vector<std::array<HostBufferPtr, 3>> state;
@@ -113,6 +126,7 @@ struct WorkResult {
 struct ServeContext {
   uint64_t next_step = 0;  // a push must be for this step
   uint64_t version = 0;    // the partition's version, which a fetch reply carries
+  int64_t adam_t = 0;      // Adam's t of the partition's next update (a push that runs it)
 };
 
 // Prepare requests. Partition lists are in the job's registration order.

@@ -102,11 +102,36 @@ struct CoordinatorState {
     return fresh;
   }
 
+  // A step whose pushes ran their partitions' updates (PushGradients.updateAtPush) is partly
+  // applied: it can only be committed, never skipped nor redone by a new session. "" when
+  // no partition of the job was updated at its push.
+  std::string partly_applied(const msg::Header& h, const JobState& job) {
+    const auto updated = workers.updated_at_push(h.job_id, job);
+    if (updated.empty()) return {};
+    return "step " + std::to_string(job.step + 1) +
+           " is partly applied: " + std::to_string(updated.size()) + " partition(s) (first " +
+           std::to_string(updated.front()) + ") were updated at their push (updateAtPush)";
+  }
+
   msg::Body on_register(const detail::IncomingPtr& in, const msg::Register& r) {
     const auto& h = in->header();
     const auto fresh = fresh_specs(h, r);
     quotas.check(jobs, in->peer, h.job_id, r.partitions.size(), fresh, "register");
     const auto tiers = placement.tiers(fresh, "register");
+    if (const JobState* live = jobs.find(h.job_id); live && r.resume) {
+      // The session that pushed is gone mid-step: nothing here can be continued. The job
+      // keeps no resume record, so the new session restores a checkpoint (Restore replaces
+      // the partitions) or starts over; until then its updated partitions serve nothing.
+      if (const std::string why = partly_applied(h, *live); !why.empty()) {
+        spdlog::warn(
+            "offload: job '{}' resumed by a new session, but {}: it cannot continue "
+            "from step {} here; restore a checkpoint or start over",
+            h.job_id, why, live->step);
+        JobState stale = *live;
+        stale.resume_record.clear();
+        jobs.put(h.job_id, std::move(stale));
+      }
+    }
     if (!fresh.empty()) {
       const JobState* live = jobs.find(h.job_id);
       JobState next = live ? *live : JobState{};
@@ -239,6 +264,9 @@ struct CoordinatorState {
 
   msg::Body on_skip(const msg::Header& h, const msg::SkipStep& sk) {
     JobState next = jobs.job_for_step(h, sk.step, "skip");
+    if (const std::string why = partly_applied(h, next); !why.empty())
+      refuse(ErrorCode::versionOrder,
+             "skip: " + why + "; it can only be committed (restore a checkpoint to go back)");
     next.step = sk.step;
     next.resume_record = sk.resume_record;
     two_phase.write_manifest(h.job_id, next);
@@ -356,7 +384,8 @@ struct CoordinatorState {
                "partition " + std::to_string(pid) + " is at version " + std::to_string(p.version) +
                    ", fetch asks for at least " + std::to_string(fetch->min_version));
       }
-      workers.serve(p.worker, fwd, ServeContext{jobs.find(h.job_id)->step + 1, p.version});
+      workers.serve(p.worker, fwd,
+                    ServeContext{jobs.find(h.job_id)->step + 1, p.version, p.adam_steps + 1});
     } catch (const Refusal& r) {
       in->error(r.code, r.what());
     }

@@ -49,6 +49,22 @@ std::vector<uint32_t> WorkerGroup::micro_steps(const std::string& job, const Job
   return out;
 }
 
+std::vector<uint64_t> WorkerGroup::updated_at_push(const std::string& job, const JobState& state) {
+  const auto pw = queries(job, state);
+  const auto rs = ask(grads_atom::value, pw);
+  std::set<uint64_t> updated;
+  size_t k = 0;
+  for (const auto& [w, e] : pw.by_worker) {
+    for (size_t j = 0; j < e.partitions.size(); ++j)
+      if (rs[k].updated_at_push[j]) updated.insert(e.partitions[j]);
+    ++k;
+  }
+  std::vector<uint64_t> out;
+  for (uint64_t pid : state.order)
+    if (updated.count(pid)) out.push_back(pid);
+  return out;
+}
+
 uint64_t JobSnapshot::ram_bytes() const {
   uint64_t bytes = 0;
   for (const Part& p : parts)

@@ -239,6 +239,11 @@ uint64_t OffloadClient::send(msg::Body body, std::span<const std::byte> payload,
                              std::shared_ptr<const void> owner) {
   const uint64_t id = next_id_++;
   requests_sent_.fetch_add(1, std::memory_order_relaxed);
+  if (auto* push = std::get_if<msg::PushGradients>(&body);
+      push && update_lr_ && push->micro_step == 0) {
+    push->update_at_push = true;
+    push->update_lr = *update_lr_;
+  }
   Pending p;
   p.header = msg::Header{id, job_id_, std::move(body)};
   p.kind = std::string(msg::kind_name(p.header.body));

@@ -277,6 +277,12 @@ class OffloadClient {
   // ZeroMQ. Before try_map_arena; default off (ZeroOptions::request_channel says why).
   // Results are bit-identical either way.
   void set_request_channel(bool on) { request_channel_on_ = on; }
+  // The learning rate of the step whose pushes are sent next, when the optimizer step is to
+  // run on each push (PushGradients::update_at_push, PushReply::updated); nullopt: pushes
+  // leave it to the commit (the default). Every micro-step-0 push sent after this (each
+  // range of one too) asks for it; the caller sets it between steps, with no push of the
+  // previous one unanswered.
+  void set_update_at_push(std::optional<double> lr) { update_lr_ = lr; }
   // Whether the service took this client's channel (its arena pushes go there).
   bool has_request_channel() const { return static_cast<bool>(channel_); }
   // Requests sent over the request channel so far (of requests_sent).
@@ -454,6 +460,7 @@ class OffloadClient {
   size_t push_range_bytes_ = kDefaultPushRangeBytes;
   size_t fetch_part_bytes_ = kDefaultPushRangeBytes;
   bool master_views_ = false;
+  std::optional<double> update_lr_;  // set_update_at_push
   // Per partition, the master view collected last: its id and read-only fd.
   struct HeldView {
     uint64_t view_id = 0;

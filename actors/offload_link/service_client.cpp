@@ -1,5 +1,6 @@
 #include "actors/offload_link/service_client.h"
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -47,6 +48,16 @@ struct RoundTrip final : Request {
   }
   F round_trip;  // may own the request's payload (a slot, an owner) until it runs
   std::promise<ServiceResult<T>> promise;
+};
+
+// A setting of the client, taken in posting order (between the requests around it).
+struct Setting final : Request {
+  explicit Setting(std::function<void(OffloadClient&)> f) : apply(std::move(f)) {}
+  std::optional<std::string> run(OffloadClient& client) override {
+    apply(client);
+    return std::nullopt;
+  }
+  std::function<void(OffloadClient&)> apply;
 };
 
 // Several pushes from arena slots: all sent, then each answer awaited, each to its own
@@ -140,6 +151,12 @@ ServiceFuture<T> ServiceClient::post(F round_trip) {
   ServiceFuture<T> answer = request->promise.get_future();
   caf::anon_send(actor_, request_atom::value, RequestPtr(std::move(request)));
   return answer;
+}
+
+void ServiceClient::set_update_at_push(std::optional<double> lr) {
+  caf::anon_send(
+      actor_, request_atom::value,
+      RequestPtr(std::make_shared<Setting>([lr](OffloadClient& c) { c.set_update_at_push(lr); })));
 }
 
 ServiceFuture<msg::RegisterReply> ServiceClient::register_partitions(

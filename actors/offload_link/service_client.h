@@ -79,6 +79,9 @@ class ServiceClient {
   void set_master_views(bool on) { client_->set_master_views(on); }
   // OffloadClient::set_request_channel; before map_arena.
   void set_request_channel(bool on) { client_->set_request_channel(on); }
+  // OffloadClient::set_update_at_push, in posting order: the pushes posted after it ask for
+  // the optimizer step with `lr` (nullopt: none do).
+  void set_update_at_push(std::optional<double> lr);
   // OffloadClient::channel_requests_sent; readable from any thread.
   uint64_t channel_requests_sent() const { return client_->channel_requests_sent(); }
   uint64_t requests_sent() const { return client_->requests_sent(); }

@@ -11,6 +11,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -209,6 +210,55 @@ TEST_F(ResumeFromServices, ARestartedRamServiceHoldsNothingAndTheCheckpointIsRes
   EXPECT_NE(log.find("restoring the checkpoint"), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from cut at step 4"), std::string::npos) << log;
   EXPECT_TRUE(same_weights("cut", "straight"));
+}
+
+// With offload_optimizer.update_at_push the service runs each partition's update on its
+// push: a trainer killed after step 7's pushes leaves step 7 partly applied on the RAM
+// service, which stayed up. A new session gets no step to continue from there (a run
+// resumed from the services' step would redo step 7 on half-updated parameters), so
+// --resume alone fails naming it, and --resume with the checkpoint restores step 4 and ends
+// with the undisturbed run's weights bit for bit; without a checkpoint, --resume-or-start
+// runs the job again from step 0.
+TEST_F(ResumeFromServices, AStepUpdatedAtItsPushesIsRestoredFromACheckpointNotResumed) {
+  write_file(dir_.path() / "z3uap.json",
+             R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+                 "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                 "zero_optimization": {"stage": 3,
+                                       "offload_optimizer": {"device": "cpu",
+                                                             "update_at_push": true},
+                                       "offload_param": {"device": "cpu"}}})");
+  auto service = start_service("ram-service", false);
+  auto run = [&](const std::string& job, std::vector<std::string> more,
+                 std::vector<std::string> env, std::string* log) {
+    auto a = trainer_args(*service, job, job, kSteps);
+    std::replace(a.begin(), a.end(), std::string("z3offload.json"), std::string("z3uap.json"));
+    a.insert(a.end(), more.begin(), more.end());
+    Child child(dir_.path(), a, dir_.path() / (job + "_" + std::to_string(++runs_) + ".log"), env);
+    const int rc = child.wait(kWait);
+    *log = child.log();
+    return rc;
+  };
+  std::string log;
+  ASSERT_EQ(run("straight", {}, {}, &log), 0) << log;
+  ASSERT_EQ(
+      run("cut", {"--checkpoint-every", "2"}, {"DSACTOR_TEST_CRASH_AT=gradients-pushed:7"}, &log),
+      128 + SIGKILL)
+      << log;
+  ASSERT_NE(run("cut", {"--resume"}, {}, &log), 0) << log;
+  EXPECT_NE(log.find("--resume without a checkpoint"), std::string::npos) << log;
+  EXPECT_NE(service->log().find("job 'cut' resumed by a new session, but step 7 is partly "
+                                "applied"),
+            std::string::npos)
+      << service->log();
+  ASSERT_EQ(run("cut", {"--resume", "cut"}, {}, &log), 0) << log;
+  EXPECT_NE(log.find("resumed from cut at step 4"), std::string::npos) << log;
+  EXPECT_TRUE(same_weights("cut", "straight"));
+  // Without a checkpoint, --resume-or-start begins the job again at step 0.
+  ASSERT_EQ(run("over", {}, {"DSACTOR_TEST_CRASH_AT=gradients-pushed:3"}, &log), 128 + SIGKILL)
+      << log;
+  ASSERT_EQ(run("over", {"--resume-or-start"}, {}, &log), 0) << log;
+  EXPECT_NE(log.find("starting at step 0"), std::string::npos) << log;
+  EXPECT_TRUE(same_weights("over", "straight"));
 }
 
 // kill -9 of the NVMe service under a running trainer, restarted on the same endpoint and

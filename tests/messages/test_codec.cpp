@@ -12,6 +12,7 @@
 #include <cstring>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <set>
@@ -103,6 +104,14 @@ std::vector<Header> every_kind() {
   // A push slot lent to the service until the commit, kept, and the update written into it.
   add(PushGradients{11, 5, 0, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}, 0, 0, true});
   add(PushReply{11, 5, 0, 2.25, false, true});
+  // The optimizer step asked for in the push, and its reply saying it ran.
+  {
+    PushGradients g{11, 5, 0, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}};
+    g.update_at_push = true;
+    g.update_lr = 6e-4;
+    add(g);
+    add(PushReply{11, 5, 0, 2.25, false, false, true});
+  }
   add(CommitReply{5, true, versions, true});
   // Answered after the update: the views the updated masters are in.
   add(CommitReply{5, true, versions, true, {{7, 0x8000000000000001ull}, {1ull << 40, 2}}});
@@ -419,6 +428,32 @@ TEST(CodecMalformed, PayloadParts) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().code, DecodeErrc::badField);
     EXPECT_NE(r.error().message.find("replyPartBytes"), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(CodecMalformed, PushUpdateNeedsAFiniteLr) {
+  auto asking = [](bool update, double lr) {
+    return [=](wire::Header::Builder h) {
+      auto p = h.getKind().initPushGradients();
+      p.setDtype(wire::DType::FP32);
+      p.setElementCount(16);
+      p.setUpdateAtPush(update);
+      p.setUpdateLr(lr);
+    };
+  };
+  const auto payload = random_bytes(64, 9);
+  const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+  EXPECT_TRUE(decode(two(forged(asking(true, 1e-3), 64, crc), payload)).ok());
+  EXPECT_TRUE(decode(two(forged(asking(true, 0.0), 64, crc), payload)).ok());
+  // Without updateAtPush the lr is not read.
+  EXPECT_TRUE(decode(two(forged(asking(false, -1.0), 64, crc), payload)).ok());
+  for (double bad :
+       {-1e-3, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    auto r = decode(two(forged(asking(true, bad), 64, crc), payload));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, DecodeErrc::badField);
+    EXPECT_NE(r.error().message.find("pushGradients.updateLr"), std::string::npos)
+        << r.error().message;
   }
 }
 

@@ -819,6 +819,143 @@ TEST_F(ZeroEngineTest, DelayedParameterUpdateTrainsCloseToTheExactRun) {
   EXPECT_THROW(Engine(kTiny, config("fp32", 0, "none", "", dpu), 5), ConfigError);
 }
 
+// The optimizer step run by the service on each push (offload_optimizer.update_at_push),
+// fp32 without gradient clipping: stages 1-3, pushed in place through the arena, copied
+// into slots (two micro-steps), as frames in ranges, and on a service that keeps every
+// partition on NVMe (there the commit updates them): every run bit-identical to stage 0,
+// and the counters say where the update ran.
+TEST_F(ZeroEngineTest, UpdateAtPushIsBitIdenticalToStageZero) {
+  const auto tokens = corpus(6000, 8);
+  const int steps = 4;
+  const auto two_micro = nlohmann::json{{"gradient_clipping", 0.0}};
+  const auto one_micro =
+      nlohmann::json{{"gradient_clipping", 0.0}, {"gradient_accumulation_steps", 1}};
+  auto updating = [](nlohmann::json j) {
+    j["zero_optimization"]["offload_optimizer"]["update_at_push"] = true;
+    return j;
+  };
+  const Trace want1 = run_stage0(kTiny, config("fp32", 0, "none", "", one_micro), tokens, steps);
+  const Trace want2 = run_stage0(kTiny, config("fp32", 0, "none", "", two_micro), tokens, steps);
+  {
+    SCOPED_TRACE("stage 3 in place");
+    ZeroStats st;
+    const Trace t = run_zero(kTiny, config("fp32", 3, "cpu", "", updating(one_micro)),
+                             options("cpu", "uap-in-place"), tokens, steps, &st);
+    EXPECT_GT(st.pushes_in_place, 0u);
+    EXPECT_EQ(st.pushes_updated, st.pushes_in_place) << "every push ran its update";
+    // The first block's slot, lent, came back from the commit holding the update that
+    // its push ran: that block was not fetched.
+    EXPECT_GT(st.pushes_lent, 0u);
+    EXPECT_EQ(st.blocks_published_in_place, st.pushes_lent);
+    expect_equal_runs(want1, t);
+  }
+  {
+    SCOPED_TRACE("stage 3 copied, two micro-steps");
+    ZeroStats st;
+    const Trace t = run_zero(kTiny, config("fp32", 3, "cpu", "", updating(two_micro)),
+                             options("cpu", "uap-copied"), tokens, steps, &st);
+    EXPECT_GT(st.pushes_copied, 0u);
+    EXPECT_EQ(st.pushes_updated, st.pushes_copied);
+    expect_equal_runs(want2, t);
+  }
+  {
+    SCOPED_TRACE("stage 3 frames in ranges");
+    ZeroStats st;
+    ZeroOptions o = options("cpu", "uap-frames");
+    o.shared_memory = false;
+    o.push_range_bytes = 1024;
+    const Trace t =
+        run_zero(kTiny, config("fp32", 3, "cpu", "", updating(one_micro)), o, tokens, steps, &st);
+    EXPECT_EQ(st.pushes_in_place + st.pushes_copied, 0u);
+    EXPECT_GT(st.pushes_updated, 0u);
+    expect_equal_runs(want1, t);
+  }
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    ZeroStats st;
+    const Trace t =
+        run_zero(kTiny, config("fp32", stage, "cpu", "", updating(one_micro)),
+                 options("cpu", "uap-stage" + std::to_string(stage)), tokens, steps, &st);
+    EXPECT_GT(st.pushes_updated, 0u);
+    expect_equal_runs(want1, t);
+  }
+  {
+    SCOPED_TRACE("partitions on NVMe");
+    ZeroStats st;
+    const Trace t = run_zero(kTiny, config("fp32", 3, "cpu", "", updating(one_micro)),
+                             options("nvme", "uap-on-nvme"), tokens, steps, &st);
+    EXPECT_EQ(st.pushes_updated, 0u) << "an NVMe partition is updated at the commit";
+    expect_equal_runs(want1, t);
+  }
+}
+
+// A diverged fp32 run (an lr of 1e30 makes the second step's gradients non-finite) ends
+// with the divergence named as without update_at_push, but saying the services applied the
+// step already, instead of a refused skip.
+TEST_F(ZeroEngineTest, UpdateAtPushNamesADivergedRunsPartlyAppliedStep) {
+  const auto tokens = corpus(6000, 8);
+  const auto diverging =
+      nlohmann::json{{"gradient_clipping", 0.0},
+                     {"gradient_accumulation_steps", 1},
+                     {"scheduler", nullptr},
+                     {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e30}}}}},
+                     {"zero_optimization", {{"offload_optimizer", {{"update_at_push", true}}}}}};
+  try {
+    run_zero(kTiny, config("fp32", 3, "cpu", "", diverging), options("cpu", "uap-diverged"), tokens,
+             4);
+    ADD_FAILURE() << "the run did not diverge";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("non-finite gradient at step"), std::string::npos) << what;
+    EXPECT_NE(what.find("applied it as it was pushed"), std::string::npos) << what;
+  }
+}
+
+// Where the step's verdict could change the update, update_at_push is refused, naming the
+// key and what conflicts with it.
+TEST(UpdateAtPushConfig, RefusedWhereTheVerdictDecidesTheUpdate) {
+  auto refusal = [](nlohmann::json extra) {
+    nlohmann::json j = {{"train_micro_batch_size_per_gpu", 4},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                        {"zero_optimization",
+                         {{"stage", 3},
+                          {"offload_optimizer", {{"device", "cpu"}, {"update_at_push", true}}},
+                          {"offload_param", {{"device", "cpu"}}}}}};
+    j.merge_patch(extra);
+    try {
+      parse_ds_config(j, "cfg.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(refusal(nlohmann::json::object()), "(accepted)");
+  EXPECT_EQ(refusal({{"gradient_clipping", 0.0}}), "(accepted)");
+  const std::string key = "zero_optimization.offload_optimizer.update_at_push";
+  for (const auto& [extra, why] :
+       {std::pair{nlohmann::json{{"gradient_clipping", 1.0}}, "gradient_clipping 0 (it is 1"},
+        std::pair{nlohmann::json{{"bf16", {{"enabled", true}}}}, "bf16 is enabled"},
+        std::pair{nlohmann::json{{"fp16", {{"enabled", true}}}}, "fp16 is enabled"},
+        std::pair{
+            nlohmann::json{{"zero_optimization",
+                            {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/tmp"}}}}}},
+            "it is \"nvme\""},
+        std::pair{nlohmann::json{{"zero_optimization",
+                                  {{"stage", 2},
+                                   {"offload_param", nullptr},
+                                   {"offload_optimizer", {{"device", "none"}}}}}},
+                  "it is \"none\""},
+        std::pair{nlohmann::json{{"zero_optimization",
+                                  {{"stage", 2},
+                                   {"offload_param", nullptr},
+                                   {"offload_optimizer", {{"delayed_parameter_update", true}}}}}},
+                  "delayed_parameter_update false"}}) {
+    const std::string e = refusal(extra);
+    EXPECT_NE(e.find(key), std::string::npos) << e;
+    EXPECT_NE(e.find(why), std::string::npos) << e;
+  }
+}
+
 TEST(PartitionPlan, EqualPageAlignedSlicesLastOneShort) {
   const PartitionPlan p({5000, 1000, 64}, 3, 2);
   // 5000 / 3 -> 1667 -> 2048 per rank: [0,2048) [2048,4096) [4096,5000)

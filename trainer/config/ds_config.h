@@ -146,6 +146,9 @@ struct OffloadOptimizerConfig {
   UpdatePublication update_publication = UpdatePublication::kByHost;
   // dsactor's own key: arena payloads carry a crc32c their receiver checks.
   bool arena_checksums = false;
+  // dsactor's own key: each partition's Adam step runs on its push, in the backward
+  // (PyTorch's optimizer-in-backward), instead of at the commit.
+  bool update_at_push = false;
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

@@ -935,6 +935,27 @@ const std::vector<DsKey>& ds_keys() {
                .support = key_table::Support::kDiffers,
                .support_note = "dsactor's own key: DeepSpeed's config has none"},
        .set = DS_SET(zero_optimization.offload_optimizer.arena_checksums)},
+      {.key = {.path = "zero_optimization.offload_optimizer.update_at_push",
+               .type = ValueType::kBool,
+               .def = bool_value(false),
+               .doc = "Whether each partition's Adam step runs on the service as its gradient "
+                      "is pushed, during the backward (as PyTorch's optimizer-in-backward "
+                      "does), instead of at the step's commit: the service reads the gradient "
+                      "where the push left it (no copy of it is kept) and the commit only "
+                      "publishes the step. Bit-identical to the run without it: it needs the "
+                      "step's verdict to be known before the backward, so it is refused with "
+                      "gradient_clipping > 0 (the clip needs the global norm), fp16 or bf16 "
+                      "(loss scale, overflow skips), delayed_parameter_update and "
+                      "offload_optimizer.device \"nvme\". A partition the service keeps on "
+                      "NVMe is updated at the commit as without it. A non-finite gradient ends "
+                      "the run as without it (fp32: diverged), its step already applied. The "
+                      "cost: from its first push to its commit a step is partly applied, so a "
+                      "trainer that dies in between cannot continue from its services' step "
+                      "(they give none, logging why); it restarts from its last checkpoint "
+                      "(--resume CHECKPOINT) or from step 0 (--resume-or-start).",
+               .support = key_table::Support::kDiffers,
+               .support_note = "dsactor's own key: DeepSpeed's config has none"},
+       .set = DS_SET(zero_optimization.offload_optimizer.update_at_push)},
       {.key = {.path = "zero_optimization.offload_optimizer.super_offload",
                .type = ValueType::kBool,
                .def = bool_value(false),

@@ -183,6 +183,34 @@ void resolve_zero(ParseState& state) {
           fmt::format("{}: {} has no effect: offload_optimizer.device is \"none\", so {}",
                       state.source, path, why));
   }
+  if (z.offload_optimizer.update_at_push) {
+    // The update runs before the step's verdict: only where nothing in the verdict can
+    // change it.
+    const std::string key = "zero_optimization.offload_optimizer.update_at_push";
+    auto refuse = [&](const std::string& why) {
+      state.fail(key, "true needs " + why +
+                          " (each partition's Adam step runs as its gradient "
+                          "is pushed, before the step's global norm and overflow check are known)");
+    };
+    if (!z.offload_optimizer.enabled())
+      refuse(
+          "offload_optimizer.device \"cpu\" (it is \"none\": no offload service runs the "
+          "optimizer)");
+    else if (z.offload_optimizer.device == OffloadDevice::kNvme)
+      refuse(
+          "offload_optimizer.device \"cpu\" (it is \"nvme\": a partition on NVMe is updated "
+          "in one stream at the commit)");
+    else if (state.cfg.gradient_clipping > 0)
+      refuse(fmt::format("gradient_clipping 0 (it is {}: the clip needs the global norm)",
+                         state.cfg.gradient_clipping));
+    else if (state.cfg.fp16.enabled || state.cfg.bf16.enabled)
+      refuse(
+          fmt::format("fp32 training ({} is enabled: its loss scale or overflow check decides "
+                      "the step after the backward)",
+                      state.cfg.fp16.enabled ? "fp16" : "bf16"));
+    else if (z.offload_optimizer.delayed_parameter_update)
+      refuse("delayed_parameter_update false (that runs the update behind the next step)");
+  }
   z.zeropp_loco_param.present = state.has("zero_optimization.zeropp_loco_param");
 }
 

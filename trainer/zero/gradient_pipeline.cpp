@@ -444,6 +444,7 @@ void GradientPipeline::collect_push() {
     reply = await_or_throw(*z_.services[push.service], what, z_.counters.committed_step,
                            std::move(push.reply));
   }
+  if (reply.updated) ++pushes_updated_;
   pushed_.sum_squares[push.block] = reply.sum_squares;
   pushed_.nonfinite[push.block] = reply.nonfinite;
   block_pushed_[push.block] = 1;
@@ -493,6 +494,7 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
   s.overlapped_reductions = overlapped_reductions_;
   s.pushes_in_place = pushes_in_place_;
   s.pushes_lent = pushes_lent_;
+  s.pushes_updated = pushes_updated_;
   s.pushes_grouped = pushes_grouped_;
   s.pushes_copied = pushes_copied_;
   for (const auto& service : z_.services) {

@@ -169,6 +169,7 @@ class GradientPipeline {
   uint64_t bytes_pushed_as_frames_ = 0;
   uint64_t pushes_in_place_ = 0;
   uint64_t pushes_lent_ = 0;
+  uint64_t pushes_updated_ = 0;
   uint64_t pushes_grouped_ = 0;
   uint64_t pushes_copied_ = 0;
   std::function<bool(size_t)> lend_;

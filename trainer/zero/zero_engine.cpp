@@ -607,6 +607,10 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
 void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
+  // Every push of the step's last step is answered (finish()): the pushes posted from here
+  // on ask for the update with this step's lr, which its commit then sends too.
+  if (config_.zero_optimization.offload_optimizer.update_at_push)
+    for (auto& service : services_) service->set_update_at_push(r.lr);
   const double fetch_waits = fetch_wait_seconds();
   const double reduce_waits = gradients_->reduce_wait_seconds();
   gradients_->begin_step();
@@ -628,6 +632,15 @@ void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   const auto step = static_cast<uint64_t>(counters_.global_step);
   // A diverged run (throw) and an fp16 overflow both leave every service skipping the step.
   const auto t_commit = Clock::now();
+  // Updated at the pushes (fp32 only), a non-finite gradient is on the services already:
+  // the step can be neither skipped nor undone.
+  if (v.nonfinite && config_.zero_optimization.offload_optimizer.update_at_push)
+    throw std::runtime_error(fmt::format(
+        "non-finite gradient at step {} in fp32 training (loss {}): the run diverged, and with "
+        "zero_optimization.offload_optimizer.update_at_push the offload services applied it "
+        "as it was pushed: resume from a checkpoint, with a lower lr (gradient_clipping needs "
+        "update_at_push off)",
+        step, r.loss));
   if (v.nonfinite) {
     // The record of the state after the skip: skip_on_overflow below makes the same moves.
     LossScaler after = scaler_;

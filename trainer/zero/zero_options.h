@@ -183,6 +183,9 @@ struct ZeroStats {
   // that came back holding the block's updated parameters and became its resident copy
   // (the next step's fetch of that block, done by the service's Adam pass).
   uint64_t pushes_lent = 0;
+  // Pushes on which the service ran the partition's optimizer step
+  // (zero_optimization.offload_optimizer.update_at_push; PushReply::updated).
+  uint64_t pushes_updated = 0;
   // In-place pushes sent in a group of more than one (ZeroOptions::pushes_sent_together).
   uint64_t pushes_grouped = 0;
   // Pushes of a gradient kept in a buffer of its own (accumulated over micro-steps, every
