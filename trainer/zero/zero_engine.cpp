@@ -607,7 +607,7 @@ StepResult ZeroEngine::train_step(BatchLoader& loader) {
 void ZeroEngine::run_step(BatchLoader& loader, StepResult& r) {
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
-  // Every push of the step's last step is answered (finish()): the pushes posted from here
+  // Every push of the step before is answered (finish()): the pushes posted from here
   // on ask for the update with this step's lr, which its commit then sends too.
   if (config_.zero_optimization.offload_optimizer.update_at_push)
     for (auto& service : services_) service->set_update_at_push(r.lr);
