@@ -6,11 +6,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <utility>
-#include <vector>
 
 #include "kernels/cpu/detail.h"
 #include "kernels/cpu/isa.h"
@@ -304,17 +302,9 @@ GradStats adam_step_with_stats(float* param, float* m, float* v, const float* gr
   const Isa isa = detect_isa();
   const RangeFn fn = isa == Isa::kScalar ? nullptr : pick(isa, k, HalfCopy{}, fp32_copy);
   constexpr size_t kBlock = detail::kGradStatsBlock;
-  const size_t nblocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(nblocks, 0.0);
-  const auto nb = static_cast<int64_t>(nblocks);
-  adopt_threads();
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t b = 0; b < nb; ++b) {
-    const size_t lo = static_cast<size_t>(b) * kBlock;
-    const size_t len = std::min(n, lo + kBlock) - lo;
-    partial[static_cast<size_t>(b)] = detail::grad_stats_block(grad + lo, len);
-    // From here the block is in cache: the -0 check and the update read it there (the
-    // update writes a copy over it only after reading each element).
+  return detail::grad_stats_then(grad, n, [&](size_t lo, size_t len) {
+    // The block is in cache: the -0 check and the update read it there (the update writes
+    // a copy over it only after reading each element).
     const float* g = grad + lo;
     float* copy = fp32_copy ? fp32_copy + lo : nullptr;
     alignas(64) float plus_zero[kBlock];
@@ -327,11 +317,7 @@ GradStats adam_step_with_stats(float* param, float* m, float* v, const float* gr
     } else {
       adam_range_scalar(param + lo, m + lo, v + lo, g, 0, len, k, HalfCopy{}, copy);
     }
-  }
-  GradStats st;
-  for (double p : partial) st.sum_squares += p;
-  st.nonfinite = !std::isfinite(st.sum_squares);
-  return st;
+  });
 }
 
 const char* adam_isa() {

@@ -6,15 +6,19 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
+#include "kernels/cpu/adam.h"
 #include "kernels/cpu/threads.h"
 
 namespace dsactor::kernels::cpu::detail {
 
-// grad_stats' block: its sums are taken over blocks of this many elements, added in order.
+// grad_stats(grad, n), running after(lo, len) on each of its blocks right after the block's
+// sum is taken, on the thread that took it (the block still in that core's cache).
+using AfterStatsBlock = std::function<void(size_t lo, size_t len)>;
+GradStats grad_stats_then(const float* grad, size_t n, const AfterStatsBlock& after);
+// grad_stats' block: the elements one `after` call covers at most.
 inline constexpr size_t kGradStatsBlock = 4096;
-// One block's sum of squares as grad_stats takes it (n <= kGradStatsBlock).
-double grad_stats_block(const float* g, size_t n);
 
 // Runs f(lo, hi) on one contiguous piece of [0,n) per OpenMP thread, pieces aligned to
 // `align` elements, or on all of [0,n) inline when n < serial_below. Elementwise kernels

@@ -73,7 +73,8 @@ BlockFn best_block_fn() {
   return fn;
 }
 
-GradStats grad_stats_with(BlockFn block, const float* grad, size_t n) {
+GradStats grad_stats_with(BlockFn block, const float* grad, size_t n,
+                          const detail::AfterStatsBlock* after = nullptr) {
   // Fixed-size blocks, each summed in its fixed order, then added in block order: the same
   // result for any thread count. A square of a finite float cannot overflow a double, so
   // the total is non-finite exactly when an element is inf/NaN.
@@ -84,7 +85,9 @@ GradStats grad_stats_with(BlockFn block, const float* grad, size_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t b = 0; b < nb; ++b) {
     const size_t lo = static_cast<size_t>(b) * kStatsBlock;
-    partial[static_cast<size_t>(b)] = block(grad + lo, std::min(n, lo + kStatsBlock) - lo);
+    const size_t len = std::min(n, lo + kStatsBlock) - lo;
+    partial[static_cast<size_t>(b)] = block(grad + lo, len);
+    if (after) (*after)(lo, len);
   }
   GradStats st;
   for (double s : partial) st.sum_squares += s;
@@ -94,8 +97,8 @@ GradStats grad_stats_with(BlockFn block, const float* grad, size_t n) {
 
 }  // namespace
 
-double detail::grad_stats_block(const float* g, size_t n) {
-  return best_block_fn()(g, n);
+GradStats detail::grad_stats_then(const float* grad, size_t n, const AfterStatsBlock& after) {
+  return grad_stats_with(best_block_fn(), grad, n, &after);
 }
 
 bool has_negative_zero(const float* grad, size_t n) {

@@ -13,6 +13,7 @@
 
 #include "actors/offload_link/offload_client.h"
 #include "kernels/cpu/adam.h"
+#include "tests/offload/arena_push_util.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace dsactor::offload::test {
@@ -26,27 +27,10 @@ using namespace std::chrono_literals;
 
 using KeptGradient = SharedServiceTest;
 
-// What an fp32 trainer registers: served as fp32.
-msg::PartitionSpec fp32_spec(uint64_t id, uint64_t n) {
-  msg::PartitionSpec s = spec(id, n);
-  s.served_dtype = DType::fp32;
-  return s;
-}
-
 // Pushes `g` from a fresh arena slot, written in place (no crc), asking the service to keep it.
 LentPush push_lending(OffloadClient& c, uint64_t pid, uint64_t step, uint32_t micro,
                       const std::vector<float>& g) {
-  actors::ArenaBuffer slot = c.arena_buffer(g.size() * 4);
-  EXPECT_TRUE(slot) << "no free arena slot";
-  std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
-  auto r = c.await_push(
-      c.send_push_gradients(pid, step, micro, DType::fp32, g.size(), std::move(slot), true));
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  return r.ok() ? std::move(r.value()) : LentPush{};
-}
-
-std::vector<std::byte> copy(std::span<const std::byte> b) {
-  return {b.begin(), b.end()};
+  return push_from_slot(c, pid, step, micro, g, true);
 }
 
 // A job that lends its slots and one whose pushes are copied (frames), the same partitions,
@@ -96,11 +80,11 @@ TEST_F(KeptGradient, CommitAfterTheUpdateLeavesTheParametersInTheSlot) {
       const uint64_t pid = jobs.specs[i].partition_id;
       const auto want = jobs.copied.fetch(pid, step, DType::fp32);
       const size_t bytes = jobs.specs[i].element_count * 4;
-      EXPECT_EQ(copy(lent[i].lent.bytes().first(bytes)), copy(want.bytes()))
+      EXPECT_EQ(owned_bytes(lent[i].lent.bytes().first(bytes)), owned_bytes(want.bytes()))
           << "partition " << pid << " step " << step << ": the slot holds the update";
       lent[i] = {};  // the slot is the trainer's again: free it before the fetch below
       const auto served = jobs.lending.fetch(pid, step, DType::fp32);
-      EXPECT_EQ(copy(served.bytes()), copy(want.bytes())) << "partition " << pid;
+      EXPECT_EQ(owned_bytes(served.bytes()), owned_bytes(want.bytes())) << "partition " << pid;
     }
   }
 }
@@ -126,8 +110,8 @@ TEST(KeptGradientBehindReply, CommitBeforeTheUpdateCopiesTheGradientOutFirst) {
   std::memset(kept.lent.bytes().data(), 0x7f, kept.lent.bytes().size());
   jobs.copied.commit(commit);
   for (uint64_t pid : {1, 2})
-    EXPECT_EQ(copy(jobs.lending.fetch(pid, 1, DType::fp32).bytes()),
-              copy(jobs.copied.fetch(pid, 1, DType::fp32).bytes()))
+    EXPECT_EQ(owned_bytes(jobs.lending.fetch(pid, 1, DType::fp32).bytes()),
+              owned_bytes(jobs.copied.fetch(pid, 1, DType::fp32).bytes()))
         << "partition " << pid;
   EXPECT_EQ(svc.stop(), 0);
 }
@@ -161,12 +145,12 @@ TEST_F(KeptGradient, WhatCannotBeKeptExactlyIsCopiedAsAnyPush) {
   jobs.copied.commit(commit);
   // The kept micro-step 0 of partition 3 is not the update's: the slot keeps the gradient.
   const auto g3_first = random_floats(5000, 11);
-  EXPECT_EQ(copy(lent[2].lent.bytes().first(5000 * 4)), copy(bytes_of(g3_first)));
+  EXPECT_EQ(owned_bytes(lent[2].lent.bytes().first(5000 * 4)), owned_bytes(bytes_of(g3_first)));
   lent.clear();
   for (uint64_t pid : {1, 2, 3})
     for (DType dt : {DType::fp32, DType::bf16})
-      EXPECT_EQ(copy(jobs.lending.fetch(pid, 1, dt).bytes()),
-                copy(jobs.copied.fetch(pid, 1, dt).bytes()))
+      EXPECT_EQ(owned_bytes(jobs.lending.fetch(pid, 1, dt).bytes()),
+                owned_bytes(jobs.copied.fetch(pid, 1, dt).bytes()))
           << "partition " << pid;
   // With checksums on, the service checks the crc instead of keeping the slot.
   const auto g2 = random_floats(5000, 13);
@@ -198,7 +182,7 @@ TEST_F(KeptGradient, ASkipLetsTheSlotGoAndTheNextStepStartsOver) {
   EXPECT_TRUE(jobs.lending.commit(commit).kept_hold_parameters);
   jobs.copied.commit(commit);
   const auto want = jobs.copied.fetch(1, 2, DType::fp32);
-  EXPECT_EQ(copy(next.lent.bytes().first(9000 * 4)), copy(want.bytes()));
+  EXPECT_EQ(owned_bytes(next.lent.bytes().first(9000 * 4)), owned_bytes(want.bytes()));
 }
 
 }  // namespace

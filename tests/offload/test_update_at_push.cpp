@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "actors/offload_link/offload_client.h"
+#include "tests/offload/arena_push_util.h"
 #include "tests/offload/offload_test_util.h"
 
 namespace dsactor::offload::test {
@@ -26,26 +27,10 @@ using namespace std::chrono_literals;
 
 using UpdateAtPush = SharedServiceTest;
 
-msg::PartitionSpec fp32_spec(uint64_t id, uint64_t n) {
-  msg::PartitionSpec s = spec(id, n);
-  s.served_dtype = DType::fp32;
-  return s;
-}
-
-std::vector<std::byte> copy(std::span<const std::byte> b) {
-  return {b.begin(), b.end()};
-}
-
 // Pushes `g` from an arena slot, written in place as the trainer's backward does.
 msg::PushReply push_in_place(OffloadClient& c, uint64_t pid, uint64_t step,
                              const std::vector<float>& g) {
-  actors::ArenaBuffer slot = c.arena_buffer(g.size() * 4);
-  EXPECT_TRUE(slot) << "no free arena slot";
-  std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
-  auto r =
-      c.await_push(c.send_push_gradients(pid, step, 0, DType::fp32, g.size(), std::move(slot)));
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  return r.ok() ? r.value().reply : msg::PushReply{};
+  return push_from_slot(c, pid, step, 0, g, false).reply;
 }
 
 struct TwoJobs {
@@ -67,7 +52,7 @@ struct TwoJobs {
     for (const auto& p : specs) {
       const auto want = at_commit.fetch(p.partition_id, step, DType::fp32);
       const auto got = updating.fetch(p.partition_id, step, DType::fp32);
-      EXPECT_EQ(copy(got.bytes()), copy(want.bytes()))
+      EXPECT_EQ(owned_bytes(got.bytes()), owned_bytes(want.bytes()))
           << "partition " << p.partition_id << " step " << step;
     }
   }
@@ -168,8 +153,8 @@ TEST_F(UpdateAtPush, APartlyAppliedStepCanOnlyBeCommitted) {
                 .find("skip: step 1 is partly applied: 1 partition(s) (first 1)"),
             std::string::npos);
   // The other partition is served as it was, and takes its push.
-  EXPECT_EQ(copy(jobs.updating.fetch(2, 0, DType::fp32).bytes()),
-            copy(jobs.at_commit.fetch(2, 0, DType::fp32).bytes()));
+  EXPECT_EQ(owned_bytes(jobs.updating.fetch(2, 0, DType::fp32).bytes()),
+            owned_bytes(jobs.at_commit.fetch(2, 0, DType::fp32).bytes()));
   ASSERT_TRUE(jobs.updating.push_gradients(2, 1, 0, DType::fp32, bytes_of(g2)).updated);
   // A commit with another lr than the pushes' is refused for what it cannot change.
   const msg::Header other = jobs.updating.call(commit_of(1, 3e-3));
@@ -185,7 +170,7 @@ TEST_F(UpdateAtPush, APartlyAppliedStepCanOnlyBeCommitted) {
   jobs.at_commit.commit(commit_of(1, 2e-3));
   jobs.expect_same_parameters(1);
   jobs.updating.checkpoint("step-1", "update-at-push-step-1");
-  const auto step1 = copy(jobs.updating.fetch(1, 1, DType::fp32).bytes());
+  const auto step1 = owned_bytes(jobs.updating.fetch(1, 1, DType::fp32).bytes());
   auto resume = [&] {
     const msg::Header r = jobs.updating.call(msg::Register{0, 1, jobs.specs, true});
     const auto* reply = std::get_if<msg::RegisterReply>(&r.body);
@@ -207,7 +192,7 @@ TEST_F(UpdateAtPush, APartlyAppliedStepCanOnlyBeCommitted) {
                 .find("holds part of step 2"),
             std::string::npos);
   jobs.updating.restore("step-1", "update-at-push-step-1");
-  EXPECT_EQ(copy(jobs.updating.fetch(1, 1, DType::fp32).bytes()), step1);
+  EXPECT_EQ(owned_bytes(jobs.updating.fetch(1, 1, DType::fp32).bytes()), step1);
   // The same again, then a fresh start: SetParameters replaces the partition's state.
   ASSERT_TRUE(push_in_place(jobs.updating, 1, 2, random_floats(3000, 14)).updated);
   EXPECT_EQ(resume(), "");
@@ -215,7 +200,8 @@ TEST_F(UpdateAtPush, APartlyAppliedStepCanOnlyBeCommitted) {
             std::string::npos);
   const auto fresh = random_floats(3000, 15);
   jobs.updating.set_parameters(1, 1, DType::fp32, bytes_of(fresh));
-  EXPECT_EQ(copy(jobs.updating.fetch(1, 1, DType::fp32).bytes()), copy(bytes_of(fresh)));
+  EXPECT_EQ(owned_bytes(jobs.updating.fetch(1, 1, DType::fp32).bytes()),
+            owned_bytes(bytes_of(fresh)));
 }
 
 }  // namespace
