@@ -329,22 +329,23 @@ PendingCheckpoint start_checkpoint(const JobTable& jobs, WorkerGroup& workers, S
   const JobState& job = jobs.job(h);
   ResolvedCheckpoint dir = state.for_write(job.owner, h.job_id, c.name);
   const security::MacKey key = state.mac_key(job.owner, h.job_id);
-  const auto micro = workers.micro_steps(h.job_id, job);
+  const auto pending = workers.gradients(h.job_id, job);
   for (size_t i = 0; i < job.order.size(); ++i) {
-    if (micro[i] > 0) {
+    if (pending[i].micro_steps > 0) {
       refuse(ErrorCode::versionOrder,
              "partition " + std::to_string(job.order[i]) + " holds gradients of step " +
                  std::to_string(job.step + 1) + "; commit or skip before a checkpoint");
     }
+    // Left by a session gone in the middle of a step updated at its pushes: not a state of
+    // any step (offload_service/README.md, "Why Adam runs at two points").
+    if (pending[i].updated_at_push) {
+      refuse(ErrorCode::versionOrder,
+             "partition " + std::to_string(job.order[i]) + " holds part of step " +
+                 std::to_string(job.step + 1) +
+                 ", updated at its push by a session that is gone; set its parameters or "
+                 "restore a checkpoint first");
+    }
   }
-  // Left by a session gone in the middle of a step updated at its pushes: not a state of
-  // any step (offload_service/README.md, "Why Adam runs at two points").
-  if (const auto updated = workers.updated_at_push(h.job_id, job); !updated.empty())
-    refuse(ErrorCode::versionOrder,
-           "partition " + std::to_string(updated.front()) + " holds part of step " +
-               std::to_string(job.step + 1) +
-               ", updated at its push by a session that is gone; set its parameters or restore "
-               "a checkpoint first");
   return PendingCheckpoint{workers.snapshot(h.job_id, job), c.tag, std::move(dir), key};
 }
 

@@ -167,11 +167,14 @@ struct WorkerState {
     const bool check =
         g.arena ? !g.arena->crc_omitted && verify_arena_checksum : m.payload_crc_pending;
     const bool first = g.micro_step == 0;
+    // A whole fp32 micro-step 0 into a RAM partition asking for its update (updateAtPush).
+    const bool update =
+        g.update_at_push && first && !g.ranged() && g.dtype == DType::fp32 && !p.on_nvme();
     // A RAM partition's first micro-step checks the crc inside its accumulate pass (below):
     // nothing accumulated before needs protecting, and a refusal leaves micro_steps at 0, so
     // the next push rewrites every byte of the sum. So does a range of a push in ranges, on
-    // either tier. Otherwise the bytes are checked first.
-    if (check && !g.ranged() && (p.on_nvme() || !first)) {
+    // either tier. Otherwise (an update at the push changes state) the bytes are checked first.
+    if (check && !g.ranged() && (p.on_nvme() || !first || update)) {
       PhaseTimer checking(phases.get(), ServicePhase::kChecksum, payload.size());
       const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
       checking.stop();
@@ -197,15 +200,7 @@ struct WorkerState {
     }
     if (g.ranged()) return on_push_range(m, p, g, payload, check, check_crc, adam_t);
     p.ranged.reset();  // a whole push rewrites what ranges of an unfinished one added
-    if (g.update_at_push && first && g.dtype == DType::fp32 && !p.on_nvme()) {
-      if (check) {
-        PhaseTimer checking(phases.get(), ServicePhase::kChecksum, payload.size());
-        const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
-        checking.stop();
-        check_crc(crc);
-      }
-      return update_on_push(in, p, g, payload, adam_t, check);
-    }
+    if (update) return update_on_push(in, p, g, payload, adam_t, check);
     const PhaseTimer accumulating(phases.get(), ServicePhase::kAccumulate, payload.size());
     if (g.keep_until_commit && first && g.arena && !check && g.dtype == DType::fp32 &&
         !p.on_nvme() && !is_half(p.spec.served_dtype) &&

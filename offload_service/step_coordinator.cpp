@@ -106,7 +106,10 @@ struct CoordinatorState {
   // applied: it can only be committed, never skipped nor redone by a new session. "" when
   // no partition of the job was updated at its push.
   std::string partly_applied(const msg::Header& h, const JobState& job) {
-    const auto updated = workers.updated_at_push(h.job_id, job);
+    const auto pending = workers.gradients(h.job_id, job);
+    std::vector<uint64_t> updated;
+    for (size_t i = 0; i < job.order.size(); ++i)
+      if (pending[i].updated_at_push) updated.push_back(job.order[i]);
     if (updated.empty()) return {};
     return "step " + std::to_string(job.step + 1) +
            " is partly applied: " + std::to_string(updated.size()) + " partition(s) (first " +
@@ -216,9 +219,9 @@ struct CoordinatorState {
           c.loss_scale > 0 && std::isfinite(c.lr) && c.lr >= 0)) {
       refuse(ErrorCode::malformed, "commit needs finite clip_coef > 0, loss_scale > 0, lr >= 0");
     }
-    const auto micro = workers.micro_steps(h.job_id, job);
+    const auto pending = workers.gradients(h.job_id, job);
     for (size_t i = 0; i < job.order.size(); ++i) {
-      if (micro[i] == 0) {
+      if (pending[i].micro_steps == 0) {
         refuse(ErrorCode::versionOrder, "partition " + std::to_string(job.order[i]) +
                                             " has no gradients for step " + std::to_string(c.step));
       }

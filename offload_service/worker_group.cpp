@@ -35,33 +35,19 @@ PerWorker<PartitionQuery> WorkerGroup::queries(const std::string& job, const Job
   return pw;
 }
 
-std::vector<uint32_t> WorkerGroup::micro_steps(const std::string& job, const JobState& state) {
+std::vector<WorkerGroup::PendingGradients> WorkerGroup::gradients(const std::string& job,
+                                                                  const JobState& state) {
   const auto pw = queries(job, state);
   const auto rs = ask(grads_atom::value, pw);
-  std::map<uint64_t, uint32_t> of;
-  size_t k = 0;
-  for (const auto& [w, e] : pw.by_worker) {
-    for (size_t j = 0; j < e.partitions.size(); ++j) of[e.partitions[j]] = rs[k].micro_steps[j];
-    ++k;
-  }
-  std::vector<uint32_t> out;
-  for (uint64_t pid : state.order) out.push_back(of.at(pid));
-  return out;
-}
-
-std::vector<uint64_t> WorkerGroup::updated_at_push(const std::string& job, const JobState& state) {
-  const auto pw = queries(job, state);
-  const auto rs = ask(grads_atom::value, pw);
-  std::set<uint64_t> updated;
+  std::map<uint64_t, PendingGradients> of;
   size_t k = 0;
   for (const auto& [w, e] : pw.by_worker) {
     for (size_t j = 0; j < e.partitions.size(); ++j)
-      if (rs[k].updated_at_push[j]) updated.insert(e.partitions[j]);
+      of[e.partitions[j]] = {rs[k].micro_steps[j], rs[k].updated_at_push[j] != 0};
     ++k;
   }
-  std::vector<uint64_t> out;
-  for (uint64_t pid : state.order)
-    if (updated.count(pid)) out.push_back(pid);
+  std::vector<PendingGradients> out;
+  for (uint64_t pid : state.order) out.push_back(of.at(pid));
   return out;
 }
 

@@ -114,11 +114,14 @@ class WorkerGroup {
   void apply(const std::vector<size_t>& workers);
   void abort(const std::vector<size_t>& workers);
 
-  // Micro-steps accumulated per partition of the job, in the job's order.
-  std::vector<uint32_t> micro_steps(const std::string& job, const JobState& state);
-  // The job's partitions (in its order) whose next step's update already ran on its push
-  // (PushGradients.updateAtPush): such a step can only be committed.
-  std::vector<uint64_t> updated_at_push(const std::string& job, const JobState& state);
+  // Per partition of the job, in the job's order: the micro-steps accumulated, and whether
+  // its next step's update already ran on its push (PushGradients.updateAtPush: such a step
+  // can only be committed). One query of the workers.
+  struct PendingGradients {
+    uint32_t micro_steps = 0;
+    bool updated_at_push = false;
+  };
+  std::vector<PendingGradients> gradients(const std::string& job, const JobState& state);
   // The job's committed state as it is now (no pending gradients may be mixed in: the
   // caller checks), held until unhold(snapshot).
   JobSnapshot snapshot(const std::string& job, const JobState& state);

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "actors/offload_link/offload_client.h"
+#include "checksum/crc32c.h"
 #include "tests/offload/arena_push_util.h"
 #include "tests/offload/offload_test_util.h"
 
@@ -125,6 +126,37 @@ TEST_F(UpdateAtPush, ANonfiniteGradientIsReportedAndTheStepCannotBeSkipped) {
   const auto* e = std::get_if<msg::ErrorReply>(&skip.body);
   ASSERT_NE(e, nullptr);
   EXPECT_NE(e->message.find("2 partition(s)"), std::string::npos) << e->message;
+}
+
+// A push asking for the update whose bytes fail their crc is refused before anything is
+// updated: the partition takes the same step's push afterwards and ends as the other job's.
+TEST_F(UpdateAtPush, ABadCrcUpdatesNothing) {
+  TwoJobs jobs(*svc_, "crc", {fp32_spec(1, 3000)});
+  const auto g = random_floats(3000, 31);
+  actors::ArenaBuffer slot = jobs.updating.arena_buffer(3000 * 4);
+  ASSERT_TRUE(slot);
+  std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
+  const uint32_t crc = checksum::crc32c(slot.bytes().data(), 3000 * 4);
+  msg::PushGradients push{
+      1,    1,
+      0,    DType::fp32,
+      3000, msg::ArenaSlice{jobs.updating.arena_id(), slot.offset(), 3000 * 4, crc ^ 1u, false}};
+  push.update_at_push = true;
+  push.update_lr = 1e-3;
+  const msg::Header refused = jobs.updating.call(push);
+  const auto* e = std::get_if<msg::ErrorReply>(&refused.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->code, msg::ErrorCode::checksumMismatch) << e->message;
+  slot = {};
+  // Nothing was updated: the partition is served, and the step goes on.
+  EXPECT_EQ(owned_bytes(jobs.updating.fetch(1, 0, DType::fp32).bytes()),
+            owned_bytes(jobs.at_commit.fetch(1, 0, DType::fp32).bytes()));
+  jobs.updating.set_update_at_push(1e-3);
+  ASSERT_TRUE(push_in_place(jobs.updating, 1, 1, g).updated);
+  push_in_place(jobs.at_commit, 1, 1, g);
+  jobs.updating.commit(commit_of(1, 1e-3));
+  jobs.at_commit.commit(commit_of(1, 1e-3));
+  jobs.expect_same_parameters(1);
 }
 
 std::string refusal(OffloadClient& c, msg::Body body, std::span<const std::byte> payload = {}) {

@@ -1,11 +1,13 @@
 #include "trainer/zero/gradient_pipeline.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "actors/collectives/collectives.h"
 #include "trainer/step_clock.h"
@@ -444,7 +446,15 @@ void GradientPipeline::collect_push() {
     reply = await_or_throw(*z_.services[push.service], what, z_.counters.committed_step,
                            std::move(push.reply));
   }
-  if (reply.updated) ++pushes_updated_;
+  if (reply.updated) {
+    ++pushes_updated_;
+  } else if (updates_asked_ && !std::exchange(told_not_updated_, true)) {
+    spdlog::warn(
+        "zero_optimization.offload_optimizer.update_at_push: offload service {} did not run "
+        "the update on the push of block {} (a partition it keeps on NVMe); such partitions "
+        "are updated at the commit, as without the setting",
+        z_.services[push.service]->endpoint(), z_.layouts[push.block].name);
+  }
   pushed_.sum_squares[push.block] = reply.sum_squares;
   pushed_.nonfinite[push.block] = reply.nonfinite;
   block_pushed_[push.block] = 1;

@@ -87,6 +87,10 @@ class GradientPipeline {
   // longer, a slot the step's fetches would otherwise have had (with its pages kept) where
   // they share the pool.
   void set_group_pushes(std::function<bool()> group) { group_ = std::move(group); }
+  // Whether every push asks its service for the update (offload_optimizer.update_at_push):
+  // the first push a service answers without it (a partition it keeps on NVMe) is logged,
+  // once, naming the block and the service.
+  void set_updates_asked(bool asked) { updates_asked_ = asked; }
   // The step's lent slots of `service`, taken out of the pipeline.
   std::vector<LentSlot> take_lent(size_t service);
   // Every lent slot back to its pool (a skipped or failed step; the next step's start).
@@ -170,6 +174,8 @@ class GradientPipeline {
   uint64_t pushes_in_place_ = 0;
   uint64_t pushes_lent_ = 0;
   uint64_t pushes_updated_ = 0;
+  bool updates_asked_ = false;
+  bool told_not_updated_ = false;
   uint64_t pushes_grouped_ = 0;
   uint64_t pushes_copied_ = 0;
   std::function<bool(size_t)> lend_;

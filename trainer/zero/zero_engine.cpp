@@ -176,6 +176,7 @@ void ZeroEngine::start_parts() {
   residency_ = std::make_unique<ParamResidency>(context_, *system_, model_);
   gradients_ = std::make_unique<GradientPipeline>(context_);
   gradients_->set_lend_slot([this](size_t b) { return lends_push_slot(b); });
+  gradients_->set_updates_asked(config_.zero_optimization.offload_optimizer.update_at_push);
   // Stage 3's fetches share the pushes' pool: pushes wait for each other only while no fetch
   // has taken a slot of it (they are read in the service's master views). Where fetches are
   // copied into slots, a held push takes the slot a fetch would have had with its pages
