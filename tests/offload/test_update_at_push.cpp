@@ -34,6 +34,14 @@ msg::PushReply push_in_place(OffloadClient& c, uint64_t pid, uint64_t step,
   return push_from_slot(c, pid, step, 0, g, false).reply;
 }
 
+msg::FetchParameters fp32_fetch(uint64_t pid, uint64_t min_version) {
+  msg::FetchParameters f;
+  f.partition_id = pid;
+  f.min_version = min_version;
+  f.dtype = DType::fp32;
+  return f;
+}
+
 struct TwoJobs {
   TwoJobs(deploy::ServiceProcess& svc, const std::string& name, std::vector<msg::PartitionSpec> s)
       : updating(svc.endpoint(), svc.client_security(), 10s, name + "-updating"),
@@ -173,8 +181,7 @@ TEST_F(UpdateAtPush, APartlyAppliedStepCanOnlyBeCommitted) {
   const auto g1 = random_floats(3000, 11), g2 = random_floats(2000, 12);
   ASSERT_TRUE(push_in_place(jobs.updating, 1, 1, g1).updated);
   // Partition 1 holds step 1's update already; partition 2 has no gradient yet.
-  EXPECT_NE(refusal(jobs.updating, msg::FetchParameters{1, 0, DType::fp32})
-                .find("updated at its push of step 1"),
+  EXPECT_NE(refusal(jobs.updating, fp32_fetch(1, 0)).find("updated at its push of step 1"),
             std::string::npos);
   const std::vector<float> again(3000, 1.0f);
   EXPECT_NE(
@@ -217,8 +224,7 @@ TEST_F(UpdateAtPush, APartlyAppliedStepCanOnlyBeCommitted) {
   jobs.updating.set_update_at_push(1e-3);
   ASSERT_TRUE(push_in_place(jobs.updating, 1, 2, random_floats(3000, 13)).updated);
   EXPECT_EQ(resume(), "");
-  EXPECT_NE(refusal(jobs.updating, msg::FetchParameters{1, 1, DType::fp32})
-                .find("updated at its push of step 2"),
+  EXPECT_NE(refusal(jobs.updating, fp32_fetch(1, 1)).find("updated at its push of step 2"),
             std::string::npos);
   EXPECT_NE(refusal(jobs.updating, msg::Checkpoint{"half", "", "update-at-push-half"})
                 .find("holds part of step 2"),
@@ -228,8 +234,7 @@ TEST_F(UpdateAtPush, APartlyAppliedStepCanOnlyBeCommitted) {
   // The same again, then a fresh start: SetParameters replaces the partition's state.
   ASSERT_TRUE(push_in_place(jobs.updating, 1, 2, random_floats(3000, 14)).updated);
   EXPECT_EQ(resume(), "");
-  EXPECT_NE(refusal(jobs.updating, msg::FetchParameters{1, 1, DType::fp32}).find("step 2"),
-            std::string::npos);
+  EXPECT_NE(refusal(jobs.updating, fp32_fetch(1, 1)).find("step 2"), std::string::npos);
   const auto fresh = random_floats(3000, 15);
   jobs.updating.set_parameters(1, 1, DType::fp32, bytes_of(fresh));
   EXPECT_EQ(owned_bytes(jobs.updating.fetch(1, 1, DType::fp32).bytes()),

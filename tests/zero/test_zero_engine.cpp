@@ -133,7 +133,9 @@ class ZeroEngineTest : public ::testing::Test {
     const Trace want = run_stage0(kTiny, config(mode, 0, "none", ""), tokens, kSteps);
     std::printf("%s stage 0: %d steps in %.2f s\n", mode.c_str(), kSteps,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_ref).count());
-    if (mode == "fp16") ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
+    if (mode == "fp16") {
+      ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
+    }
     for (const std::string device : {"cpu", "nvme"})
       for (int stage : {1, 2, 3}) {
         SCOPED_TRACE(mode + " stage " + std::to_string(stage) + " " + device);
@@ -196,7 +198,9 @@ class ZeroEngineTest : public ::testing::Test {
         {"zero_optimization", {{"offload_optimizer", {{"arena_checksums", true}}}}}};
     const Trace checked = run_zero(kTiny, config(mode, 3, device, nvme_->path.string(), crc),
                                    std::move(o), tokens, steps);
-    if (mode == "fp16") ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
+    if (mode == "fp16") {
+      ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
+    }
     expect_equal_runs(want, whole);
     expect_equal_runs(want, ranges);
     expect_equal_runs(want, checked);
@@ -316,7 +320,9 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
     SCOPED_TRACE(mode);
     const int steps = mode == "fp16" ? 8 : 4;  // fp16: the first steps overflow
     const Trace want = run_stage0(kTiny, config(mode, 0, "none", "", extra), tokens, steps);
-    if (mode == "fp16") ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
+    if (mode == "fp16") {
+      ASSERT_GE(skipped_steps(want), 1) << "the reference must skip a step";
+    }
     ZeroStats arena_stats, frame_stats, copied_stats;
     const Trace arena = run_zero(kTiny, config(mode, 3, "cpu", "", extra),
                                  options("cpu", "arena-" + mode), tokens, steps, &arena_stats);
