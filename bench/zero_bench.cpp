@@ -29,6 +29,7 @@
 #include "bench/zero_breakdown.h"
 #include "deploy/service_process.h"
 #include "metrics/state_figures.h"
+#include "offload_service/host_memory.h"
 #include "trainer/data/batch_loader.h"
 #include "trainer/engine/engine.h"
 #include "trainer/model/param_blocks.h"
@@ -281,6 +282,9 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"steps_measured", o.steps},
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"master_views", o.master_views},
+      // The host's shmem_enabled: whether the masters trainers map as views got 2 MiB pages
+      // (their mapping costs the trainer far less where they did).
+      {"shmem_huge_pages", offload::shmem_huge_pages().setting},
       {"request_channel", o.request_channel},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
       {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},

@@ -16,6 +16,7 @@
 #include "cli/start_trainer.h"
 #include "cli/trainer_rendezvous.h"
 #include "messages/frame_heap.h"
+#include "offload_service/host_memory.h"
 #include "offload_service/service.h"
 #include "offload_service/service_metrics.h"
 #include "security/transport_security.h"
@@ -102,8 +103,12 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
         "no parameter cache); NVMe footprint {} bytes (partitions.dat) for {} bytes of extents",
         st.staging_bytes, o.store.buffer_count, st.nvme_file_bytes, st.bytes_on_nvme);
   }
-  spdlog::info("offload service listening on {} ({} tier; partition workers: {}; pinning: {})",
-               service.endpoint(), tiers, service.workers(), service.pinning_report());
+  // Read once: the host's setting decides the pages of every master allocated from now on.
+  const std::string master_pages = offload::shmem_huge_pages().report();
+  spdlog::info(
+      "offload service listening on {} ({} tier; partition workers: {}; pinning: {}; masters "
+      "shared with trainers: {})",
+      service.endpoint(), tiers, service.workers(), service.pinning_report(), master_pages);
   metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});
   offload::add_service_metrics(registry, service);
   if (o.store.actors) metrics::ActorBoard::publish(o.store.actors, registry);
@@ -114,9 +119,13 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
   if (!a.nvme.empty()) actor_names.insert(actor_names.end(), {"nvme_io", "metadata"});
   actor_names.push_back("checkpoint_writer");
   auto metrics_server = serve_metrics(keys.metrics, registry, "offload service", [&] {
-    return nlohmann::json{
-        {"role", "offload"}, {"actors", actor_names},        {"endpoint", service.endpoint()},
-        {"tiers", tiers},    {"workers", service.workers()}, {"pinning", service.pinning_report()}};
+    return nlohmann::json{{"role", "offload"},
+                          {"actors", actor_names},
+                          {"endpoint", service.endpoint()},
+                          {"tiers", tiers},
+                          {"workers", service.workers()},
+                          {"pinning", service.pinning_report()},
+                          {"master_pages", master_pages}};
   });
 
   spdlog::info("offload service: {} received, stopping", wait_for_stop(stop_signals));

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -56,6 +57,14 @@ namespace {
 constexpr unsigned kCudaHostAllocPortable = 1;     // pinned for every CUDA context
 constexpr unsigned kCudaHostRegisterPortable = 1;  // likewise, for registered memory
 constexpr size_t kAlign = storage::AlignedBuffer::kAlignment;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
 
 class MappedBuffer final : public HostBuffer {
  public:
@@ -99,6 +108,10 @@ class SharedBuffer final : public HostBuffer {
     void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
     if (p == MAP_FAILED) fail("mmap");
     data_ = static_cast<std::byte*>(p);
+    // Before any page exists (mlock below faults them in): where the host's shmem_enabled
+    // allows it, the memfd gets 2 MiB pages, and a trainer's view of it is then mapped 512
+    // pages an entry. Advisory: refused or disabled, the buffer keeps 4 KiB pages.
+    if (capacity_ >= kHugePage) (void)::madvise(p, capacity_, MADV_HUGEPAGE);
     // A new open file description, read-only: mmap of it with PROT_WRITE and MAP_SHARED,
     // write() and ftruncate() all fail for whoever holds it.
     const std::string self = "/proc/self/fd/" + std::to_string(rw);
@@ -152,6 +165,31 @@ class CudaBuffer final : public HostBuffer {
 };
 
 }  // namespace
+
+std::string bracketed_choice(const std::string& text) {
+  const size_t open = text.find('[');
+  const size_t close = open == std::string::npos ? open : text.find(']', open);
+  if (close == std::string::npos) return {};
+  return text.substr(open + 1, close - open - 1);
+}
+
+ShmemHugePages shmem_huge_pages(const std::string& sysfs) {
+  ShmemHugePages out;
+  std::string setting = bracketed_choice(first_line(sysfs + "/hugepages-2048kB/shmem_enabled"));
+  if (setting.empty() || setting == "inherit")
+    setting = bracketed_choice(first_line(sysfs + "/shmem_enabled"));
+  out.setting = setting;
+  out.madvise_takes_effect =
+      setting == "always" || setting == "within_size" || setting == "advise" || setting == "force";
+  return out;
+}
+
+std::string ShmemHugePages::report() const {
+  if (madvise_takes_effect) return "2 MiB pages (shmem_enabled: " + setting + ")";
+  return "4 KiB pages (shmem_enabled: " + (setting.empty() ? std::string("unreadable") : setting) +
+         "; \"advise\" in /sys/kernel/mm/transparent_hugepage/shmem_enabled gives them 2 MiB "
+         "pages, which trainers map cheaper)";
+}
 
 HostAllocator::HostAllocator(const HostMemoryOptions& options) : options_(options) {
   if (!options_.pin) {

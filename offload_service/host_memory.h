@@ -54,6 +54,23 @@ class HostBuffer {
 };
 using HostBufferPtr = std::shared_ptr<HostBuffer>;
 
+// Whether this host backs shared memory (memfd, tmpfs) with 2 MiB pages where a mapping asks
+// for them (MADV_HUGEPAGE): the kernel's shmem_enabled for the PMD size, read under `sysfs`
+// (/sys/kernel/mm/transparent_hugepage; a per-size hugepages-2048kB/shmem_enabled other than
+// "inherit" wins over the global one). A master a trainer maps as a view is then mapped with
+// a page-table entry per 2 MiB instead of per 4 KiB, and a fresh view costs its reader far
+// less (on a paravirtualized VM each 4 KiB entry's first read did: bench/README, session 33).
+struct ShmemHugePages {
+  std::string setting;  // the bracketed choice ("never", "advise", ...); empty when unreadable
+  bool madvise_takes_effect = false;  // always, within_size, advise or force
+  // One line for the startup log: what masters get, and how to change it when they do not.
+  std::string report() const;
+};
+ShmemHugePages shmem_huge_pages(const std::string& sysfs = "/sys/kernel/mm/transparent_hugepage");
+// The bracketed word of a sysfs choice list ("always [advise] never" -> "advise"); empty when
+// there is none.
+std::string bracketed_choice(const std::string& text);
+
 struct HostMemoryOptions {
   // Pin buffers at all (false: plain pageable memory, kind kNone). Default: true.
   bool pin = true;

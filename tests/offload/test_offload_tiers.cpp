@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -224,6 +228,91 @@ TEST(OffloadTiers, PinningIsReported) {
   auto ref = setup(h, {spec(1, 5000)});
   step(h, ref, 1, 1);
   check(h, ref, "pinned buffers");
+}
+
+// The host's shmem_enabled as the service reads it: the PMD size's own file where it is not
+// "inherit", else the global one; a host without them reports so instead of guessing.
+TEST(OffloadTiers, ShmemHugePagesReadsTheHostsSetting) {
+  EXPECT_EQ(bracketed_choice("always within_size [advise] never deny force"), "advise");
+  EXPECT_EQ(bracketed_choice("no choice here"), "");
+  const TempDir dir;
+  const std::string root = dir.path.string();
+  auto write = [](const std::filesystem::path& p, const std::string& text) {
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text << "\n";
+  };
+  const ShmemHugePages none = shmem_huge_pages(root);
+  EXPECT_EQ(none.setting, "");
+  EXPECT_FALSE(none.madvise_takes_effect);
+  EXPECT_NE(none.report().find("unreadable"), std::string::npos) << none.report();
+
+  write(dir.path / "shmem_enabled", "always within_size advise [never] deny force");
+  const ShmemHugePages never = shmem_huge_pages(root);
+  EXPECT_EQ(never.setting, "never");
+  EXPECT_FALSE(never.madvise_takes_effect);
+  // It says how to get them.
+  EXPECT_NE(never.report().find("\"advise\" in /sys/kernel/mm/transparent_hugepage/shmem_enabled"),
+            std::string::npos)
+      << never.report();
+
+  write(dir.path / "hugepages-2048kB" / "shmem_enabled",
+        "always [inherit] within_size advise never");
+  EXPECT_EQ(shmem_huge_pages(root).setting, "never");  // inherited
+  write(dir.path / "hugepages-2048kB" / "shmem_enabled",
+        "always inherit within_size [advise] never");
+  const ShmemHugePages advise = shmem_huge_pages(root);
+  EXPECT_EQ(advise.setting, "advise");
+  EXPECT_TRUE(advise.madvise_takes_effect);
+  EXPECT_EQ(advise.report(), "2 MiB pages (shmem_enabled: advise)");
+  for (const char* on : {"always", "within_size", "force"}) {
+    write(dir.path / "hugepages-2048kB" / "shmem_enabled", std::string("[") + on + "]");
+    EXPECT_TRUE(shmem_huge_pages(root).madvise_takes_effect) << on;
+  }
+  write(dir.path / "hugepages-2048kB" / "shmem_enabled", "[deny]");
+  EXPECT_FALSE(shmem_huge_pages(root).madvise_takes_effect);
+}
+
+// kB of 2 MiB-mapped shared memory in the mapping of this process that holds `p`
+// (/proc/self/smaps: ShmemPmdMapped, or FilePmdMapped on kernels that count it there).
+uint64_t pmd_mapped_kb(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  uint64_t kb = 0;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    if (!inside) continue;
+    for (const char* field : {"ShmemPmdMapped:", "FilePmdMapped:"}) {
+      if (line.rfind(field, 0) == 0) kb += std::stoull(line.substr(std::strlen(field)));
+    }
+  }
+  return kb;
+}
+
+// A shared master (the memfd trainers map as a view) asks for 2 MiB pages: where the host
+// grants them, both the service's mapping and a trainer's read-only view of it are mapped
+// 2 MiB an entry. On a host whose shmem_enabled refuses (most distributions' default) the
+// test has nothing to check and says so.
+TEST(OffloadTiers, ASharedMasterIsMappedWith2MiBPagesWhereTheHostAllowsIt) {
+  const ShmemHugePages host = shmem_huge_pages();
+  if (!host.madvise_takes_effect)
+    GTEST_SKIP() << "this host gives shared memory no 2 MiB pages: " << host.report();
+  HostAllocator memory(HostMemoryOptions{false, false});
+  constexpr size_t kBytes = size_t{8} << 20;
+  HostBufferPtr master = memory.allocate_shared(kBytes);
+  ASSERT_GT(master->view_id(), 0u);
+  std::memset(master->data(), 1, kBytes);
+  EXPECT_GE(pmd_mapped_kb(master->data()), 4096u) << "the service's own mapping";
+  void* view = ::mmap(nullptr, kBytes, PROT_READ, MAP_SHARED | MAP_POPULATE, master->view_fd(), 0);
+  ASSERT_NE(view, MAP_FAILED);
+  EXPECT_EQ(static_cast<const unsigned char*>(view)[kBytes - 1], 1);
+  EXPECT_GE(pmd_mapped_kb(view), 4096u) << "a trainer's read-only view";
+  ::munmap(view, kBytes);
 }
 
 // A checkpoint's snapshot of RAM partitions is charged against the memory limit while it is
