@@ -21,6 +21,16 @@ inline messages::PartitionSpec fp32_spec(uint64_t id, uint64_t n) {
   return s;
 }
 
+// Registers `specs` for `c`'s job (step 0, one rank) and gives each partition the same seeded
+// random parameters, so two jobs set up from the same specs start equal.
+inline void register_with_seeded_parameters(actors::OffloadClient& c,
+                                            const std::vector<messages::PartitionSpec>& specs) {
+  c.register_partitions(0, 1, specs);
+  for (const auto& p : specs)
+    c.set_parameters(p.partition_id, 0, messages::DType::fp32,
+                     bytes_of(random_floats(p.element_count, 7 + p.partition_id)));
+}
+
 inline std::vector<std::byte> owned_bytes(std::span<const std::byte> b) {
   return {b.begin(), b.end()};
 }

@@ -43,12 +43,7 @@ struct TwoJobs {
     uint64_t largest = 0;
     for (const auto& p : specs) largest = std::max(largest, p.element_count);
     EXPECT_TRUE(lending.map_arena(largest * 4, 2 * specs.size() + 1));
-    for (OffloadClient* c : {&lending, &copied}) {
-      c->register_partitions(0, 1, specs);
-      for (const auto& p : specs)
-        c->set_parameters(p.partition_id, 0, DType::fp32,
-                          bytes_of(random_floats(p.element_count, 7 + p.partition_id)));
-    }
+    for (OffloadClient* c : {&lending, &copied}) register_with_seeded_parameters(*c, specs);
   }
   OffloadClient lending, copied;
   std::vector<msg::PartitionSpec> specs;

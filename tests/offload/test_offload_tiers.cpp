@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "offload_service/host_memory.h"
 #include "offload_service/partition_store.h"
@@ -272,13 +273,12 @@ TEST(OffloadTiers, ShmemHugePagesReadsTheHostsSetting) {
   EXPECT_FALSE(shmem_huge_pages(root).madvise_takes_effect);
 }
 
-// kB of 2 MiB-mapped shared memory in the mapping of this process that holds `p`
-// (/proc/self/smaps: ShmemPmdMapped, or FilePmdMapped on kernels that count it there).
-uint64_t pmd_mapped_kb(const void* p) {
+// The lines /proc/self/smaps has for the mapping of this process that holds `p`.
+std::vector<std::string> smaps_of(const void* p) {
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
   bool inside = false;
-  uint64_t kb = 0;
+  std::vector<std::string> out;
   const auto at = reinterpret_cast<uintptr_t>(p);
   while (std::getline(smaps, line)) {
     unsigned long lo = 0, hi = 0;
@@ -286,26 +286,44 @@ uint64_t pmd_mapped_kb(const void* p) {
       inside = lo <= at && at < hi;
       continue;
     }
-    if (!inside) continue;
-    for (const char* field : {"ShmemPmdMapped:", "FilePmdMapped:"}) {
-      if (line.rfind(field, 0) == 0) kb += std::stoull(line.substr(std::strlen(field)));
-    }
+    if (inside) out.push_back(line);
   }
+  return out;
+}
+
+// kB of 2 MiB-mapped shared memory in the mapping that holds `p` (ShmemPmdMapped, or
+// FilePmdMapped on kernels that count it there).
+uint64_t pmd_mapped_kb(const void* p) {
+  uint64_t kb = 0;
+  for (const std::string& line : smaps_of(p))
+    for (const char* field : {"ShmemPmdMapped:", "FilePmdMapped:"})
+      if (line.rfind(field, 0) == 0) kb += std::stoull(line.substr(std::strlen(field)));
   return kb;
 }
 
-// A shared master (the memfd trainers map as a view) asks for 2 MiB pages: where the host
-// grants them, both the service's mapping and a trainer's read-only view of it are mapped
-// 2 MiB an entry. On a host whose shmem_enabled refuses (most distributions' default) the
-// test has nothing to check and says so.
+// Whether the mapping that holds `p` was asked for huge pages (MADV_HUGEPAGE sets the
+// VMA's "hg" flag whatever the host then grants).
+bool asked_for_huge_pages(const void* p) {
+  for (const std::string& line : smaps_of(p))
+    if (line.rfind("VmFlags:", 0) == 0) return (line + " ").find(" hg ") != std::string::npos;
+  return false;
+}
+
+// A shared master (the memfd trainers map as a view) asks for 2 MiB pages on every host, a
+// small one and an unshared buffer do not; where the host grants them, both the service's
+// mapping and a trainer's read-only view of it are mapped 2 MiB an entry. On a host whose
+// shmem_enabled refuses (most distributions' default) that last part is skipped, saying so.
 TEST(OffloadTiers, ASharedMasterIsMappedWith2MiBPagesWhereTheHostAllowsIt) {
-  const ShmemHugePages host = shmem_huge_pages();
-  if (!host.madvise_takes_effect)
-    GTEST_SKIP() << "this host gives shared memory no 2 MiB pages: " << host.report();
   HostAllocator memory(HostMemoryOptions{false, false});
   constexpr size_t kBytes = size_t{8} << 20;
   HostBufferPtr master = memory.allocate_shared(kBytes);
   ASSERT_GT(master->view_id(), 0u);
+  EXPECT_TRUE(asked_for_huge_pages(master->data()));
+  EXPECT_FALSE(asked_for_huge_pages(memory.allocate_shared(size_t{1} << 20)->data()));
+  EXPECT_FALSE(asked_for_huge_pages(memory.allocate(kBytes)->data()));
+  const ShmemHugePages host = shmem_huge_pages();
+  if (!host.madvise_takes_effect)
+    GTEST_SKIP() << "this host gives shared memory no 2 MiB pages: " << host.report();
   std::memset(master->data(), 1, kBytes);
   EXPECT_GE(pmd_mapped_kb(master->data()), 4096u) << "the service's own mapping";
   void* view = ::mmap(nullptr, kBytes, PROT_READ, MAP_SHARED | MAP_POPULATE, master->view_fd(), 0);

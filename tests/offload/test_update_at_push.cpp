@@ -51,10 +51,7 @@ struct TwoJobs {
     for (const auto& p : specs) largest = std::max(largest, p.element_count);
     for (OffloadClient* c : {&updating, &at_commit}) {
       EXPECT_TRUE(c->map_arena(largest * 4, specs.size() + 1));
-      c->register_partitions(0, 1, specs);
-      for (const auto& p : specs)
-        c->set_parameters(p.partition_id, 0, DType::fp32,
-                          bytes_of(random_floats(p.element_count, 7 + p.partition_id)));
+      register_with_seeded_parameters(*c, specs);
     }
   }
   void expect_same_parameters(uint64_t step) {
