@@ -233,7 +233,10 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   r["pushes_in_place"] = after.pushes_in_place - before.pushes_in_place;
   r["fetches_in_place"] = after.fetches_in_place - before.fetches_in_place;
   r["fetches_from_master_view"] = after.fetches_from_master_view - before.fetches_from_master_view;
-  // Of those, views fetched earlier in the step mapped again: no request to the service.
+  // How the engine used them: mapped, or read into the fetches' slots (master_view_use.h).
+  r["master_view_use"] = after.master_view_use;
+  // Of those, views fetched earlier in the step mapped or read again: no request to the
+  // service.
   r["fetches_from_held_view"] = after.fetches_from_held_view - before.fetches_from_held_view;
   // Dropped blocks' views the fetcher's thread unmapped (the compute thread unmaps none).
   r["master_views_unmapped_by_fetcher"] =
@@ -282,6 +285,7 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       {"steps_measured", o.steps},
       {"payloads", o.shared_memory ? "shared-memory arena" : "frames over tcp"},
       {"master_views", o.master_views},
+      {"master_view_use_asked", o.master_view_use},
       // The host's shmem_enabled: whether the masters trainers map as views got 2 MiB pages
       // (their mapping costs the trainer far less where they did).
       {"shmem_huge_pages", offload::shmem_huge_pages().setting},
@@ -431,6 +435,12 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.job_id = std::string("bench-zero-") + name;
         zo.shared_memory = o.shared_memory;
         zo.master_views = o.master_views;
+        if (o.master_view_use != "auto") {
+          zo.master_view_use = actors::parse_master_view_use(o.master_view_use);
+          if (!zo.master_view_use)
+            throw std::invalid_argument("bench zero: master view use '" + o.master_view_use +
+                                        "'; allowed: auto, map, read");
+        }
         zo.request_channel = o.request_channel;
         if (o.pushes_together) zo.pushes_sent_together = *o.pushes_together;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);

@@ -44,6 +44,9 @@ struct ZeroBenchOptions {
   bool shared_memory = true;
   // Stage-3 fetches map the service's master read-only (ZeroOptions::master_views).
   bool master_views = true;
+  // How they use the views (ZeroOptions::master_view_use): "map", "read", or "auto" (the
+  // engine measures which this host does cheaper).
+  std::string master_view_use = "auto";
   // Arena pushes over a request channel (ZeroOptions::request_channel).
   bool request_channel = false;
   // ZeroOptions::pushes_sent_together: in-place pushes sent to the service as one group;

@@ -188,6 +188,12 @@ void add_zero_bench(CLI::App* bench, const std::shared_ptr<bool>& json) {
       "--no-master-views", [zo](int64_t) { zo->master_views = false; },
       "stage-3 fetches have the service copy its master into the arena instead of mapping "
       "it read-only");
+  zero->add_option("--master-view-use", zo->master_view_use,
+                   "how stage-3 fetches use the service's master views: map them read-only, "
+                   "read (copy) them into the fetch's arena slot, or auto: whichever this host "
+                   "does cheaper, measured at start")
+      ->check(CLI::IsMember({"auto", "map", "read"}))
+      ->capture_default_str();
   zero->add_flag("--request-channel", zo->request_channel,
                  "stage-3 arena pushes go over a request channel handed over with the arena "
                  "instead of the ZeroMQ socket (ZeroOptions::request_channel)");

@@ -419,9 +419,10 @@ int run_zero(RankRun& run) {
       s.arena_bytes > 0
           ? fmt::format(
                 "through a {} B shared-memory arena ({} pushes in place, {} fetches in "
-                "place of which {} from the master view ({} mapped again without a request), {} "
+                "place of which {} from the master view ({}, {} again without a request), {} "
                 "gathered in place; {} B as frames)",
                 s.arena_bytes, s.pushes_in_place, s.fetches_in_place, s.fetches_from_master_view,
+                s.master_view_use == "read" ? "read into slots" : "mapped",
                 s.fetches_from_held_view, s.fetches_gathered_in_place, s.payload_bytes_as_frames)
           : std::string("as frames"));
   log_validation(engine, run.split, run.B, run.T, a.seed, a.name);

@@ -649,6 +649,18 @@ MasterViewMapping::~MasterViewMapping() {
 }
 
 std::optional<ServiceFailure> OffloadClient::map_view(FetchedParameters& out) {
+  if (auto f = collect_view(out)) return f;
+  const uint64_t pid = out.reply.partition_id;
+  try {
+    out.view = std::make_shared<const MasterViewMapping>(views_[pid].fd,
+                                                         out.reply.element_count * sizeof(float));
+  } catch (const std::exception& e) {
+    return failure("fetch of partition " + std::to_string(pid) + ": " + e.what());
+  }
+  return std::nullopt;
+}
+
+std::optional<ServiceFailure> OffloadClient::collect_view(FetchedParameters& out) {
   const msg::MasterView& v = *out.reply.master_view;
   const uint64_t pid = out.reply.partition_id;
   HeldView& held = views_[pid];
@@ -666,12 +678,6 @@ std::optional<ServiceFailure> OffloadClient::map_view(FetchedParameters& out) {
     return failure("answered a fetch of partition " + std::to_string(pid) + " with master view " +
                    std::to_string(v.view_id) + " and no ticket, this client holds " +
                    (had ? "view " + std::to_string(had) : std::string("none")));
-  }
-  try {
-    out.view =
-        std::make_shared<const MasterViewMapping>(held.fd, out.reply.element_count * sizeof(float));
-  } catch (const std::exception& e) {
-    return failure("fetch of partition " + std::to_string(pid) + ": " + e.what());
   }
   return std::nullopt;
 }
@@ -732,12 +738,28 @@ ServiceResult<FetchedParameters> OffloadClient::await_fetch(uint64_t id) {
   out.parts = std::move(reply->payload_parts);
   out.arena = std::move(reply->arena);
   if (out.reply.master_view) {
-    // Nothing was written into the slot: free again at once.
-    if (out.arena) out.arena.pool_->set_used(out.arena.slot_, 0);
-    out.arena = {};
     if (!offered || !accepted_view)
       return failure("answered a fetch of partition " + std::to_string(out.reply.partition_id) +
                      " that accepted no master view with one");
+    const size_t bytes = out.reply.element_count * sizeof(float);
+    if (master_view_use_ == MasterViewUse::read && out.arena && out.arena.bytes().size() >= bytes) {
+      // Copied into the slot the request offered: the bytes are then the slot's, as if the
+      // service had written them, and the view's fd is kept to read it again.
+      if (auto f = collect_view(out)) return std::move(*f);
+      out.view_file = views_[out.reply.partition_id].fd;
+      try {
+        read_master_view(out.view_file->get(), out.arena.bytes().first(bytes));
+      } catch (const std::exception& e) {
+        return failure("fetch of partition " + std::to_string(out.reply.partition_id) + ": " +
+                       e.what());
+      }
+      out.arena_bytes = out.arena.bytes().first(bytes);
+      out.arena.pool_->set_used(out.arena.slot_, bytes);
+      return out;
+    }
+    // Nothing was written into the slot: free again at once.
+    if (out.arena) out.arena.pool_->set_used(out.arena.slot_, 0);
+    out.arena = {};
     if (auto f = map_view(out)) return std::move(*f);
     return out;
   }

@@ -36,6 +36,7 @@
 
 #include <zmq.hpp>
 
+#include "actors/offload_link/master_view_use.h"
 #include "actors/offload_link/service_result.h"
 #include "actors/offload_link/slot_pool.h"
 #include "messages/arena_handoff.h"
@@ -121,6 +122,10 @@ struct FetchedParameters {
   std::span<const std::byte> arena_bytes;
   // Holds them when the service answered with its master's view (nothing was copied).
   std::shared_ptr<const MasterViewMapping> view;
+  // The view's fd when the service answered with its master's view and this client read
+  // (copied) it into the arena slot (MasterViewUse::read): the bytes are the slot's, and
+  // the fd reads the same view again within the step without asking the service.
+  std::shared_ptr<const messages::UniqueFd> view_file;
   bool in_arena() const { return static_cast<bool>(arena); }
   bool in_view() const { return static_cast<bool>(view); }
   bool in_parts() const { return !parts.empty(); }
@@ -271,6 +276,11 @@ class OffloadClient {
   // free again. Each partition's view fd is collected once and kept. Default: off.
   void set_master_views(bool on) { master_views_ = on; }
   bool master_views() const { return master_views_; }
+  // How a view the service answered with reaches the caller (master_view_use.h): mapped
+  // (FetchedParameters::view; the default), or read into the slot the fetch offered
+  // (FetchedParameters::view_file, the bytes in the slot). Before the first request.
+  void set_master_view_use(MasterViewUse use) { master_view_use_ = use; }
+  MasterViewUse master_view_use() const { return master_view_use_; }
   // Whether the arena this client maps comes with a request channel
   // (messages/request_channel.h): the arena pushes then go there, each a datagram read by
   // the service's gateway and answered by the worker that took it, instead of through
@@ -460,6 +470,7 @@ class OffloadClient {
   size_t push_range_bytes_ = kDefaultPushRangeBytes;
   size_t fetch_part_bytes_ = kDefaultPushRangeBytes;
   bool master_views_ = false;
+  MasterViewUse master_view_use_ = MasterViewUse::map;
   std::optional<double> update_lr_;  // set_update_at_push
   // Per partition, the master view collected last: its id and read-only fd.
   struct HeldView {
@@ -469,6 +480,8 @@ class OffloadClient {
   std::map<uint64_t, HeldView> views_;
   // The reply's view mapped (its fd collected first when the reply carries a ticket).
   std::optional<ServiceFailure> map_view(FetchedParameters& out);
+  // The reply's view fd collected (with the reply's ticket) or checked against the one held.
+  std::optional<ServiceFailure> collect_view(FetchedParameters& out);
   std::atomic<uint64_t> requests_sent_{0};
   std::atomic<uint64_t> channel_requests_sent_{0};
   std::set<uint64_t> pings_;  // Pings sent and not answered yet

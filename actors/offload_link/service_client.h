@@ -77,6 +77,8 @@ class ServiceClient {
   void set_fetch_part_bytes(size_t bytes) { client_->set_fetch_part_bytes(bytes); }
   // OffloadClient::set_master_views; before the first request, as above.
   void set_master_views(bool on) { client_->set_master_views(on); }
+  // OffloadClient::set_master_view_use; before the first request, as above.
+  void set_master_view_use(MasterViewUse use) { client_->set_master_view_use(use); }
   // OffloadClient::set_request_channel; before map_arena.
   void set_request_channel(bool on) { client_->set_request_channel(on); }
   // OffloadClient::set_update_at_push, in posting order: the pushes posted after it ask for

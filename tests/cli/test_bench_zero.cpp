@@ -178,7 +178,9 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   // With arena checksums: the crc the service declares for a fetch is that of what it
   // wrote, the one the trainer declares for an in-place push that of its gradient (a
   // mismatch would fail the run).
-  const auto j = bench_zero("--pairs 2 --arena-checksums");
+  // Views mapped (--master-view-use map; the default measures which this host does cheaper):
+  // in-place pushes then go in groups, since no fetch takes a slot of their pool.
+  const auto j = bench_zero("--pairs 2 --arena-checksums --master-view-use map");
   expect_consistent(j);
   EXPECT_EQ(j.at("stage3_prefetch_on").at("arena_checksums"), true);
   // ...so no slice the service received omitted its crc.
@@ -234,6 +236,9 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   // Each block is read where the service keeps it, mapped read-only: the service copies
   // none into a slot.
   EXPECT_EQ(j.at("master_views"), true);
+  EXPECT_EQ(j.at("master_view_use_asked"), "map");
+  EXPECT_EQ(on.at("master_view_use"), "map");
+  EXPECT_GT(number_at(on, "master_views_unmapped_by_fetcher"), 0);
   EXPECT_GT(number_at(on, "fetches_from_master_view"), 0);
   EXPECT_LE(number_at(on, "fetches_from_held_view"), number_at(on, "fetches_from_master_view"));
   EXPECT_EQ(number_at(on.at("service_phases").at("serve"), "bytes"), 0);
@@ -265,14 +270,21 @@ TEST(BenchZero, WithoutMasterViewsTheServiceCopiesEachFetch) {
 // --micro-steps 2: both runs accumulate two micro-steps a step (the report says so), and the
 // trainer still pushes each partition once a step, copied into a push slot by its service
 // client, never written there in place (that is for one micro-step).
+// With --master-view-use read each view is read into the fetch's slot: none is mapped, and
+// the service serves no copy either.
 TEST(BenchZero, MicroStepsAccumulateAndPushCopiedOnceAStep) {
-  const auto j = bench_zero("--micro-steps 2");
+  const auto j = bench_zero("--micro-steps 2 --master-view-use read");
   expect_consistent(j);
   EXPECT_EQ(number_at(j, "micro_steps"), 2);
   const auto& on = j.at("stage3_prefetch_on");
   EXPECT_GT(number_at(on, "pushes_copied"), 0);
   EXPECT_EQ(number_at(on, "pushes_in_place"), 0);
   EXPECT_EQ(number_at(on, "pushes_lent"), 0);
+  EXPECT_EQ(j.at("master_view_use_asked"), "read");
+  EXPECT_EQ(on.at("master_view_use"), "read");
+  EXPECT_GT(number_at(on, "fetches_from_master_view"), 0);
+  EXPECT_EQ(number_at(on, "master_views_unmapped_by_fetcher"), 0);
+  EXPECT_EQ(number_at(on.at("service_phases").at("serve"), "bytes"), 0);
 }
 
 // --precision bf16: both runs in bf16 (the report says so); its gradients go to the service

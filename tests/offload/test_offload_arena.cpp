@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 
@@ -49,6 +51,16 @@ msg::PushReply push_through_arena(OffloadClient& c, uint64_t pid, uint64_t step,
   const uint64_t id = c.send_push_gradients(pid, step, micro, dtype,
                                             grads.size() / msg::dtype_size(dtype), std::move(slot));
   return c.receive_push_reply(id);
+}
+
+// Step `step`'s gradients, the same for both: `arena`'s through its arena, `frames`' as frames.
+void push_alike(OffloadClient& arena, OffloadClient& frames,
+                const std::vector<msg::PartitionSpec>& specs, uint64_t step, uint64_t seed) {
+  for (const auto& s : specs) {
+    const auto g = random_floats(s.element_count, seed, 8.0f);
+    push_through_arena(arena, s.partition_id, step, 0, DType::fp32, bytes_of(g));
+    frames.push_gradients(s.partition_id, step, 0, DType::fp32, bytes_of(g));
+  }
 }
 
 const msg::ErrorReply& error(const msg::Header& h) {
@@ -142,11 +154,7 @@ TEST_F(OffloadArena, MasterViewsReadTheMasterWhereItLies) {
   for (uint64_t step = 0; step <= 2; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     if (step > 0) {
-      for (const auto& s : specs) {
-        const auto g = random_floats(s.element_count, 40 + step, 8.0f);
-        push_through_arena(c, s.partition_id, step, 0, DType::fp32, bytes_of(g));
-        frames.push_gradients(s.partition_id, step, 0, DType::fp32, bytes_of(g));
-      }
+      push_alike(c, frames, specs, step, 40 + step);
       msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
       frames.commit(commit);
       commit.publish_before_reply = step == 2;
@@ -220,38 +228,125 @@ TEST(MasterViewIds, TwoServicesNeverNameTheirViewsAlike) {
   EXPECT_NE(ids[0], ids[1]);
 }
 
-// The trainer maps a view only where no read can fault: a memfd sealed against shrinking
-// that holds the partition; anything else (an unsealed memfd, a short one) is refused naming
-// why, before anything is mapped.
-TEST(MasterViewMapping, MapsOnlyASealedMemfdHoldingThePartition) {
+// A client that reads the views (MasterViewUse::read) gets the same answers as one that
+// maps them, in the slot it offered: the service wrote nothing there (it answered with its
+// view), the client copied the master in. The first fetch collects the view's fd, later
+// ones read through the fd held; the fd reads the committed step after each commit; a bf16
+// fetch is still the service's copy.
+TEST_F(OffloadArena, ReadMasterViewsCopyTheMasterIntoTheOfferedSlot) {
+  OffloadClient c(svc_->endpoint(), svc_->client_security(), 10s, "views-read");
+  OffloadClient frames(svc_->endpoint(), svc_->client_security(), 10s, "views-read-frames");
+  const std::vector<msg::PartitionSpec> specs{spec(1, 300000), spec(2, 4097)};
+  ASSERT_TRUE(c.map_arena(300000 * 4, 2));
+  c.set_master_views(true);
+  c.set_master_view_use(actors::MasterViewUse::read);
+  for (OffloadClient* x : {&c, &frames}) {
+    x->register_partitions(0, 1, specs);
+    for (const auto& s : specs)
+      x->set_parameters(s.partition_id, 0, DType::fp32,
+                        bytes_of(random_floats(s.element_count, 31 + s.partition_id)));
+  }
+  std::map<uint64_t, std::shared_ptr<const msg::UniqueFd>> fd_of;
+  for (uint64_t step = 0; step <= 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    if (step > 0) {
+      push_alike(c, frames, specs, step, 50 + step);
+      const msg::CommitStep commit{step, 0.5, 1.0, 1e-3};
+      frames.commit(commit);
+      c.commit(commit);
+    }
+    for (const auto& s : specs) {
+      const auto v = c.fetch(s.partition_id, step, DType::fp32);
+      const auto f = frames.fetch(s.partition_id, step, DType::fp32);
+      ASSERT_TRUE(v.reply.master_view) << "answered with the master's view";
+      EXPECT_FALSE(v.in_view()) << "read, not mapped";
+      ASSERT_TRUE(v.in_arena());
+      ASSERT_TRUE(v.view_file);
+      EXPECT_EQ(v.bytes().size(), s.element_count * 4);
+      EXPECT_EQ(copy(v.bytes()), copy(f.bytes())) << "partition " << s.partition_id;
+      EXPECT_EQ(v.reply.master_view->ticket.empty(), step > 0);
+      if (step == 0) fd_of[s.partition_id] = v.view_file;
+      EXPECT_EQ(v.view_file, fd_of[s.partition_id]) << "the fd collected first is kept";
+      // The fd held reads what a fetch of this step would, without asking.
+      std::vector<std::byte> again(s.element_count * 4);
+      actors::read_master_view(fd_of[s.partition_id]->get(), again);
+      EXPECT_EQ(again, copy(f.bytes()));
+      const auto half = c.fetch(s.partition_id, step, DType::bf16);
+      EXPECT_TRUE(half.in_arena());
+      EXPECT_FALSE(half.view_file);
+    }
+  }
+}
+
+// The trainer maps or reads a view only where no read can fault: a memfd sealed against
+// shrinking that holds the partition; anything else (an unsealed memfd, a short one) is
+// refused naming why, before anything is mapped or read. Either way it sees the bytes.
+TEST(MasterViewMapping, MapsOrReadsOnlyASealedMemfdHoldingThePartition) {
   auto memfd = [](size_t bytes, bool seal) {
     msg::UniqueFd fd(::memfd_create("view-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     EXPECT_TRUE(fd);
     EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
-    const float x = 1.5f;
-    EXPECT_EQ(::pwrite(fd.get(), &x, sizeof(x), 0), static_cast<ssize_t>(sizeof(x)));
+    std::vector<float> x(bytes / 4);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>(i);
+    EXPECT_EQ(::pwrite(fd.get(), x.data(), bytes, 0), static_cast<ssize_t>(bytes));
     if (seal) {
       EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
     }
-    return fd;
+    return std::make_shared<const msg::UniqueFd>(std::move(fd));
   };
-  auto refusal = [](msg::UniqueFd fd, size_t bytes) -> std::string {
-    try {
-      actors::MasterViewMapping m(std::make_shared<const msg::UniqueFd>(std::move(fd)), bytes);
-      return "";
-    } catch (const std::runtime_error& e) {
-      return e.what();
-    }
+  using Use = std::function<void(std::shared_ptr<const msg::UniqueFd>, size_t)>;
+  const Use map = [](auto fd, size_t bytes) { actors::MasterViewMapping m(fd, bytes); };
+  const Use read = [](auto fd, size_t bytes) {
+    std::vector<std::byte> into(bytes);
+    actors::read_master_view(fd->get(), into);
   };
-  EXPECT_NE(refusal(memfd(8192, false), 4096).find("not sealed against shrinking"),
-            std::string::npos);
-  EXPECT_NE(refusal(memfd(4096, true), 8192).find("holds 4096 bytes, asked to map 8192"),
-            std::string::npos);
-  actors::MasterViewMapping m(std::make_shared<const msg::UniqueFd>(memfd(8192, true)), 8192);
+  for (const auto& [name, use] : {std::pair{"map", map}, std::pair{"read", read}}) {
+    SCOPED_TRACE(name);
+    auto refusal = [&](std::shared_ptr<const msg::UniqueFd> fd, size_t bytes) -> std::string {
+      try {
+        use(std::move(fd), bytes);
+        return "";
+      } catch (const std::runtime_error& e) {
+        return e.what();
+      }
+    };
+    EXPECT_NE(refusal(memfd(8192, false), 4096).find("not sealed against shrinking"),
+              std::string::npos);
+    EXPECT_NE(refusal(memfd(4096, true), 8192).find("holds 4096 bytes, asked to map 8192"),
+              std::string::npos);
+  }
+  const auto fd = memfd(3 * 4096, true);
+  actors::MasterViewMapping m(fd, 8192);
   ASSERT_EQ(m.bytes().size(), 8192u);
   float x;
-  std::memcpy(&x, m.bytes().data(), sizeof(x));
-  EXPECT_EQ(x, 1.5f);
+  std::memcpy(&x, m.bytes().data() + 4 * 7, sizeof(x));
+  EXPECT_EQ(x, 0.25f * 7);
+  std::vector<float> got(3 * 1024 - 5, -1.0f);  // fewer bytes than the file: only those
+  actors::read_master_view(fd->get(), std::as_writable_bytes(std::span(got)));
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0.25f * static_cast<float>(i));
+}
+
+// Both ways are timed on this host, each over every byte of its views; the names parse back.
+TEST(MasterViewUse, TimesMappingAgainstReadingAndNamesTheChoice) {
+  const actors::MasterViewTiming t = actors::time_master_view_use(size_t{4} << 20, 2, 2);
+  std::printf("fresh views of %zu MiB: mapped and read %.2f ms of CPU, copied and read %.2f ms\n",
+              t.bytes >> 20, t.map_seconds * 1e3, t.read_seconds * 1e3);
+  EXPECT_EQ(t.bytes, size_t{8} << 20);
+  EXPECT_GT(t.map_seconds, 0.0);
+  EXPECT_GT(t.read_seconds, 0.0);
+  EXPECT_LT(t.map_seconds, 60.0);
+  EXPECT_LT(t.read_seconds, 60.0);
+  // Read only where clearly cheaper (the copy's memory traffic is not in its CPU time).
+  EXPECT_EQ(t.cheaper(), t.read_seconds < 0.75 * t.map_seconds ? actors::MasterViewUse::read
+                                                               : actors::MasterViewUse::map);
+  actors::MasterViewTiming tie{size_t{1} << 20, 1.0, 0.8};
+  EXPECT_EQ(tie.cheaper(), actors::MasterViewUse::map);
+  actors::MasterViewTiming trap{size_t{1} << 20, 1.0, 0.5};
+  EXPECT_EQ(trap.cheaper(), actors::MasterViewUse::read);
+  for (auto use : {actors::MasterViewUse::map, actors::MasterViewUse::read})
+    EXPECT_EQ(actors::parse_master_view_use(actors::master_view_use_name(use)), use);
+  EXPECT_FALSE(actors::parse_master_view_use("mmap"));
+  EXPECT_FALSE(actors::parse_master_view_use(""));
 }
 
 // A fetch larger than the slot it offered is answered with a frame, same bytes.

@@ -166,6 +166,9 @@ class ZeroEngineTest : public ::testing::Test {
           EXPECT_GT(st.fetches_from_master_view, 0u);
           EXPECT_EQ(st.fetches_from_master_view, st.fetches_in_place);
           EXPECT_LT(st.fetches_from_held_view, st.fetches_from_master_view);
+          // Mapped or read, as this host does cheaper (measured: no master_view_use given).
+          EXPECT_TRUE(st.master_view_use == "map" || st.master_view_use == "read")
+              << st.master_view_use;
         } else {
           EXPECT_EQ(st.fetches_from_master_view, 0u);
           EXPECT_EQ(st.fetches_from_held_view, 0u);
@@ -403,6 +406,7 @@ TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
   const Trace one = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), std::move(alone), tokens,
                              steps, &alone_stats);
   ZeroOptions grouped = options("cpu", "pushes-grouped");
+  grouped.master_view_use = actors::MasterViewUse::map;  // no fetch takes a slot
   grouped.pushes_sent_together = 3;
   grouped.max_pushes_in_flight = 6;  // two services: three each
   grouped.request_channel = true;
@@ -440,9 +444,21 @@ TEST_F(ZeroEngineTest, Stage3PushesSentInGroupsAreBitIdentical) {
   EXPECT_GT(copied_stats.fetches_in_place, 0u) << "fetches were read in their slots";
   EXPECT_GT(copied_stats.pushes_in_place, 0u);
   EXPECT_EQ(copied_stats.pushes_grouped, 0u) << "no push held while fetches take slots";
+  // So too where the views are read into slots.
+  ZeroStats read_stats;
+  ZeroOptions read = options("cpu", "pushes-beside-read-views");
+  read.pushes_sent_together = 3;
+  read.max_pushes_in_flight = 6;
+  read.master_view_use = actors::MasterViewUse::read;
+  const Trace beside_read = run_zero(kTiny, config("fp32", 3, "cpu", "", extra), std::move(read),
+                                     tokens, steps, &read_stats);
+  EXPECT_GT(read_stats.fetches_from_master_view, 0u);
+  EXPECT_GT(read_stats.pushes_in_place, 0u);
+  EXPECT_EQ(read_stats.pushes_grouped, 0u) << "no push held while fetches take slots";
   expect_equal_runs(want, one);
   expect_equal_runs(want, three);
   expect_equal_runs(want, beside);
+  expect_equal_runs(want, beside_read);
   expect_equal_runs(want, over_zeromq);
 }
 
@@ -511,7 +527,8 @@ nlohmann::json gpt2_miniature_knobs(const std::vector<BlockLayout>& layouts) {
 // the reply the service updates a partition after answering the commit, and a view mapped
 // then would read a master half updated: each block is asked for about once a step. Both
 // equal stage 0 bit for bit. (A view copied on write since is fetched again:
-// BackgroundSave in test_checkpoint_recovery.)
+// BackgroundSave in test_checkpoint_recovery.) The same whether the views are mapped or
+// read into the fetches' slots (ZeroOptions::master_view_use).
 TEST_F(ZeroEngineTest, Stage3MapsAMasterViewAgainUntilACommitMovesIt) {
   const GptConfig model = kGpt2Miniature;
   const auto layouts = gpt_block_layouts(model);
@@ -519,38 +536,45 @@ TEST_F(ZeroEngineTest, Stage3MapsAMasterViewAgainUntilACommitMovesIt) {
   const auto tokens = corpus(6000, 11);
   constexpr int kSteps = 6;
   const Trace want = run_stage0(model, config("fp32", 0, "none", "", extra), tokens, kSteps);
-  for (const auto publication : {UpdatePublication::kByHost, UpdatePublication::kBehindReply}) {
-    const bool by_host = publication == UpdatePublication::kByHost;
-    SCOPED_TRACE(by_host ? "by_host" : "behind_reply");
-    auto c = config("fp32", 3, "cpu", "", extra);
-    c.zero_optimization.offload_optimizer.update_publication = publication;
-    ZeroStats st;
-    const Trace got =
-        run_zero(model, c, options("cpu", by_host ? "held-views-by-host" : "held-views-behind"),
-                 tokens, kSteps, &st);
-    expect_equal_runs(want, got);
-    EXPECT_GT(st.fetches_from_held_view, 0u);
-    EXPECT_EQ(st.fetches_from_master_view, st.fetches_in_place);
-    // Dropped blocks' views are unmapped on the fetcher's thread: all but those still
-    // resident or queued when the run ended (at most one per block each).
-    EXPECT_GT(st.master_views_unmapped_by_fetcher, 0u);
-    EXPECT_GE(st.master_views_unmapped_by_fetcher + 2 * layouts.size(),
-              st.fetches_from_master_view);
-    const uint64_t asked = st.fetches_from_master_view - st.fetches_from_held_view;
-    if (by_host) {
-      // Each block fetched once (the first step), or not at all when a lent push slot
-      // brought it back; every later need maps the view held since.
-      EXPECT_GE(asked + st.blocks_published_in_place, layouts.size() - 1);
-      EXPECT_LE(asked, layouts.size());
-      EXPECT_GE(st.fetches_from_held_view, uint64_t{kSteps - 1} * (layouts.size() - 1));
-    } else {
-      // Every block is needed each step: asked for at least once (or published in place
-      // into a lent push slot by the commit), and about once, whatever the step needed it
-      // for after.
-      EXPECT_GE(asked + st.blocks_published_in_place, uint64_t{kSteps} * layouts.size());
-      EXPECT_LE(asked, uint64_t{kSteps + 1} * layouts.size());
+  for (const auto use : {actors::MasterViewUse::map, actors::MasterViewUse::read})
+    for (const auto publication : {UpdatePublication::kByHost, UpdatePublication::kBehindReply}) {
+      const bool by_host = publication == UpdatePublication::kByHost;
+      const std::string use_name(actors::master_view_use_name(use));
+      SCOPED_TRACE(use_name + (by_host ? " by_host" : " behind_reply"));
+      auto c = config("fp32", 3, "cpu", "", extra);
+      c.zero_optimization.offload_optimizer.update_publication = publication;
+      ZeroOptions o = options("cpu", "held-views-" + use_name + (by_host ? "-by-host" : "-behind"));
+      o.master_view_use = use;
+      ZeroStats st;
+      const Trace got = run_zero(model, c, std::move(o), tokens, kSteps, &st);
+      expect_equal_runs(want, got);
+      EXPECT_EQ(st.master_view_use, use_name);
+      EXPECT_GT(st.fetches_from_held_view, 0u);
+      EXPECT_EQ(st.fetches_from_master_view, st.fetches_in_place);
+      if (use == actors::MasterViewUse::map) {
+        // Dropped blocks' views are unmapped on the fetcher's thread: all but those still
+        // resident or queued when the run ended (at most one per block each).
+        EXPECT_GT(st.master_views_unmapped_by_fetcher, 0u);
+        EXPECT_GE(st.master_views_unmapped_by_fetcher + 2 * layouts.size(),
+                  st.fetches_from_master_view);
+      } else {
+        EXPECT_EQ(st.master_views_unmapped_by_fetcher, 0u) << "none mapped";
+      }
+      const uint64_t asked = st.fetches_from_master_view - st.fetches_from_held_view;
+      if (by_host) {
+        // Each block fetched once (the first step), or not at all when a lent push slot
+        // brought it back; every later need maps the view held since.
+        EXPECT_GE(asked + st.blocks_published_in_place, layouts.size() - 1);
+        EXPECT_LE(asked, layouts.size());
+        EXPECT_GE(st.fetches_from_held_view, uint64_t{kSteps - 1} * (layouts.size() - 1));
+      } else {
+        // Every block is needed each step: asked for at least once (or published in place
+        // into a lent push slot by the commit), and about once, whatever the step needed it
+        // for after.
+        EXPECT_GE(asked + st.blocks_published_in_place, uint64_t{kSteps} * layouts.size());
+        EXPECT_LE(asked, uint64_t{kSteps + 1} * layouts.size());
+      }
     }
-  }
 }
 
 // Two ranks (threads of this process with Gloo meshes, as `dsactor start --role trainer`

@@ -135,8 +135,18 @@ ParamResidency::~ParamResidency() {
 }
 
 void ParamResidency::share_arenas() {
+  bool arena = false;
   for (size_t s = 0; s < fetch_clients_.size(); ++s)
-    if (z_.services[s]->has_arena()) fetch_clients_[s]->share_arena(*z_.services[s]);
+    if (z_.services[s]->has_arena()) {
+      fetch_clients_[s]->share_arena(*z_.services[s]);
+      arena = true;
+    }
+  // Views come only into an arena's slots: decided (measured, unless the options say) only
+  // where there is one.
+  if (arena && z_.options.master_views && z_.options.world_size == 1) {
+    view_use_ = z_.options.master_view_use.value_or(actors::measured_master_view_use().cheaper());
+    for (auto& c : fetch_clients_) c->set_master_view_use(*view_use_);
+  }
 }
 
 void ParamResidency::acquire(size_t b) {
@@ -252,6 +262,14 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
     ++fetches_from_master_view_;
     buf = FloatBuffer::adopt(data, p.count, ViewUnmaps::owner(view_unmaps_, data, std::move(view)));
   };
+  // The slot stays taken (the service never writes into a taken slot) until the block is
+  // dropped; any thread may drop it (slot bookkeeping is thread-safe).
+  auto adopt_slot = [&](actors::ArenaBuffer taken) {
+    auto slot = std::make_shared<actors::ArenaBuffer>(std::move(taken));
+    float* data = reinterpret_cast<float*>(slot->bytes().data());
+    ++fetches_in_place_;
+    buf = FloatBuffer::adopt(data, p.count, std::move(slot));
+  };
   // Views dropped since the last fetch are unmapped before this one maps another.
   view_unmaps_->unmap_queued();
   const std::pair<size_t, uint64_t> key{p.service, p.id};
@@ -261,7 +279,18 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
     if (auto it = held_views_.find(key); it != held_views_.end() && it->second.step == step)
       held = it->second.file;
   }
-  if (held) {
+  if (held && view_use_ == actors::MasterViewUse::read) {
+    // Read into a free slot, as the request's reply would have been; none free: asked for.
+    if (actors::ArenaBuffer slot = client.arena_buffer(p.count * sizeof(float))) {
+      actors::read_master_view(held->get(), slot.bytes().first(p.count * sizeof(float)));
+      adopt_slot(std::move(slot));
+      ++fetches_from_master_view_;
+      ++fetches_from_held_view_;
+      ++fetches_through_slots_;
+      bytes_fetched_ += p.count * sizeof(float);
+      return buf;
+    }
+  } else if (held) {
     adopt_view(std::make_shared<const actors::MasterViewMapping>(held, p.count * sizeof(float)));
     ++fetches_from_held_view_;
     bytes_fetched_ += p.count * sizeof(float);
@@ -277,12 +306,12 @@ FloatBuffer ParamResidency::fetch_adopting(actors::ServiceClient& client, const 
       return;
     }
     if (f.in_arena() && f.reply.dtype == msg::DType::fp32 && !f.reply.ranged()) {
-      // The slot stays taken (the service never writes into a taken slot) until the block
-      // is dropped; any thread may drop it (slot bookkeeping is thread-safe).
-      auto slot = std::make_shared<actors::ArenaBuffer>(std::move(f.arena));
-      float* data = reinterpret_cast<float*>(slot->bytes().data());
-      ++fetches_in_place_;
-      buf = FloatBuffer::adopt(data, p.count, std::move(slot));
+      if (f.view_file) {  // read from the master's view into the slot
+        fetched_view = std::move(f.view_file);
+        view_id = f.reply.master_view->view_id;
+        ++fetches_from_master_view_;
+      }
+      adopt_slot(std::move(f.arena));
       return;
     }
     if (buf.size() == 0) buf = FloatBuffer::uninitialized(p.count);
@@ -355,6 +384,7 @@ void ParamResidency::add_stats(ZeroStats& s) const {
   s.fetches_gathered_in_place = fetches_gathered_in_place_.load();
   s.fetches_from_master_view = fetches_from_master_view_.load();
   s.fetches_from_held_view = fetches_from_held_view_.load();
+  if (view_use_) s.master_view_use = std::string(actors::master_view_use_name(*view_use_));
   s.master_views_unmapped_by_fetcher = view_unmaps_->unmapped();
   s.fetches_in_parts = fetches_in_parts_.load();
   s.fetches_in_ranges = fetches_in_ranges_.load();

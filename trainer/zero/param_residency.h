@@ -53,7 +53,9 @@ class ParamResidency {
   // not as frames) so far: readable from any thread.
   uint64_t fetches_through_slots() const { return fetches_through_slots_.load(); }
   // Same host: each fetch client takes its slots from the arena its service's push client
-  // mapped, so one pool of pages serves a step's fetches and pushes.
+  // mapped, so one pool of pages serves a step's fetches and pushes. With an arena and
+  // master views, also decides how the views are used (ZeroOptions::master_view_use;
+  // measured here when the options leave it open).
   void share_arenas();
   // What the model computes with: every block, or the resident set.
   BlockSet& params() { return params_; }
@@ -117,6 +119,8 @@ class ParamResidency {
   std::atomic<uint64_t> fetches_from_master_view_{0};
   std::atomic<uint64_t> fetches_from_held_view_{0};
   std::atomic<uint64_t> fetches_through_slots_{0};
+  // How the fetches use the services' master views; nullopt: they ask for none.
+  std::optional<actors::MasterViewUse> view_use_;
   // The master views that hold the current committed step, per (service, partition): a
   // block needed again (the backward after the forward, another micro-step, the next
   // steps) maps its view again without a request. The service writes a master only at a

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,11 @@ struct ZeroOptions {
   // on NVMe, or a service without views, is copied as before). false: always copied.
   // Bit-identical either way.
   bool master_views = true;
+  // How the compute gets at a view (actors/offload_link/master_view_use.h): mapped, or
+  // read (copied) into the fetch's arena slot. nullopt: whichever this host does cheaper,
+  // measured once per process when the first stage-3 engine with views starts
+  // (actors::measured_master_view_use). Bit-identical either way.
+  std::optional<actors::MasterViewUse> master_view_use;
   // Same host, through the arena: the arena goes with a request channel
   // (messages/request_channel.h) and the pushes from its slots travel there, read by the
   // service's gateway and answered by the worker that took each, instead of through the
@@ -169,12 +175,15 @@ struct ZeroStats {
   uint64_t pushes_in_place = 0;
   uint64_t fetches_in_place = 0;
   uint64_t fetches_gathered_in_place = 0;
-  // Stage-3 fetches answered with the service's master view, read in place (no copy on
-  // either side; ZeroOptions::master_views). Counted in fetches_in_place too.
+  // Stage-3 fetches answered with the service's master view (ZeroOptions::master_views),
+  // read in place (mapped: no copy on either side) or read into the fetch's slot
+  // (master_view_use). Counted in fetches_in_place too.
   uint64_t fetches_from_master_view = 0;
-  // Of those, the ones that mapped a view this rank had fetched earlier in the same step
-  // again, with no request to the service (a block needed again within the step).
+  // Of those, the ones that mapped or read a view this rank had fetched earlier in the same
+  // step again, with no request to the service (a block needed again within the step).
   uint64_t fetches_from_held_view = 0;
+  // How this engine's fetches use the views ("map" or "read"); empty when they ask for none.
+  std::string master_view_use;
   // Master views of dropped blocks the fetcher's thread unmapped (trainer/zero/view_unmaps.h);
   // the compute thread unmaps none.
   uint64_t master_views_unmapped_by_fetcher = 0;
