@@ -101,15 +101,16 @@ struct ZeroOptions {
   // no fetch of the block). false: every push slot comes back with its reply. Bit-identical
   // either way.
   bool lend_push_slots = true;
-  // Stage 3 at one rank, fp32, through the arena: a fetch maps the service's fp32 master
-  // read-only (actors::OffloadClient::set_master_views) and the block is read there, where
-  // the service would otherwise copy it into an arena slot; the service decides (a partition
-  // on NVMe, or a service without views, is copied as before). false: always copied.
+  // Stage 3 at one rank, fp32, through the arena: a fetch is answered with the service's
+  // fp32 master (a view: actors::OffloadClient::set_master_views), which this trainer maps
+  // read-only or reads into the slot (master_view_use), where the service would otherwise
+  // copy it into an arena slot; the service decides (a partition on NVMe, or a service
+  // without views, is copied as before). false: always copied by the service.
   // Bit-identical either way.
   bool master_views = true;
   // How the compute gets at a view (actors/offload_link/master_view_use.h): mapped, or
   // read (copied) into the fetch's arena slot. nullopt: whichever this host does cheaper,
-  // measured once per process when the first stage-3 engine with views starts
+  // measured once per process when the first stage-3 engine with an arena and views starts
   // (actors::measured_master_view_use). Bit-identical either way.
   std::optional<actors::MasterViewUse> master_view_use;
   // Same host, through the arena: the arena goes with a request channel
