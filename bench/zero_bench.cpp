@@ -371,6 +371,16 @@ nlohmann::json paired_ratios(
 
 nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
   using namespace dsactor::trainer;
+  if (o.master_view_use != "auto") {
+    if (!actors::parse_master_view_use(o.master_view_use))
+      throw std::invalid_argument("bench zero: master view use '" + o.master_view_use +
+                                  "'; allowed: auto, map, read");
+    // Nothing asked for is silently ignored: without views there is nothing to map or read.
+    if (!o.master_views || !o.shared_memory)
+      throw std::invalid_argument(
+          "bench zero: --master-view-use " + o.master_view_use + " needs master views, which " +
+          (o.master_views ? "--no-shared-memory" : "--no-master-views") + " turns off");
+  }
   const GptConfig gpt = resolve_model(o.model);
   const size_t params = parameter_count(gpt);
   // Synthetic tokens: step speed does not depend on what the tokens say.
@@ -435,12 +445,8 @@ nlohmann::json run_zero_bench(const ZeroBenchOptions& o) {
         zo.job_id = std::string("bench-zero-") + name;
         zo.shared_memory = o.shared_memory;
         zo.master_views = o.master_views;
-        if (o.master_view_use != "auto") {
+        if (o.master_view_use != "auto")
           zo.master_view_use = actors::parse_master_view_use(o.master_view_use);
-          if (!zo.master_view_use)
-            throw std::invalid_argument("bench zero: master view use '" + o.master_view_use +
-                                        "'; allowed: auto, map, read");
-        }
         zo.request_channel = o.request_channel;
         if (o.pushes_together) zo.pushes_sent_together = *o.pushes_together;
         BatchLoader loader(&tokens, o.micro_batch, o.seq, false, o.seed);

@@ -262,6 +262,12 @@ TEST(BenchZero, WithoutMasterViewsTheServiceCopiesEachFetch) {
   EXPECT_EQ(j.at("request_channel"), true);
   EXPECT_DOUBLE_EQ(number_at(on, "channel_requests_per_step") * number_at(j, "steps_measured"),
                    number_at(on, "pushes_in_place"));
+  // Asking how to use views that are off is refused, naming the flag that turned them off.
+  dsactor::testing::TempDir dir;
+  const auto bad = dsactor::testing::run_dsactor(
+      "bench zero --no-master-views --master-view-use read", dir.path());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--no-master-views"), std::string::npos) << bad.err;
   const double served = number_at(on.at("service_phases").at("serve"), "bytes");
   EXPECT_GT(served, 0);
   EXPECT_LE(served, number_at(on, "bytes_fetched_per_step"));

@@ -169,6 +169,8 @@ class ZeroEngineTest : public ::testing::Test {
           // Mapped or read, as this host does cheaper (measured: no master_view_use given).
           EXPECT_TRUE(st.master_view_use == "map" || st.master_view_use == "read")
               << st.master_view_use;
+          EXPECT_EQ(st.master_view_use,
+                    actors::master_view_use_name(actors::measured_master_view_use().cheaper()));
         } else {
           EXPECT_EQ(st.fetches_from_master_view, 0u);
           EXPECT_EQ(st.fetches_from_held_view, 0u);

@@ -1,6 +1,7 @@
 #include "trainer/zero/param_residency.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -110,6 +111,12 @@ ParamResidency::ParamResidency(const ZeroContext& z, caf::actor_system& system, 
       fetch_clients_.back()->set_master_views(z_.options.master_views &&
                                               z_.options.world_size == 1);
     }
+    if (z_.options.master_view_use &&
+        !(z_.options.master_views && z_.options.world_size == 1 && z_.options.shared_memory))
+      spdlog::warn(
+          "ZeroOptions::master_view_use ({}) has no effect: master views need the shared-memory "
+          "arena, master_views on and one rank",
+          actors::master_view_use_name(*z_.options.master_view_use));
     model.set_transient_logits(true);  // not held through the backward's peak
     SchedulerOptions scheduling = SchedulerOptions::from(zo);
     scheduling.figures = metrics::figures_of(z_.options.actors, "fetcher");
