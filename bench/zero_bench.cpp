@@ -244,6 +244,10 @@ nlohmann::json stage3_figures(const trainer::ZeroStats& before, const trainer::Z
   // Push slots lent to the service until the commit, and those that came back holding
   // their block's update (each a fetch the service did inside its Adam pass).
   r["pushes_lent"] = after.pushes_lent - before.pushes_lent;
+  // Of those, pushes sent with the trainer's stats of the gradient (the service reads it
+  // only in its Adam pass), and the trainer's seconds a step summing them.
+  r["pushes_with_stats"] = after.pushes_with_stats - before.pushes_with_stats;
+  r["push_stats_seconds_per_step"] = (after.push_stats_seconds - before.push_stats_seconds) / n;
   r["pushes_updated"] = after.pushes_updated - before.pushes_updated;
   r["pushes_grouped"] = after.pushes_grouped - before.pushes_grouped;
   r["channel_requests_per_step"] =

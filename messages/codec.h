@@ -131,6 +131,12 @@ struct SetParametersReply {
 // region of a mapped arena (then the message is one frame). With range_count > 0 only
 // elements [range_offset, range_offset + range_count) of the element_count: a range of a
 // push sent in ranges (micro-step 0 only; the service takes them in order).
+// A pusher's own stats of its gradient (offload.capnp's PushedStats).
+struct PushedStats {
+  double sum_squares = 0.0;
+  bool nonfinite = false;
+  bool operator==(const PushedStats&) const = default;
+};
 struct PushGradients {
   uint64_t partition_id = 0;
   uint64_t step = 0;
@@ -147,6 +153,9 @@ struct PushGradients {
   // PushGradients.updateAtPush, with the step's lr; PushReply::updated says whether it did).
   bool update_at_push = false;
   double update_lr = 0.0;
+  // The sender's stats of the gradient, no element -0 (offload.capnp's
+  // PushGradients.givenStats): what a service that keeps the slice answers with.
+  std::optional<PushedStats> given_stats = std::nullopt;
   bool ranged() const { return range_count > 0; }
   uint64_t payload_count() const { return ranged() ? range_count : element_count; }
   bool operator==(const PushGradients&) const = default;

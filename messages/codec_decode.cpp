@@ -218,6 +218,16 @@ std::optional<Body> decode_request(wire::Header::Kind::Reader k, const Limits& l
       if (out.update_at_push && !(std::isfinite(out.update_lr) && out.update_lr >= 0))
         fail(DecodeErrc::badField, "pushGradients.updateLr: " + std::to_string(out.update_lr) +
                                        " with updateAtPush; it must be a finite lr >= 0");
+      if (r.hasGivenStats()) {
+        const auto st = r.getGivenStats();
+        out.given_stats = PushedStats{st.getSumSquares(), st.getNonfinite()};
+        const double s = out.given_stats->sum_squares;
+        if (s < 0 || std::isfinite(s) == out.given_stats->nonfinite)
+          fail(DecodeErrc::badField,
+               "pushGradients.givenStats: sumSquares " + std::to_string(s) + " with nonfinite " +
+                   (out.given_stats->nonfinite ? "true" : "false") +
+                   "; a sum of squares is >= 0, and +inf or nan exactly when nonfinite");
+      }
       check_range("pushGradients", out.range_offset, out.range_count, out.element_count,
                   "the whole push");
       out.arena = arena_slice(r.hasArena(), r.getArena(), limits, "pushGradients.arena",

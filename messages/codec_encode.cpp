@@ -124,6 +124,11 @@ void set_body(wire::Header::Kind::Builder k, const PushGradients& r) {
   b.setKeepUntilCommit(r.keep_until_commit);
   b.setUpdateAtPush(r.update_at_push);
   b.setUpdateLr(r.update_lr);
+  if (r.given_stats) {
+    auto st = b.initGivenStats();
+    st.setSumSquares(r.given_stats->sum_squares);
+    st.setNonfinite(r.given_stats->nonfinite);
+  }
 }
 
 void set_body(wire::Header::Kind::Builder k, const PushReply& r) {

@@ -135,6 +135,19 @@ struct PushGradients {
   # skipped nor resumed.
   updateAtPush @9 :Bool;
   updateLr @10 :Float64;
+  # Set: the sender's own stats of this gradient (the sum of squares of its elementCount
+  # floats as the kernels' grad_stats adds them, and whether any is inf or nan), with its
+  # word that no element is -0. A trainer takes them where its backward left the gradient,
+  # still in its cache. A service that keeps the arena slice (PushReply.kept) answers with
+  # these instead of reading the gradient for them; one that copies the push computes its
+  # own. They feed only the sender's job's norm and overflow vote, which the trainer
+  # decides anyway.
+  givenStats @11 :PushedStats;
+}
+
+struct PushedStats {
+  sumSquares @0 :Float64;    # >= 0; +inf or nan exactly when nonfinite
+  nonfinite @1 :Bool;
 }
 
 struct PushReply {

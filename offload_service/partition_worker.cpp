@@ -205,11 +205,18 @@ struct WorkerState {
     if (g.keep_until_commit && first && g.arena && !check && g.dtype == DType::fp32 &&
         !p.on_nvme() && !is_half(p.spec.served_dtype) &&
         reinterpret_cast<uintptr_t>(payload.data()) % alignof(float) == 0) {
-      // Kept where it lies: read once for its stats, and by the commit's Adam pass. The
-      // trainer's slot is its own memory; bytes it changes meanwhile spoil only its step.
+      // Kept where it lies: read by the commit's Adam pass, and once before for its stats
+      // unless the trainer gave them (it read the gradient in its own cache as the backward
+      // left it). The trainer's slot is its own memory; bytes it changes meanwhile, and stats
+      // or a -0 it got wrong, spoil only its step.
       auto* floats =
           reinterpret_cast<float*>(in.arena->range(g.arena->offset, g.arena->length)->data());
-      const KeptGradientStats ks = kept_gradient_stats(floats, p.n());
+      KeptGradientStats ks;
+      if (g.given_stats) {
+        ks.stats = {g.given_stats->sum_squares, g.given_stats->nonfinite};
+      } else {
+        ks = kept_gradient_stats(floats, p.n());
+      }
       if (!ks.negative_zero) {
         p.kept = WorkerPartition::KeptGradient{in.arena, floats};
         p.micro_steps++;

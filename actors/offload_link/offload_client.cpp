@@ -323,7 +323,8 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
 
 uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step,
                                             uint32_t micro_step, msg::DType dtype, uint64_t count,
-                                            ArenaBuffer grads, bool keep_until_commit) {
+                                            ArenaBuffer grads, bool keep_until_commit,
+                                            std::optional<msg::PushedStats> given_stats) {
   const uint64_t bytes = count * msg::dtype_size(dtype);
   if (!grads || grads.pool_ != pool_.get() || bytes > grads.bytes().size())
     throw std::invalid_argument("send_push_gradients: " + std::to_string(bytes) +
@@ -331,6 +332,7 @@ uint64_t OffloadClient::send_push_gradients(uint64_t partition_id, uint64_t step
   msg::PushGradients push{partition_id, step, micro_step, dtype, count, {}};
   push.arena = msg::ArenaSlice{pool_->arena_id(), grads.offset(), bytes, 0, false};
   push.keep_until_commit = keep_until_commit;
+  push.given_stats = given_stats;
   if (grads.copied_ && grads.copied_->first == bytes) {
     // Known from the copy into the slot (the caller copied exactly these bytes in): the
     // service checks it whatever the setting, since it cost nothing here.

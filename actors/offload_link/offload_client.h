@@ -304,10 +304,13 @@ class OffloadClient {
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
   // The same from an arena slot: its first count * dtype size bytes are the gradient. The
   // slot, of this client's pool (arena_buffer), is held until the reply is received.
-  // `keep_until_commit`: the service may keep the slot as the gradient (await_push).
+  // `keep_until_commit`: the service may keep the slot as the gradient (await_push);
+  // `given_stats`: this gradient's stats, no element -0 (PushGradients.givenStats), which a
+  // service that keeps it answers with instead of reading it.
   uint64_t send_push_gradients(uint64_t partition_id, uint64_t step, uint32_t micro_step,
                                messages::DType dtype, uint64_t count, ArenaBuffer grads,
-                               bool keep_until_commit = false);
+                               bool keep_until_commit = false,
+                               std::optional<messages::PushedStats> given_stats = std::nullopt);
   // The reply of a push from an arena slot, with the slot when the service kept it.
   ServiceResult<LentPush> await_push(uint64_t request_id);
   // Asks the service to write into a free arena slot when there is one, else for a frame.

@@ -75,8 +75,8 @@ struct PushesTogether final : Request {
     try {
       for (auto& p : pushes)
         sent.push_back(client.send_push_gradients(p.partition_id, p.step, p.micro_step, p.dtype,
-                                                  p.count, std::move(p.grads),
-                                                  p.keep_until_commit));
+                                                  p.count, std::move(p.grads), p.keep_until_commit,
+                                                  p.given_stats));
     } catch (const std::exception& e) {
       send_error = e.what();
     }

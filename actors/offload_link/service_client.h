@@ -47,6 +47,9 @@ struct ArenaPush {
   uint64_t count = 0;
   ArenaBuffer grads;
   bool keep_until_commit = false;
+  // The gradient's stats, no element -0: a service that keeps the slot answers with these
+  // instead of reading it (OffloadClient::send_push_gradients).
+  std::optional<messages::PushedStats> given_stats = std::nullopt;
 };
 
 class ServiceClient {

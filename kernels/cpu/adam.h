@@ -77,6 +77,14 @@ GradStats grad_stats(const float* grad, size_t n);
 // Whether any element is -0 (0 + g would turn it into +0, which a sum into a zeroed buffer
 // does and an update read straight from the gradient would not).
 bool has_negative_zero(const float* grad, size_t n);
+// grad_stats and has_negative_zero in one pass over the gradient (each block checked for -0
+// while it is in cache), on the kernels' threads: what a trainer gives its service with a
+// gradient the service keeps where it lies (PushGradients.givenStats).
+struct GradStatsAndSigns {
+  GradStats stats;
+  bool negative_zero = false;
+};
+GradStatsAndSigns grad_stats_and_negative_zero(const float* grad, size_t n);
 
 // adam_step and grad_stats in one pass over the gradient, for an update taken as the
 // gradient arrives (an offload service's update on the push): each of grad_stats' blocks

@@ -121,6 +121,19 @@ bool has_negative_zero(const float* grad, size_t n) {
   return found;
 }
 
+GradStatsAndSigns grad_stats_and_negative_zero(const float* grad, size_t n) {
+  // Per block, so the threads share no flag; read after the blocks' parallel loop.
+  std::vector<char> negative_zero((n + kStatsBlock - 1) / kStatsBlock, 0);
+  GradStatsAndSigns out;
+  const detail::AfterStatsBlock check = [&](size_t lo, size_t len) {
+    negative_zero[lo / kStatsBlock] = has_negative_zero(grad + lo, len) ? 1 : 0;
+  };
+  out.stats = grad_stats_with(best_block_fn(), grad, n, &check);
+  out.negative_zero =
+      std::find(negative_zero.begin(), negative_zero.end(), 1) != negative_zero.end();
+  return out;
+}
+
 GradStats grad_stats(const float* grad, size_t n) {
   return grad_stats_with(best_block_fn(), grad, n);
 }

@@ -350,6 +350,9 @@ TEST(BenchZero, ReuseKeepsBlocksThatEveryUseWouldFetchAgain) {
     const auto& on = j->at("stage3_prefetch_on");
     EXPECT_GT(number_at(on, "pushes_lent"), 0);
     EXPECT_EQ(number_at(on, "blocks_published_in_place"), number_at(on, "pushes_lent"));
+    // Each with the trainer's stats of its gradient (the service read it only to update).
+    EXPECT_EQ(number_at(on, "pushes_with_stats"), number_at(on, "pushes_lent"));
+    EXPECT_GT(number_at(on, "push_stats_seconds_per_step"), 0);
     EXPECT_DOUBLE_EQ(number_at(on, "bytes_published_in_place_per_step"), 4 * emb);
     EXPECT_EQ(number_at(j->at("stage3_behind_reply"), "pushes_lent"), 0);
   }

@@ -404,6 +404,35 @@ TEST(KernelGradStats, StreamedInPiecesEqualsTheWholeArray) {
   EXPECT_TRUE(stream.finish().nonfinite);
 }
 
+// What a trainer gives its service with a lent push: grad_stats' bits and has_negative_zero's
+// answer, from one pass on any thread count, wherever the -0 lies (the first block, a block
+// in the middle, the partial last one).
+TEST(KernelGradStats, WithNegativeZeroEqualsBothKernels) {
+  for (size_t n : {size_t{0}, size_t{7}, size_t{4096}, size_t{40000}, size_t{300001}}) {
+    std::vector<float> g = random_floats(n, 93, -3.0f, 3.0f);
+    std::vector<size_t> at = {n};  // n: no -0
+    if (n > 0) at.insert(at.end(), {0, n / 2, n - 1});
+    for (size_t k : at) {
+      std::vector<float> h = g;
+      if (k < n) h[k] = -0.0f;
+      const GradStats want = grad_stats(h.data(), n);
+      for (int threads : {1, 2}) {
+        GradStatsAndSigns got;
+        with_threads(threads, [&] { got = grad_stats_and_negative_zero(h.data(), n); });
+        EXPECT_EQ(std::memcmp(&want.sum_squares, &got.stats.sum_squares, sizeof(double)), 0)
+            << n << " -0 at " << k << ", " << threads << " threads";
+        EXPECT_EQ(got.stats.nonfinite, want.nonfinite);
+        EXPECT_EQ(got.negative_zero, k < n) << n << " -0 at " << k;
+        EXPECT_EQ(got.negative_zero, has_negative_zero(h.data(), n));
+      }
+    }
+  }
+  std::vector<float> g = random_floats(50000, 4);
+  g[45000] = NAN;
+  EXPECT_TRUE(grad_stats_and_negative_zero(g.data(), g.size()).stats.nonfinite);
+  EXPECT_FALSE(grad_stats_and_negative_zero(g.data(), g.size()).negative_zero);
+}
+
 TEST(KernelGradStats, FlagsInfAndNaN) {
   std::vector<float> g = random_floats(100000, 1);
   EXPECT_FALSE(grad_stats(g.data(), g.size()).nonfinite);

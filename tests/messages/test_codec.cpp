@@ -112,6 +112,13 @@ std::vector<Header> every_kind() {
     add(g);
     add(PushReply{11, 5, 0, 2.25, false, false, true});
   }
+  // A lent push with the trainer's stats of its gradient, finite and not.
+  for (const PushedStats st :
+       {PushedStats{2.25, false}, PushedStats{std::numeric_limits<double>::infinity(), true}}) {
+    PushGradients g{11, 5, 0, DType::fp32, 256, ArenaSlice{3, 0, 1024, 0, true}, 0, 0, true};
+    g.given_stats = st;
+    add(g);
+  }
   add(CommitReply{5, true, versions, true});
   // Answered after the update: the views the updated masters are in.
   add(CommitReply{5, true, versions, true, {{7, 0x8000000000000001ull}, {1ull << 40, 2}}});
@@ -453,6 +460,40 @@ TEST(CodecMalformed, PushUpdateNeedsAFiniteLr) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().code, DecodeErrc::badField);
     EXPECT_NE(r.error().message.find("pushGradients.updateLr"), std::string::npos)
+        << r.error().message;
+  }
+}
+
+TEST(CodecMalformed, PushStatsMustBeASumOfSquares) {
+  auto giving = [](double sum_squares, bool nonfinite) {
+    return [=](wire::Header::Builder h) {
+      auto p = h.getKind().initPushGradients();
+      p.setDtype(wire::DType::FP32);
+      p.setElementCount(16);
+      auto st = p.initGivenStats();
+      st.setSumSquares(sum_squares);
+      st.setNonfinite(nonfinite);
+    };
+  };
+  const auto payload = random_bytes(64, 9);
+  const uint32_t crc = checksum::crc32c(payload.data(), payload.size());
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [s, nonfinite] :
+       std::vector<std::pair<double, bool>>{{0.0, false}, {3.5, false}, {inf, true}, {nan, true}}) {
+    auto r = decode(two(forged(giving(s, nonfinite), 64, crc), payload));
+    ASSERT_TRUE(r.ok()) << s << " " << nonfinite << ": " << r.error().message;
+    const auto& g = std::get<PushGradients>(r->header.body);
+    ASSERT_TRUE(g.given_stats);
+    EXPECT_EQ(g.given_stats->nonfinite, nonfinite);
+  }
+  // Negative, finite but called nonfinite, or not finite but called finite.
+  for (const auto& [s, nonfinite] : std::vector<std::pair<double, bool>>{
+           {-1.0, false}, {-inf, true}, {2.0, true}, {inf, false}, {nan, false}}) {
+    auto r = decode(two(forged(giving(s, nonfinite), 64, crc), payload));
+    ASSERT_FALSE(r.ok()) << s << " " << nonfinite;
+    EXPECT_EQ(r.error().code, DecodeErrc::badField);
+    EXPECT_NE(r.error().message.find("pushGradients.givenStats"), std::string::npos)
         << r.error().message;
   }
 }

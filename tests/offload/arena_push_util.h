@@ -4,6 +4,7 @@
 // for comparing after the slot or reply they came in is gone.
 
 #include <cstring>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -36,14 +37,16 @@ inline std::vector<std::byte> owned_bytes(std::span<const std::byte> b) {
 }
 
 // Pushes `g` from a fresh arena slot of `c`, written in place (no crc); `keep`: asks the
-// service to keep the slot until the commit (PushGradients.keepUntilCommit).
+// service to keep the slot until the commit (PushGradients.keepUntilCommit); `stats`: sent as
+// the gradient's (PushGradients.givenStats).
 inline actors::LentPush push_from_slot(actors::OffloadClient& c, uint64_t pid, uint64_t step,
-                                       uint32_t micro, const std::vector<float>& g, bool keep) {
+                                       uint32_t micro, const std::vector<float>& g, bool keep,
+                                       std::optional<messages::PushedStats> stats = std::nullopt) {
   actors::ArenaBuffer slot = c.arena_buffer(g.size() * 4);
   EXPECT_TRUE(slot) << "no free arena slot";
   std::memcpy(slot.bytes().data(), g.data(), g.size() * 4);
   auto r = c.await_push(c.send_push_gradients(pid, step, micro, messages::DType::fp32, g.size(),
-                                              std::move(slot), keep));
+                                              std::move(slot), keep, stats));
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
   return r.ok() ? std::move(r.value()) : actors::LentPush{};
 }

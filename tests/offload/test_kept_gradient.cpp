@@ -158,6 +158,52 @@ TEST_F(KeptGradient, WhatCannotBeKeptExactlyIsCopiedAsAnyPush) {
   EXPECT_FALSE(with_crc->reply.kept) << "a crc to check";
 }
 
+// A trainer that gives its gradient's stats with a lent push (PushGradients.givenStats) is
+// answered with them when the service keeps the slot: the service reads the gradient only in
+// the commit's Adam pass, whose update is still bit for bit the copied job's. Stats that are
+// not the gradient's come back as given, which shows that nothing read it before the commit
+// (they spoil only the norm of the job that sent them). A push the service copies (a crc to
+// check, a half copy served) is answered with the service's own stats, the given ones unused.
+TEST_F(KeptGradient, AKeptPushIsAnsweredWithTheStatsTheTrainerGave) {
+  TwoJobs jobs(*svc_, "given-stats", {fp32_spec(1, 300000), fp32_spec(2, 5000), spec(3, 5000)});
+  const auto g1 = random_floats(300000, 30, 4.0f);
+  const auto g2 = random_floats(5000, 31);
+  const auto g3 = random_floats(5000, 32);
+  const kernels::cpu::GradStats true1 = kernels::cpu::grad_stats(g1.data(), g1.size());
+  const kernels::cpu::GradStats true2 = kernels::cpu::grad_stats(g2.data(), g2.size());
+  const kernels::cpu::GradStats true3 = kernels::cpu::grad_stats(g3.data(), g3.size());
+  LentPush honest = push_from_slot(jobs.lending, 1, 1, 0, g1, true,
+                                   msg::PushedStats{true1.sum_squares, true1.nonfinite});
+  const msg::PushedStats made_up{12345.5, false};
+  LentPush unread = push_from_slot(jobs.lending, 2, 1, 0, g2, true, made_up);
+  LentPush half = push_from_slot(jobs.lending, 3, 1, 0, g3, true, made_up);
+  ASSERT_TRUE(honest.reply.kept);
+  ASSERT_TRUE(unread.reply.kept);
+  ASSERT_NE(true2.sum_squares, made_up.sum_squares);
+  EXPECT_EQ(honest.reply.sum_squares, true1.sum_squares);
+  EXPECT_EQ(unread.reply.sum_squares, made_up.sum_squares) << "the given stats, unread";
+  EXPECT_FALSE(half.reply.kept) << "served as bf16";
+  EXPECT_EQ(half.reply.sum_squares, true3.sum_squares) << "the service's own stats";
+  for (const auto& [pid, g] : {std::pair{1, &g1}, std::pair{2, &g2}, std::pair{3, &g3}})
+    jobs.copied.push_gradients(pid, 1, 0, DType::fp32, bytes_of(*g));
+  msg::CommitStep commit{1, 0.5, 1.0, 1e-3};
+  commit.publish_before_reply = true;
+  EXPECT_TRUE(jobs.lending.commit(commit).kept_hold_parameters);
+  jobs.copied.commit(commit);
+  for (auto [pid, lent] : {std::pair{1, &honest}, std::pair{2, &unread}}) {
+    const auto want = jobs.copied.fetch(pid, 1, DType::fp32);
+    EXPECT_EQ(owned_bytes(lent->lent.bytes().first(want.bytes().size())), owned_bytes(want.bytes()))
+        << "partition " << pid << ": the update read the gradient in the slot";
+    *lent = {};
+  }
+  // With checksums on the service checks the crc, copying the gradient: its own stats.
+  jobs.lending.set_arena_checksums(true);
+  const auto g4 = random_floats(5000, 33);
+  const LentPush checked = push_from_slot(jobs.lending, 2, 2, 0, g4, true, made_up);
+  EXPECT_FALSE(checked.reply.kept) << "a crc to check";
+  EXPECT_EQ(checked.reply.sum_squares, kernels::cpu::grad_stats(g4.data(), g4.size()).sum_squares);
+}
+
 TEST_F(KeptGradient, ASkipLetsTheSlotGoAndTheNextStepStartsOver) {
   TwoJobs jobs(*svc_, "skip", {fp32_spec(1, 9000)});
   LentPush kept = push_lending(jobs.lending, 1, 1, 0, random_floats(9000, 20));

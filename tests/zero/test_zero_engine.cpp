@@ -373,6 +373,9 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
       // The first block's slot, lent until each commit (answered after the update: a CPU
       // trainer beside its services), came back holding its parameters: not fetched.
       EXPECT_GT(arena_stats.pushes_lent, 0u);
+      // Each went with this trainer's stats of its gradient, which the service answered with
+      // (the norm they give, clipping included, is stage 0's: expect_equal_runs below).
+      EXPECT_EQ(arena_stats.pushes_with_stats, arena_stats.pushes_lent);
       EXPECT_EQ(arena_stats.blocks_published_in_place, arena_stats.pushes_lent);
       EXPECT_EQ(arena_stats.scheduler.installed, arena_stats.blocks_published_in_place);
       EXPECT_LT(arena_stats.bytes_fetched, frame_stats.bytes_fetched);
@@ -380,6 +383,7 @@ TEST_F(ZeroEngineTest, Stage3ThroughArenaAndThroughFramesAreBitIdentical) {
       EXPECT_EQ(arena_stats.pushes_in_place, 0u);
       EXPECT_EQ(arena_stats.fetches_in_place, 0u);
       EXPECT_EQ(arena_stats.pushes_lent, 0u);
+      EXPECT_EQ(arena_stats.pushes_with_stats, 0u);
       EXPECT_EQ(arena_stats.bytes_fetched, frame_stats.bytes_fetched);
     }
     EXPECT_EQ(frame_stats.pushes_lent, 0u);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -403,6 +404,19 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   // Lent: the service may read this gradient in the slot at the commit and leave the
   // block's updated parameters there (no copy out of the slot, no fetch of the block).
   const bool lend = lend_ && lend_(b);
+  // A lent fp32 gradient goes with its stats, summed here while the backward's last writes
+  // of it are in this process's cache: the service that keeps it then reads it once, in the
+  // commit's Adam pass, instead of once more before (from memory, beside this backward).
+  std::optional<msg::PushedStats> stats;
+  if (lend && dtype == msg::DType::fp32) {
+    const auto t0 = Clock::now();
+    const k::GradStatsAndSigns s = k::grad_stats_and_negative_zero(part.data(), count);
+    push_stats_seconds_ += seconds_since(t0);
+    if (!s.negative_zero) {  // with a -0 the service copies it (0 + g) and sums it there
+      stats = msg::PushedStats{s.stats.sum_squares, s.stats.nonfinite};
+      ++pushes_with_stats_;
+    }
+  }
   // Written in place (begin_grad_in_slot, or the reduce-scatter's reduce_target): its
   // bytes, counted since then, are the push's until the answer (a partition's padding past
   // its count floats is the reduce-scatter's only). The slot goes with the request; the
@@ -416,8 +430,8 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   // Held until the next in-place pushes to the same service join it: sent together, the
   // service's threads wake once for the group, not once a push.
   std::vector<HeldPush>& held = held_[p.service];
-  held.push_back(
-      HeldPush{b, bytes, actors::ArenaPush{p.id, step, 0, dtype, count, std::move(slot), lend}});
+  held.push_back(HeldPush{
+      b, bytes, actors::ArenaPush{p.id, step, 0, dtype, count, std::move(slot), lend, stats}});
   bytes_pushed_ += bytes;
   // Never more than may be in flight: with one, a held push would wait a whole block's
   // backward and then be awaited at once, its service's work no longer behind the compute.
@@ -504,6 +518,8 @@ void GradientPipeline::add_stats(ZeroStats& s) const {
   s.overlapped_reductions = overlapped_reductions_;
   s.pushes_in_place = pushes_in_place_;
   s.pushes_lent = pushes_lent_;
+  s.pushes_with_stats = pushes_with_stats_;
+  s.push_stats_seconds = push_stats_seconds_;
   s.pushes_updated = pushes_updated_;
   s.pushes_grouped = pushes_grouped_;
   s.pushes_copied = pushes_copied_;

@@ -173,6 +173,8 @@ class GradientPipeline {
   uint64_t bytes_pushed_as_frames_ = 0;
   uint64_t pushes_in_place_ = 0;
   uint64_t pushes_lent_ = 0;
+  uint64_t pushes_with_stats_ = 0;
+  double push_stats_seconds_ = 0;
   uint64_t pushes_updated_ = 0;
   bool updates_asked_ = false;
   bool told_not_updated_ = false;

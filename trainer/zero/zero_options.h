@@ -193,6 +193,11 @@ struct ZeroStats {
   // that came back holding the block's updated parameters and became its resident copy
   // (the next step's fetch of that block, done by the service's Adam pass).
   uint64_t pushes_lent = 0;
+  // Lent pushes sent with this trainer's stats of the gradient (PushGradients.givenStats:
+  // summed as the backward left it, in this process's cache, so the service need not read
+  // it before the commit), and the seconds that took on the compute thread.
+  uint64_t pushes_with_stats = 0;
+  double push_stats_seconds = 0;
   // Pushes on which the service ran the partition's optimizer step
   // (zero_optimization.offload_optimizer.update_at_push; PushReply::updated).
   uint64_t pushes_updated = 0;
