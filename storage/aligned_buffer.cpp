@@ -29,6 +29,15 @@ AlignedBuffer::AlignedBuffer(size_t bytes, const AlignedBufferOptions& options) 
   data_ = static_cast<std::byte*>(p);
   size_ = bytes;
   capacity_ = capacity;
+  // 2 MiB pages where the host grants them on request (transparent_hugepage/enabled
+  // "madvise", Debian's default): one page-table entry per 512 pages. An offload service
+  // holds gigabytes in these buffers (moments, gradients), and on a host whose paging is
+  // virtualized in software each time the service is switched in costs in proportion to its
+  // 4 KiB entries: woken 200 times a second, a thread of a process holding 4 GiB of 4 KiB
+  // pages cost 27x the CPU a wake-up of an empty process's did, of 2 MiB pages 1.06x
+  // (bench/README.md, session 35). Advisory: refused or disabled, the buffer keeps 4 KiB
+  // pages.
+  if (capacity_ >= kHugePageBytes) (void)::madvise(p, capacity_, MADV_HUGEPAGE);
   if (options.lock) {
     if (::mlock(data_, capacity_) == 0) {
       lock_.locked = true;

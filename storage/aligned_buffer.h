@@ -31,10 +31,13 @@ struct LockStatus {
 
 // A host buffer whose start and capacity are multiples of kAlignment (4096), the
 // granularity O_DIRECT and io_uring fixed buffers need. Memory comes from an anonymous
-// mmap, so it is zero-filled and returned to the kernel on destruction. Move-only.
+// mmap, so it is zero-filled and returned to the kernel on destruction; from kHugePageBytes
+// up it asks for 2 MiB pages. Move-only.
 class AlignedBuffer {
  public:
   static constexpr size_t kAlignment = 4096;
+  // From this capacity up the buffer asks for 2 MiB pages (MADV_HUGEPAGE).
+  static constexpr size_t kHugePageBytes = size_t{2} << 20;
 
   AlignedBuffer() = default;
   // Allocates at least `bytes` (capacity() rounds up to kAlignment). bytes == 0 gives an
