@@ -893,6 +893,7 @@ TEST_F(ZeroEngineTest, UpdateAtPushIsBitIdenticalToStageZero) {
     // The first block's slot, lent, came back from the commit holding the update that
     // its push ran: that block was not fetched.
     EXPECT_GT(st.pushes_lent, 0u);
+    EXPECT_EQ(st.pushes_with_stats, 0u) << "the update's pass takes the stats";
     EXPECT_EQ(st.blocks_published_in_place, st.pushes_lent);
     expect_equal_runs(want1, t);
   }

@@ -406,9 +406,10 @@ bool GradientPipeline::push_through_arena(size_t b, const PartitionSlice& p, Flo
   const bool lend = lend_ && lend_(b);
   // A lent fp32 gradient goes with its stats, summed here while the backward's last writes
   // of it are in this process's cache: the service that keeps it then reads it once, in the
-  // commit's Adam pass, instead of once more before (from memory, beside this backward).
+  // commit's Adam pass, instead of once more before (from memory, beside this backward). A
+  // push asking for the update takes its stats in that same pass (update_at_push).
   std::optional<msg::PushedStats> stats;
-  if (lend && dtype == msg::DType::fp32) {
+  if (lend && dtype == msg::DType::fp32 && !updates_asked_) {
     const auto t0 = Clock::now();
     const k::GradStatsAndSigns s = k::grad_stats_and_negative_zero(part.data(), count);
     push_stats_seconds_ += seconds_since(t0);
