@@ -28,17 +28,27 @@ std::optional<MasterViewUse> parse_master_view_use(std::string_view text) {
   return std::nullopt;
 }
 
-void read_master_view(int fd, std::span<std::byte> into) {
-  messages::check_sealed_memfd(fd, into.size(), "master view");
+namespace {
+
+// into.size() bytes of `fd` from byte `at`, retrying short and interrupted reads.
+void pread_fully(int fd, std::span<std::byte> into, off_t at, const char* what) {
   for (size_t done = 0; done < into.size();) {
-    const ssize_t n = ::pread(fd, into.data() + done, into.size() - done, static_cast<off_t>(done));
+    const ssize_t n =
+        ::pread(fd, into.data() + done, into.size() - done, at + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw std::runtime_error("reading a master view: pread at byte " + std::to_string(done) +
+      throw std::runtime_error(std::string(what) + ": pread at byte " + std::to_string(done) +
                                " of " + std::to_string(into.size()) + ": " +
                                (n < 0 ? std::strerror(errno) : "end of file"));
     done += static_cast<size_t>(n);
   }
+}
+
+}  // namespace
+
+void read_master_view(int fd, std::span<std::byte> into) {
+  messages::check_sealed_memfd(fd, into.size(), "master view");
+  pread_fully(fd, into, 0, "reading a master view");
 }
 
 namespace {
@@ -107,13 +117,7 @@ MasterViewTiming time_master_view_use(size_t view_bytes, int views, int rounds) 
       }
       mapped += thread_cpu_seconds() - t0;
       t0 = thread_cpu_seconds();
-      for (size_t done = 0; done < view_bytes;) {
-        const ssize_t got = ::pread(fd, into + done, view_bytes - done, at + done);
-        if (got <= 0)
-          throw std::runtime_error(std::string("timing master views: pread: ") +
-                                   (got < 0 ? std::strerror(errno) : "end of file"));
-        done += static_cast<size_t>(got);
-      }
+      pread_fully(fd, {into, view_bytes}, at, "timing master views");
       sink = sink + read_all(reinterpret_cast<const float*>(into), n);
       read += thread_cpu_seconds() - t0;
     }
