@@ -293,6 +293,9 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       // The host's shmem_enabled: whether the masters trainers map as views got 2 MiB pages
       // (their mapping costs the trainer far less where they did).
       {"shmem_huge_pages", offload::shmem_huge_pages().setting},
+      // Whether the host samples memory accesses (DAMON, paddr): on a paravirtualized VM the
+      // service's Adam pass over masters in 4 KiB pages then costs more (host_memory.h).
+      {"host_access_sampling", offload::host_access_sampling().describe()},
       {"request_channel", o.request_channel},
       {"step_time_ratio_prefetch_on", ratio(on, stage0, "ms_per_step")},
       {"step_time_ratio_prefetch_off", ratio(off, stage0, "ms_per_step")},

@@ -109,6 +109,12 @@ int run_offload(const StartArgs& a, const StartTrainerArgs& keys) {
       "offload service listening on {} ({} tier; partition workers: {}; pinning: {}; masters "
       "shared with trainers: {})",
       service.endpoint(), tiers, service.workers(), service.pinning_report(), master_pages);
+  if (const auto sampling = offload::host_access_sampling(); sampling.running > 0)
+    spdlog::info(
+        "host: DAMON samples memory accesses by physical address ({}): on a paravirtualized "
+        "VM data in 4 KiB pages then costs more to touch again after a pause, this service's "
+        "masters included where shared memory has 4 KiB pages (bench/README.md, session 36)",
+        sampling.describe());
   metrics::Registry registry(metrics::Labels{{"role", "offload"}, {"service", service.endpoint()}});
   offload::add_service_metrics(registry, service);
   if (o.store.actors) metrics::ActorBoard::publish(o.store.actors, registry);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -189,6 +190,39 @@ std::string ShmemHugePages::report() const {
   return "4 KiB pages (shmem_enabled: " + (setting.empty() ? std::string("unreadable") : setting) +
          "; \"advise\" in /sys/kernel/mm/transparent_hugepage/shmem_enabled gives them 2 MiB "
          "pages, which trainers map cheaper)";
+}
+
+AccessSampling host_access_sampling(const std::string& admin) {
+  namespace fs = std::filesystem;
+  AccessSampling out;
+  std::error_code ec;
+  const fs::path kdamonds = fs::path(admin) / "kdamonds";
+  if (!fs::is_directory(kdamonds, ec)) return out;
+  out.interface = true;
+  for (const auto& k : fs::directory_iterator(kdamonds, ec)) {
+    if (!k.is_directory(ec) || first_line((k.path() / "state").string()) != "on") continue;
+    for (const auto& c : fs::directory_iterator(k.path() / "contexts", ec)) {
+      if (!c.is_directory(ec) || first_line((c.path() / "operations").string()) != "paddr")
+        continue;
+      ++out.running;
+      const std::string us =
+          first_line((c.path() / "monitoring_attrs" / "intervals" / "sample_us").string());
+      uint64_t v = 0;
+      if (!us.empty() &&
+          std::all_of(us.begin(), us.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+        v = std::stoull(us);
+      if (v > 0 && (out.sample_us == 0 || v < out.sample_us)) out.sample_us = v;
+    }
+  }
+  return out;
+}
+
+std::string AccessSampling::describe() const {
+  if (!interface) return "none (no DAMON admin interface)";
+  if (running == 0) return "off";
+  return "paddr, a sample every " +
+         (sample_us > 0 ? std::to_string(sample_us) + " us" : std::string("? us")) + " (" +
+         std::to_string(running) + (running == 1 ? " context)" : " contexts)");
 }
 
 HostAllocator::HostAllocator(const HostMemoryOptions& options) : options_(options) {

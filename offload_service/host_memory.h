@@ -71,6 +71,22 @@ ShmemHugePages shmem_huge_pages(const std::string& sysfs = "/sys/kernel/mm/trans
 // there is none.
 std::string bracketed_choice(const std::string& text);
 
+// Whether this host samples memory accesses by physical address (DAMON's paddr operations,
+// under `admin`: /sys/kernel/mm/damon/admin), clearing and testing the accessed bits of the
+// page-table entries that map each sampled page. On the paravirtualized VMs this project is
+// measured on, that makes data in 4 KiB pages cost more to touch again after a pause: the
+// Adam kernel over masters in a 4 KiB memfd took 1.4-1.6x its time after 1.2 s asleep with
+// a kdamond running, the same as on 2 MiB pages with it stopped; in bench zero the service's
+// Adam phase over its kernel went from 0.9-1.05 to 1.2-1.5 (bench/README.md, session 36).
+struct AccessSampling {
+  bool interface = false;  // the admin interface exists (a kernel with DAMON's sysfs)
+  int running = 0;         // contexts of running kdamonds with paddr operations
+  uint64_t sample_us = 0;  // the shortest sampling interval among them
+  // "off", "paddr, a sample every 5000 us (1 context)", or "none (no DAMON admin interface)".
+  std::string describe() const;
+};
+AccessSampling host_access_sampling(const std::string& admin = "/sys/kernel/mm/damon/admin");
+
 struct HostMemoryOptions {
   // Pin buffers at all (false: plain pageable memory, kind kNone). Default: true.
   bool pin = true;

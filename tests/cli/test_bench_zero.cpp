@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "offload_service/host_memory.h"
 #include "tests/cli/bench_report.h"
 #include "tests/deploy/deploy_test_util.h"
 #include "trainer/model/gpt_config.h"
@@ -218,6 +219,8 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   // environment chose.
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   EXPECT_EQ(j.at("omp_wait_policy"), policy ? policy : "passive");
+  // The host's access sampling, as the service reads it at start (tested in test_offload_tiers).
+  EXPECT_EQ(j.at("host_access_sampling"), offload::host_access_sampling().describe());
   // The bound on the pool's kept pages: the tiny model's blocks are all persistent, so it
   // may keep the whole arena (the bound itself is tested in test_zero_engine).
   EXPECT_GT(number_at(on, "arena_keep_limit_bytes"), 0);

@@ -273,6 +273,51 @@ TEST(OffloadTiers, ShmemHugePagesReadsTheHostsSetting) {
   EXPECT_FALSE(shmem_huge_pages(root).madvise_takes_effect);
 }
 
+// Whether the host samples memory accesses by physical address, as the service and bench zero
+// read it from DAMON's admin tree: running kdamonds' paddr contexts count (a stopped one, or
+// one watching processes by virtual address, does not), with their shortest sampling interval.
+TEST(OffloadTiers, AccessSamplingReadsDamonsRunningPhysicalAddressContexts) {
+  const TempDir dir;
+  const std::filesystem::path admin = dir.path / "admin";
+  auto write = [](const std::filesystem::path& p, const std::string& text) {
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << text << "\n";
+  };
+  auto context = [&](int k, int c, const std::string& ops, const std::string& sample_us) {
+    const auto ctx = admin / "kdamonds" / std::to_string(k) / "contexts" / std::to_string(c);
+    write(ctx / "operations", ops);
+    write(ctx / "monitoring_attrs" / "intervals" / "sample_us", sample_us);
+  };
+  const AccessSampling none = host_access_sampling(admin.string());
+  EXPECT_FALSE(none.interface);
+  EXPECT_EQ(none.describe(), "none (no DAMON admin interface)");
+
+  write(admin / "kdamonds" / "nr_kdamonds", "1");
+  write(admin / "kdamonds" / "0" / "state", "off");
+  context(0, 0, "paddr", "5000");
+  const AccessSampling off = host_access_sampling(admin.string());
+  EXPECT_TRUE(off.interface);
+  EXPECT_EQ(off.running, 0);
+  EXPECT_EQ(off.describe(), "off");
+
+  write(admin / "kdamonds" / "0" / "state", "on");
+  const AccessSampling on = host_access_sampling(admin.string());
+  EXPECT_EQ(on.running, 1);
+  EXPECT_EQ(on.sample_us, 5000u);
+  EXPECT_EQ(on.describe(), "paddr, a sample every 5000 us (1 context)");
+
+  write(admin / "kdamonds" / "1" / "state", "on");
+  context(1, 0, "vaddr", "100");
+  EXPECT_EQ(host_access_sampling(admin.string()).running, 1) << "vaddr watches processes";
+  write(admin / "kdamonds" / "2" / "state", "on");
+  context(2, 0, "paddr", "2000");
+  context(2, 1, "paddr", "not a number");
+  const AccessSampling three = host_access_sampling(admin.string());
+  EXPECT_EQ(three.running, 3);
+  EXPECT_EQ(three.sample_us, 2000u);
+  EXPECT_EQ(three.describe(), "paddr, a sample every 2000 us (3 contexts)");
+}
+
 // The lines /proc/self/smaps has for the mapping of this process that holds `p`.
 std::vector<std::string> smaps_of(const void* p) {
   std::ifstream smaps("/proc/self/smaps");
