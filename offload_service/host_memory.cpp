@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -199,20 +200,24 @@ AccessSampling host_access_sampling(const std::string& admin) {
   const fs::path kdamonds = fs::path(admin) / "kdamonds";
   if (!fs::is_directory(kdamonds, ec)) return out;
   out.interface = true;
-  for (const auto& k : fs::directory_iterator(kdamonds, ec)) {
-    if (!k.is_directory(ec) || first_line((k.path() / "state").string()) != "on") continue;
-    for (const auto& c : fs::directory_iterator(k.path() / "contexts", ec)) {
-      if (!c.is_directory(ec) || first_line((c.path() / "operations").string()) != "paddr")
-        continue;
-      ++out.running;
-      const std::string us =
-          first_line((c.path() / "monitoring_attrs" / "intervals" / "sample_us").string());
-      uint64_t v = 0;
-      if (!us.empty() &&
-          std::all_of(us.begin(), us.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-        v = std::stoull(us);
-      if (v > 0 && (out.sample_us == 0 || v < out.sample_us)) out.sample_us = v;
+  // A report, never a reason to stop: a kdamond that goes away while it is read (its
+  // directory gone under the iterator) leaves what was counted so far.
+  try {
+    for (const auto& k : fs::directory_iterator(kdamonds, ec)) {
+      if (!k.is_directory(ec) || first_line((k.path() / "state").string()) != "on") continue;
+      for (const auto& c : fs::directory_iterator(k.path() / "contexts", ec)) {
+        if (!c.is_directory(ec) || first_line((c.path() / "operations").string()) != "paddr")
+          continue;
+        ++out.running;
+        const std::string us =
+            first_line((c.path() / "monitoring_attrs" / "intervals" / "sample_us").string());
+        uint64_t v = 0;
+        const auto [end, err] = std::from_chars(us.data(), us.data() + us.size(), v);
+        if (err != std::errc() || end != us.data() + us.size()) v = 0;
+        if (v > 0 && (out.sample_us == 0 || v < out.sample_us)) out.sample_us = v;
+      }
     }
+  } catch (const fs::filesystem_error&) {
   }
   return out;
 }

@@ -312,10 +312,11 @@ TEST(OffloadTiers, AccessSamplingReadsDamonsRunningPhysicalAddressContexts) {
   write(admin / "kdamonds" / "2" / "state", "on");
   context(2, 0, "paddr", "2000");
   context(2, 1, "paddr", "not a number");
-  const AccessSampling three = host_access_sampling(admin.string());
-  EXPECT_EQ(three.running, 3);
-  EXPECT_EQ(three.sample_us, 2000u);
-  EXPECT_EQ(three.describe(), "paddr, a sample every 2000 us (3 contexts)");
+  context(2, 2, "paddr", "99999999999999999999999999999");  // beyond 64 bits: unread, no throw
+  const AccessSampling four = host_access_sampling(admin.string());
+  EXPECT_EQ(four.running, 4);
+  EXPECT_EQ(four.sample_us, 2000u);
+  EXPECT_EQ(four.describe(), "paddr, a sample every 2000 us (4 contexts)");
 }
 
 // The lines /proc/self/smaps has for the mapping of this process that holds `p`.
