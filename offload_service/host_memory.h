@@ -74,10 +74,11 @@ std::string bracketed_choice(const std::string& text);
 // Whether this host samples memory accesses by physical address (DAMON's paddr operations,
 // under `admin`: /sys/kernel/mm/damon/admin), clearing and testing the accessed bits of the
 // page-table entries that map each sampled page. On the paravirtualized VMs this project is
-// measured on, that makes data in 4 KiB pages cost more to touch again after a pause: the
-// Adam kernel over masters in a 4 KiB memfd took 1.4-1.6x its time after 1.2 s asleep with
-// a kdamond running, the same as on 2 MiB pages with it stopped; in bench zero the service's
-// Adam phase over its kernel went from 0.9-1.05 to 1.2-1.5 (bench/README.md, session 36).
+// measured on, that makes data in 4 KiB pages cost more to touch again after a pause. The
+// Adam kernel over masters in a 4 KiB memfd, each pass after 1.2 s asleep, took 99-113 ms
+// with a kdamond running and 63-69 ms with it stopped, adjacent runs (on 2 MiB pages,
+// stopped: 65-74). In bench zero, alternated runs, the service's Adam phase over its kernel
+// measured in the same run was 1.2-1.5 running, 0.9-1.05 stopped (bench/README.md, session 36).
 struct AccessSampling {
   bool interface = false;  // the admin interface exists (a kernel with DAMON's sysfs)
   int running = 0;         // contexts of running kdamonds with paddr operations
