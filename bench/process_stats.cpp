@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -106,6 +107,16 @@ double own_minor_faults() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_minflt);
+}
+
+double shared_pmd_mapped_bytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  std::string line;
+  double kb = 0;
+  while (std::getline(in, line))
+    for (const std::string field : {"ShmemPmdMapped:", "FilePmdMapped:"})
+      if (line.rfind(field, 0) == 0) kb += std::strtod(line.c_str() + field.size(), nullptr);
+  return kb * 1024;
 }
 
 double load_average() {

@@ -30,6 +30,10 @@ std::map<std::string, double> thread_runs(pid_t pid);
 // gave them back each cost one.
 double process_minor_faults(pid_t pid);
 double own_minor_faults();
+// Bytes of a process's shared memory (memfd, tmpfs) mapped with 2 MiB page-table entries
+// (/proc/<pid>/smaps_rollup: ShmemPmdMapped, or FilePmdMapped where the kernel counts it
+// there); 0 when unknown.
+double shared_pmd_mapped_bytes(pid_t pid);
 // The 1-minute load average (/proc/loadavg); -1 when unknown.
 double load_average();
 

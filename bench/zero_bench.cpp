@@ -28,6 +28,7 @@
 #include "bench/stopwatch.h"
 #include "bench/zero_breakdown.h"
 #include "deploy/service_process.h"
+#include "messages/huge_pages.h"
 #include "metrics/state_figures.h"
 #include "offload_service/host_memory.h"
 #include "trainer/data/batch_loader.h"
@@ -119,6 +120,9 @@ struct Timing {
   // CPU the step costs much less.
   double user_s = 0, sys_s = 0, service_cpu_s = 0;
   double minor_faults = 0, service_minor_faults = 0;  // per step
+  // The service's shared memory mapped 2 MiB an entry at the window's end: its masters
+  // (process_stats.h). The trainer's views of them come and go within the step.
+  double service_shared_pmd_bytes = 0;
   // The service's CPU per step by thread name: what its phases do not count shows here.
   std::map<std::string, double> service_cpu_by_thread;
   // This process's (the trainer's) the same way: its compute threads beside its fetcher,
@@ -149,6 +153,7 @@ struct Timing {
             {"service_cpu_ms_per_step", service_cpu_s * 1e3},
             {"minor_faults_per_step", minor_faults},
             {"service_minor_faults_per_step", service_minor_faults},
+            {"service_shared_pmd_mapped_bytes", service_shared_pmd_bytes},
             {"total_cpu_ms_per_step", (user_s + sys_s + service_cpu_s) * 1e3}};
   }
 };
@@ -197,6 +202,7 @@ Timing time_steps(E& engine, trainer::BatchLoader& loader, int steps, pid_t serv
   t.trainer_runs_by_thread = per_step(own_runs0, thread_runs(getpid()));
   t.minor_faults = (own_minor_faults() - faults0) / steps;
   t.service_minor_faults = (process_minor_faults(service) - svc_faults0) / steps;
+  if (service > 0) t.service_shared_pmd_bytes = shared_pmd_mapped_bytes(service);
   return t;
 }
 
@@ -293,6 +299,10 @@ nlohmann::json zero_bench_summary(const ZeroBenchOptions& o, const trainer::GptC
       // The host's shmem_enabled: whether the masters trainers map as views got 2 MiB pages
       // (their mapping costs the trainer far less where they did).
       {"shmem_huge_pages", offload::shmem_huge_pages().setting},
+      // Whether the kernel builds them on request where that setting gives none
+      // (MADV_COLLAPSE), as the service does for its masters: each stage-3 phase's
+      // service_shared_pmd_mapped_bytes says what its masters got.
+      {"shared_memory_collapses", messages::shared_memory_collapses()},
       // Whether the host samples memory accesses (DAMON, paddr): on a paravirtualized VM the
       // service's Adam pass over masters in 4 KiB pages then costs more (host_memory.h).
       {"host_access_sampling", offload::host_access_sampling().describe()},

@@ -18,6 +18,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "messages/huge_pages.h"
 #include "messages/shm_arena.h"
 #include "storage/aligned_buffer.h"
 
@@ -107,13 +108,18 @@ class SharedBuffer final : public HostBuffer {
       if (data_) ::munmap(data_, capacity_);
       throw std::runtime_error(std::string(call) + ": " + std::strerror(e));
     };
-    void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+    void* p = messages::map_huge_aligned(capacity_, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
     if (p == MAP_FAILED) fail("mmap");
     data_ = static_cast<std::byte*>(p);
-    // Before any page exists (mlock below faults them in): where the host's shmem_enabled
-    // allows it, the memfd gets 2 MiB pages, and a trainer's view of it is then mapped 512
-    // pages an entry. Advisory: refused or disabled, the buffer keeps 4 KiB pages.
-    if (capacity_ >= kHugePage) (void)::madvise(p, capacity_, MADV_HUGEPAGE);
+    // Before any page exists (mlock below faults them in), 2 MiB pages: where the host's
+    // shmem_enabled allows them they come as the memfd is touched, and where it does not
+    // (most distributions' "never") they are built now (MADV_COLLAPSE). The service's own
+    // passes and a trainer's aligned view then map the master 512 pages an entry. Best
+    // effort: refused, the buffer keeps 4 KiB pages.
+    if (capacity_ >= kHugePage) {
+      (void)::madvise(p, capacity_, MADV_HUGEPAGE);
+      huge_bytes_ = messages::collapse_into_huge_pages(p, capacity_);
+    }
     // A new open file description, read-only: mmap of it with PROT_WRITE and MAP_SHARED,
     // write() and ftruncate() all fail for whoever holds it.
     const std::string self = "/proc/self/fd/" + std::to_string(rw);
@@ -129,6 +135,8 @@ class SharedBuffer final : public HostBuffer {
     ::close(view_fd_);
   }
   bool locked() const { return locked_; }
+  // Bytes in 2 MiB pages from construction on (the whole 2 MiB pieces of the mapping).
+  size_t huge_bytes() const { return huge_bytes_; }
   // Pins the mapping for CUDA (cudaHostRegister) instead of mlock: the same page-locked
   // memory a cudaHostAlloc buffer is, which a device on this host copies from directly.
   // Returns the runtime's error code (0: registered; unregistered again at destruction).
@@ -145,6 +153,7 @@ class SharedBuffer final : public HostBuffer {
 
  private:
   bool locked_ = false;
+  size_t huge_bytes_ = 0;
   std::shared_ptr<const void> cuda_;  // keeps libcudart loaded while registered
   int (*host_unregister_)(void*) = nullptr;
 };
@@ -175,8 +184,9 @@ std::string bracketed_choice(const std::string& text) {
   return text.substr(open + 1, close - open - 1);
 }
 
-ShmemHugePages shmem_huge_pages(const std::string& sysfs) {
+ShmemHugePages shmem_huge_pages(const std::string& sysfs, std::optional<bool> collapses) {
   ShmemHugePages out;
+  out.collapses = collapses ? *collapses : messages::shared_memory_collapses();
   std::string setting = bracketed_choice(first_line(sysfs + "/hugepages-2048kB/shmem_enabled"));
   if (setting.empty() || setting == "inherit")
     setting = bracketed_choice(first_line(sysfs + "/shmem_enabled"));
@@ -187,10 +197,14 @@ ShmemHugePages shmem_huge_pages(const std::string& sysfs) {
 }
 
 std::string ShmemHugePages::report() const {
-  if (madvise_takes_effect) return "2 MiB pages (shmem_enabled: " + setting + ")";
-  return "4 KiB pages (shmem_enabled: " + (setting.empty() ? std::string("unreadable") : setting) +
-         "; \"advise\" in /sys/kernel/mm/transparent_hugepage/shmem_enabled gives them 2 MiB "
-         "pages, which trainers map cheaper)";
+  const std::string shown = setting.empty() ? std::string("unreadable") : setting;
+  if (madvise_takes_effect) return "2 MiB pages (shmem_enabled: " + shown + ")";
+  if (collapses)
+    return "2 MiB pages, built at allocation (MADV_COLLAPSE; shmem_enabled: " + shown + ")";
+  return "4 KiB pages (shmem_enabled: " + shown +
+         ", and MADV_COLLAPSE refused; \"advise\" in "
+         "/sys/kernel/mm/transparent_hugepage/shmem_enabled gives them 2 MiB pages, which the "
+         "service's passes and trainers' views map cheaper)";
 }
 
 AccessSampling host_access_sampling(const std::string& admin) {
@@ -334,6 +348,7 @@ HostBufferPtr HostAllocator::allocate_shared(size_t bytes) {
   });
   try {
     auto buf = std::make_shared<SharedBuffer>(bytes, kind_ == PinningKind::kMlock);
+    shared_huge_bytes_ += buf->huge_bytes();
     if (cuda) {
       if (const int rc =
               buf->register_with_cuda(cuda_, cuda_->host_register, cuda_->host_unregister);

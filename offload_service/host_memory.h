@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace dsactor::offload {
@@ -54,19 +55,24 @@ class HostBuffer {
 };
 using HostBufferPtr = std::shared_ptr<HostBuffer>;
 
-// Whether this host backs shared memory (memfd, tmpfs) with 2 MiB pages where a mapping asks
-// for them (MADV_HUGEPAGE): the kernel's shmem_enabled for the PMD size, read under `sysfs`
+// Whether this host backs shared memory (memfd, tmpfs) with 2 MiB pages: where a mapping asks
+// for them (MADV_HUGEPAGE), per the kernel's shmem_enabled for the PMD size, read under `sysfs`
 // (/sys/kernel/mm/transparent_hugepage; a per-size hugepages-2048kB/shmem_enabled other than
-// "inherit" wins over the global one). A master a trainer maps as a view is then mapped with
-// a page-table entry per 2 MiB instead of per 4 KiB, and a fresh view costs its reader far
-// less (on a paravirtualized VM each 4 KiB entry's first read did: bench/README, session 33).
+// "inherit" wins over the global one), or else built on request (MADV_COLLAPSE, Linux 6.1:
+// any setting but "deny"), as allocate_shared does. A master is then mapped with a
+// page-table entry per 2 MiB instead of per 4 KiB, by the service's passes and by a trainer's
+// view: on a paravirtualized VM each 4 KiB entry costs again after a pause or a switch
+// between processes (bench/README, sessions 33, 36 and 37).
 struct ShmemHugePages {
   std::string setting;  // the bracketed choice ("never", "advise", ...); empty when unreadable
   bool madvise_takes_effect = false;  // always, within_size, advise or force
-  // One line for the startup log: what masters get, and how to change it when they do not.
+  bool collapses = false;             // messages::shared_memory_collapses() on this host
+  // One line for the startup log: what masters get, and how to change it when 4 KiB pages.
   std::string report() const;
 };
-ShmemHugePages shmem_huge_pages(const std::string& sysfs = "/sys/kernel/mm/transparent_hugepage");
+// `collapses`: what to report for MADV_COLLAPSE; probed on this host when not given.
+ShmemHugePages shmem_huge_pages(const std::string& sysfs = "/sys/kernel/mm/transparent_hugepage",
+                                std::optional<bool> collapses = std::nullopt);
 // The bracketed word of a sysfs choice list ("always [advise] never" -> "advise"); empty when
 // there is none.
 std::string bracketed_choice(const std::string& text);
@@ -117,6 +123,9 @@ class HostAllocator {
   static HostBufferPtr plain(size_t bytes);
 
   PinningKind kind() const { return kind_; }
+  // Bytes of allocate_shared's buffers in 2 MiB pages from their allocation on (built with
+  // MADV_COLLAPSE where the host's shmem_enabled gives shared memory none as it is touched).
+  size_t shared_huge_bytes() const { return shared_huge_bytes_; }
   // One line for the startup log: the kind, and why a better one is not in use.
   const std::string& report() const { return report_; }
 
@@ -128,6 +137,7 @@ class HostAllocator {
   std::string report_;
   bool mlock_probed_ = false;
   bool shared_failed_ = false;  // reported once
+  size_t shared_huge_bytes_ = 0;
 };
 
 }  // namespace dsactor::offload

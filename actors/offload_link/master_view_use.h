@@ -36,7 +36,8 @@ std::optional<MasterViewUse> parse_master_view_use(std::string_view text);
 void read_master_view(int fd, std::span<std::byte> into);
 
 // One measurement of both ways on this host: the CPU seconds of this thread to map a fresh
-// view of a memfd (populated, asking for 2 MiB pages as the service does for its masters),
+// view of a memfd (populated, in 2 MiB pages where the host allows as the service's masters
+// are: asked for or built, messages/huge_pages.h; mapped at a 2 MiB boundary as views are),
 // read every byte through it and unmap it, against reading (copying) the same bytes into a
 // buffer this process keeps mapped and reading them there. The best of a few rounds of
 // each, over several views in turn, so neither is measured on pages the caches still hold.

@@ -17,6 +17,7 @@
 #include "checksum/crc32c.h"
 #include "checksum/crc32c_copy.h"
 #include "messages/arena_handoff.h"
+#include "messages/huge_pages.h"
 #include "messages/request_channel.h"
 #include "messages/shm_arena.h"
 
@@ -640,7 +641,9 @@ MasterViewMapping::MasterViewMapping(std::shared_ptr<const messages::UniqueFd> f
   // shrinking is mapped, so a file long enough now stays so.
   messages::check_sealed_memfd(fd_->get(), bytes, "master view");
   if (bytes == 0) return;
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd_->get(), 0);
+  // At a 2 MiB boundary: the service's masters are in 2 MiB pages where the host allows
+  // (offload_service/host_memory.cpp), and each is then mapped with one entry.
+  void* p = messages::map_huge_aligned(bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd_->get(), 0);
   if (p == MAP_FAILED)
     throw std::runtime_error(std::string("mmap of a master view: ") + std::strerror(errno));
   data_ = static_cast<const std::byte*>(p);

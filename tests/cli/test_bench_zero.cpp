@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "messages/huge_pages.h"
 #include "offload_service/host_memory.h"
 #include "tests/cli/bench_report.h"
 #include "tests/deploy/deploy_test_util.h"
@@ -221,6 +222,11 @@ TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
   EXPECT_EQ(j.at("omp_wait_policy"), policy ? policy : "passive");
   // The host's access sampling, as the service reads it at start (tested in test_offload_tiers).
   EXPECT_EQ(j.at("host_access_sampling"), offload::host_access_sampling().describe());
+  // Whether the host builds shared memory's 2 MiB pages on request, as the service's masters
+  // get them (tested in test_huge_pages and test_offload_tiers); the tiny model's masters
+  // are under 2 MiB each, so what the service mapped so is reported, not asserted.
+  EXPECT_EQ(j.at("shared_memory_collapses"), messages::shared_memory_collapses());
+  EXPECT_GE(number_at(on, "service_shared_pmd_mapped_bytes"), 0);
   // The bound on the pool's kept pages: the tiny model's blocks are all persistent, so it
   // may keep the whole arena (the bound itself is tested in test_zero_engine).
   EXPECT_GT(number_at(on, "arena_keep_limit_bytes"), 0);
