@@ -29,7 +29,11 @@ void* map_huge_aligned(size_t bytes, int prot, int flags, int fd, off_t offset) 
     return MAP_FAILED;
   }
   if (aligned > base) ::munmap(reserved, aligned - base);
-  const uintptr_t end = aligned + bytes;
+  // The mapping ends on the page after its last byte: munmap takes page-aligned addresses
+  // only, and a tail left reserved would cost a mapping per call until mmap fails.
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const uintptr_t step = page > 0 ? static_cast<uintptr_t>(page) : 4096;
+  const uintptr_t end = (aligned + bytes + step - 1) / step * step;
   if (base + span > end) ::munmap(reinterpret_cast<void*>(end), base + span - end);
   return p;
 }
