@@ -43,6 +43,7 @@ size_t collapse_into_huge_pages(void* p, size_t bytes) {
   const uintptr_t first = (begin + kHugePageBytes - 1) & ~(uintptr_t{kHugePageBytes} - 1);
   const uintptr_t last = (begin + bytes) & ~(uintptr_t{kHugePageBytes} - 1);
   if (last <= first) return 0;
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);
   // A read of a piece's first byte gives it a page (shared memory reads no zero page) and
   // leaves its contents as they are.
   for (uintptr_t at = first; at < last; at += kHugePageBytes)

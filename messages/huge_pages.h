@@ -21,11 +21,13 @@ inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 // with the mapping's 2 MiB entries. Returns MAP_FAILED with errno set, as mmap does.
 void* map_huge_aligned(size_t bytes, int prot, int flags, int fd, off_t offset);
 
-// Builds 2 MiB pages under the whole 2 MiB pieces of [p, p + bytes), a writable shared
-// mapping from map_huge_aligned. Its contents stay as they were; where a piece has no page
-// yet, one 4 KiB page is read in first (the collapse needs one to start from, and copies no
-// more). Best effort: returns the bytes now in 2 MiB pages, 0 where the kernel refuses
-// (before 6.1, shmem_enabled "deny", no free 2 MiB page after compaction).
+// Builds 2 MiB pages under the whole 2 MiB pieces of [p, p + bytes), a shared mapping from
+// map_huge_aligned: asks for them (MADV_HUGEPAGE, which is all where the host's
+// shmem_enabled grants them as memory is touched), then builds them (MADV_COLLAPSE). Its
+// contents stay as they were; where a piece has no page yet, one 4 KiB page is read in first
+// (the collapse needs one to start from, and copies no more). A range without a whole piece
+// is left as it is, not even asked. Best effort: returns the bytes now in 2 MiB pages, 0 where the
+// kernel refuses (before 6.1, shmem_enabled "deny", no free 2 MiB page after compaction).
 size_t collapse_into_huge_pages(void* p, size_t bytes);
 
 // Whether this host builds 2 MiB pages for shared memory on request: a 2 MiB memfd, mapped

@@ -60,7 +60,6 @@ namespace {
 constexpr unsigned kCudaHostAllocPortable = 1;     // pinned for every CUDA context
 constexpr unsigned kCudaHostRegisterPortable = 1;  // likewise, for registered memory
 constexpr size_t kAlign = storage::AlignedBuffer::kAlignment;
-constexpr size_t kHugePage = size_t{2} << 20;
 
 std::string first_line(const std::string& path) {
   std::ifstream in(path);
@@ -116,10 +115,7 @@ class SharedBuffer final : public HostBuffer {
     // (most distributions' "never") they are built now (MADV_COLLAPSE). The service's own
     // passes and a trainer's aligned view then map the master 512 pages an entry. Best
     // effort: refused, the buffer keeps 4 KiB pages.
-    if (capacity_ >= kHugePage) {
-      (void)::madvise(p, capacity_, MADV_HUGEPAGE);
-      huge_bytes_ = messages::collapse_into_huge_pages(p, capacity_);
-    }
+    (void)messages::collapse_into_huge_pages(p, capacity_);
     // A new open file description, read-only: mmap of it with PROT_WRITE and MAP_SHARED,
     // write() and ftruncate() all fail for whoever holds it.
     const std::string self = "/proc/self/fd/" + std::to_string(rw);
@@ -135,8 +131,6 @@ class SharedBuffer final : public HostBuffer {
     ::close(view_fd_);
   }
   bool locked() const { return locked_; }
-  // Bytes in 2 MiB pages from construction on (the whole 2 MiB pieces of the mapping).
-  size_t huge_bytes() const { return huge_bytes_; }
   // Pins the mapping for CUDA (cudaHostRegister) instead of mlock: the same page-locked
   // memory a cudaHostAlloc buffer is, which a device on this host copies from directly.
   // Returns the runtime's error code (0: registered; unregistered again at destruction).
@@ -153,7 +147,6 @@ class SharedBuffer final : public HostBuffer {
 
  private:
   bool locked_ = false;
-  size_t huge_bytes_ = 0;
   std::shared_ptr<const void> cuda_;  // keeps libcudart loaded while registered
   int (*host_unregister_)(void*) = nullptr;
 };
@@ -348,7 +341,6 @@ HostBufferPtr HostAllocator::allocate_shared(size_t bytes) {
   });
   try {
     auto buf = std::make_shared<SharedBuffer>(bytes, kind_ == PinningKind::kMlock);
-    shared_huge_bytes_ += buf->huge_bytes();
     if (cuda) {
       if (const int rc =
               buf->register_with_cuda(cuda_, cuda_->host_register, cuda_->host_unregister);

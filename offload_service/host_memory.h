@@ -123,9 +123,6 @@ class HostAllocator {
   static HostBufferPtr plain(size_t bytes);
 
   PinningKind kind() const { return kind_; }
-  // Bytes of allocate_shared's buffers in 2 MiB pages from their allocation on (built with
-  // MADV_COLLAPSE where the host's shmem_enabled gives shared memory none as it is touched).
-  size_t shared_huge_bytes() const { return shared_huge_bytes_; }
   // One line for the startup log: the kind, and why a better one is not in use.
   const std::string& report() const { return report_; }
 
@@ -137,7 +134,6 @@ class HostAllocator {
   std::string report_;
   bool mlock_probed_ = false;
   bool shared_failed_ = false;  // reported once
-  size_t shared_huge_bytes_ = 0;
 };
 
 }  // namespace dsactor::offload

@@ -96,10 +96,7 @@ MasterViewTiming time_master_view_use(size_t view_bytes, int views, int rounds) 
     Mapping master(total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     // As offload_service/host_memory makes its masters: 2 MiB pages where the host allows
     // them, on request or built (MADV_COLLAPSE), so views are timed on the pages they get.
-    if (view_bytes >= messages::kHugePageBytes) {
-      (void)::madvise(master.p, total, MADV_HUGEPAGE);
-      (void)messages::collapse_into_huge_pages(master.p, total);
-    }
+    (void)messages::collapse_into_huge_pages(master.p, total);
     std::memset(master.p, 1, total);
   }
   Mapping kept(view_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1,
