@@ -10,6 +10,7 @@
 // asserted.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/process_stats.h"
 #include "messages/huge_pages.h"
 #include "offload_service/host_memory.h"
 #include "tests/cli/bench_report.h"
@@ -174,6 +176,26 @@ void expect_consistent(const nlohmann::json& j) {
   } else {
     EXPECT_TRUE(on.at("service_runs_per_step_by_thread").empty());
   }
+}
+
+// What bench zero reports as service_shared_pmd_mapped_bytes, read of this process: a
+// memfd whose 2 MiB pages were built (as the service's masters are) adds its whole pieces,
+// and nothing once unmapped.
+TEST(BenchZero, SharedPmdMappedBytesCountAProcesssSharedMemoryIn2MiBEntries) {
+  if (!messages::shared_memory_collapses())
+    GTEST_SKIP() << "this kernel builds no 2 MiB pages for shared memory (MADV_COLLAPSE)";
+  constexpr size_t kBytes = size_t{4} << 20;
+  const int fd = ::memfd_create("bench-pmd-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kBytes), 0);
+  const double before = bench::shared_pmd_mapped_bytes(::getpid());
+  void* p = messages::map_huge_aligned(kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  ASSERT_EQ(messages::collapse_into_huge_pages(p, kBytes), kBytes);
+  EXPECT_EQ(bench::shared_pmd_mapped_bytes(::getpid()) - before, static_cast<double>(kBytes));
+  ::munmap(p, kBytes);
+  ::close(fd);
+  EXPECT_EQ(bench::shared_pmd_mapped_bytes(::getpid()), before);
 }
 
 TEST(BenchZero, ArenaInPlaceReportIsConsistent) {
